@@ -1,0 +1,1 @@
+"""Image classifiers (DeiT family) on lightvision attention (installed as ``lightvision.classify``)."""

@@ -1,0 +1,1 @@
+"""DiT-style latent diffusion on lightvision attention (installed as ``lightvision.diffusion``)."""

@@ -1,0 +1,1 @@
+"""Triton kernels for the lightvision attention cores (installed as ``lightvision.kernels``)."""

@@ -1,0 +1,1 @@
+"""Triton kernels for LION / two-scan attention: flash-style masked form and chunked bidirectional scan."""

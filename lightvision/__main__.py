@@ -1,0 +1,5 @@
+import sys
+
+from lightvision.cli import main
+
+sys.exit(main())

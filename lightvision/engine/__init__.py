@@ -1,0 +1,1 @@
+"""Training infrastructure shared by classify and diffusion: config, checkpoints, guards, logging."""

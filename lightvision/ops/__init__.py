@@ -1,0 +1,1 @@
+"""Plain PyTorch attention cores: the executable specification (SPEC sections 1-2)."""
