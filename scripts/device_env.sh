@@ -1,0 +1,15 @@
+# Source this on a GPU machine without internet to use the checkout without installing it:
+#   source scripts/device_env.sh
+# Installs wheels carried in .whl/ (timm, einops, diffusers, torch-fidelity) into /tmp/site and builds
+# /tmp/lvsite, a symlink tree that maps kernels/, classify/, diffusion/ to lightvision.kernels/.classify/
+# .diffusion exactly as the setuptools package-dir mapping does.
+_lv_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -d "$_lv_root/.whl" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_lv_root"/.whl/*.whl || return 1
+fi
+rm -rf /tmp/lvsite && mkdir -p /tmp/lvsite/lightvision
+for _f in "$_lv_root"/lightvision/*; do ln -s "$_f" /tmp/lvsite/lightvision/; done
+for _p in kernels classify diffusion; do ln -s "$_lv_root/$_p" "/tmp/lvsite/lightvision/$_p"; done
+export PYTHONPATH="/tmp/lvsite:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+python3 -c "import torch, triton; print('device env: torch', torch.__version__, 'triton', triton.__version__, 'gpu', torch.cuda.get_device_name(0))"
