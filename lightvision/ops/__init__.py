@@ -1,1 +1,31 @@
-"""Plain PyTorch attention cores: the executable specification (SPEC sections 1-2)."""
+"""Plain PyTorch attention cores: the executable specification (SPEC sections 1-2).
+
+Every public op takes [B, H, N, d] tensors like SDPA and dispatches to a Triton kernel when one is
+registered (see :mod:`lightvision.ops._dispatch`: ``register_kernel`` / ``get_kernel``).
+"""
+
+from ._checks import check_grid
+from ._dispatch import get_kernel, register_kernel
+from .lightnet import lightnet_attention
+from .lion import lion_attention, lion_snake_attention, snake_permutation
+from .md_lrpe import lrpe_angles, lrpe_group_sizes, md_lrpe
+from .md_tpe import md_tpe, toeplitz_kernel
+from .softmax import softmax_attention
+from .two_scan import two_scan_attention
+
+__all__ = [
+    "check_grid",
+    "get_kernel",
+    "lightnet_attention",
+    "lion_attention",
+    "lion_snake_attention",
+    "lrpe_angles",
+    "lrpe_group_sizes",
+    "md_lrpe",
+    "md_tpe",
+    "register_kernel",
+    "snake_permutation",
+    "softmax_attention",
+    "toeplitz_kernel",
+    "two_scan_attention",
+]

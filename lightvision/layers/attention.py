@@ -1,0 +1,185 @@
+"""Attention layers: x [B, N, C] -> [B, N, C], all called as ``attn(x, grid, num_prefix_tokens)``."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import check_grid, lightnet_attention, lion_attention, lion_snake_attention, softmax_attention
+from ..ops._checks import BACKENDS, check_choice
+from ..ops.lion import FORMS
+from .norm import RMSNorm
+
+ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
+
+
+def _check_tokens(x: torch.Tensor, grid: Sequence[int] | None, num_prefix_tokens: int, dim: int, name: str):
+    """x must be [B, N, dim] and grid must cover N - num_prefix_tokens tokens; returns the grid as a tuple."""
+    if x.dim() != 3 or x.shape[-1] != dim:
+        raise ValueError(f"{name}: x must be [B, N, {dim}], got shape {tuple(x.shape)}")
+    return check_grid(grid, x.shape[1], num_prefix_tokens)
+
+
+def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+class _QKV(nn.Module):
+    """Fused qkv Linear; splits x [B, N, C] into strided [B, H, N, C/H] views q, k, v."""
+
+    def __init__(self, dim: int, num_heads: int, bias: bool):
+        super().__init__()
+        if not isinstance(num_heads, int) or num_heads < 1 or dim % num_heads:
+            raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
+        self.dim, self.num_heads, self.head_dim = dim, num_heads, dim // num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    @staticmethod
+    def merge(o: torch.Tensor) -> torch.Tensor:
+        """[B, H, N, d] -> [B, N, H * d]."""
+        b, h, n, d = o.shape
+        return o.transpose(1, 2).reshape(b, n, h * d)
+
+
+class SoftmaxAttention(_QKV):
+    """Multi-head softmax attention (SDPA), DeiT / DiT style (qkv bias, projection with bias). Ignores the grid
+    but validates it."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
+        super().__init__(dim, num_heads, qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
+        q, k, v = self.split(x)
+        return self.proj(self.merge(softmax_attention(q, k, v)))
+
+
+class LightNetAttention(_QKV):
+    """LNA (LightNet Fig. 3, Eq. 9; SPEC 1.4): q, k, v = x W (one fused Linear, no bias);
+    O = lightnet_attention(q, k, v) with MD-LRPE on the grid; O = RMSNorm(O) * sigmoid(x W_u1 W_u2); out = O W_o.
+
+    gate_rank: None = low rank with rank = head dim (paper); "full" = one full-rank Linear; 0 = no gate;
+    an int r > 0 = rank r. norm=False drops the RMSNorm; lrpe / key_softmax are the ablation switches.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, lrpe: bool = True, key_softmax: bool = True, norm: bool = True,
+                 gate_rank: int | str | None = None, backend: str = "auto"):
+        super().__init__(dim, num_heads, bias=False)
+        check_choice(backend, BACKENDS, "backend")
+        self.lrpe, self.key_softmax, self.backend = lrpe, key_softmax, backend
+        self.norm = RMSNorm(dim) if norm else nn.Identity()
+        if gate_rank is None:
+            gate_rank = self.head_dim
+        if gate_rank == "full":
+            self.gate = nn.Linear(dim, dim, bias=False)
+        elif isinstance(gate_rank, int) and not isinstance(gate_rank, bool) and gate_rank >= 0:
+            self.gate = (nn.Sequential(nn.Linear(dim, gate_rank, bias=False), nn.Linear(gate_rank, dim, bias=False))
+                         if gate_rank > 0 else None)
+        else:
+            raise ValueError(f"gate_rank must be None, 'full', 0 or a positive int, got {gate_rank!r}")
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
+        q, k, v = self.split(x)
+        o = lightnet_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe,
+                               key_softmax=self.key_softmax, backend=self.backend)
+        o = self.norm(self.merge(o))
+        if self.gate is not None:
+            o = o * torch.sigmoid(self.gate(x))
+        return self.proj(o)
+
+
+class LionAttention(_QKV):
+    """LION attention layer (LION Sec. 4; SPEC 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y W_o.
+
+    phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32.
+    mask "d": one learnable a per head (per order when snake), lambda = sigmoid(a), log lambda = logsigmoid(a)
+    in fp32; initialised with lambda evenly spread over [0.9, 0.99] across heads.
+    mask "s": a_m = sigmoid(-(w^T x_m + b)) per head (a Linear(dim, num_heads) per order), log a_m =
+    logsigmoid(-(w^T x_m + b)) in fp32; prefix tokens get a = 1 (log 0); b initialised to -logit(0.95)
+    so a ~ 0.95 at x = 0. The gate stays in the autograd graph (it is never re-wrapped as a new tensor).
+    snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
+    form: passed to lion_attention ("auto": parallel for N <= 1024, linear-time scan beyond).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, mask: str = "lit", snake: bool = False, form: str = "auto",
+                 qkv_bias: bool = True, backend: str = "auto"):
+        super().__init__(dim, num_heads, qkv_bias)
+        check_choice(mask, ("lit", "d", "s"), "LION mask")
+        check_choice(form, FORMS, "LION form")
+        check_choice(backend, BACKENDS, "backend")
+        if snake and mask == "lit":
+            raise ValueError("snake orders need a decaying mask: use mask='d' or 's' with snake=True")
+        self.mask, self.snake, self.form, self.backend = mask, snake, form, backend
+        orders = 2 if snake else 1
+        if mask == "d":
+            lam = torch.linspace(0.9, 0.99, num_heads) if num_heads > 1 else torch.tensor([0.95])
+            self.decay = nn.Parameter(torch.logit(lam).repeat(orders, 1))  # [orders, H]
+        elif mask == "s":
+            self.gate = nn.Linear(dim, orders * num_heads)
+            nn.init.constant_(self.gate.bias, -math.log(0.95 / 0.05))
+        self.proj = nn.Linear(dim, dim)
+
+    def _phi(self, x: torch.Tensor) -> torch.Tensor:
+        xf = _at_least_fp32(x)
+        y = F.elu(xf) + 1 if self.mask == "lit" else F.normalize(F.silu(xf) + 0.5, dim=-1)
+        return y.to(x.dtype)
+
+    def _log_decays(self, x: torch.Tensor, num_prefix_tokens: int) -> list[torch.Tensor | None]:
+        """One log-decay per order: [H] for "d", [B, H, N] for "s", None for "lit"."""
+        if self.mask == "lit":
+            return [None]
+        if self.mask == "d":
+            return list(F.logsigmoid(_at_least_fp32(self.decay)).unbind(0))
+        b, n, _ = x.shape
+        z = _at_least_fp32(self.gate(x)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
+        la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]
+        prefix = torch.arange(n, device=x.device) < num_prefix_tokens
+        return list(la.masked_fill(prefix, 0.0).unbind(0))
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
+        q, k, v = self.split(x)
+        q, k = self._phi(q), self._phi(k)
+        lds = self._log_decays(x, num_prefix_tokens)
+        if self.snake:
+            if grid is None or len(grid) != 2:
+                raise ValueError(f"LionAttention(snake=True) needs a 2-D grid (h, w), got {grid}")
+            o = lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, mask=self.mask,
+                                     log_decay_row=lds[0], log_decay_col=lds[1], form=self.form, backend=self.backend)
+        else:
+            o = lion_attention(q, k, v, mask=self.mask, log_decay=lds[0], form=self.form, backend=self.backend)
+        return self.proj(self.merge(o))
+
+
+_KINDS = {
+    "softmax": (SoftmaxAttention, {}),
+    "lightnet": (LightNetAttention, {}),
+    "lion_lit": (LionAttention, {"mask": "lit"}),
+    "lion_d": (LionAttention, {"mask": "d"}),
+    "lion_s": (LionAttention, {"mask": "s"}),
+    "lion_d_snake": (LionAttention, {"mask": "d", "snake": True}),
+    "lion_s_snake": (LionAttention, {"mask": "s", "snake": True}),
+}
+
+
+def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
+    """Attention layer of ``kind`` (one of ATTENTION_KINDS); kwargs forward to its class
+    (e.g. form / backend for LION, lrpe / gate_rank for LightNet)."""
+    check_choice(kind, ATTENTION_KINDS, "attention kind")
+    cls, fixed = _KINDS[kind]
+    clash = set(fixed) & set(kwargs)
+    if clash:
+        raise ValueError(f"attention kind {kind!r} fixes {sorted(clash)}; do not pass them")
+    return cls(dim, num_heads, **fixed, **kwargs)

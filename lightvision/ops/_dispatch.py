@@ -1,0 +1,80 @@
+"""Kernel registry: how the plain PyTorch cores hand off to Triton kernels.
+
+Contract for kernel packages (``lightvision.kernels.<family>``): on import, call
+``register_kernel(op_name, fn)``. ``fn`` receives exactly the public function's arguments, by keyword
+after ``q, k, v``, minus ``backend`` (e.g. ``fn(q, k, v, grid=..., num_prefix_tokens=..., lrpe=...,
+causal=..., key_softmax=...)``) and returns what the public function returns. A kernel may return
+``NotImplemented`` for a configuration it does not cover: with ``backend="auto"`` the reference then
+runs, with ``backend="triton"`` a RuntimeError is raised.
+
+Families are imported lazily, once, the first time an op asks for a kernel; an ImportError (no Triton,
+no GPU build) just means "no kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are
+on CUDA and one is registered, else reference; "triton" = kernel required (any device; the kernel
+decides what it supports).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+import torch
+
+from ._checks import BACKENDS, check_choice
+
+_KERNELS: dict[str, Callable] = {}
+_FAMILY = {
+    "lightnet_attention": "lightvision.kernels.lightnet",
+    "lion_attention": "lightvision.kernels.lion",
+    "lion_snake_attention": "lightvision.kernels.lion",
+    "two_scan_attention": "lightvision.kernels.lion",
+}
+_IMPORTED: set[str] = set()
+_IMPORT_ERRORS: dict[str, str] = {}
+
+
+def register_kernel(op_name: str, fn: Callable) -> None:
+    """Register ``fn`` as the Triton implementation of the public op ``op_name`` (replaces any earlier one)."""
+    check_choice(op_name, tuple(_FAMILY), "op name")
+    if not callable(fn):
+        raise TypeError(f"register_kernel({op_name!r}, ...): fn must be callable, got {type(fn).__name__}")
+    _KERNELS[op_name] = fn
+
+
+def get_kernel(op_name: str) -> Callable | None:
+    """The registered kernel for ``op_name``, importing its kernel family on first use; None when absent."""
+    check_choice(op_name, tuple(_FAMILY), "op name")
+    family = _FAMILY[op_name]
+    if op_name not in _KERNELS and family not in _IMPORTED:
+        _IMPORTED.add(family)
+        try:
+            importlib.import_module(family)
+        except ImportError as err:
+            _IMPORT_ERRORS[family] = f"{type(err).__name__}: {err}"
+    return _KERNELS.get(op_name)
+
+
+def dispatch(op_name: str, backend: str, device: torch.device, q, k, v, kwargs: dict):
+    """Run the kernel chosen by ``backend`` and return its result, or NotImplemented to run the reference."""
+    check_choice(backend, BACKENDS, "backend")
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return NotImplemented
+    fn = get_kernel(op_name)
+    if fn is None:
+        if backend == "triton":
+            raise RuntimeError(
+                f"{op_name}: backend='triton' but no Triton kernel is registered (importing "
+                f"{_FAMILY[op_name]} did not call register_kernel({op_name!r}, ...)"
+                f"{'; import failed: ' + _IMPORT_ERRORS[_FAMILY[op_name]] if _FAMILY[op_name] in _IMPORT_ERRORS else ''}"
+                "); use backend='torch' or 'auto'"
+            )
+        return NotImplemented
+    out = fn(q, k, v, **kwargs)
+    if out is NotImplemented and backend == "triton":
+        raise RuntimeError(f"{op_name}: the registered Triton kernel does not support these arguments: {kwargs_repr(kwargs)}")
+    return out
+
+
+def kwargs_repr(kwargs: dict) -> str:
+    """Compact repr of keyword arguments with tensors shown by shape."""
+    return ", ".join(f"{k}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}" for k, v in kwargs.items())

@@ -1,0 +1,105 @@
+"""LightNet attention: the one-scan additive-decay linear attention (LightNet Eq. 7-9; SPEC 1.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_grid, check_qkv, compute_dtype
+from ._dispatch import dispatch
+from .md_lrpe import lrpe_angles
+
+_CAUSAL_CHUNK = 32
+
+
+def lightnet_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    grid: Sequence[int] | None = None,
+    num_prefix_tokens: int = 0,
+    lrpe: bool = True,
+    causal: bool = False,
+    key_softmax: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """LightNet attention core on raw projections q, k [B, H, N, d], v [B, H, N, d_v] -> [B, H, N, d_v].
+
+    Non-causal (Eq. 8-9): q^ = SiLU(q), k^ = softmax of k over the N tokens per (batch, head, feature),
+    O = q~ (k~^T v) with q~, k~ = MD-LRPE(q^), MD-LRPE(k^) (SPEC 1.2) when ``lrpe`` and a ``grid`` are given
+    (else q~ = q^, k~ = k^). No 1/N or other normaliser: the softmax over tokens is the normaliser.
+    Prefix tokens (first ``num_prefix_tokens``) take part in the softmax and get LRPE angle 0.
+    ``causal=True`` (Eq. 7): s_t = s_{t-1} + exp(k_t), kv_t = diag(1 - exp(k_t)/s_t) kv_{t-1} + exp(k_t)/s_t v_t^T,
+    o_t = q~_t^T kv_t; unrolled, kv_t = sum_{j<=t} exp(k_j - L_t) v_j^T with L = logcumsumexp(k) (fp32),
+    evaluated in chunks with every exponent <= 0; its final state is the non-causal k~^T v.
+    ``key_softmax=False`` is the "no decay" ablation: k^ = SiLU(k) (causal: plain causal linear attention).
+    Statistics in fp32 (fp64 inputs stay fp64); returns q's dtype.
+    ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`).
+    """
+    check_qkv(q, k, v, "lightnet_attention")
+    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
+    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe, causal=causal, key_softmax=key_softmax)
+    out = dispatch("lightnet_attention", backend, q.device, q, k, v, kwargs)
+    if out is not NotImplemented:
+        return out
+    dt = compute_dtype(q, k, v)
+    qf, kf, vf = q.to(dt), k.to(dt), v.to(dt)
+    rot = None
+    if lrpe and grid is not None:
+        ang = lrpe_angles(grid, q.shape[-1], num_prefix_tokens, device=q.device, dtype=dt)
+        rot = torch.cat([torch.cos(ang), torch.sin(ang)], -1)  # [N, 2d]
+    qt = _rotate(F.silu(qf), rot)
+    if causal and key_softmax:
+        logk = kf if rot is None else torch.cat([kf, kf], -1)
+        o = _causal_softmax_scan(qt, logk, rot, vf)
+    else:
+        kt = _rotate(torch.softmax(kf, dim=-2) if key_softmax else F.silu(kf), rot)
+        if causal:
+            n = q.shape[2]
+            causal_mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            o = (qt @ kt.transpose(-1, -2)).masked_fill(~causal_mask, 0.0) @ vf
+        else:
+            o = qt @ (kt.transpose(-1, -2) @ vf)
+    return o.to(q.dtype)
+
+
+def _rotate(x: torch.Tensor, rot: torch.Tensor | None) -> torch.Tensor:
+    """MD-LRPE with precomputed rot = [cos Theta, sin Theta] [N, 2d]: x [..., N, d] -> [x cos, x sin] (or x)."""
+    return x if rot is None else torch.cat([x, x], -1) * rot
+
+
+def _causal_softmax_scan(
+    qt: torch.Tensor, logk: torch.Tensor, rot: torch.Tensor | None, v: torch.Tensor
+) -> torch.Tensor:
+    """o_t = sum_{j<=t} sum_f qt[t,f] exp(logk[j,f] - L[t,f]) rot[j,f] v_j, L = logcumsumexp(logk) over tokens.
+
+    qt, logk: [B, H, N, F]; rot: [N, F] or None (= 1); v: [B, H, N, d_v]. Chunked over tokens: intra-chunk
+    weights are materialised ([chunk, chunk, F] per head), the state kv (F x d_v) is carried across chunks
+    and rescaled by exp(L_prev - L_end); every exponent is <= 0, so nothing overflows.
+    """
+    n = qt.shape[2]
+    big_l = torch.logcumsumexp(logk, dim=2)
+    state = qt.new_zeros(*qt.shape[:2], qt.shape[-1], v.shape[-1])
+    l_prev = None
+    outs = []
+    for s in range(0, n, _CAUSAL_CHUNK):
+        e = min(s + _CAUSAL_CHUNK, n)
+        lk, lc, qc, vc = logk[:, :, s:e], big_l[:, :, s:e], qt[:, :, s:e], v[:, :, s:e]
+        rc = 1.0 if rot is None else rot[s:e]
+        tri = torch.ones(e - s, e - s, dtype=torch.bool, device=qt.device).tril()[:, :, None]  # [t, j, 1]
+        expo = (lk[:, :, None, :, :] - lc[:, :, :, None, :]).masked_fill(~tri, float("-inf"))
+        w = torch.exp(expo) * rc  # [B, H, t, j, F]
+        o = torch.einsum("bhtf,bhtjf->bhtj", qc, w) @ vc
+        l_end = lc[:, :, -1]  # [B, H, F]
+        upd = (torch.exp(lk - l_end[:, :, None, :]) * rc).transpose(-1, -2) @ vc  # [B, H, F, d_v]
+        if l_prev is not None:
+            o = o + (qc * torch.exp(l_prev[:, :, None, :] - lc)) @ state
+            state = torch.exp(l_prev - l_end)[..., None] * state + upd
+        else:
+            state = upd
+        outs.append(o)
+        l_prev = l_end
+    return torch.cat(outs, 2)

@@ -1,0 +1,230 @@
+"""LION bidirectional masked linear attention: masks LIT / D / S, four equivalent forms, snake orders.
+
+LION Theorem 3.3 and Sec. 4; SPEC 1.5. Per head, with q, k already feature-mapped (positive):
+    A = (Q K^T) * M,    Y = (A V) / (A 1 + 1e-6)
+    LIT: M = 1;  D: M_ij = lambda^|i-j| (log lambda per head);
+    S:   M_ij = prod_{m=j}^{i-1} a_m (i > j), prod_{m=i+1}^{j} a_m (i < j), 1 (i = j), log a_m given per token.
+As a pair of causal scalar-decay RNNs (S_i = lam_i S_{i-1} + k_i v_i^T): forward lam_i = a_{i-1},
+backward (on the reversed sequence) lam_i = a_{i+1} (the one-position gate shift), D: lam = lambda.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ._checks import check_choice, check_grid, check_qkv, compute_dtype
+from ._dispatch import dispatch
+from ._scan import bidirectional_scan, segsum
+
+MASKS = ("lit", "d", "s")
+FORMS = ("parallel", "chunk", "recurrent", "scan", "auto")
+AUTO_PARALLEL_MAX_N = 1024  # form="auto": parallel (materialised mask) up to this N, the linear-time scan beyond
+EPS = 1e-6
+
+
+def lion_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: str = "lit",
+    log_decay: torch.Tensor | None = None,
+    form: str = "parallel",
+    chunk_size: int = 64,
+    normalize: bool = True,
+    backend: str = "auto",
+):
+    """LION attention. q, k: [B, H, N, d] feature-mapped (positive); v: [B, H, N, d_v].
+
+    ``log_decay``: None for "lit"; [H] = log lambda per head for "d"; [B, H, N] = log a_m per token for "s"
+    (the caller sets prefix gates to 1, i.e. log 0). Log-decays are used in fp32 (fp64 stays fp64).
+    ``form`` (all compute the same function, Theorem 3.3):
+      "parallel"  materialised [N, N] mask, log M from segment sums, exp of finite values only;
+      "chunk"     blocks of ``chunk_size`` keys, O(N * chunk) memory (log-gate prefix sums in fp64);
+      "recurrent" forward and backward RNNs, y_i = q_i^T (S^F_i - k_i v_i^T/2) + q_i^T (S^B_i - k_i v_i^T/2),
+                  normaliser q_i^T (z^F_i - k_i/2) + q_i^T (z^B_i - k_i/2);
+      "scan"      two chunked causal scalar-decay scans (forward, reversed), diagonal once, normaliser from
+                  a ones column appended to V;
+      "auto"      "parallel" for N <= AUTO_PARALLEL_MAX_N, else "scan".
+    Returns Y [B, H, N, d_v] in q's dtype, or with ``normalize=False`` the pair (A V [B, H, N, d_v],
+    A 1 [B, H, N]) in the fp32 compute dtype, so that masks can be summed before dividing.
+    Differentiable in q, k, v and log_decay. ``backend``: see :mod:`lightvision.ops._dispatch`.
+    """
+    check_qkv(q, k, v, "lion_attention")
+    check_choice(mask, MASKS, "mask")
+    check_choice(form, FORMS, "form")
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"lion_attention: chunk_size must be a positive int, got {chunk_size!r}")
+    check_log_decay(mask, log_decay, q, "lion_attention")
+    kwargs = dict(mask=mask, log_decay=log_decay, form=form, chunk_size=chunk_size, normalize=normalize)
+    out = dispatch("lion_attention", backend, q.device, q, k, v, kwargs)
+    if out is not NotImplemented:
+        return out
+    dt = compute_dtype(q, k, v)
+    qf, kf, vf = q.to(dt), k.to(dt), v.to(dt)
+    log_fwd, log_bwd = step_log_decays(mask, log_decay, q.shape, dt, q.device)
+    n = q.shape[2]
+    if form == "auto":
+        form = "parallel" if n <= AUTO_PARALLEL_MAX_N else "scan"
+    if form == "parallel":
+        logm = segsum(log_fwd) + segsum(log_bwd.flip(-1)).flip(-1, -2)  # lower + upper triangle, diagonal 0
+        a = (qf @ kf.transpose(-1, -2)) * torch.exp(logm)
+        num, den = a @ vf, a.sum(-1)
+    elif form == "chunk":
+        num, den = _chunk_form(qf, kf, vf, log_fwd, log_bwd, chunk_size)
+    elif form == "recurrent":
+        num, den = _recurrent_form(qf, kf, vf, log_fwd, log_bwd)
+    else:
+        out = bidirectional_scan(qf, kf, torch.cat([vf, vf.new_ones(*vf.shape[:3], 1)], -1), log_fwd, log_bwd, chunk_size)
+        num, den = out[..., :-1], out[..., -1]
+    if not normalize:
+        return num, den
+    return (num / (den[..., None] + EPS)).to(q.dtype)
+
+
+def lion_snake_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    grid: Sequence[int],
+    num_prefix_tokens: int = 0,
+    mask: str = "d",
+    log_decay_row: torch.Tensor,
+    log_decay_col: torch.Tensor,
+    form: str = "parallel",
+    chunk_size: int = 64,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """LION-D/S with snake patch orders ("natural" variants, SPEC 1.5): M = (M_row + M_col) / 2.
+
+    M_row (M_col) is the D or S mask built along the row-snake (column-snake) order of the 2-D grid
+    (:func:`snake_permutation`) and permuted back to raster order. Computed by gathering tokens into each
+    order, running :func:`lion_attention` with normalize=False, scattering back, averaging numerators and
+    denominators, then Y = num / (den + 1e-6). Prefix tokens stay first in both orders.
+    q, k: [B, H, N, d] feature-mapped; v: [B, H, N, d_v]; grid (h, w) with h*w + num_prefix_tokens = N.
+    log_decay_row / _col: [H] (mask "d") or [B, H, N] in RASTER order (mask "s"), one per order.
+    Returns [B, H, N, d_v] in q's dtype.
+    """
+    check_qkv(q, k, v, "lion_snake_attention")
+    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
+    if len(grid) != 2:
+        raise ValueError(f"lion_snake_attention needs a 2-D grid (h, w), got {grid}")
+    check_choice(mask, ("d", "s"), "snake mask")
+    check_log_decay(mask, log_decay_row, q, "lion_snake_attention (log_decay_row)")
+    check_log_decay(mask, log_decay_col, q, "lion_snake_attention (log_decay_col)")
+    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, mask=mask, log_decay_row=log_decay_row,
+                  log_decay_col=log_decay_col, form=form, chunk_size=chunk_size)
+    out = dispatch("lion_snake_attention", backend, q.device, q, k, v, kwargs)
+    if out is not NotImplemented:
+        return out
+    num = den = 0.0
+    for order, ld in (("row", log_decay_row), ("col", log_decay_col)):
+        perm = snake_permutation(grid, num_prefix_tokens, order, device=q.device)
+        inv = torch.argsort(perm)
+        ld_perm = ld[..., perm] if mask == "s" else ld
+        n_o, d_o = lion_attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], mask=mask, log_decay=ld_perm,
+                                  form=form, chunk_size=chunk_size, normalize=False, backend=backend)
+        num = num + n_o[:, :, inv]
+        den = den + d_o[:, :, inv]
+    return ((num / 2) / (den[..., None] / 2 + EPS)).to(q.dtype)
+
+
+def snake_permutation(
+    grid: Sequence[int], num_prefix_tokens: int = 0, order: str = "row", device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Raster indices [N] listed in snake order: perm[t] = raster index of the t-th token of the order.
+
+    "row": rows top to bottom, even rows left to right, odd rows right to left.
+    "col": columns left to right, even columns top to bottom, odd columns bottom to top.
+    The prefix tokens come first (indices 0..num_prefix_tokens-1), grid indices are offset by them.
+    """
+    check_choice(order, ("row", "col"), "snake order")
+    h, w = grid
+    idx = torch.arange(h * w, device=device).view(h, w)
+    if order == "col":
+        idx = idx.t()
+    idx = idx.clone()
+    idx[1::2] = idx[1::2].flip(-1)
+    return torch.cat([torch.arange(num_prefix_tokens, device=device), idx.reshape(-1) + num_prefix_tokens])
+
+
+def check_log_decay(mask: str, log_decay: torch.Tensor | None, q: torch.Tensor, name: str) -> None:
+    """log_decay must be None for "lit", [H] for "d", [B, H, N] for "s" (a floating tensor on q's device)."""
+    b, h, n, _ = q.shape
+    if mask == "lit":
+        if log_decay is not None:
+            raise ValueError(f"{name}: mask='lit' has no decay; got log_decay of shape {tuple(log_decay.shape)}")
+        return
+    want = (h,) if mask == "d" else (b, h, n)
+    if not isinstance(log_decay, torch.Tensor):
+        raise ValueError(f"{name}: mask={mask!r} needs log_decay, a tensor of shape {want}; got {type(log_decay).__name__}")
+    if tuple(log_decay.shape) != want:
+        layout = "[H] (log lambda per head)" if mask == "d" else "[B, H, N] (log gate per token)"
+        raise ValueError(f"{name}: mask={mask!r} needs log_decay of shape {layout} = {want}, got {tuple(log_decay.shape)}")
+    if not log_decay.is_floating_point() or log_decay.device != q.device:
+        raise ValueError(f"{name}: log_decay must be a floating tensor on {q.device}, got {log_decay.dtype} on {log_decay.device}")
+
+
+def step_log_decays(
+    mask: str, log_decay: torch.Tensor | None, shape: torch.Size, dt: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-step log decays (log_fwd, log_bwd), each [B or 1, H, N], of the forward and backward RNNs.
+
+    LIT: 0. D: log lambda at every step. S: forward lam_i = a_{i-1}, backward lam_i = a_{i+1}
+    (the one-position gate shift; the unused boundary step gets 0).
+    """
+    b, h, n, _ = shape
+    if mask == "lit":
+        zero = torch.zeros(1, h, n, dtype=dt, device=device)
+        return zero, zero
+    ld = log_decay.to(dt)
+    if mask == "d":
+        lam = ld[None, :, None].expand(1, h, n)
+        return lam, lam
+    return F.pad(ld[..., :-1], (1, 0)), F.pad(ld[..., 1:], (0, 1))
+
+
+def _chunk_form(q, k, v, log_fwd, log_bwd, chunk_size):
+    """Blocks of keys; log M[i, j] from fp64 prefix sums (i > j: P_i - P_j of log_fwd; i < j: Q_j - Q_i of log_bwd)."""
+    n = q.shape[2]
+    pf = log_fwd.double().cumsum(-1)  # inclusive: sum_{m<=i} log_fwd_m
+    qb = log_bwd.double().cumsum(-1) - log_bwd.double()  # exclusive: sum_{m<i} log_bwd_m
+    rows = torch.arange(n, device=q.device)[:, None]
+    num = q.new_zeros(*q.shape[:3], v.shape[-1])
+    den = q.new_zeros(*q.shape[:3])
+    for s in range(0, n, chunk_size):
+        e = min(s + chunk_size, n)
+        cols = torch.arange(s, e, device=q.device)[None, :]
+        lower = pf[..., :, None] - pf[..., None, s:e]
+        upper = qb[..., None, s:e] - qb[..., :, None]
+        logm = torch.where(rows > cols, lower, torch.where(rows < cols, upper, torch.zeros_like(lower)))
+        a = (q @ k[:, :, s:e].transpose(-1, -2)) * torch.exp(logm).to(q.dtype)
+        num = num + a @ v[:, :, s:e]
+        den = den + a.sum(-1)
+    return num, den
+
+
+def _recurrent_form(q, k, v, log_fwd, log_bwd):
+    """Forward and backward RNNs (S, z) run token by token, as SPEC 1.5 states them."""
+    n = q.shape[2]
+    lam_f, lam_b = torch.exp(log_fwd), torch.exp(log_bwd)
+    kv = k[..., :, None] * v[..., None, :]  # [B, H, N, d, d_v]
+    half_num = (q[..., :, None] * kv).sum(-2) / 2  # q_i^T k_i v_i^T / 2
+    half_den = (q * k).sum(-1) / 2
+    outs = []
+    for lam, steps in ((lam_f, range(n)), (lam_b, range(n - 1, -1, -1))):
+        s_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+        z_state = q.new_zeros(*q.shape[:2], q.shape[-1])
+        num = [None] * n
+        den = [None] * n
+        for i in steps:
+            s_state = lam[..., i, None, None] * s_state + kv[:, :, i]
+            z_state = lam[..., i, None] * z_state + k[:, :, i]
+            num[i] = (q[:, :, i, :, None] * s_state).sum(-2) - half_num[:, :, i]
+            den[i] = (q[:, :, i] * z_state).sum(-1) - half_den[:, :, i]
+        outs.append((torch.stack(num, 2), torch.stack(den, 2)))
+    return outs[0][0] + outs[1][0], outs[0][1] + outs[1][1]

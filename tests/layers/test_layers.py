@@ -1,0 +1,152 @@
+"""Layers: shapes on any grid, grid validation, gradients reach decays and gates, composition vs the ops,
+bf16, the factory, MD-TPE residual, patch embedding, RMSNorm, GLU."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lightvision.layers import (
+    ATTENTION_KINDS,
+    GLU,
+    MDTPE,
+    LightNetAttention,
+    LionAttention,
+    PatchEmbed,
+    RMSNorm,
+    build_attention,
+)
+from lightvision.ops import lightnet_attention, lion_attention
+
+
+def _rel(a, ref):
+    a, ref = a.detach().double(), ref.detach().double()
+    return float((a - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
+@pytest.mark.parametrize("b,heads,grid,prefix", [(1, 1, (7, 11), 1), (2, 2, (3, 2), 0), (1, 2, (14, 14), 1)])
+def test_shapes_and_grid_validation(kind, b, heads, grid, prefix):
+    dim = 8 * heads
+    attn = build_attention(kind, dim, heads)
+    x = torch.randn(b, math.prod(grid) + prefix, dim)
+    y = attn(x, grid, prefix)
+    assert y.shape == x.shape and torch.isfinite(y).all()
+    with pytest.raises(ValueError, match="sequence has N"):
+        attn(x, (grid[0] + 1, grid[1]), prefix)
+    with pytest.raises(ValueError, match="x must be"):
+        attn(x[0], grid, prefix)
+
+
+@pytest.mark.parametrize("kind", ["lion_d", "lion_s", "lion_d_snake", "lion_s_snake"])
+def test_decay_and_gate_get_gradients(kind):
+    attn = build_attention(kind, 12, 3)
+    x = torch.randn(2, 1 + 35, 12)
+    (attn(x, (5, 7), 1) ** 2).sum().backward()
+    param = attn.decay if kind.startswith("lion_d") else attn.gate.weight
+    assert param.grad is not None
+    assert (param.grad.abs().view(2 if "snake" in kind else 1, -1).sum(-1) > 0).all()  # every order trains
+    if kind.startswith("lion_s"):
+        assert (attn.gate.bias.grad.abs() > 0).all()
+
+
+def test_lion_layer_composition():
+    torch.manual_seed(0)
+    attn = LionAttention(12, 3, mask="s", form="scan").double()
+    x = torch.randn(2, 21, 12, dtype=torch.float64)
+    q, k, v = attn.qkv(x).view(2, 21, 3, 3, 4).permute(2, 0, 3, 1, 4)
+    phi = lambda t: F.normalize(F.silu(t) + 0.5, dim=-1)  # noqa: E731
+    la = F.logsigmoid(-attn.gate(x)).transpose(1, 2).clone()
+    la[..., 0] = 0.0  # prefix gate = 1
+    o = lion_attention(phi(q), phi(k), v, mask="s", log_decay=la)
+    ref = attn.proj(o.transpose(1, 2).reshape(2, 21, 12))
+    assert _rel(attn(x, (4, 5), 1), ref) < 1e-12
+    lam = torch.sigmoid(LionAttention(12, 4, mask="d").decay)
+    assert torch.allclose(lam, torch.linspace(0.9, 0.99, 4)[None], atol=1e-6)
+
+
+@pytest.mark.parametrize("gate_rank,norm", [(None, True), ("full", True), (0, False), (2, True)])
+def test_lightnet_layer_composition(gate_rank, norm):
+    attn = LightNetAttention(12, 3, gate_rank=gate_rank, norm=norm).double()
+    x = torch.randn(2, 21, 12, dtype=torch.float64)
+    q, k, v = attn.qkv(x).view(2, 21, 3, 3, 4).permute(2, 0, 3, 1, 4)
+    o = lightnet_attention(q, k, v, grid=(4, 5), num_prefix_tokens=1).transpose(1, 2).reshape(2, 21, 12)
+    if norm:
+        o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6)
+    if gate_rank != 0:
+        o = o * torch.sigmoid(attn.gate(x))
+    assert _rel(attn(x, (4, 5), 1), attn.proj(o)) < 1e-12
+    rank = {None: 4, "full": None, 0: 0, 2: 2}[gate_rank]
+    n_gate = 12 * 12 if rank is None else 2 * 12 * rank
+    assert sum(p.numel() for p in attn.parameters()) == 4 * 12 * 12 + n_gate + (12 if norm else 0)
+
+
+@pytest.mark.parametrize("kind", ATTENTION_KINDS)
+def test_bf16(kind):
+    torch.manual_seed(1)
+    attn = build_attention(kind, 16, 2)
+    x = torch.randn(2, 1 + 35, 16)
+    ref = attn.double()(x.double(), (5, 7), 1)
+    y = attn.bfloat16()(x.bfloat16(), (5, 7), 1)
+    assert y.dtype == torch.bfloat16 and _rel(y, ref) < 1e-2
+
+
+def test_factory_errors():
+    with pytest.raises(ValueError, match="unknown attention kind 'lion'.*'lion_d'"):
+        build_attention("lion", 8, 2)
+    with pytest.raises(ValueError, match="divisible"):
+        build_attention("lightnet", 10, 3)
+    with pytest.raises(ValueError, match="fixes"):
+        build_attention("lion_d", 8, 2, mask="s")
+    with pytest.raises(ValueError, match="2-D grid"):
+        build_attention("lion_d_snake", 8, 2)(torch.randn(1, 10, 8), (10,), 0)
+    with pytest.raises(ValueError, match="gate_rank"):
+        build_attention("lightnet", 8, 2, gate_rank="low")
+    with pytest.raises(ValueError, match="unknown LION form"):
+        build_attention("lion_s", 8, 2, form="fast")
+    with pytest.raises(ValueError, match="unknown backend"):
+        build_attention("lightnet", 8, 2, backend="cuda")
+    assert build_attention("lion_s", 8, 2, form="chunk", backend="torch").form == "chunk"
+
+
+def test_mdtpe_residual():
+    tpe = MDTPE(16, expand=3)
+    x = torch.randn(2, 1 + 77, 16)
+    assert torch.equal(tpe(x, (7, 11), 1), x)  # zero-initialised projection: identity at init
+    torch.nn.init.normal_(tpe.proj.weight)
+    y = tpe(x, (7, 11), 1)
+    assert torch.equal(y[:, :1], x[:, :1]) and not torch.allclose(y[:, 1:], x[:, 1:])
+    y.square().sum().backward()
+    assert all(p.grad.abs().sum() > 0 for p in tpe.parameters())
+    assert sum(p.numel() for p in MDTPE(192).parameters()) < 40_000
+    with pytest.raises(ValueError, match="2 axes"):
+        tpe(x, (78,), 0)
+    with pytest.raises(ValueError, match="sequence has N"):
+        tpe(x, (7, 10), 1)
+
+
+def test_patch_embed():
+    pe = PatchEmbed(224, 16, 3, 24)
+    tokens, grid = pe(torch.randn(2, 3, 112, 176))
+    assert grid == (7, 11) and tokens.shape == (2, 77, 24)
+    assert pe.grid_size == (14, 14) and pe.num_patches == 196
+    img = torch.randn(1, 3, 32, 48)
+    tokens, _ = pe(img)
+    torch.testing.assert_close(tokens[0, 4], pe.proj(img[..., 16:32, 16:32]).flatten())  # row-major (1, 1)
+    with pytest.raises(ValueError, match=r"image size \(100, 176\) is not divisible by patch size \(16, 16\)"):
+        pe(torch.randn(1, 3, 100, 176))
+    with pytest.raises(ValueError, match="expects images"):
+        pe(torch.randn(1, 1, 32, 32))
+
+
+def test_rmsnorm_and_glu():
+    norm = RMSNorm(6)
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 5, 6, dtype=torch.float64)
+    norm = norm.double()
+    torch.testing.assert_close(norm(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * norm.weight)
+    assert norm.float()(x.bfloat16()).dtype == torch.bfloat16
+    glu = GLU(6, 10).double()
+    torch.testing.assert_close(glu(x), glu.w3(F.silu(glu.w1(x)) * glu.w2(x)))
+    assert sum(p.numel() for p in glu.parameters()) == 3 * 6 * 10

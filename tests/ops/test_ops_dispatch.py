@@ -1,0 +1,65 @@
+"""Kernel registry and backend selection; softmax_attention; the demo."""
+
+import pytest
+import torch
+
+from lightvision.ops import _dispatch, lightnet_attention, lion_attention, register_kernel, softmax_attention
+
+
+@pytest.fixture
+def empty_registry(monkeypatch):
+    """No kernel registered and every family marked as already imported."""
+    monkeypatch.setattr(_dispatch, "_KERNELS", {})
+    monkeypatch.setattr(_dispatch, "_IMPORTED", set(_dispatch._FAMILY.values()))
+
+
+def _qkv(n=9):
+    return torch.rand(2, 1, n, 4), torch.rand(2, 1, n, 4), torch.randn(2, 1, n, 3)
+
+
+def test_triton_without_kernel_raises(empty_registry):
+    q, k, v = _qkv()
+    with pytest.raises(RuntimeError, match="no Triton kernel is registered"):
+        lightnet_attention(q, k, v, backend="triton")
+    with pytest.raises(RuntimeError, match="no Triton kernel is registered"):
+        lion_attention(q, k, v, backend="triton")
+
+
+def test_registered_kernel_dispatch(empty_registry):
+    q, k, v = _qkv()
+    calls = []
+
+    def fake(q_, k_, v_, **kw):
+        calls.append(kw)
+        return NotImplemented if kw["causal"] else torch.zeros_like(v_)
+
+    register_kernel("lightnet_attention", fake)
+    ref = lightnet_attention(q, k, v, backend="torch")
+    assert not calls
+    assert torch.equal(lightnet_attention(q, k, v, backend="auto"), ref)  # CPU tensors: auto keeps the reference
+    assert not calls
+    assert (lightnet_attention(q, k, v, grid=(3, 3), backend="triton") == 0).all()
+    assert calls[-1] == dict(grid=(3, 3), num_prefix_tokens=0, lrpe=True, causal=False, key_softmax=True)
+    with pytest.raises(RuntimeError, match="does not support"):
+        lightnet_attention(q, k, v, causal=True, backend="triton")
+    with pytest.raises(ValueError, match="unknown op name"):
+        register_kernel("lightnet", fake)
+
+
+@pytest.mark.parametrize("b,h,n", [(1, 1, 197), (2, 3, 10)])
+def test_softmax_attention(b, h, n, rel):
+    q, k, v = (torch.randn(b, h, n, 8, dtype=torch.float64) for _ in range(3))
+    ref = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1) @ v
+    assert rel(softmax_attention(q, k, v), ref) < 1e-12
+    ref2 = torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v
+    assert rel(softmax_attention(q, k, v, scale=0.3), ref2) < 1e-12
+    with pytest.raises(ValueError, match="4-D"):
+        softmax_attention(q[0], k[0], v[0])
+
+
+def test_demo_passes(capsys):
+    from lightvision.demo import run_demo
+
+    assert run_demo("cpu") == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and out.count("PASS") >= 8
