@@ -1,1 +1,35 @@
-"""Training infrastructure shared by classify and diffusion: config, checkpoints, guards, logging."""
+"""Training infrastructure shared by classify and diffusion: config, checkpoints, guards, logging, the loop."""
+
+from lightvision.engine.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    load_model_weights,
+    read_checkpoint_config,
+    resolve_checkpoint,
+    unwrap_model,
+    verify_checkpoint,
+)
+from lightvision.engine.config import ConfigError, load_config, parse_value, save_config
+from lightvision.engine.ema import ModelEma
+from lightvision.engine.guards import NonFiniteError, check_finite
+from lightvision.engine.metrics import MetricsLogger
+from lightvision.engine.trainer import Trainer
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "ConfigError",
+    "MetricsLogger",
+    "ModelEma",
+    "NonFiniteError",
+    "Trainer",
+    "check_finite",
+    "load_config",
+    "load_model_weights",
+    "parse_value",
+    "read_checkpoint_config",
+    "resolve_checkpoint",
+    "save_config",
+    "unwrap_model",
+    "verify_checkpoint",
+]

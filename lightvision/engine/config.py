@@ -1,0 +1,114 @@
+"""Run configuration: YAML recipe merged over defaults, then dotted ``key.sub=value`` overrides."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+
+from lightvision.engine.fsio import atomic_write
+
+
+class ConfigError(ValueError):
+    """A recipe or an override names an unknown key or has the wrong shape."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.2), not as a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def parse_value(text: str) -> Any:
+    """Type a string like YAML does: ``3`` -> int, ``1e-4`` -> float, ``true`` -> bool, ``[1, 2]`` -> list."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def _dotted_keys(cfg: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in cfg.items():
+        keys.append(prefix + str(key))
+        if isinstance(value, dict):
+            keys.extend(_dotted_keys(value, f"{prefix}{key}."))
+    return keys
+
+
+def _unknown(key: str, root: dict, source: str) -> ConfigError:
+    known = _dotted_keys(root)
+    close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known keys: {', '.join(known[:30])}"
+    return ConfigError(f"unknown config key '{key}' in {source}; {hint}")
+
+
+def _merge(dst: dict, src: dict, root: dict, source: str, strict: bool, prefix: str = "") -> None:
+    """Merge ``src`` into ``dst`` recursively; with ``strict``, keys absent from a non-empty section are errors."""
+    for key, value in src.items():
+        dotted = prefix + str(key)
+        if strict and dst and key not in dst:
+            raise _unknown(dotted, root, source)
+        if isinstance(value, dict) and isinstance(dst.get(key), dict):
+            _merge(dst[key], value, root, source, strict, dotted + ".")
+        else:
+            dst[key] = copy.deepcopy(value)
+
+
+def _apply_override(cfg: dict, item: str) -> None:
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"override {item!r} must look like key.sub=value")
+    value = parse_value(raw)
+    parts = key.split(".")
+    node = cfg
+    for i, part in enumerate(parts):
+        here = ".".join(parts[: i + 1])
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set '{key}': '{'.'.join(parts[:i])}' is a value, not a section")
+        if part not in node and (node or node is cfg):
+            raise _unknown(here, cfg, f"override {item!r}")
+        if i < len(parts) - 1:
+            node = node.setdefault(part, {})
+        elif isinstance(node.get(part), dict) and node[part] and not isinstance(value, dict):
+            raise ConfigError(f"'{here}' is a section; set one of its keys, e.g. {here}.{next(iter(node[part]))}=...")
+        else:
+            node[part] = value
+
+
+def load_config(
+    path: str | os.PathLike | None, overrides: Iterable[str] = (), defaults: dict | None = None
+) -> dict:
+    """Load a run configuration.
+
+    ``defaults`` (deep-copied) <- YAML file at ``path`` (optional) <- ``overrides`` (``"optim.lr=1e-4"``,
+    values typed by YAML). With ``defaults``, file keys must exist in them; overrides must always name an
+    existing key. An empty mapping in the defaults is an open section that accepts any key.
+    Unknown keys raise :class:`ConfigError` listing close matches.
+    """
+    cfg = copy.deepcopy(defaults) if defaults is not None else {}
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            loaded = yaml.load(f, Loader=_Loader)
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path} must hold a mapping of config keys, got {type(loaded).__name__}")
+        _merge(cfg, loaded, cfg, str(path), strict=defaults is not None)
+    for item in overrides:
+        _apply_override(cfg, item)
+    return cfg
+
+
+def save_config(cfg: dict, path: str | os.PathLike) -> None:
+    """Write ``cfg`` as indented JSON, atomically."""
+    atomic_write(path, (json.dumps(cfg, indent=2, default=str) + "\n").encode("utf-8"))

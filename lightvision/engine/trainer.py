@@ -1,0 +1,393 @@
+"""The step-based training loop shared by ``lightvision classify train`` and ``lightvision diffusion train``.
+
+Determinism and exact resume:
+
+* data order is a pure function of ``(seed, epoch)`` (accelerate's seedable sampler); a resumed run skips
+  the micro-batches of the current epoch that were already consumed;
+* before each micro-batch the python / numpy / torch / CUDA generators are seeded from
+  ``(seed, step, micro-batch, process)``, so dropout, diffusion noise, mixup... are a pure function of the
+  position too, whatever hooks (eval, sampling) or data loading drew in between. This replaces saving and
+  restoring generator states and is exact across resumes by construction;
+* the train state (optimizer, scheduler, grad scaler, step, epoch, position in the epoch, the partial
+  logging window, best metric) is checkpointed with the model and EMA weights.
+
+SIGTERM (preemption, ``scancel``) during ``fit`` finishes the current step, checkpoints it on every process
+and returns with ``interrupted=True``; a second SIGTERM terminates at once.
+
+Randomness inside DataLoader workers (augmentations) follows the worker seeds and is not replayed exactly
+after a resume; the order of samples is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin, set_seed
+from torch import nn
+from tqdm.auto import tqdm
+
+from lightvision.engine.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    metric_is_better,
+    resolve_checkpoint,
+)
+from lightvision.engine.config import save_config
+from lightvision.engine.ema import ModelEma
+from lightvision.engine.guards import NAN_POLICIES, NonFiniteError, check_finite
+from lightvision.engine.metrics import MetricsLogger
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
+Hook = Callable[["Trainer"], "dict[str, Any] | None"]
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+class Trainer:
+    """Step-based accelerate training loop with checkpoints, EMA, NaN guard, metrics and exact resume.
+
+    Args:
+        run_dir: run folder (``config.json``, ``metrics.jsonl``, ``checkpoints/``).
+        config: resolved run config, saved in the run folder and in every checkpoint.
+        model, optimizer: unprepared; the trainer prepares them with the accelerator.
+        scheduler: stepped once per optimizer step (e.g. ``LambdaLR``); ``state_dict`` is checkpointed. May be None.
+        train_loader: a map-style ``DataLoader`` (``shuffle=True`` for random order); prepared by the trainer.
+        loss_fn: ``loss_fn(model, batch)`` -> loss tensor, or dict with ``"loss"`` plus other scalars to log.
+        max_steps: optimizer steps to train for; each consumes ``grad_accum_steps`` batches per process.
+        model_config: architecture description, stored with checkpoints and checked on resume.
+        clip_grad: max gradient norm (None: no clipping; the norm is logged when set).
+        ema_decay: keep an fp32 EMA of the weights (None: no EMA).
+        nan_policy: "stop" raises :class:`NonFiniteError` (nothing saved); "skip" drops the update and goes on.
+        metric_mode: "max" or "min": which hook metric is better (best checkpoint).
+        hooks: ``(every, fn)``: ``fn(trainer)`` runs every ``every`` steps on every process and may return
+            metrics to log; a ``"metric"`` entry (same value on every process) tracks the best checkpoint,
+            and a new best is checkpointed at once.
+        accelerator: a ready ``Accelerator`` (e.g. with DDP kwargs or trackers): gradient accumulation of
+            ``grad_accum_steps`` not synced with the data loader, seedable sampler; ``mixed_precision`` is then
+            the accelerator's. Default: built from ``mixed_precision``, ``grad_accum_steps`` and ``seed``.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        config: dict,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any,
+        train_loader: torch.utils.data.DataLoader,
+        loss_fn: LossFn,
+        *,
+        max_steps: int,
+        model_config: dict,
+        grad_accum_steps: int = 1,
+        clip_grad: float | None = None,
+        ema_decay: float | None = None,
+        mixed_precision: str = "no",
+        log_every: int = 50,
+        ckpt_every: int = 1000,
+        keep_last: int = 3,
+        nan_policy: str = "stop",
+        seed: int = 0,
+        metric_mode: str = "max",
+        hooks: Sequence[tuple[int, Hook]] = (),
+        accelerator: Accelerator | None = None,
+    ):
+        for name, value in [("max_steps", max_steps), ("grad_accum_steps", grad_accum_steps),
+                            ("log_every", log_every), ("ckpt_every", ckpt_every)]:
+            _positive(name, value)
+        for every, _ in hooks:
+            _positive("hook interval", every)
+        if nan_policy not in NAN_POLICIES:
+            raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+        if accelerator is None:
+            accelerator = Accelerator(
+                mixed_precision=mixed_precision,
+                gradient_accumulation_plugin=GradientAccumulationPlugin(
+                    num_steps=grad_accum_steps, sync_with_dataloader=False
+                ),
+                dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
+                cpu=not torch.cuda.is_available(),
+            )
+        elif (accelerator.gradient_accumulation_steps != grad_accum_steps
+              or accelerator.gradient_state.sync_with_dataloader
+              or not accelerator.dataloader_config.use_seedable_sampler):
+            raise ValueError(
+                "the accelerator passed to Trainer must use GradientAccumulationPlugin(num_steps=grad_accum_steps, "
+                "sync_with_dataloader=False) and DataLoaderConfiguration(use_seedable_sampler=True, data_seed=...); "
+                f"it has num_steps={accelerator.gradient_accumulation_steps}, "
+                f"sync_with_dataloader={accelerator.gradient_state.sync_with_dataloader}, "
+                f"use_seedable_sampler={accelerator.dataloader_config.use_seedable_sampler}"
+            )
+        self.accelerator = accelerator
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.model_config = model_config
+        self.model, self.optimizer, self.train_loader = accelerator.prepare(model, optimizer, train_loader)
+        self.scheduler = scheduler
+        self.loss_fn = loss_fn
+        self.ema = ModelEma(self.unwrapped_model, ema_decay) if ema_decay is not None else None
+        self.max_steps, self.grad_accum_steps, self.clip_grad = max_steps, grad_accum_steps, clip_grad
+        self.log_every, self.ckpt_every, self.nan_policy = log_every, ckpt_every, nan_policy
+        self.seed, self.metric_mode, self.hooks = seed, metric_mode, list(hooks)
+        self.checkpoints = CheckpointManager(run_dir, keep_last=keep_last, mode=metric_mode)
+        self.metrics = MetricsLogger(run_dir, is_main_process=accelerator.is_main_process)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.skipped_steps = 0
+        self.best_metric: float | None = None
+        self._window: dict[str, float] = {}
+        self._window_steps = 0
+        self._window_start = (self.step, time.monotonic())
+        self._last_lr = math.nan
+        self._stop_requested = False
+        self._stop_agreed = False
+
+    @property
+    def unwrapped_model(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _models(self) -> dict[str, nn.Module]:
+        models = {"model": self.unwrapped_model}
+        if self.ema is not None:
+            models["ema"] = self.ema.module
+        return models
+
+    def _data_signature(self) -> list[int]:
+        """What the meaning of a saved data position depends on."""
+        return [self.seed, len(self.train_loader), self.accelerator.num_processes, self.grad_accum_steps]
+
+    def _train_state(self) -> dict:
+        scaler = self.accelerator.scaler
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_in_epoch": self.batch_in_epoch,
+            "skipped_steps": self.skipped_steps,
+            "best_metric": self.best_metric,
+            "window": {"steps": self._window_steps, "sums": dict(self._window)},
+            "data_signature": self._data_signature(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": scaler.state_dict() if scaler is not None else None,
+        }
+
+    def _restore(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.accelerator.scaler is not None and state["scaler"] is not None:
+            self.accelerator.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        self.skipped_steps, self.best_metric = state["skipped_steps"], state["best_metric"]
+        self._window, self._window_steps = dict(state["window"]["sums"]), state["window"]["steps"]
+        if list(state["data_signature"]) != self._data_signature():
+            log.warning(
+                "resuming with a different (seed, batches per epoch, processes, grad_accum_steps): %s -> %s; "
+                "the data order after resume will not match the original run",
+                state["data_signature"], self._data_signature(),
+            )
+
+    def _resume(self, resume: str | os.PathLike | bool | None) -> None:
+        """Load the checkpoint named by ``resume`` (True: the newest loadable one of the run folder)."""
+        if resume is None or resume is False:
+            existing = self.checkpoints.latest()
+            if existing is not None:
+                raise CheckpointError(
+                    f"{self.run_dir} already holds checkpoint {existing.name}; resume it (resume=True / --resume) "
+                    "or choose a new run folder"
+                )
+            self.metrics.resume(0)
+            return
+        if resume is True:
+            latest = self.checkpoints.latest()
+            if latest is None:
+                log.info("no checkpoint in %s; starting from scratch", self.run_dir)
+                self.metrics.resume(0)
+                return
+            candidates = [latest] + [p for p in reversed(self.checkpoints.checkpoints()) if p != latest]
+        else:
+            candidates = [resolve_checkpoint(resume)]
+        errors = []
+        for ckpt in candidates:
+            try:
+                state = self.checkpoints.load(ckpt, models=self._models(), expected_model_config=self.model_config,
+                                              map_location=self.accelerator.device)
+            except CheckpointError as e:
+                errors.append(str(e))
+                log.warning("cannot resume from %s: %s", ckpt, e)
+                continue
+            self._restore(state)
+            self.metrics.resume(self.step)
+            log.info("resumed from %s at step %d (epoch %d)", ckpt, self.step, self.epoch)
+            return
+        raise CheckpointError("no loadable checkpoint to resume from:\n" + "\n".join(errors))
+
+    def _batches(self) -> Iterator[Any]:
+        """Endless stream of batches over epochs, tracking (epoch, batch_in_epoch) and starting there."""
+        while True:
+            loader = self.train_loader
+            if self.batch_in_epoch:
+                loader = self.accelerator.skip_first_batches(loader, self.batch_in_epoch)
+            loader.set_epoch(self.epoch)
+            empty = True
+            for batch in loader:
+                empty = False
+                self.batch_in_epoch += 1
+                yield batch
+            if empty and self.batch_in_epoch == 0:
+                raise ValueError("train_loader yields no batches (dataset smaller than one batch with drop_last?)")
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def _seed_micro_batch(self, micro: int) -> None:
+        key = f"{self.seed}:{self.step}:{micro}:{self.accelerator.process_index}".encode()
+        set_seed(int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little"))
+
+    def _train_step(self, batches: Iterator[Any]) -> None:
+        """One optimizer step over ``grad_accum_steps`` micro-batches; updates the logging window."""
+        acc = self.accelerator
+        self.model.train()
+        totals: dict[str, torch.Tensor] = {}
+        for micro in range(self.grad_accum_steps):
+            batch = next(batches)
+            self._seed_micro_batch(micro)
+            with acc.accumulate(self.model):
+                out = self.loss_fn(self.model, batch)
+                losses = out if isinstance(out, dict) else {"loss": out}
+                if "loss" not in losses:
+                    raise KeyError(f"loss_fn returned a dict without 'loss' (keys: {sorted(losses)})")
+                acc.backward(losses["loss"])
+            for key, value in losses.items():
+                value = torch.as_tensor(value, device=acc.device).detach().float().mean() / self.grad_accum_steps
+                totals[key] = totals[key] + value if key in totals else value
+        keys = list(totals)
+        stop = torch.tensor(float(self._stop_requested), device=acc.device)
+        *means, any_stop = acc.reduce(torch.stack([totals[k] for k in keys] + [stop]), reduction="mean").tolist()
+        values = dict(zip(keys, means))
+        self._stop_agreed = any_stop > 0
+        step = self.step + 1
+        check_grads = None if acc.scaler is not None else self.model
+        try:
+            finite = check_finite(values["loss"], check_grads, step, self.nan_policy)
+        except NonFiniteError as e:
+            self.metrics.log(step, {"event": "non_finite", "error": str(e)})
+            log.error("%s", e)
+            raise
+        lr = self.optimizer.param_groups[0]["lr"]
+        if finite:
+            if self.clip_grad is not None:
+                values["grad_norm"] = float(acc.clip_grad_norm_(self.model.parameters(), self.clip_grad))
+            self.optimizer.step()
+            if self.ema is not None and not acc.optimizer_step_was_skipped:
+                self.ema.update(self.model)
+            for key, value in values.items():
+                self._window[key] = self._window.get(key, 0.0) + value
+            self._window_steps += 1
+        else:
+            self.skipped_steps += 1
+            log.warning("step %d: non-finite loss or gradients (loss=%s); skipping the update (nan_policy=skip, "
+                        "%d skipped so far)", step, values["loss"], self.skipped_steps)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        self.step = step
+        self._last_lr = lr
+
+    def _flush_window(self) -> dict[str, Any]:
+        """Mean of the logged values since the last record."""
+        now = time.monotonic()
+        start_step, start_time = self._window_start
+        record = {key: total / self._window_steps for key, total in self._window.items()} if self._window_steps else {}
+        record.update(epoch=self.epoch, lr=self._last_lr, skipped_steps=self.skipped_steps,
+                      steps_per_s=(self.step - start_step) / max(now - start_time, 1e-9))
+        self._window, self._window_steps, self._window_start = {}, 0, (self.step, now)
+        return record
+
+    def _save(self, metric: float | None = None, is_best: bool = False) -> None:
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            path = self.checkpoints.save(
+                self.step, models=self._models(), model_config=self.model_config, train_state=self._train_state(),
+                metric=metric, is_best=is_best, config=self.config,
+            )
+            log.info("saved %s", path)
+        acc.wait_for_everyone()
+
+    def fit(self, resume: str | os.PathLike | bool | None = None) -> dict[str, Any]:
+        """Train until ``max_steps``.
+
+        ``resume``: None/False starts fresh (refused if the run folder has checkpoints); True continues from
+        the newest loadable checkpoint if any (falling back to older ones if it is damaged); a path continues
+        from that checkpoint or run folder. Returns the final step, epoch, best metric, the last logged record
+        and ``interrupted``: True when a SIGTERM stopped training early (after checkpointing).
+        """
+        acc = self.accelerator
+        self._resume(resume)
+        if acc.is_main_process:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.config, self.run_dir / "config.json")
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm) if in_main_thread else None
+        try:
+            return self._fit()
+        finally:
+            if in_main_thread:
+                signal.signal(signal.SIGTERM, previous_handler)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """First SIGTERM: checkpoint after the current step and stop; a second one terminates (default action)."""
+        log.warning("SIGTERM: checkpointing after the current step, then stopping")
+        self._stop_requested = True
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def _fit(self) -> dict[str, Any]:
+        acc = self.accelerator
+        batches = self._batches()
+        record: dict[str, Any] = {}
+        self._window_start = (self.step, time.monotonic())
+        with tqdm(total=self.max_steps, initial=self.step, disable=not acc.is_main_process, desc="train",
+                  dynamic_ncols=True) as progress:
+            while self.step < self.max_steps:
+                self._train_step(batches)
+                progress.update(1)
+                if self.step % self.log_every == 0 or self.step == self.max_steps:
+                    record = self._flush_window()
+                    self.metrics.log(self.step, record)
+                    if "loss" in record:
+                        progress.set_postfix(loss=f"{record['loss']:.4g}", lr=f"{record['lr']:.3g}")
+                metric, is_best = None, False
+                for every, hook in self.hooks:
+                    if self.step % every == 0:
+                        out = hook(self) or {}
+                        if out:
+                            self.metrics.log(self.step, out)
+                        if out.get("metric") is not None:
+                            metric = float(out["metric"])
+                            is_best = metric_is_better(metric, self.best_metric, self.metric_mode)
+                if is_best:
+                    self.best_metric = metric
+                if is_best or self.step % self.ckpt_every == 0 or self.step == self.max_steps or self._stop_agreed:
+                    self._save(metric, is_best)
+                if self._stop_agreed:
+                    log.warning("stopped at step %d on SIGTERM; checkpoint saved, resume to continue", self.step)
+                    break
+        return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.skipped_steps,
+                "best_metric": self.best_metric, "interrupted": self._stop_agreed, "last_record": record}

@@ -1,0 +1,60 @@
+"""load_config / save_config: YAML over defaults, typed dotted overrides, unknown keys refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lightvision.engine import ConfigError, load_config, save_config
+
+DEFAULTS = {"model": {"name": "deit_tiny", "depth": 12}, "optim": {"lr": 1e-3, "betas": [0.9, 0.999]},
+            "epochs": 300, "extra": {}}
+
+
+def test_yaml_over_defaults_and_typed_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  depth: 6\noptim:\n  lr: 5e-4\n")
+    cfg = load_config(recipe, ["optim.lr=1e-4", "epochs=3", "model.name=lion_s", "optim.betas=[0.9, 0.95]",
+                               "extra.anything=true"], DEFAULTS)
+    assert cfg["model"] == {"name": "lion_s", "depth": 6}
+    assert cfg["optim"]["lr"] == 1e-4 and isinstance(cfg["optim"]["lr"], float)
+    assert cfg["epochs"] == 3 and isinstance(cfg["epochs"], int)
+    assert cfg["optim"]["betas"] == [0.9, 0.95]
+    assert cfg["extra"] == {"anything": True}
+    assert DEFAULTS["optim"]["lr"] == 1e-3, "defaults must not be mutated"
+
+
+def test_yaml_alone_defines_known_keys(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("lr: 1.0e-3\nwarmup: 5\n")
+    assert load_config(recipe, ["warmup=10"]) == {"lr": 1e-3, "warmup": 10}
+    with pytest.raises(ConfigError, match="unknown config key 'warmpu'.*did you mean warmup"):
+        load_config(recipe, ["warmpu=10"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lrr=1", "unknown config key 'optim.lrr'.*did you mean optim.lr"),
+        ("epoch=3", "unknown config key 'epoch'.*did you mean epochs"),
+        ("model=deit", "'model' is a section"),
+        ("epochs.x=1", "'epochs' is a value"),
+        ("noequals", "must look like key.sub=value"),
+    ],
+)
+def test_bad_overrides_are_refused(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override], DEFAULTS)
+
+
+def test_unknown_yaml_key_refused_with_defaults(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("optim:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim.learning_rate' in .*r.yaml"):
+        load_config(recipe, [], DEFAULTS)
+
+
+def test_save_config_json(tmp_path):
+    save_config(DEFAULTS, tmp_path / "config.json")
+    assert json.loads((tmp_path / "config.json").read_text()) == DEFAULTS

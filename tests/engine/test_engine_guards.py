@@ -1,0 +1,87 @@
+"""check_finite and the Trainer's NaN/inf policies."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from lightvision.engine import CheckpointManager, MetricsLogger, NonFiniteError, check_finite, unwrap_model
+
+from train_tiny import TinyNet, build, tiny_loss
+
+
+def model_with_grads(poison: str | None = None, value: float = math.nan) -> nn.Module:
+    model = TinyNet()
+    model(torch.randn(4, 8)).sum().backward()
+    if poison is not None:
+        dict(model.named_parameters())[poison].grad[0, 0] = value
+    return model
+
+
+def test_finite_passes():
+    assert check_finite(torch.tensor(1.5), model_with_grads(), step=3)
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_nonfinite_grad_named(value):
+    model = model_with_grads("head.weight", value)
+    with pytest.raises(NonFiniteError, match=r"step 12.*1 parameter\(s\) of group\(s\) head: head.weight"):
+        check_finite(torch.tensor(0.3), model, step=12)
+    assert check_finite(torch.tensor(0.3), model, step=12, policy="skip") is False
+
+
+def test_nonfinite_loss():
+    with pytest.raises(NonFiniteError, match="step 4: loss=inf"):
+        check_finite(torch.tensor(math.inf), model_with_grads(), step=4)
+    assert check_finite(math.nan, None, step=4, policy="skip") is False
+    with pytest.raises(ValueError, match="nan_policy"):
+        check_finite(1.0, None, step=1, policy="ignore")
+
+
+def poisoned_loss(at_step: int, kind: str):
+    """tiny_loss, except at one step: a NaN loss, or a finite loss whose gradient in body.0.weight is inf
+    (d sqrt(u) / du at u = 0). Returns the loss function and a list to put the trainer in."""
+    holder: list = []
+
+    def loss_fn(model, batch):
+        out = tiny_loss(model, batch)
+        if holder[0].step + 1 == at_step:
+            if kind == "loss":
+                out["loss"] = out["loss"] * math.nan
+            else:
+                weight = unwrap_model(model).body[0].weight
+                out["loss"] = out["loss"] + torch.sqrt(weight - weight.detach()).sum()
+        return out
+
+    return loss_fn, holder
+
+
+@pytest.mark.parametrize("kind", ["loss", "grad"])
+def test_trainer_stop_keeps_last_good_checkpoint(tmp_path, kind):
+    loss_fn, holder = poisoned_loss(5, kind)
+    trainer = build(tmp_path, 8, loss_fn=loss_fn, ckpt_every=2)
+    holder.append(trainer)
+    expected = "loss=nan" if kind == "loss" else r"group\(s\) body.0: body.0.weight"
+    with pytest.raises(NonFiniteError, match=f"step 5.*{expected}"):
+        trainer.fit()
+    manager = CheckpointManager(tmp_path)
+    assert [p.name for p in manager.checkpoints()] == ["step_0000002", "step_0000004"]
+    records = MetricsLogger(tmp_path).records()
+    assert records[-1]["step"] == 5 and records[-1]["event"] == "non_finite"
+
+
+def test_trainer_skip_continues(tmp_path):
+    loss_fn, holder = poisoned_loss(3, "grad")
+    trainer = build(tmp_path, 6, loss_fn=loss_fn, nan_policy="skip")
+    holder.append(trainer)
+    before = {k: v.clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    result = trainer.fit()
+    assert result["step"] == 6 and result["skipped_steps"] == 1
+    assert all(torch.isfinite(p).all() for p in trainer.unwrapped_model.parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.ema.module.parameters())
+    assert any(not torch.equal(before[k], v) for k, v in trainer.unwrapped_model.state_dict().items())
+    records = {r["step"]: r for r in MetricsLogger(tmp_path).records()}
+    assert "loss" not in records[3] and records[3]["skipped_steps"] == 1 and math.isfinite(records[4]["loss"])

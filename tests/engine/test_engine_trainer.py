@@ -1,0 +1,117 @@
+"""Trainer: exact in-process resume, damaged-checkpoint fallback, hooks and best checkpoint; EMA; metrics log."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from lightvision.engine import (
+    CheckpointError,
+    CheckpointManager,
+    MetricsLogger,
+    ModelEma,
+    load_model_weights,
+    read_checkpoint_config,
+)
+
+from train_tiny import MODEL_CONFIG, TinyNet, build
+
+
+def losses(run_dir) -> list[tuple]:
+    return [(r["step"], r["loss"], r["rmse"], r["lr"]) for r in MetricsLogger(run_dir).records() if "loss" in r]
+
+
+def weights(module: nn.Module) -> dict:
+    return {k: v.clone() for k, v in module.state_dict().items()}
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    reference = build(tmp_path / "ref", 10, log_every=4)
+    reference.fit()
+    build(tmp_path / "run", 7, log_every=4).fit()
+    resumed = build(tmp_path / "run", 10, log_every=4)
+    resumed.fit(resume=tmp_path / "run" / "checkpoints" / "step_0000006")  # mid-epoch, mid logging window
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref")
+    assert [s for s, *_ in losses(tmp_path / "ref")] == [4, 8, 10]
+    for a, b in [(reference.unwrapped_model, resumed.unwrapped_model), (reference.ema.module, resumed.ema.module)]:
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert (resumed.epoch, resumed.step) == (reference.epoch, reference.step)
+    ema = TinyNet()
+    load_model_weights(tmp_path / "run", ema)
+    trained_ema = resumed.ema.module.state_dict().values()
+    assert all(torch.equal(x, y.cpu()) for x, y in zip(ema.state_dict().values(), trained_ema))
+    assert read_checkpoint_config(tmp_path / "run")["model_config"] == MODEL_CONFIG
+    assert json.loads((tmp_path / "run" / "config.json").read_text()) == {"recipe": "tiny"}
+
+
+def test_resume_true_skips_damaged_latest(tmp_path, caplog):
+    build(tmp_path, 6).fit()
+    model_file = tmp_path / "checkpoints" / "step_0000006" / "model.safetensors"
+    model_file.write_bytes(model_file.read_bytes()[:-3])
+    trainer = build(tmp_path, 8)
+    trainer.fit(resume=True)
+    assert "cannot resume from" in caplog.text and "truncated" in caplog.text
+    assert [r["step"] for r in MetricsLogger(tmp_path).records()] == list(range(1, 9))
+    assert trainer.step == 8
+
+
+def test_fresh_start_refuses_existing_run(tmp_path):
+    build(tmp_path, 3).fit()
+    with pytest.raises(CheckpointError, match="already holds checkpoint step_0000003; resume it"):
+        build(tmp_path, 6).fit()
+
+
+def test_resume_true_without_checkpoint_starts_fresh(tmp_path):
+    assert build(tmp_path, 2).fit(resume=True)["step"] == 2
+
+
+def test_eval_hook_metric_saves_best(tmp_path):
+    scores = iter([0.5, 0.9, 0.7])
+    calls = []
+
+    def evaluate(trainer):
+        calls.append(trainer.step)
+        return {"metric": next(scores), "top1": 1.0}
+
+    build(tmp_path, 6, ckpt_every=100, hooks=[(2, evaluate)], metric_mode="max").fit()
+    manager = CheckpointManager(tmp_path)
+    assert calls == [2, 4, 6]
+    assert [p.name for p in manager.checkpoints()] == ["step_0000002", "step_0000004", "step_0000006"]
+    assert manager.best_metric() == 0.9
+    assert json.loads((manager.best() / "manifest.json").read_text())["step"] == 4
+    assert [r["metric"] for r in MetricsLogger(tmp_path).records() if "metric" in r] == [0.5, 0.9, 0.7]
+
+
+def test_model_ema_update():
+    model = nn.Linear(3, 2)
+    ema = ModelEma(model, decay=0.75)
+    start = weights(ema.module)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model)
+    assert torch.allclose(ema.module.weight, 0.75 * start["weight"] + 0.25 * model.weight)
+    assert ema.module.weight.dtype == torch.float32 and not ema.module.weight.requires_grad
+    with pytest.raises(ValueError, match="decay"):
+        ModelEma(model, 1.0)
+
+
+def test_metrics_logger_resume_drops_later_and_torn_records(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    for step in range(1, 6):
+        logger.log(step, {"loss": float(step)})
+    with open(logger.path, "a") as f:
+        f.write('{"step": 6, "lo')
+    logger.resume(3)
+    assert [r["step"] for r in logger.records()] == [1, 2, 3]
+    MetricsLogger(tmp_path / "other", is_main_process=False).log(1, {"loss": 1.0})
+    assert not (tmp_path / "other").exists()
+
+
+def test_foreign_accelerator_must_match(tmp_path):
+    from accelerate import Accelerator
+
+    with pytest.raises(ValueError, match="sync_with_dataloader=False.*use_seedable_sampler=False"):
+        build(tmp_path, 2, accelerator=Accelerator(cpu=True, gradient_accumulation_steps=2))
