@@ -2,7 +2,8 @@
 #   source scripts/device_env.sh
 # Installs wheels carried in .whl/ (timm, einops, diffusers, torch-fidelity) into /tmp/site and builds
 # /tmp/lvsite, a symlink tree that maps kernels/, classify/, diffusion/ to lightvision.kernels/.classify/
-# .diffusion exactly as the setuptools package-dir mapping does.
+# .diffusion exactly as the setuptools package-dir mapping does. Run tools as `pytest` / `python3 scripts/...`,
+# not `python3 -m ...` from the checkout root: that puts the checkout's own lightvision/ first on sys.path.
 _lv_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if [ -d "$_lv_root/.whl" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_lv_root"/.whl/*.whl || return 1
