@@ -1,1 +1,15 @@
-"""Fused one-scan LightNet attention in Triton (forward and backward), registered as a torch custom op."""
+"""Fused one-scan LightNet attention in Triton (forward and backward), registered as a torch custom op.
+
+Importing this package registers ``lightnet_attention_triton`` with the ops dispatch, so
+``lightvision.ops.lightnet_attention(..., backend="auto")`` runs it on CUDA inputs.
+Custom ops: ``torch.ops.lightvision.lightnet_attn_fwd`` (q, k, v, grid, num_prefix_tokens, lrpe) -> (o, S, lse)
+and ``torch.ops.lightvision.lightnet_attn_bwd``; see ``op`` for the math and the derivation of the backward.
+"""
+
+from lightvision.ops._dispatch import register_kernel
+
+from .op import HEAD_DIMS, lightnet_attention_triton, lightnet_attn_bwd, lightnet_attn_fwd, supports
+
+register_kernel("lightnet_attention", lightnet_attention_triton)
+
+__all__ = ["HEAD_DIMS", "lightnet_attention_triton", "lightnet_attn_bwd", "lightnet_attn_fwd", "supports"]

@@ -1,0 +1,298 @@
+"""Fused one-scan LightNet attention: launchers, torch custom ops and autograd (SPEC 1.1-1.2).
+
+Forward, per (batch, head); q, k: [N, d], v: [N, e] (e = d_v); angles Theta [N, d] from
+``lightvision.ops.lrpe_angles`` (C = cos Theta, Sn = sin Theta, prefix rows C = 1, Sn = 0):
+
+    q^ = SiLU(q),  k^[n, f] = exp(k[n, f] - lse[f]),  lse[f] = log sum_n exp(k[n, f])     (fp32 stats)
+    S  = [k^ C, k^ Sn]^T v = [S_c; S_s]  (2d x e)        o = (q^ C) S_c + (q^ Sn) S_s  (N x e)
+
+Backward, with dO = dL/do and no N x d intermediate in memory:
+
+    dS   = [(q^ C)^T dO; (q^ Sn)^T dO]                              (reduction over N)
+    dq^  = (dO S_c^T) C + (dO S_s^T) Sn,   dq = dq^ * SiLU'(q),   SiLU'(x) = sigma(x) (1 + x (1 - sigma(x)))
+    dv   = (k^ C) dS_c + (k^ Sn) dS_s
+    G    = dL/dk^ = (v dS_c^T) C + (v dS_s^T) Sn
+    dk   = k^ * (G - c),   c[f] = sum_n k^[n, f] G[n, f]
+
+Softmax over tokens: dk^[m, f]/dk[n, f] = k^[m, f] (delta_mn - k^[n, f]), so
+    dk[n, f] = sum_m G[m, f] k^[m, f] (delta_mn - k^[n, f]) = k^[n, f] (G[n, f] - c[f]).
+The correction never needs G summed over N: substituting G,
+    c[f] = sum_j dS_c[f, j] sum_n k^[n, f] C[n, f] v[n, j] + dS_s[f, j] sum_n k^[n, f] Sn[n, f] v[n, j]
+         = sum_j dS_c[f, j] S_c[f, j] + dS_s[f, j] S_s[f, j],
+a per-feature row sum of dS * S over both halves, computed from the two small saved matrices.
+SiLU: d/dx [x sigma(x)] = sigma(x) + x sigma(x) (1 - sigma(x)).
+
+Passes (tensor traffic in units of one [B, H, N, d] tensor): forward reads k, v then q, writes o (4);
+backward reads q, dO, writes dq (3), then reads k, v, writes dk, dv (4): 11 in all, the memory floor.
+Beside those: the per-head S / dS (fp32 R x e), their split partials, and the cos / sin tables ([N, d],
+shared by every batch and head, so read mostly from L2). Saved for backward: S (fp32 [B, H, R, e],
+R = 2d, or d without LRPE) and lse (fp32 [B, H, d]).
+Numerics: statistics, accumulators, S and dS in fp32; matrix-product operands in the input dtype for
+bf16 / fp16 (fp16: dS is cast to fp16 for the dk / dv products, so |dS| must stay under 65504), IEEE fp32
+for fp32 inputs; outputs in the input dtype.
+
+The custom ops ``lightvision::lightnet_attn_fwd`` / ``lightvision::lightnet_attn_bwd`` carry fake
+(meta) implementations and an autograd formula, so models using them compile without graph breaks.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Optional
+
+import torch
+import triton
+
+from lightvision.ops._checks import check_grid
+from lightvision.ops.md_lrpe import lrpe_angles
+
+from . import _triton as K
+
+HEAD_DIMS = (16, 24, 32, 48, 64, 128)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+# Debug hook for tests: fill every kernel output and workspace with NaN before the launches, so an element
+# a kernel fails to write shows up as NaN in the result.
+POISON_OUTPUTS = False
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    t = torch.empty(shape, device=device, dtype=dtype)
+    return t.fill_(float("nan")) if POISON_OUTPUTS else t
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@functools.lru_cache(maxsize=64)
+def _tables(grid: tuple[int, ...], num_prefix_tokens: int, dim: int, device: torch.device, dtype: torch.dtype):
+    """(cos Theta, sin Theta), each [N, dim] contiguous in ``dtype``; angles from ``lrpe_angles``.
+
+    fp32 for fp32 inputs; fp16 for 16-bit inputs (|cos|, |sin| <= 1: rounding 2^-11, under the inputs' own)."""
+    ang = lrpe_angles(grid, dim, num_prefix_tokens, device=device)
+    return torch.cos(ang).to(dtype).contiguous(), torch.sin(ang).to(dtype).contiguous()
+
+
+def _rotation(grid, num_prefix_tokens, d, lrpe, dtype, device):
+    """Rotation tables for the kernels, or (None, None) without LRPE (``lrpe`` requires a grid)."""
+    if not lrpe:
+        return None, None
+    if grid is None:
+        raise ValueError("lightnet kernel: lrpe=True needs the token grid")
+    tdt = torch.float32 if dtype == torch.float32 else torch.float16
+    return _tables(tuple(grid), num_prefix_tokens, d, device, tdt)
+
+
+@functools.lru_cache(maxsize=16)
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2
+
+
+@functools.lru_cache(maxsize=256)
+def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
+          block_n: int | None = None, programs_per_sm: int = 4, num_warps: int | None = None) -> dict:
+    """Launch plan: token tile BN, padded feature blocks, warps / pipeline stages, and the split of N.
+
+    Splits are chosen so that B*H*splits fills the GPU (about 4 programs per SM) while each program
+    keeps at least two tiles, so the small fp32 S / dS partials stay cheap next to the token traffic.
+    Head dim 128 holds two 128 x d_v matrices per program: smaller tiles and fewer stages (fp32 most)
+    keep the matrix-product operands inside shared memory. The keyword knobs override the defaults
+    (``scripts/bench_attention.py --sweep`` times them)."""
+    bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
+    wide = max(bd, bdv) >= 128
+    if block_n is not None:
+        bn = block_n
+    elif _interpreting():
+        bn = 16
+    else:
+        bn = (16 if fp32 else 32) if wide else 64
+    tiles = triton.cdiv(n, bn)
+    want = triton.cdiv(programs_per_sm * _num_sms(device), bh)
+    splits = max(1, min(want, tiles // 2 if device.type == "cuda" else tiles))
+    per = triton.cdiv(tiles, splits)
+    splits = triton.cdiv(tiles, per)
+    warps = num_warps or (8 if wide else 4)
+    tiled = dict(num_warps=warps, num_stages=(1 if fp32 else 2) if wide else 3)
+    return dict(BN=bn, BD=bd, BDV=bdv, per=per, splits=splits, tiled=tiled, warps=tiled["num_warps"])
+
+
+def _st(t: torch.Tensor):
+    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+
+def _lowp(dtype: torch.dtype) -> bool:
+    # The Triton CPU interpreter multiplies bf16 tl.dot operands as raw bits (tests/kernels/conftest.py
+    # repairs it for the tests); elsewhere under the interpreter the products run in fp32.
+    return dtype != torch.float32 and not _interpreting()
+
+
+def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool):
+    """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype,
+    S fp32 [B, H, R, e] (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    bh = B * H
+    R = 2 * D if lrpe else D
+    p = _plan(N, bh, D, DV, q.device, q.dtype == torch.float32)
+    cos, sin = _rotation(grid, num_prefix_tokens, D, lrpe, q.dtype, q.device)
+    o = _empty((B, H, N, DV), q.dtype, q.device)
+    s = _empty((B, H, R, DV), torch.float32, q.device)
+    lse = _empty((B, H, D), torch.float32, q.device)
+    if cos is None:
+        cos = sin = lse
+    single = p["splits"] == 1
+    if single:
+        pm = pz = ps = lse
+    else:
+        pm = _empty((bh, p["splits"], D), torch.float32, q.device)
+        pz = _empty(pm.shape, torch.float32, q.device)
+        ps = _empty((bh, p["splits"], R, DV), torch.float32, q.device)
+    lowp = _lowp(q.dtype)
+    K._fwd_reduce_kernel[(bh, p["splits"])](
+        k, v, cos, sin, pm, pz, ps, s, lse, H, N, D, DV, p["per"], *_st(k), *_st(v),
+        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, SINGLE=single, LOWP=lowp, **p["tiled"],
+    )
+    if not single:
+        K._fwd_combine_kernel[(bh,)](
+            pm, pz, ps, s, lse, D, DV, p["splits"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, num_warps=p["warps"],
+        )
+    K._fwd_out_kernel[(bh, p["splits"])](
+        q, cos, sin, s, o, H, N, D, DV, p["per"], *_st(q), *_st(o),
+        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=lowp, **p["tiled"],
+    )
+    return o, s, lse
+
+
+def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool):
+    """Launch the backward: (dq, dk, dv) shaped like q, k, v (contiguous, input dtype)."""
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    bh = B * H
+    R = 2 * D if lrpe else D
+    p = _plan(N, bh, D, DV, q.device, q.dtype == torch.float32)
+    cos, sin = _rotation(grid, num_prefix_tokens, D, lrpe, q.dtype, q.device)
+    dq = _empty((B, H, N, D), q.dtype, q.device)
+    dk = _empty((B, H, N, D), k.dtype, q.device)
+    dv = _empty((B, H, N, DV), v.dtype, q.device)
+    ds = _empty((bh, R, DV), torch.float32, q.device)
+    corr = _empty((bh, D), torch.float32, q.device)
+    if cos is None:
+        cos = sin = lse
+    single = p["splits"] == 1
+    pds = ds if single else _empty((bh, p["splits"], R, DV), torch.float32, q.device)
+    lowp = _lowp(q.dtype)
+    K._bwd_dq_kernel[(bh, p["splits"])](
+        q, do, cos, sin, s, dq, pds, ds, corr, H, N, D, DV, p["per"], *_st(q), *_st(do), *_st(dq),
+        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, SINGLE=single, LOWP=lowp, **p["tiled"],
+    )
+    if not single:
+        K._bwd_combine_kernel[(bh,)](
+            pds, s, ds, corr, D, DV, p["splits"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, num_warps=p["warps"],
+        )
+    K._bwd_dkdv_kernel[(bh, p["splits"])](
+        k, v, cos, sin, lse, ds, corr, dk, dv, H, N, D, DV, p["per"], *_st(k), *_st(v), *_st(dk), *_st(dv),
+        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=lowp, **p["tiled"],
+    )
+    return dq, dk, dv
+
+
+@torch.library.custom_op("lightvision::lightnet_attn_fwd", mutates_args=())
+def lightnet_attn_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o, S, lse) of the one-scan forward; see the module docstring."""
+    return lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe)
+
+
+@lightnet_attn_fwd.register_fake
+def _(q, k, v, grid, num_prefix_tokens, lrpe):
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    return (
+        q.new_empty((B, H, N, DV)),
+        q.new_empty((B, H, 2 * D if lrpe else D, DV), dtype=torch.float32),
+        q.new_empty((B, H, D), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("lightvision::lightnet_attn_bwd", mutates_args=())
+def lightnet_attn_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, lse: torch.Tensor,
+    grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the one-scan attention; see the module docstring."""
+    return lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens, lrpe)
+
+
+@lightnet_attn_bwd.register_fake
+def _(do, q, k, v, s, lse, grid, num_prefix_tokens, lrpe):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, grid, num_prefix_tokens, lrpe = inputs
+    _, s, lse = output
+    ctx.save_for_backward(q, k, v, s, lse)
+    ctx.grid, ctx.num_prefix_tokens, ctx.lrpe = grid, num_prefix_tokens, lrpe
+
+
+def _backward(ctx, do, _ds, _dlse):
+    q, k, v, s, lse = ctx.saved_tensors
+    dq, dk, dv = lightnet_attn_bwd(do, q, k, v, s, lse, ctx.grid, ctx.num_prefix_tokens, ctx.lrpe)
+    return dq, dk, dv, None, None, None
+
+
+lightnet_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _LightNetEager(torch.autograd.Function):
+    """The same launchers as the custom ops, without their dispatch (tens of microseconds of host time
+    per call, which at ViT sizes is longer than the kernels); used outside torch.compile tracing."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, grid, num_prefix_tokens, lrpe):
+        o, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe)
+        ctx.save_for_backward(q, k, v, s, lse)
+        ctx.grid, ctx.num_prefix_tokens, ctx.lrpe = grid, num_prefix_tokens, lrpe
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, s, lse = ctx.saved_tensors
+        dq, dk, dv = lightnet_bwd(do, q, k, v, s, lse, ctx.grid, ctx.num_prefix_tokens, ctx.lrpe)
+        return dq, dk, dv, None, None, None
+
+
+def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernel covers these inputs: non-empty [B, H, N, d] with d, d_v in HEAD_DIMS, one float dtype."""
+    return (
+        q.dim() == 4 and q.shape == k.shape and v.shape[:3] == q.shape[:3]
+        and q.shape[-1] in HEAD_DIMS and v.shape[-1] in HEAD_DIMS
+        and q.dtype in DTYPES and q.dtype == k.dtype == v.dtype
+        and q.device == k.device == v.device and q.numel() > 0
+    )
+
+
+def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe=True, causal=False, key_softmax=True):
+    """Kernel entry of ``lightvision.ops.lightnet_attention`` (registered with the ops dispatch).
+
+    q, k [B, H, N, d], v [B, H, N, d_v] -> o [B, H, N, d_v] in the input dtype. As in the reference,
+    MD-LRPE applies when ``lrpe`` and a ``grid`` are given. Returns NotImplemented (the reference then
+    runs) for causal=True, key_softmax=False, or inputs outside ``supports``. Under torch.compile the
+    call goes through the custom op ``lightvision::lightnet_attn_fwd``; in eager mode through the same
+    launchers directly."""
+    if causal or not key_softmax or not supports(q, k, v):
+        return NotImplemented
+    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
+    use_lrpe = bool(lrpe) and grid is not None
+    grid = list(grid) if use_lrpe else None
+    if torch.compiler.is_compiling():
+        return lightnet_attn_fwd(q, k, v, grid, num_prefix_tokens, use_lrpe)[0]
+    return _LightNetEager.apply(q, k, v, grid, num_prefix_tokens, use_lrpe)
+
+
+__all__ = ["lightnet_attention_triton", "lightnet_attn_fwd", "lightnet_attn_bwd", "supports", "HEAD_DIMS"]

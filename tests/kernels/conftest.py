@@ -1,0 +1,48 @@
+"""Kernel tests run on CPU through the Triton interpreter when no CUDA device is present.
+
+TRITON_INTERPRET is read when a kernel is decorated (module import), so it is set here, before any test
+module imports a kernel family."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def _fix_interpreter_bf16() -> None:
+    """Two Triton interpreter (3.x, numpy backend) bf16 bugs that the GPU does not have: tl.dot multiplies
+    bf16 tiles as their raw uint16 bits (upcast the operands to fp32 first: exact, what the tensor cores
+    do), and fp32 -> bf16 casts truncate (the GPU rounds to nearest even)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder, "_lv_bf16_dot", False):
+        return
+    raw_dot = builder.create_dot
+    raw_cast = builder.cast_impl
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32).astype(np.uint64)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16  # round to nearest even (finite inputs)
+            return interpreter.TensorHandle(bits.astype(np.uint16), dst_type.scalar)
+        return raw_cast(self, src, dst_type)
+
+    def create_dot(self, a, b, d, *args):
+        a = self.cast_impl(a, tl.float32) if a.dtype.scalar == tl.bfloat16 else a
+        b = self.cast_impl(b, tl.float32) if b.dtype.scalar == tl.bfloat16 else b
+        return raw_dot(self, a, b, d, *args)
+
+    builder.create_dot = create_dot
+    builder.cast_impl = cast_impl
+    builder._lv_bf16_dot = True
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    _fix_interpreter_bf16()

@@ -1,0 +1,162 @@
+"""The Triton one-scan LightNet kernel against the plain reference ``lightvision.ops.lightnet_attention``.
+
+Forward and all three gradients vs the reference evaluated in fp64, fresh random inputs per case, odd
+sizes, fp32 / bf16 / fp16, every kernel output and workspace NaN-poisoned before the launches.
+On CPU the kernels run in the Triton interpreter (tests/kernels/conftest.py); shapes stay tiny.
+"""
+
+import math
+
+import pytest
+import torch
+
+import lightvision.kernels.lightnet as lk
+from lightvision.kernels.lightnet import op as lop
+from lightvision.ops._dispatch import get_kernel
+from lightvision.ops.lightnet import lightnet_attention
+from lightvision.ops.md_lrpe import lrpe_angles
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}  # SPEC 2, relative L2 vs fp64
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(lop, "POISON_OUTPUTS", True)
+    # 16-bit matrix-product operands as on the GPU: conftest.py repairs the interpreter's bf16 dot
+    monkeypatch.setattr(lop, "_lowp", lambda dtype: dtype != torch.float32)
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    assert torch.isfinite(a).all(), "non-finite element: an output was not written"
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+def _inputs(b, h, n, d, dv, dtype, k_scale=2.0):
+    q = torch.randn(b, h, n, d, device=DEV, dtype=dtype)
+    k = (torch.randn(b, h, n, d, device=DEV) * k_scale).to(dtype)
+    v = torch.randn(b, h, n, dv, device=DEV, dtype=dtype)
+    return q, k, v
+
+
+def _check(q, k, v, dtype, **kw):
+    """Kernel (backend='triton') vs fp64 reference: output and dq, dk, dv under a random upstream grad."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    o = lightnet_attention(*leaves, backend="triton", **kw)
+    assert o.dtype == dtype and o.shape == (*q.shape[:3], v.shape[-1])
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, leaves, do)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    o_ref = lightnet_attention(*ref_leaves, backend="torch", **kw)
+    ref_grads = torch.autograd.grad(o_ref, ref_leaves, do.double())
+    tol = TOL[dtype]
+    errs = [_rel(o, o_ref)] + [_rel(g, r) for g, r in zip(grads, ref_grads)]
+    assert max(errs) < tol, f"rel errors o, dq, dk, dv = {errs}"
+    for g, t in zip(grads, (q, k, v)):
+        assert g.dtype == t.dtype and g.shape == t.shape
+
+
+# (B, H, grid, prefix, d, d_v, dtype): single split (N <= 16) and several splits, non-power-of-2 d,
+# 1-D and 2-D grids, prefix tokens.
+CASES = [
+    (1, 2, (3, 4), 1, 16, 24, torch.float32),
+    (2, 1, (5, 7), 1, 24, 16, torch.float32),
+    (1, 1, (7, 7), 1, 16, 16, torch.float32),
+    (1, 2, (13,), 0, 24, 24, torch.float32),
+    (1, 2, (5, 7), 1, 24, 16, torch.bfloat16),
+    (2, 1, (3, 3), 2, 16, 16, torch.float16),
+    (1, 1, (3, 5), 1, 48, 32, torch.float32),
+]
+
+
+@pytest.mark.parametrize("b,h,grid,prefix,d,dv,dtype", CASES)
+def test_matches_reference_with_lrpe(b, h, grid, prefix, d, dv, dtype):
+    n = math.prod(grid) + prefix
+    _check(*_inputs(b, h, n, d, dv, dtype), dtype, grid=grid, num_prefix_tokens=prefix)
+
+
+@pytest.mark.parametrize("n,grid", [(7, None), (37, (37,))])
+def test_matches_reference_without_lrpe(n, grid):
+    # lrpe=False, or no grid (the reference then applies no rotation either)
+    _check(*_inputs(1, 2, n, 16, 24, torch.float32), torch.float32, grid=grid, lrpe=False)
+
+
+def test_large_keys_across_splits():
+    # keys offset by +100 (exp overflows fp32 without the running max) on the first tiles for half the
+    # features and on the last tiles for the other half: the split merge must rescale both ways
+    n = 41
+    q, k, v = _inputs(1, 1, n, 16, 16, torch.float32, k_scale=1.0)
+    k[0, 0, :9, :8] += 100.0
+    k[0, 0, 32:, 8:] += 100.0
+    assert lop._plan(n, 1, 16, 16, torch.device(DEV), True)["splits"] > 1 or DEV == "cuda"
+    _check(q, k, v, torch.float32, grid=(5, 8), num_prefix_tokens=1)
+
+
+def test_fused_qkv_strided_views():
+    # q, k, v as slices of one projection: [B, N, 3, H, d] permuted, neither contiguous nor copied
+    b, h, grid, d = 2, 2, (4, 5), 16
+    n = math.prod(grid) + 1
+    qkv = torch.randn(b, n, 3, h, d, device=DEV).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    assert not q.is_contiguous()
+    _check(q, k, v, torch.float32, grid=grid, num_prefix_tokens=1)
+
+
+def test_saved_state_is_the_normalised_reduction():
+    # S = k~^T v with k~ = MD-LRPE(softmax_N(k)), lse = logsumexp_N(k): the only state kept for backward
+    b, h, grid, d, dv = 1, 2, (3, 5), 16, 24
+    q, k, v = _inputs(b, h, 16, d, dv, torch.float32)
+    o, s, lse = lk.lightnet_attn_fwd(q, k, v, list(grid), 1, True)
+    ang = lrpe_angles(grid, d, 1, device=DEV).double()
+    kh = torch.softmax(k.double(), dim=2)
+    kt = torch.cat([kh * torch.cos(ang), kh * torch.sin(ang)], -1)
+    assert _rel(s, kt.transpose(-1, -2) @ v.double()) < 1e-6
+    assert _rel(lse, torch.logsumexp(k.double(), dim=2)) < 1e-6
+
+
+def test_dispatch_registration_and_fallbacks():
+    assert get_kernel("lightnet_attention") is lk.lightnet_attention_triton
+    q, k, v = _inputs(1, 1, 9, 16, 16, torch.float32)
+    # configurations the kernel does not cover are declined, so "auto" runs the reference
+    assert lk.lightnet_attention_triton(q, k, v, causal=True) is NotImplemented
+    assert lk.lightnet_attention_triton(q, k, v, key_softmax=False) is NotImplemented
+    assert lk.lightnet_attention_triton(q[..., :10], k[..., :10], v) is NotImplemented
+    assert lk.lightnet_attention_triton(q[:0], k[:0], v[:0]) is NotImplemented
+    with pytest.raises(RuntimeError):
+        lightnet_attention(q, k, v, causal=True, backend="triton")
+    o = lightnet_attention(q, k, v, causal=True, backend="auto")
+    assert torch.isfinite(o).all()
+
+
+def test_custom_op_opcheck():
+    # schema, fake (meta) kernels and autograd registration of lightvision::lightnet_attn_fwd / _bwd
+    q, k, v = _inputs(1, 2, 10, 16, 16, torch.float32)
+    args = [t.requires_grad_() for t in (q, k, v)] + [[3, 3], 1, True]
+    torch.library.opcheck(torch.ops.lightvision.lightnet_attn_fwd.default, args,
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    # the custom op's own autograd formula (the path torch.compile takes) agrees with the eager path
+    o = torch.ops.lightvision.lightnet_attn_fwd(*args)[0]
+    do = torch.randn_like(o)
+    grads = torch.autograd.grad(o, args[:3], do)
+    eager = [t.detach().requires_grad_() for t in (q, k, v)]
+    o_eager = lk.lightnet_attention_triton(*eager, grid=(3, 3), num_prefix_tokens=1)
+    torch.testing.assert_close(o, o_eager)
+    for g, r in zip(grads, torch.autograd.grad(o_eager, eager, do)):
+        torch.testing.assert_close(g, r)
+
+
+def test_compiles_without_graph_breaks():
+    # the custom ops are opaque to dynamo: fullgraph capture through forward and backward
+    q, k, v = _inputs(1, 2, 10, 16, 16, torch.float32)
+
+    def f(q, k, v):
+        return lightnet_attention(q, k, v, grid=(3, 3), num_prefix_tokens=1, backend="triton").square().sum()
+
+    torch._dynamo.reset()
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    loss = torch.compile(f, backend="aot_eager", fullgraph=True)(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
+    ref_leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    ref_grads = torch.autograd.grad(f(*ref_leaves), ref_leaves)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
