@@ -1,0 +1,241 @@
+"""Model-level speed: training-step and inference throughput (images/s) and peak GPU memory, bf16.
+
+    python scripts/bench_models.py --out benchmarks/results/models_h100.json            # everything
+    python scripts/bench_models.py --family deit --sizes 224 512 --attentions softmax lightnet
+
+Families and the batch used at each resolution (stated in every record):
+- DeiT-S (``{attention}_deit_small_patch16_224`` from timm, created at ``img_size``) with softmax (SDPA),
+  lightnet, lion_d, lion_s, lion_s_snake and ``lion_s_mask`` (the published LION style: mask
+  materialised in PyTorch) at 224 / 384 / 512 / 768 / 1024 px, batches of SPEC 5.
+- DiT-B/2 and DiT-XL/2 (``{attention}_dit_{b|xl}_2``, latent = px / 8, 4 channels) with softmax,
+  lightnet and lion_s at 256 / 512 / 1024 px.
+
+A training step is forward + backward + AdamW step under bf16 autocast (classification: cross-entropy
+on random labels; DiT: MSE on its noise/variance output for random t, y). Inference is a forward pass
+under ``torch.inference_mode``. Each measurement: warm-up steps, then the median over timed steps with
+CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset. Out-of-memory is
+recorded as ``oom: true``. Output: JSON (``{"env": ..., "records": [...]}``), a markdown table and a
+PNG per family (images/s and peak memory against resolution), the table printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
+DIT_BATCH = {"b": {256: 64, 512: 16, 1024: 4}, "xl": {256: 32, 512: 8, 1024: 2}}
+DEIT_ATTENTIONS = ("softmax", "lightnet", "lion_d", "lion_s", "lion_s_snake", "lion_s_mask")
+DIT_ATTENTIONS = ("softmax", "lightnet", "lion_s")
+
+
+def build_deit(attention: str, img_size: int) -> torch.nn.Module:
+    """DeiT-S at ``img_size``; ``lion_s_mask`` is LION-S with the mask materialised in PyTorch."""
+    import timm
+
+    import lightvision  # noqa: F401  registers the models in timm
+
+    if attention == "lion_s_mask":
+        return timm.create_model(
+            "lion_s_deit_small_patch16_224", img_size=img_size, attn_kwargs=dict(form="parallel", backend="torch")
+        )
+    return timm.create_model(f"{attention}_deit_small_patch16_224", img_size=img_size)
+
+
+def build_dit(attention: str, size: str, img_size: int) -> torch.nn.Module:
+    """DiT-{size}/2 on the latent of an ``img_size`` image (downsampling 8, 4 channels, 1000 classes)."""
+    from lightvision.diffusion import create_model
+
+    return create_model(f"{attention}_dit_{size}_2", input_size=img_size // 8, in_channels=4, num_classes=1000)
+
+
+def _median_ms(fn, warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int) -> dict:
+    """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches."""
+    model = model.cuda()
+    inputs = make_batch()
+    result = {}
+
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model.eval()
+
+    def infer():
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(*inputs)
+
+    ms = _median_ms(infer, warmup, steps)
+    result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
+
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+    def train_step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = loss_of(model(*inputs))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    ms = _median_ms(train_step, warmup, steps)
+    result["train"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
+    return result
+
+
+def bench_one(family: str, attention: str, size: str, img_size: int, batch: int, args) -> list[dict]:
+    """Records for one (model, attention, resolution); an OOM becomes ``oom: true`` records."""
+    base = {"model": f"{family}_{size}", "attention": attention, "img_size": img_size, "batch": batch}
+    try:
+        if family == "deit":
+            model = build_deit(attention, img_size)
+            make_batch = lambda: (torch.randn(batch, 3, img_size, img_size, device="cuda"),)  # noqa: E731
+            labels = torch.randint(0, 1000, (batch,), device="cuda")
+            loss_of = lambda out: F.cross_entropy(out.float(), labels)  # noqa: E731
+        else:
+            model = build_dit(attention, size, img_size)
+            latent = img_size // 8
+
+            def make_batch():
+                return (
+                    torch.randn(batch, 4, latent, latent, device="cuda"),
+                    torch.randint(0, 1000, (batch,), device="cuda"),
+                    torch.randint(0, 1000, (batch,), device="cuda"),
+                )
+
+            loss_of = lambda out: out.float().square().mean()  # noqa: E731
+        if args.compile:
+            model = torch.compile(model)
+        measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps)
+        records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
+    except torch.cuda.OutOfMemoryError:
+        records = [{**base, "mode": mode, "oom": True} for mode in ("infer", "train")]
+    finally:
+        model = None
+        torch.cuda.empty_cache()
+    for record in records:
+        shown = "OOM" if record.get("oom") else f"{record['img_per_s']:9.1f} img/s {record['peak_mem_gb']:6.2f} GB"
+        print(f"{record['model']:8s} {attention:13s} {img_size:5d}px b={batch:<4d} {record['mode']:5s} {shown}", flush=True)
+    return records
+
+
+def markdown_table(records: list[dict]) -> str:
+    """Rows (model, attention, px, batch); columns train/infer images/s and peak GB."""
+    rows = {}
+    for r in records:
+        key = (r["model"], r["attention"], r["img_size"], r["batch"])
+        cell = "OOM" if r.get("oom") else f"{r['img_per_s']:.1f} / {r['peak_mem_gb']:.2f}"
+        rows.setdefault(key, {})[r["mode"]] = cell
+    lines = [
+        "| model | attention | px | batch | train img/s / peak GB | infer img/s / peak GB |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for (model, attention, px, batch), cells in rows.items():
+        lines.append(f"| {model} | {attention} | {px} | {batch} | {cells.get('train', '-')} | {cells.get('infer', '-')} |")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    """Per model family: training images/s and inference peak memory against resolution (log-y)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r["model"] for r in records})
+    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False)
+    for row, model in enumerate(models):
+        for col, (mode, key, label) in enumerate((("train", "img_per_s", "train images/s"), ("infer", "peak_mem_gb", "inference peak GB"))):
+            ax = axes[row][col]
+            for attention in sorted({r["attention"] for r in records if r["model"] == model}):
+                pts = sorted(
+                    (r["img_size"], r[key]) for r in records
+                    if r["model"] == model and r["attention"] == attention and r["mode"] == mode and not r.get("oom")
+                )
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", label=attention)
+            ax.set_xlabel("image px")
+            ax.set_ylabel(label)
+            ax.set_yscale("log")
+            ax.set_title(f"{model}: {label}")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--family", choices=("deit", "dit", "all"), default="all")
+    parser.add_argument("--attentions", nargs="*", help="subset of attentions (default: all of the family)")
+    parser.add_argument("--sizes", nargs="*", type=int, help="subset of image sizes in px")
+    parser.add_argument("--dit-sizes", nargs="*", default=["b", "xl"], choices=("s", "b", "l", "xl"))
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--compile", action="store_true", help="torch.compile each model (custom ops stay in the graph)")
+    parser.add_argument("--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("bench_models.py measures GPU throughput and needs CUDA")
+
+    plan = []
+    if args.family in ("deit", "all"):
+        for attention in args.attentions or DEIT_ATTENTIONS:
+            for px, batch in DEIT_BATCH.items():
+                if not args.sizes or px in args.sizes:
+                    plan.append(("deit", attention, "s", px, batch))
+    if args.family in ("dit", "all"):
+        for size in args.dit_sizes:
+            for attention in args.attentions or DIT_ATTENTIONS:
+                for px, batch in DIT_BATCH.get(size, DIT_BATCH["b"]).items():
+                    if not args.sizes or px in args.sizes:
+                        plan.append(("dit", attention, size, px, batch))
+    if not plan:
+        parser.error("nothing to run: check --family / --attentions / --sizes")
+
+    torch.backends.cuda.matmul.allow_tf32 = True
+    records = []
+    for family, attention, size, px, batch in plan:
+        records.extend(bench_one(family, attention, size, px, batch, args))
+
+    import triton
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    out.write_text(json.dumps({"env": env, "records": records}, indent=1))
+    table = markdown_table(records)
+    out.with_suffix(".md").write_text(table + "\n")
+    plot(records, out.with_suffix(".png"))
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
