@@ -26,7 +26,8 @@ eager calls ("ms", do_bench) and CUDA-graph replays ("ms_graph", do_bench_cudagr
 
 --check first runs the Triton LightNet kernel against the fp64 reference (forward and dq, dk, dv, relative
 L2 error, outputs NaN-poisoned beforehand) on image grids with and without a cls token (CHECK_CASES,
---check-d keeps the cases of the listed head dims). --sweep also times the kernel's launch-plan variants
+--check-d keeps the cases of the listed head dims), as one (b, h), fused-qkv views, and B*H = 288 (the
+kernel's fused plan on an H100; N <= 1024); each row names the plan that ran. --sweep also times the kernel's launch-plan variants
 (SWEEP) at the listed shapes.
 Results: JSON {"env": {gpu, torch, triton, command, date}, "checks": [...], "records": [...]} with a
 table printed last.
@@ -125,12 +126,16 @@ def check_lightnet(device, head_dims=()) -> list[dict]:
         if head_dims and d not in head_dims:
             continue
         for dtype in dtypes:
-            for layout in ("contiguous", "fused_qkv"):
+            for layout in ("contiguous", "fused_qkv", "batched"):
+                n = math.prod(grid) + prefix
                 if layout == "fused_qkv" and (dtype == torch.float16 or d != 64):
                     continue
-                n = math.prod(grid) + prefix
+                if layout == "batched" and n > 1024:
+                    continue
                 if layout == "contiguous":
                     q, k, v = _qkv(1, 1, n, d, dtype, device)
+                elif layout == "batched":  # B*H = 288 >= 2 per SM on an H100: the kernel's fused plan (d <= 64)
+                    q, k, v = _qkv(48, 6, n, d, dtype, device)
                 else:  # slices of one [B, N, 3, H, d] projection, strided
                     q, k, v = torch.randn(2, n, 3, 2, d, device=device, dtype=dtype).permute(2, 0, 3, 1, 4)
                 k = k * 2
@@ -146,9 +151,11 @@ def check_lightnet(device, head_dims=()) -> list[dict]:
                     fin = bool(torch.isfinite(a).all())
                     errs[name] = ((a.double() - b).norm() / b.norm()).item() if fin else float("nan")
                 ok = all(e < tol[dtype] for e in errs.values())  # NaN fails
+                fused = lop._plan(n, q.shape[0] * q.shape[1], d, d, device, dtype == torch.float32)["fused"]
+                plan = "fused" if fused else "split"
                 rows.append(dict(grid=list(grid), prefix=prefix, N=n, d=d, dtype=str(dtype).split(".")[-1],
-                                 layout=layout, **errs, ok=ok))
-                print(f"check {layout:10s} grid={grid!s:10s} +{prefix} N={n:6d} d={d:3d} {rows[-1]['dtype']:8s} "
+                                 layout=layout, plan=plan, **errs, ok=ok))
+                print(f"check {layout:10s} {plan} grid={grid!s:10s} +{prefix} N={n:6d} d={d:3d} {rows[-1]['dtype']:8s} "
                       + " ".join(f"{k}={e:.1e}" for k, e in errs.items()) + ("  ok" if ok else "  FAIL"))
     lop.POISON_OUTPUTS = False
     return rows
@@ -206,11 +213,12 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
 
 
 # --sweep: launch-plan variants of the Triton LightNet kernel (keyword knobs of kernels.lightnet.op._plan)
-SWEEP = [dict(block_n=32), dict(block_n=128), dict(num_warps=8), dict(programs_per_sm=2), dict(programs_per_sm=8)]
+SWEEP = [dict(block_n=32, num_warps=8), dict(block_n=128, num_warps=8), dict(programs_per_sm=2)]
 
 
 def sweep(shapes, dtype, device, peak_gbs) -> list[dict]:
-    """Time lightnet/triton fwd+bwd under each SWEEP plan variant (impl named triton[knob=value])."""
+    """Time lightnet/triton fwd+bwd under each SWEEP plan variant (impl named triton[knob=value]), eager
+    and CUDA-graph replays."""
     import functools
 
     from lightvision.kernels.lightnet import op as lop
@@ -220,12 +228,14 @@ def sweep(shapes, dtype, device, peak_gbs) -> list[dict]:
     try:
         for knobs in SWEEP:
             lop._plan = functools.lru_cache(maxsize=64)(functools.partial(base.__wrapped__, **knobs))
+            lop._config.cache_clear()
             name = "triton[" + ",".join(f"{k}={v}" for k, v in knobs.items()) + "]"
             add("lightnet", name, _make_lightnet("triton"))
-            records += bench({"lightnet"}, {name}, shapes, ["fwdbwd"], dtype, device, peak_gbs, graphs=False)
+            records += bench({"lightnet"}, {name}, shapes, ["fwdbwd"], dtype, device, peak_gbs)
             del REGISTRY[("lightnet", name)]
     finally:
         lop._plan = base
+        lop._config.cache_clear()
     return records
 
 

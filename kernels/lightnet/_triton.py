@@ -10,15 +10,20 @@ Sn = sin(Theta) in R^{N x d} (prefix rows: C = 1, Sn = 0):
 Without MD-LRPE (LRPE = False) the tables are absent, S = k^^T v (d x e) and o = q^ S; every formula below
 holds with C = 1 and the sin half dropped.
 
-Every program owns one (b, h) and a contiguous chunk of token tiles (``tiles_per_split`` tiles of ``BN``
-tokens); axis 1 of the launch grid enumerates the chunks ("splits"). Reductions over N write one partial
-per split; a one-program-per-(b, h) combine kernel merges them. With a single split the reducing kernel
-finalises directly (SINGLE) and the combine launch is skipped. Statistics and accumulators are fp32;
-matrix products take their operands in the input dtype (LOWP) or in fp32 at IEEE precision.
+Two launch plans (``op._plan`` picks one):
+- fused, one program per (b, h) over all N tokens: ``_fwd_fused_kernel`` (reduce, then the output pass with
+  S in registers) and ``_bwd_fused_kernel`` (dq pass building dS, then the dk / dv pass with dS in
+  registers). One launch each way, no S / dS round trip between passes.
+- split, for few (b, h): every program owns one (b, h) and a contiguous chunk of ``tiles_per_split``
+  tiles of ``BN`` tokens (axis 1 of the launch grid enumerates the chunks); the reductions over N write
+  one partial per split, merged by a one-program-per-(b, h) combine kernel.
+The loops over tokens are shared ``@triton.jit`` helpers, so both plans run the same arithmetic.
+Statistics and accumulators are fp32; matrix products take their operands in the input dtype (LOWP) or
+in fp32 at IEEE precision.
 
-Tensor arguments are addressed through (batch, head, token, feature) strides, so strided views such as
-the slices of a fused qkv projection are read in place. Workspaces (partials, S, lse, dS, c) are
-contiguous fp32 indexed by ``pid_bh = b * H + h``.
+Inputs q, k, v, dO are addressed through (batch, head, token, feature) strides, so strided views such as
+the slices of a fused qkv projection are read in place. Outputs (o, dq, dk, dv) are contiguous [B, H, N, *]
+and workspaces (partials, S, lse, dS, c) contiguous fp32, all indexed by ``pid_bh = b * H + h``.
 """
 
 import triton
@@ -42,43 +47,61 @@ def _tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
 
 
 @triton.jit
-def _fwd_reduce_kernel(
-    k_ptr, v_ptr, cos_ptr, sin_ptr,
-    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr,
-    H, N, D, DV, tiles_per_split,
-    s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    LRPE: tl.constexpr, SINGLE: tl.constexpr, LOWP: tl.constexpr,
-):
-    """Pass 1 of the forward over one chunk of tokens: online per-feature softmax statistics of k and
-    the exp(k - m)-weighted, rotated k^T v.
+def _load_pair(ptr, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """The two d x e halves (rows f and d + f) of one fp32 [R, e] matrix (S or dS); the second is the
+    first again without LRPE."""
+    offs_d = tl.arange(0, BD)
+    offs_e = tl.arange(0, BDV)
+    off = offs_d[:, None] * DV + offs_e[None, :]
+    mask = (offs_d < D)[:, None] & (offs_e < DV)[None, :]
+    a = tl.load(ptr + off, mask=mask, other=0.0)
+    b = a
+    if LRPE:
+        b = tl.load(ptr + D * DV + off, mask=mask, other=0.0)
+    return a, b
 
-    Partials of split s (m[f] = max_n k, z[f] = sum_n exp(k - m), A = sum_n [exp(k - m) C, exp(k - m) Sn]^T v)
-    go to pm/pz [BH, splits, d] and ps [BH, splits, R, e] (R = 2d with LRPE, else d). With SINGLE the
-    program writes S = A / z (rows f and d + f divided by z[f]) to s [BH, R, e] and lse = m + log z."""
-    pid_bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    nsplit = tl.num_programs(1)
-    b = pid_bh // H
-    h = pid_bh % H
+
+@triton.jit
+def _store_pair(ptr, a, b, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """Store the halves of an fp32 [R, e] matrix (see ``_load_pair``)."""
+    offs_d = tl.arange(0, BD)
+    offs_e = tl.arange(0, BDV)
+    off = offs_d[:, None] * DV + offs_e[None, :]
+    mask = (offs_d < D)[:, None] & (offs_e < DV)[None, :]
+    tl.store(ptr + off, a, mask=mask)
+    if LRPE:
+        tl.store(ptr + D * DV + off, b, mask=mask)
+
+
+@triton.jit
+def _operand(x, LOWP: tl.constexpr, DT: tl.constexpr):
+    """x as a matrix-product operand (cast once, outside the token loops)."""
+    if LOWP:
+        return x.to(DT)
+    else:
+        return x
+
+
+@triton.jit
+def _reduce_loop(
+    k_base, v_base, cos_ptr, sin_ptr, lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    DT: tl.constexpr,
+):
+    """Tokens [lo, hi): online per-feature softmax statistics of k, m[f] = max_n k, z[f] = sum_n exp(k - m),
+    and the exp(k - m)-weighted rotated k^T v, A = [exp(k - m) C, exp(k - m) Sn]^T v as two d x e halves."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
-    k_base = k_ptr + b * s_kb + h * s_kh
-    v_base = v_ptr + b * s_vb + h * s_vh
-    DT = v_ptr.dtype.element_ty
-
     m = tl.full([BD], float("-inf"), tl.float32)
     z = tl.zeros([BD], tl.float32)
     acc_c = tl.zeros([BD, BDV], tl.float32)
     acc_s = tl.zeros([BD, BDV], tl.float32)
-    lo = pid_s * tiles_per_split * BN
-    hi = tl.minimum(N, lo + tiles_per_split * BN)
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
-        nmask = rows < N
+        nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
         kt = tl.where(nmask[:, None], kt, float("-inf"))
         vt = _tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
@@ -94,101 +117,24 @@ def _fwd_reduce_kernel(
         else:
             acc_c = acc_c * alpha[:, None] + _dot(tl.trans(p), vt, LOWP, DT)
         m = m_new
-
-    R = 2 * D if LRPE else D
-    tile_off = offs_d[:, None] * DV + offs_e[None, :]
-    tile_mask = dmask[:, None] & emask[None, :]
-    if SINGLE:
-        inv = 1.0 / z
-        tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=dmask)
-        out = s_ptr + pid_bh * R * DV
-        tl.store(out + tile_off, acc_c * inv[:, None], mask=tile_mask)
-        if LRPE:
-            tl.store(out + D * DV + tile_off, acc_s * inv[:, None], mask=tile_mask)
-    else:
-        row = pid_bh * nsplit + pid_s
-        tl.store(pm_ptr + row * D + offs_d, m, mask=dmask)
-        tl.store(pz_ptr + row * D + offs_d, z, mask=dmask)
-        out = ps_ptr + row * R * DV
-        tl.store(out + tile_off, acc_c, mask=tile_mask)
-        if LRPE:
-            tl.store(out + D * DV + tile_off, acc_s, mask=tile_mask)
+    return m, z, acc_c, acc_s
 
 
 @triton.jit
-def _fwd_combine_kernel(
-    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr, D, DV, nsplit,
-    BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+def _out_loop(
+    q_base, o_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    DT: tl.constexpr,
 ):
-    """Merge the split partials of one (b, h): M = max_s m_s, w_s = exp(m_s - M), Z = sum_s w_s z_s,
-    S = sum_s w_s A_s / Z (per feature row f, both halves), lse = M + log Z."""
-    pid_bh = tl.program_id(0)
-    offs_d = tl.arange(0, BD)
-    offs_e = tl.arange(0, BDV)
-    dmask = offs_d < D
-    tile_off = offs_d[:, None] * DV + offs_e[None, :]
-    tile_mask = dmask[:, None] & (offs_e < DV)[None, :]
-    R = 2 * D if LRPE else D
-    m = tl.full([BD], float("-inf"), tl.float32)
-    z = tl.zeros([BD], tl.float32)
-    acc_c = tl.zeros([BD, BDV], tl.float32)
-    acc_s = tl.zeros([BD, BDV], tl.float32)
-    for s in range(0, nsplit):
-        row = pid_bh * nsplit + s
-        m_s = tl.load(pm_ptr + row * D + offs_d, mask=dmask, other=0.0)
-        z_s = tl.load(pz_ptr + row * D + offs_d, mask=dmask, other=1.0)
-        m_new = tl.maximum(m, m_s)
-        alpha = tl.exp(m - m_new)
-        w = tl.exp(m_s - m_new)
-        z = z * alpha + z_s * w
-        part = ps_ptr + row * R * DV
-        acc_c = acc_c * alpha[:, None] + tl.load(part + tile_off, mask=tile_mask, other=0.0) * w[:, None]
-        if LRPE:
-            acc_s = acc_s * alpha[:, None] + tl.load(part + D * DV + tile_off, mask=tile_mask,
-                                                     other=0.0) * w[:, None]
-        m = m_new
-    inv = 1.0 / z
-    tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=dmask)
-    out = s_ptr + pid_bh * R * DV
-    tl.store(out + tile_off, acc_c * inv[:, None], mask=tile_mask)
-    if LRPE:
-        tl.store(out + D * DV + tile_off, acc_s * inv[:, None], mask=tile_mask)
-
-
-@triton.jit
-def _fwd_out_kernel(
-    q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr,
-    H, N, D, DV, tiles_per_split,
-    s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on, s_od,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    LRPE: tl.constexpr, LOWP: tl.constexpr,
-):
-    """Pass 2 of the forward: o = (q^ C) S_c + (q^ Sn) S_s with q^ = SiLU(q), rotated on the fly."""
-    pid_bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+    """Tokens [lo, hi): o = (q^ C) S_c + (q^ Sn) S_s with q^ = SiLU(q), rotated on the fly; o contiguous [N, e]."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
-    q_base = q_ptr + b * s_qb + h * s_qh
-    o_base = o_ptr + b * s_ob + h * s_oh
-    DT = q_ptr.dtype.element_ty
-    R = 2 * D if LRPE else D
-    s_base = s_ptr + pid_bh * R * DV
-    tile_off = offs_d[:, None] * DV + offs_e[None, :]
-    tile_mask = dmask[:, None] & emask[None, :]
-    s_c = tl.load(s_base + tile_off, mask=tile_mask, other=0.0)
-    s_s = s_c
-    if LRPE:
-        s_s = tl.load(s_base + D * DV + tile_off, mask=tile_mask, other=0.0)
-    lo = pid_s * tiles_per_split * BN
-    hi = tl.minimum(N, lo + tiles_per_split * BN)
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
-        nmask = rows < N
+        nmask = rows < hi
         qt = _tile(q_base, rows, offs_d, s_qn, s_qd, nmask, dmask)
         qh = qt * tl.sigmoid(qt)
         if LRPE:
@@ -197,55 +143,30 @@ def _fwd_out_kernel(
             ot = _dot(qh * ct, s_c, LOWP, DT) + _dot(qh * st, s_s, LOWP, DT)
         else:
             ot = _dot(qh, s_c, LOWP, DT)
-        tl.store(o_base + rows[:, None] * s_on + offs_e[None, :] * s_od, ot.to(o_ptr.dtype.element_ty),
+        tl.store(o_base + rows[:, None] * DV + offs_e[None, :], ot.to(o_base.dtype.element_ty),
                  mask=nmask[:, None] & emask[None, :])
 
 
 @triton.jit
-def _bwd_dq_kernel(
-    q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr, ds_ptr, c_ptr,
-    H, N, D, DV, tiles_per_split,
-    s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_db, s_dh, s_dn, s_dd,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    LRPE: tl.constexpr, SINGLE: tl.constexpr, LOWP: tl.constexpr,
+def _dq_loop(
+    q_base, g_base, dq_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    DT: tl.constexpr,
 ):
-    """Backward pass 1 over one chunk of tokens (reads q, dO; writes dq):
+    """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, contiguous [N, d]); returns the halves of
+    dS = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO] over these tokens:
 
-        dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')
-        dS  = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO]   accumulated over the chunk
-
-    The partial dS of split s goes to pds [BH, splits, R, e]. With SINGLE the program writes dS to
-    ds [BH, R, e] and the softmax correction c[f] = sum_j dS_c[f, j] S_c[f, j] + dS_s[f, j] S_s[f, j]
-    to c [BH, d] (see ``lightvision.kernels.lightnet.op`` for the derivation)."""
-    pid_bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    nsplit = tl.num_programs(1)
-    b = pid_bh // H
-    h = pid_bh % H
+        dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')"""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
-    q_base = q_ptr + b * s_qb + h * s_qh
-    g_base = do_ptr + b * s_gb + h * s_gh
-    dq_base = dq_ptr + b * s_db + h * s_dh
-    DT = do_ptr.dtype.element_ty
-    R = 2 * D if LRPE else D
-    tile_off = offs_d[:, None] * DV + offs_e[None, :]
-    tile_mask = dmask[:, None] & emask[None, :]
-    s_base = s_ptr + pid_bh * R * DV
-    s_c = tl.load(s_base + tile_off, mask=tile_mask, other=0.0)
-    s_s = s_c
-    if LRPE:
-        s_s = tl.load(s_base + D * DV + tile_off, mask=tile_mask, other=0.0)
     ds_c = tl.zeros([BD, BDV], tl.float32)
     ds_s = tl.zeros([BD, BDV], tl.float32)
-    lo = pid_s * tiles_per_split * BN
-    hi = tl.minimum(N, lo + tiles_per_split * BN)
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
-        nmask = rows < N
+        nmask = rows < hi
         qt = _tile(q_base, rows, offs_d, s_qn, s_qd, nmask, dmask)
         gt = _tile(g_base, rows, offs_e, s_gn, s_gd, nmask, emask)
         sig = tl.sigmoid(qt)
@@ -260,97 +181,31 @@ def _bwd_dq_kernel(
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT)
             ds_c += _dot(tl.trans(qh), gt, LOWP, DT)
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
-        tl.store(dq_base + rows[:, None] * s_dn + offs_d[None, :] * s_dd, dq.to(dq_ptr.dtype.element_ty),
+        tl.store(dq_base + rows[:, None] * D + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
-
-    if SINGLE:
-        out = ds_ptr + pid_bh * R * DV
-        tl.store(out + tile_off, ds_c, mask=tile_mask)
-        corr = tl.sum(ds_c * s_c, axis=1)
-        if LRPE:
-            tl.store(out + D * DV + tile_off, ds_s, mask=tile_mask)
-            corr += tl.sum(ds_s * s_s, axis=1)
-        tl.store(c_ptr + pid_bh * D + offs_d, corr, mask=dmask)
-    else:
-        out = pds_ptr + (pid_bh * nsplit + pid_s) * R * DV
-        tl.store(out + tile_off, ds_c, mask=tile_mask)
-        if LRPE:
-            tl.store(out + D * DV + tile_off, ds_s, mask=tile_mask)
+    return ds_c, ds_s
 
 
 @triton.jit
-def _bwd_combine_kernel(
-    pds_ptr, s_ptr, ds_ptr, c_ptr, D, DV, nsplit,
-    BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+def _dkdv_loop(
+    k_base, v_base, dk_base, dv_base, cos_ptr, sin_ptr, lse, corr, ds_c, ds_s, lo, hi, D, DV,
+    s_kn, s_kd, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    DT: tl.constexpr,
 ):
-    """dS = sum_s dS_s over the splits of one (b, h); c[f] = sum_j (dS * S)[f, j] + (dS * S)[d + f, j]."""
-    pid_bh = tl.program_id(0)
-    offs_d = tl.arange(0, BD)
-    offs_e = tl.arange(0, BDV)
-    dmask = offs_d < D
-    tile_off = offs_d[:, None] * DV + offs_e[None, :]
-    tile_mask = dmask[:, None] & (offs_e < DV)[None, :]
-    R = 2 * D if LRPE else D
-    ds_c = tl.zeros([BD, BDV], tl.float32)
-    ds_s = tl.zeros([BD, BDV], tl.float32)
-    for s in range(0, nsplit):
-        part = pds_ptr + (pid_bh * nsplit + s) * R * DV
-        ds_c += tl.load(part + tile_off, mask=tile_mask, other=0.0)
-        if LRPE:
-            ds_s += tl.load(part + D * DV + tile_off, mask=tile_mask, other=0.0)
-    s_base = s_ptr + pid_bh * R * DV
-    out = ds_ptr + pid_bh * R * DV
-    tl.store(out + tile_off, ds_c, mask=tile_mask)
-    corr = tl.sum(ds_c * tl.load(s_base + tile_off, mask=tile_mask, other=0.0), axis=1)
-    if LRPE:
-        tl.store(out + D * DV + tile_off, ds_s, mask=tile_mask)
-        corr += tl.sum(ds_s * tl.load(s_base + D * DV + tile_off, mask=tile_mask, other=0.0), axis=1)
-    tl.store(c_ptr + pid_bh * D + offs_d, corr, mask=dmask)
-
-
-@triton.jit
-def _bwd_dkdv_kernel(
-    k_ptr, v_ptr, cos_ptr, sin_ptr, lse_ptr, ds_ptr, c_ptr, dk_ptr, dv_ptr,
-    H, N, D, DV, tiles_per_split,
-    s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-    s_dkb, s_dkh, s_dkn, s_dkd, s_dvb, s_dvh, s_dvn, s_dvd,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
-    LRPE: tl.constexpr, LOWP: tl.constexpr,
-):
-    """Backward pass 2 over one chunk of tokens (reads k, v; writes dk, dv), with k^ = exp(k - lse):
+    """Tokens [lo, hi) of backward pass 2 (reads k, v; writes dk, dv, contiguous), with k^ = exp(k - lse):
 
         dv = k~ dS = (k^ C) dS_c + (k^ Sn) dS_s
         G  = (v dS_c^T) C + (v dS_s^T) Sn           (= dL/dk^)
-        dk = k^ * (G - c[None, :])                  (softmax over tokens, c from the combine step)"""
-    pid_bh = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
+        dk = k^ * (G - c[None, :])                  (softmax over tokens; c from ``_correction``)"""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
-    k_base = k_ptr + b * s_kb + h * s_kh
-    v_base = v_ptr + b * s_vb + h * s_vh
-    dk_base = dk_ptr + b * s_dkb + h * s_dkh
-    dv_base = dv_ptr + b * s_dvb + h * s_dvh
-    DT = v_ptr.dtype.element_ty
-    R = 2 * D if LRPE else D
-    tile_off = offs_d[:, None] * DV + offs_e[None, :]
-    tile_mask = dmask[:, None] & emask[None, :]
-    ds_base = ds_ptr + pid_bh * R * DV
-    ds_c = tl.load(ds_base + tile_off, mask=tile_mask, other=0.0)
-    ds_s = ds_c
-    if LRPE:
-        ds_s = tl.load(ds_base + D * DV + tile_off, mask=tile_mask, other=0.0)
-    lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=dmask, other=0.0)
-    corr = tl.load(c_ptr + pid_bh * D + offs_d, mask=dmask, other=0.0)
-    lo = pid_s * tiles_per_split * BN
-    hi = tl.minimum(N, lo + tiles_per_split * BN)
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
-        nmask = rows < N
+        nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
         vt = _tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
         kh = tl.exp(kt - lse[None, :])
@@ -363,7 +218,222 @@ def _bwd_dkdv_kernel(
             dvt = _dot(kh, ds_c, LOWP, DT)
             g = _dot(vt, tl.trans(ds_c), LOWP, DT)
         dkt = kh * (g - corr[None, :])
-        tl.store(dk_base + rows[:, None] * s_dkn + offs_d[None, :] * s_dkd, dkt.to(dk_ptr.dtype.element_ty),
+        tl.store(dk_base + rows[:, None] * D + offs_d[None, :], dkt.to(dk_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
-        tl.store(dv_base + rows[:, None] * s_dvn + offs_e[None, :] * s_dvd, dvt.to(dv_ptr.dtype.element_ty),
+        tl.store(dv_base + rows[:, None] * DV + offs_e[None, :], dvt.to(dv_base.dtype.element_ty),
                  mask=nmask[:, None] & emask[None, :])
+
+
+@triton.jit
+def _correction(ds_c, ds_s, s_ptr, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """Softmax correction c[f] = sum_j dS_c[f, j] S_c[f, j] + dS_s[f, j] S_s[f, j] (S re-read in fp32;
+    see ``lightvision.kernels.lightnet.op`` for the derivation)."""
+    s_c, s_s = _load_pair(s_ptr, D, DV, BD, BDV, LRPE)
+    corr = tl.sum(ds_c * s_c, axis=1)
+    if LRPE:
+        corr += tl.sum(ds_s * s_s, axis=1)
+    return corr
+
+
+@triton.jit
+def _fwd_fused_kernel(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, o_ptr,
+    H, N, D, DV,
+    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+):
+    """Whole forward of one (b, h): reduce k, v to S = A / z and lse = m + log z (both stored for the
+    backward), then o = q~ S with S kept in registers."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    DT = v_ptr.dtype.element_ty
+    m, z, acc_c, acc_s = _reduce_loop(
+        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, 0, N, D, DV,
+        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, DT)
+    offs_d = tl.arange(0, BD)
+    inv = 1.0 / z
+    tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=offs_d < D)
+    s_c = acc_c * inv[:, None]
+    s_s = acc_s * inv[:, None]
+    R = 2 * D if LRPE else D
+    _store_pair(s_ptr + pid_bh * R * DV, s_c, s_s, D, DV, BD, BDV, LRPE)
+    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + pid_bh * N * DV, cos_ptr, sin_ptr,
+              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd,
+              BN, BD, BDV, LRPE, LOWP, DT)
+
+
+@triton.jit
+def _fwd_reduce_kernel(
+    k_ptr, v_ptr, cos_ptr, sin_ptr, pm_ptr, pz_ptr, ps_ptr,
+    H, N, D, DV, tiles_per_split,
+    s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+):
+    """Split plan, forward pass 1 over one chunk: the partials m, z -> pm / pz [BH, splits, d] and
+    A -> ps [BH, splits, R, e] (R = 2d with LRPE, else d)."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    lo = pid_s * tiles_per_split * BN
+    hi = tl.minimum(N, lo + tiles_per_split * BN)
+    m, z, acc_c, acc_s = _reduce_loop(
+        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, lo, hi, D, DV,
+        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, v_ptr.dtype.element_ty)
+    row = pid_bh * tl.num_programs(1) + pid_s
+    offs_d = tl.arange(0, BD)
+    tl.store(pm_ptr + row * D + offs_d, m, mask=offs_d < D)
+    tl.store(pz_ptr + row * D + offs_d, z, mask=offs_d < D)
+    R = 2 * D if LRPE else D
+    _store_pair(ps_ptr + row * R * DV, acc_c, acc_s, D, DV, BD, BDV, LRPE)
+
+
+@triton.jit
+def _fwd_combine_kernel(
+    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr, D, DV, nsplit,
+    BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+):
+    """Merge the split partials of one (b, h): M = max_s m_s, w_s = exp(m_s - M), Z = sum_s w_s z_s,
+    S = sum_s w_s A_s / Z (per feature row f, both halves), lse = M + log Z."""
+    pid_bh = tl.program_id(0)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    R = 2 * D if LRPE else D
+    m = tl.full([BD], float("-inf"), tl.float32)
+    z = tl.zeros([BD], tl.float32)
+    acc_c = tl.zeros([BD, BDV], tl.float32)
+    acc_s = tl.zeros([BD, BDV], tl.float32)
+    for s in range(0, nsplit):
+        row = pid_bh * nsplit + s
+        m_s = tl.load(pm_ptr + row * D + offs_d, mask=dmask, other=0.0)
+        z_s = tl.load(pz_ptr + row * D + offs_d, mask=dmask, other=1.0)
+        m_new = tl.maximum(m, m_s)
+        alpha = tl.exp(m - m_new)
+        w = tl.exp(m_s - m_new)
+        z = z * alpha + z_s * w
+        part_c, part_s = _load_pair(ps_ptr + row * R * DV, D, DV, BD, BDV, LRPE)
+        acc_c = acc_c * alpha[:, None] + part_c * w[:, None]
+        acc_s = acc_s * alpha[:, None] + part_s * w[:, None]
+        m = m_new
+    inv = 1.0 / z
+    tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=dmask)
+    _store_pair(s_ptr + pid_bh * R * DV, acc_c * inv[:, None], acc_s * inv[:, None], D, DV, BD, BDV, LRPE)
+
+
+@triton.jit
+def _fwd_out_kernel(
+    q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr,
+    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+):
+    """Split plan, forward pass 2 over one chunk: o = q~ S."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    DT = q_ptr.dtype.element_ty
+    R = 2 * D if LRPE else D
+    s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    lo = pid_s * tiles_per_split * BN
+    hi = tl.minimum(N, lo + tiles_per_split * BN)
+    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + pid_bh * N * DV, cos_ptr, sin_ptr,
+              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd,
+              BN, BD, BDV, LRPE, LOWP, DT)
+
+
+@triton.jit
+def _bwd_fused_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
+    H, N, D, DV,
+    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_gb, s_gh, s_gn, s_gd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+):
+    """Whole backward of one (b, h): the dq pass over q, dO builds dS, then c = rowsum(dS * S), then the
+    dk / dv pass over k, v with dS and c in registers."""
+    pid_bh = tl.program_id(0)
+    b = pid_bh // H
+    h = pid_bh % H
+    DT = do_ptr.dtype.element_ty
+    R = 2 * D if LRPE else D
+    s_base = s_ptr + pid_bh * R * DV
+    s_c, s_s = _load_pair(s_base, D, DV, BD, BDV, LRPE)
+    ds_c, ds_s = _dq_loop(
+        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + pid_bh * N * D, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_gn, s_gd,
+        BN, BD, BDV, LRPE, LOWP, DT)
+    corr = _correction(ds_c, ds_s, s_base, D, DV, BD, BDV, LRPE)
+    offs_d = tl.arange(0, BD)
+    lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
+    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + pid_bh * N * D,
+               dv_ptr + pid_bh * N * DV, cos_ptr, sin_ptr, lse, corr,
+               _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT), 0, N, D, DV, s_kn, s_kd, s_vn, s_vd,
+               BN, BD, BDV, LRPE, LOWP, DT)
+
+
+@triton.jit
+def _bwd_dq_kernel(
+    q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr,
+    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+):
+    """Split plan, backward pass 1 over one chunk: dq, and the partial dS -> pds [BH, splits, R, e]."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    DT = do_ptr.dtype.element_ty
+    R = 2 * D if LRPE else D
+    s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    lo = pid_s * tiles_per_split * BN
+    hi = tl.minimum(N, lo + tiles_per_split * BN)
+    ds_c, ds_s = _dq_loop(
+        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + pid_bh * N * D, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd,
+        BN, BD, BDV, LRPE, LOWP, DT)
+    _store_pair(pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, ds_c, ds_s, D, DV, BD, BDV, LRPE)
+
+
+@triton.jit
+def _bwd_combine_kernel(
+    pds_ptr, s_ptr, ds_ptr, c_ptr, D, DV, nsplit,
+    BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+):
+    """dS = sum_s dS_s over the splits of one (b, h), and the correction c (``_correction``)."""
+    pid_bh = tl.program_id(0)
+    R = 2 * D if LRPE else D
+    ds_c = tl.zeros([BD, BDV], tl.float32)
+    ds_s = tl.zeros([BD, BDV], tl.float32)
+    for s in range(0, nsplit):
+        part_c, part_s = _load_pair(pds_ptr + (pid_bh * nsplit + s) * R * DV, D, DV, BD, BDV, LRPE)
+        ds_c += part_c
+        ds_s += part_s
+    _store_pair(ds_ptr + pid_bh * R * DV, ds_c, ds_s, D, DV, BD, BDV, LRPE)
+    corr = _correction(ds_c, ds_s, s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    offs_d = tl.arange(0, BD)
+    tl.store(c_ptr + pid_bh * D + offs_d, corr, mask=offs_d < D)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(
+    k_ptr, v_ptr, cos_ptr, sin_ptr, lse_ptr, ds_ptr, c_ptr, dk_ptr, dv_ptr,
+    H, N, D, DV, tiles_per_split, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+):
+    """Split plan, backward pass 2 over one chunk: dk, dv from the combined dS and c."""
+    pid_bh = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    b = pid_bh // H
+    h = pid_bh % H
+    DT = v_ptr.dtype.element_ty
+    R = 2 * D if LRPE else D
+    ds_c, ds_s = _load_pair(ds_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    offs_d = tl.arange(0, BD)
+    lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
+    corr = tl.load(c_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
+    lo = pid_s * tiles_per_split * BN
+    hi = tl.minimum(N, lo + tiles_per_split * BN)
+    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + pid_bh * N * D,
+               dv_ptr + pid_bh * N * DV, cos_ptr, sin_ptr, lse, corr,
+               _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT), lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
+               BN, BD, BDV, LRPE, LOWP, DT)

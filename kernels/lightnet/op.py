@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import triton
@@ -75,14 +75,11 @@ def _tables(grid: tuple[int, ...], num_prefix_tokens: int, dim: int, device: tor
     return torch.cos(ang).to(dtype).contiguous(), torch.sin(ang).to(dtype).contiguous()
 
 
-def _rotation(grid, num_prefix_tokens, d, lrpe, dtype, device):
-    """Rotation tables for the kernels, or (None, None) without LRPE (``lrpe`` requires a grid)."""
-    if not lrpe:
-        return None, None
+def _rotation(grid, num_prefix_tokens, d, dtype, device):
+    """Rotation tables for the kernels (``lrpe`` requires a grid)."""
     if grid is None:
         raise ValueError("lightnet kernel: lrpe=True needs the token grid")
-    tdt = torch.float32 if dtype == torch.float32 else torch.float16
-    return _tables(tuple(grid), num_prefix_tokens, d, device, tdt)
+    return _tables(grid, num_prefix_tokens, d, device, torch.float32 if dtype == torch.float32 else torch.float16)
 
 
 @functools.lru_cache(maxsize=16)
@@ -97,10 +94,15 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
           block_n: int | None = None, programs_per_sm: int = 4, num_warps: int | None = None) -> dict:
     """Launch plan: token tile BN, padded feature blocks, warps / pipeline stages, and the split of N.
 
-    Splits are chosen so that B*H*splits fills the GPU (about 4 programs per SM) while each program
-    keeps at least two tiles, so the small fp32 S / dS partials stay cheap next to the token traffic.
-    Head dim 128 holds two 128 x d_v matrices per program: smaller tiles and fewer stages (fp32 most)
-    keep the matrix-product operands inside shared memory. The keyword knobs override the defaults
+    With at least two (b, h) per SM, or a single split, the fused plan runs (one program per (b, h), one
+    launch each way) for d, d_v <= 64. Fewer (b, h) are split over N so that B*H*splits fills the GPU
+    (about ``programs_per_sm`` programs per SM) while each program keeps at least two tiles, so the small
+    fp32 S / dS partials stay cheap next to the token traffic. Head dim 128 holds two 128 x d_v matrices
+    per program: smaller tiles and fewer stages (fp32 most) keep the matrix-product operands inside
+    shared memory, and it always takes the split plan (the fused backward would hold S and dS, four such
+    matrices, at once). d <= 64: 64-token tiles, 4 warps. 8 warps with 32-token tiles removes the
+    register spills ptxas reports for the backward programs (~950 bytes per thread, sm_90a, bf16) but
+    ran 1.7x slower (docs/kernels_lightnet.md, round 2). The keyword knobs override the defaults
     (``scripts/bench_attention.py --sweep`` times them)."""
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     wide = max(bd, bdv) >= 128
@@ -111,17 +113,17 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     else:
         bn = (16 if fp32 else 32) if wide else 64
     tiles = triton.cdiv(n, bn)
-    want = triton.cdiv(programs_per_sm * _num_sms(device), bh)
-    splits = max(1, min(want, tiles // 2 if device.type == "cuda" else tiles))
+    sms = _num_sms(device)
+    if bh >= 2 * sms:
+        splits = 1
+    else:
+        want = triton.cdiv(programs_per_sm * sms, bh)
+        splits = max(1, min(want, tiles // 2 if device.type == "cuda" else tiles))
     per = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, per)
     warps = num_warps or (8 if wide else 4)
-    tiled = dict(num_warps=warps, num_stages=(1 if fp32 else 2) if wide else 3)
-    return dict(BN=bn, BD=bd, BDV=bdv, per=per, splits=splits, tiled=tiled, warps=tiled["num_warps"])
-
-
-def _st(t: torch.Tensor):
-    return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+    return dict(BN=bn, BD=bd, BDV=bdv, per=per, splits=splits, fused=splits == 1 and not wide, warps=warps,
+                stages=(1 if fp32 else 2) if wide else 3)
 
 
 def _lowp(dtype: torch.dtype) -> bool:
@@ -130,73 +132,83 @@ def _lowp(dtype: torch.dtype) -> bool:
     return dtype != torch.float32 and not _interpreting()
 
 
-def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool):
-    """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype,
-    S fp32 [B, H, R, e] (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
-    B, H, N, D = q.shape
-    DV = v.shape[-1]
-    bh = B * H
-    R = 2 * D if lrpe else D
-    p = _plan(N, bh, D, DV, q.device, q.dtype == torch.float32)
-    cos, sin = _rotation(grid, num_prefix_tokens, D, lrpe, q.dtype, q.device)
-    o = _empty((B, H, N, DV), q.dtype, q.device)
-    s = _empty((B, H, R, DV), torch.float32, q.device)
-    lse = _empty((B, H, D), torch.float32, q.device)
-    if cos is None:
-        cos = sin = lse
-    single = p["splits"] == 1
-    if single:
-        pm = pz = ps = lse
+class _Config(NamedTuple):
+    """Everything a call needs besides the tensors, built once per shape (``_config``)."""
+
+    R: int  # rows of S / dS: 2d with LRPE, else d
+    fused: bool
+    splits: int
+    per: int  # token tiles per split
+    cos: torch.Tensor  # rotation tables; without LRPE, a 1-element stand-in the programs never read
+    sin: torch.Tensor
+    grid_bh: tuple  # launch grid of the fused and combine programs
+    grid_split: tuple  # launch grid of the split programs
+    tiled: dict  # constexprs and launch options of the token-loop programs
+    small: dict  # those of the combine programs
+
+
+@functools.lru_cache(maxsize=256)
+def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe) -> _Config:
+    p = _plan(n, bh, d, dv, device, dtype == torch.float32)
+    if lrpe:
+        cos, sin = _rotation(grid, num_prefix_tokens, d, dtype, device)
     else:
-        pm = _empty((bh, p["splits"], D), torch.float32, q.device)
-        pz = _empty(pm.shape, torch.float32, q.device)
-        ps = _empty((bh, p["splits"], R, DV), torch.float32, q.device)
-    lowp = _lowp(q.dtype)
-    K._fwd_reduce_kernel[(bh, p["splits"])](
-        k, v, cos, sin, pm, pz, ps, s, lse, H, N, D, DV, p["per"], *_st(k), *_st(v),
-        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, SINGLE=single, LOWP=lowp, **p["tiled"],
+        cos = sin = torch.zeros(1, device=device, dtype=torch.float32)
+    blocks = dict(BD=p["BD"], BDV=p["BDV"], LRPE=lrpe)
+    return _Config(
+        R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"], cos=cos, sin=sin,
+        grid_bh=(bh,), grid_split=(bh, p["splits"]),
+        tiled=dict(BN=p["BN"], LOWP=_lowp(dtype), num_warps=p["warps"], num_stages=p["stages"], **blocks),
+        small=dict(num_warps=p["warps"], **blocks),
     )
-    if not single:
-        K._fwd_combine_kernel[(bh,)](
-            pm, pz, ps, s, lse, D, DV, p["splits"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, num_warps=p["warps"],
-        )
-    K._fwd_out_kernel[(bh, p["splits"])](
-        q, cos, sin, s, o, H, N, D, DV, p["per"], *_st(q), *_st(o),
-        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=lowp, **p["tiled"],
-    )
+
+
+def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool):
+    """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype
+    (contiguous), S fp32 [B, H, R, e] (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
+    B, H, N, D = q.shape
+    DV = v.shape[3]
+    dev = q.device
+    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
+    o = _empty((B, H, N, DV), q.dtype, dev)
+    s = _empty((B, H, c.R, DV), torch.float32, dev)
+    lse = _empty((B, H, D), torch.float32, dev)
+    if c.fused:
+        K._fwd_fused_kernel[c.grid_bh](
+            q, k, v, c.cos, c.sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), **c.tiled)
+        return o, s, lse
+    pm = _empty((B * H, c.splits, D), torch.float32, dev)
+    pz = _empty((B * H, c.splits, D), torch.float32, dev)
+    ps = _empty((B * H, c.splits, c.R, DV), torch.float32, dev)
+    K._fwd_reduce_kernel[c.grid_split](
+        k, v, c.cos, c.sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
+    K._fwd_combine_kernel[c.grid_bh](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
+    K._fwd_out_kernel[c.grid_split](q, c.cos, c.sin, s, o, H, N, D, DV, c.per, *q.stride(), **c.tiled)
     return o, s, lse
 
 
 def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool):
     """Launch the backward: (dq, dk, dv) shaped like q, k, v (contiguous, input dtype)."""
     B, H, N, D = q.shape
-    DV = v.shape[-1]
-    bh = B * H
-    R = 2 * D if lrpe else D
-    p = _plan(N, bh, D, DV, q.device, q.dtype == torch.float32)
-    cos, sin = _rotation(grid, num_prefix_tokens, D, lrpe, q.dtype, q.device)
-    dq = _empty((B, H, N, D), q.dtype, q.device)
-    dk = _empty((B, H, N, D), k.dtype, q.device)
-    dv = _empty((B, H, N, DV), v.dtype, q.device)
-    ds = _empty((bh, R, DV), torch.float32, q.device)
-    corr = _empty((bh, D), torch.float32, q.device)
-    if cos is None:
-        cos = sin = lse
-    single = p["splits"] == 1
-    pds = ds if single else _empty((bh, p["splits"], R, DV), torch.float32, q.device)
-    lowp = _lowp(q.dtype)
-    K._bwd_dq_kernel[(bh, p["splits"])](
-        q, do, cos, sin, s, dq, pds, ds, corr, H, N, D, DV, p["per"], *_st(q), *_st(do), *_st(dq),
-        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, SINGLE=single, LOWP=lowp, **p["tiled"],
-    )
-    if not single:
-        K._bwd_combine_kernel[(bh,)](
-            pds, s, ds, corr, D, DV, p["splits"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, num_warps=p["warps"],
-        )
-    K._bwd_dkdv_kernel[(bh, p["splits"])](
-        k, v, cos, sin, lse, ds, corr, dk, dv, H, N, D, DV, p["per"], *_st(k), *_st(v), *_st(dk), *_st(dv),
-        BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=lowp, **p["tiled"],
-    )
+    DV = v.shape[3]
+    dev = q.device
+    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
+    dq = _empty((B, H, N, D), q.dtype, dev)
+    dk = _empty((B, H, N, D), q.dtype, dev)
+    dv = _empty((B, H, N, DV), q.dtype, dev)
+    if c.fused:
+        K._bwd_fused_kernel[c.grid_bh](
+            q, k, v, do, c.cos, c.sin, s, lse, dq, dk, dv, H, N, D, DV,
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), **c.tiled)
+        return dq, dk, dv
+    pds = _empty((B * H, c.splits, c.R, DV), torch.float32, dev)
+    ds = _empty((B * H, c.R, DV), torch.float32, dev)
+    corr = _empty((B * H, D), torch.float32, dev)
+    K._bwd_dq_kernel[c.grid_split](
+        q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), **c.tiled)
+    K._bwd_combine_kernel[c.grid_bh](pds, s, ds, corr, D, DV, c.splits, **c.small)
+    K._bwd_dkdv_kernel[c.grid_split](
+        k, v, c.cos, c.sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
     return dq, dk, dv
 
 
@@ -288,11 +300,11 @@ def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe=T
     if causal or not key_softmax or not supports(q, k, v):
         return NotImplemented
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
-    use_lrpe = bool(lrpe) and grid is not None
-    grid = list(grid) if use_lrpe else None
+    if not (lrpe and grid is not None):
+        grid = None
     if torch.compiler.is_compiling():
-        return lightnet_attn_fwd(q, k, v, grid, num_prefix_tokens, use_lrpe)[0]
-    return _LightNetEager.apply(q, k, v, grid, num_prefix_tokens, use_lrpe)
+        return lightnet_attn_fwd(q, k, v, grid and list(grid), num_prefix_tokens, grid is not None)[0]
+    return _LightNetEager.apply(q, k, v, grid, num_prefix_tokens, grid is not None)
 
 
 __all__ = ["lightnet_attention_triton", "lightnet_attn_fwd", "lightnet_attn_bwd", "supports", "HEAD_DIMS"]

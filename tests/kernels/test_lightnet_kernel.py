@@ -25,6 +25,9 @@ def _poison(monkeypatch):
     monkeypatch.setattr(lop, "POISON_OUTPUTS", True)
     # 16-bit matrix-product operands as on the GPU: conftest.py repairs the interpreter's bf16 dot
     monkeypatch.setattr(lop, "_lowp", lambda dtype: dtype != torch.float32)
+    lop._config.cache_clear()  # launch configs cache LOWP
+    yield
+    lop._config.cache_clear()
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -56,46 +59,69 @@ def _check(q, k, v, dtype, **kw):
         assert g.dtype == t.dtype and g.shape == t.shape
 
 
-# (B, H, grid, prefix, d, d_v, dtype): single split (N <= 16) and several splits, non-power-of-2 d,
+def _path(b, h, n, d, dv, dtype) -> str:
+    """Launch plan the kernel picks: "fused" (one program per (b, h), one launch each way) or "split"."""
+    return "fused" if lop._plan(n, b * h, d, dv, torch.device(DEV), dtype == torch.float32)["fused"] else "split"
+
+
+def _check_path(b, h, n, d, dv, dtype, path):
+    # on CPU (2 "SMs" in the plan, 16-token tiles) B*H >= 4 or N <= 16 runs fused (d, d_v <= 64); the GPU
+    # plans differ
+    if DEV == "cpu":
+        assert _path(b, h, n, d, dv, dtype) == path
+
+
+# (B, H, grid, prefix, d, d_v, dtype, path): both launch plans, several tiles per program, non-power-of-2 d,
 # 1-D and 2-D grids, prefix tokens.
 CASES = [
-    (1, 2, (3, 4), 1, 16, 24, torch.float32),
-    (2, 1, (5, 7), 1, 24, 16, torch.float32),
-    (1, 1, (7, 7), 1, 16, 16, torch.float32),
-    (1, 2, (13,), 0, 24, 24, torch.float32),
-    (1, 2, (5, 7), 1, 24, 16, torch.bfloat16),
-    (2, 1, (3, 3), 2, 16, 16, torch.float16),
-    (1, 1, (3, 5), 1, 48, 32, torch.float32),
+    (1, 2, (3, 4), 1, 16, 24, torch.float32, "fused"),
+    (2, 1, (5, 7), 1, 24, 16, torch.float32, "split"),
+    (1, 1, (7, 7), 1, 16, 16, torch.float32, "split"),
+    (1, 2, (23,), 0, 24, 24, torch.float32, "split"),
+    (1, 2, (5, 7), 1, 24, 16, torch.bfloat16, "split"),
+    (2, 1, (3, 3), 2, 16, 16, torch.float16, "fused"),
+    (1, 1, (3, 5), 1, 48, 32, torch.float32, "fused"),
+    (2, 2, (5, 7), 1, 24, 16, torch.float32, "fused"),
+    (4, 1, (41,), 0, 16, 24, torch.float32, "fused"),
+    (2, 3, (5, 7), 1, 24, 16, torch.bfloat16, "fused"),
+    (1, 4, (6, 6), 2, 48, 32, torch.float16, "fused"),
+    (1, 1, (3, 3), 1, 128, 64, torch.float32, "split"),  # d = 128: the split plan even with one split
 ]
 
 
-@pytest.mark.parametrize("b,h,grid,prefix,d,dv,dtype", CASES)
-def test_matches_reference_with_lrpe(b, h, grid, prefix, d, dv, dtype):
+@pytest.mark.parametrize("b,h,grid,prefix,d,dv,dtype,path", CASES)
+def test_matches_reference_with_lrpe(b, h, grid, prefix, d, dv, dtype, path):
     n = math.prod(grid) + prefix
+    _check_path(b, h, n, d, dv, dtype, path)
     _check(*_inputs(b, h, n, d, dv, dtype), dtype, grid=grid, num_prefix_tokens=prefix)
 
 
-@pytest.mark.parametrize("n,grid", [(7, None), (37, (37,))])
-def test_matches_reference_without_lrpe(n, grid):
+@pytest.mark.parametrize("b,n,grid,path", [(1, 7, None, "fused"), (1, 37, (37,), "split"), (2, 37, None, "fused")])
+def test_matches_reference_without_lrpe(b, n, grid, path):
     # lrpe=False, or no grid (the reference then applies no rotation either)
-    _check(*_inputs(1, 2, n, 16, 24, torch.float32), torch.float32, grid=grid, lrpe=False)
+    _check_path(b, 2, n, 16, 24, torch.float32, path)
+    _check(*_inputs(b, 2, n, 16, 24, torch.float32), torch.float32, grid=grid, lrpe=False)
 
 
-def test_large_keys_across_splits():
+@pytest.mark.parametrize("b,path", [(1, "split"), (4, "fused")])
+def test_large_keys_across_tiles(b, path):
     # keys offset by +100 (exp overflows fp32 without the running max) on the first tiles for half the
-    # features and on the last tiles for the other half: the split merge must rescale both ways
+    # features and on the last tiles for the other half: the running max (fused: across the tiles of one
+    # program; split: also the merge of the split partials) must rescale both ways
     n = 41
-    q, k, v = _inputs(1, 1, n, 16, 16, torch.float32, k_scale=1.0)
-    k[0, 0, :9, :8] += 100.0
-    k[0, 0, 32:, 8:] += 100.0
-    assert lop._plan(n, 1, 16, 16, torch.device(DEV), True)["splits"] > 1 or DEV == "cuda"
+    _check_path(b, 1, n, 16, 16, torch.float32, path)
+    q, k, v = _inputs(b, 1, n, 16, 16, torch.float32, k_scale=1.0)
+    k[:, 0, :9, :8] += 100.0
+    k[:, 0, 32:, 8:] += 100.0
     _check(q, k, v, torch.float32, grid=(5, 8), num_prefix_tokens=1)
 
 
-def test_fused_qkv_strided_views():
+@pytest.mark.parametrize("b,h,path", [(1, 2, "split"), (2, 2, "fused")])
+def test_fused_qkv_strided_views(b, h, path):
     # q, k, v as slices of one projection: [B, N, 3, H, d] permuted, neither contiguous nor copied
-    b, h, grid, d = 2, 2, (4, 5), 16
+    grid, d = (4, 5), 16
     n = math.prod(grid) + 1
+    _check_path(b, h, n, d, d, torch.float32, path)
     qkv = torch.randn(b, n, 3, h, d, device=DEV).permute(2, 0, 3, 1, 4)
     q, k, v = qkv[0], qkv[1], qkv[2]
     assert not q.is_contiguous()
