@@ -1,0 +1,81 @@
+"""LION entries for scripts/bench_attention.py (``register(add)``) and a tile sweep (``python -m ...bench``).
+
+ops lion_lit / lion_d / lion_s; impls:
+    torch_mask       the reference with the materialised [N, N] mask (lion_attention(form="parallel", backend="torch"))
+    triton_parallel  the flash-style masked kernel
+    triton_scan      the bidirectional chunked scan kernel
+    auto             form="auto" (choose_form)
+Inputs: q, k positive unit-norm features (what LION's feature map gives), v Gaussian; D learns a raw [H]
+parameter (log lambda = logsigmoid), S a raw per-token [B, H, N] gate (log a = logsigmoid, cls-free).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from lightvision.ops.lion import lion_attention
+
+IMPLS = {"torch_mask": ("parallel", "torch"), "triton_parallel": ("parallel", "triton"),
+         "triton_scan": ("scan", "triton"), "auto": ("auto", "triton")}
+
+
+def _features(B, H, N, d, dtype, device):
+    q = F.normalize(torch.rand(B, H, N, d, device=device) + 0.1, dim=-1).to(dtype)
+    k = F.normalize(torch.rand(B, H, N, d, device=device) + 0.1, dim=-1).to(dtype)
+    return [q, k, torch.randn(B, H, N, d, device=device, dtype=dtype)]
+
+
+def _make(mask: str, form: str, backend: str):
+    def make(B, H, N, d, dtype, device):
+        inputs = _features(B, H, N, d, dtype, device)
+        if mask == "d":
+            inputs.append(torch.full((H,), 3.0, device=device))
+        elif mask == "s":
+            inputs.append(torch.randn(B, H, N, device=device) + 3.0)
+
+        def fn(q, k, v, *raw):
+            ld = F.logsigmoid(raw[0]) if raw else None
+            return lion_attention(q, k, v, mask=mask, log_decay=ld, form=form, backend=backend)
+
+        return fn, inputs
+
+    return make
+
+
+def register(add) -> None:
+    """Add every (lion_<mask>, impl) pair to the bench_attention registry."""
+    for mask in ("lit", "d", "s"):
+        for impl, (form, backend) in IMPLS.items():
+            add(op=f"lion_{mask}", impl=impl, make=_make(mask, form, backend))
+
+
+def sweep() -> None:
+    """Time the kernels' launch configurations (bf16, H = 6, d = 64, S mask, fwd and fwd+bwd) and print them."""
+    import triton
+
+    from .custom import lion_core
+    from .parallel import parallel_backward, parallel_forward
+    from .scan import scan_backward, scan_forward
+
+    dev = "cuda"
+    for N, B in ((196, 256), (1024, 48), (4096, 12)):
+        q, k, v = _features(B, 6, N, 64, torch.bfloat16, dev)
+        g = F.logsigmoid(torch.randn(B, 6, N, device=dev) + 3.0)
+        y, den = lion_core(q, k, v, g, False, "parallel")
+        do = torch.randn_like(y).bfloat16()
+        zinv = torch.ones_like(den)
+        delta = torch.randn_like(den)
+        for tile, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 8, 3), (64, 8, 2)):
+            f = triton.testing.do_bench(lambda: parallel_forward(q, k, v, g, True, tile, warps, stages), return_mode="median")
+            b = triton.testing.do_bench(lambda: parallel_backward(q, k, v, g, do, zinv, delta, tile, warps, stages),
+                                        return_mode="median")
+            print(f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms")
+        for fw, bw in ((4, 4), (4, 8), (8, 8)):
+            f = triton.testing.do_bench(lambda: scan_forward(q, k, v, g, True, 64, fw), return_mode="median")
+            b = triton.testing.do_bench(lambda: scan_backward(q, k, v, g, do, zinv, delta, 64, bw), return_mode="median")
+            print(f"scan     N={N:5d} B={B:3d} warps fwd={fw} bwd={bw}: fwd {f:.3f} bwd {b:.3f} ms")
+
+
+if __name__ == "__main__":
+    sweep()

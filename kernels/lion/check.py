@@ -1,0 +1,171 @@
+"""GPU correctness sweep of the LION kernels against the fp64 reference (``python -m lightvision.kernels.lion.check``).
+
+Forward and every gradient (q, k, v, log-decay / gates) as relative L2 errors vs lightvision.ops in fp64 on
+upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. Cases: N in {50, 197, 577,
+1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1 and 2, H = 1 and 3, d = 64 and 48,
+fp32 and bf16, LIT / D / S, weak (lambda ~ 0.98) and strong (lambda ~ 0.5) decay, both kernel forms;
+then snake orders on 13 x 17 + cls and the two-scan baseline. SPEC 2 tolerances; D's per-head decay
+gradient is measured against the summed magnitudes of its per-token terms (tests/kernels/test_lion_kernel.py).
+Writes JSON with --out; exit status 1 when a case fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from lightvision.ops import lion_attention, lion_snake_attention, two_scan_attention
+
+from . import parallel
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _rel(a, b, scale=None):
+    if not torch.isfinite(a).all():
+        return float("nan")
+    return ((a.double() - b).norm() / (b.norm() if scale is None else scale)).item()
+
+
+def _show(row: dict) -> None:
+    """Print one case as soon as it is done (a run cut off by a time limit still reports what it did)."""
+    errs = " ".join(f"{k}={v:.1e}" for k, v in row.items() if isinstance(v, float))
+    head = " ".join(f"{k}={row[k]}" for k in ("case", "N", "B", "H", "d", "dtype", "mask", "decay", "form"))
+    print(f"{head} {errs} {'ok' if row['ok'] else 'FAIL'}", flush=True)
+
+
+def _case(fn, tensors, d_mass_fn=None):
+    """Errors of fn(*tensors, backend='triton') vs fn in fp64 (backend='torch'): outputs and all grads."""
+    leaves = [t.detach().requires_grad_() for t in tensors]
+    out = fn(*leaves, backend="triton")
+    ups = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, ups)
+    ref_leaves = [t.detach().double().requires_grad_() for t in tensors]
+    ref = fn(*ref_leaves, backend="torch")
+    ref_grads = torch.autograd.grad(ref, ref_leaves, ups.double())
+    names = ("y", "dq", "dk", "dv", "dlog", "dlog2")
+    errs = {}
+    for i, (n, a, b) in enumerate(zip(names, (out, *grads), (ref, *ref_grads))):
+        scale = d_mass_fn(ups) if (i == 4 and d_mass_fn is not None) else None
+        errs[n] = _rel(a, b, scale)
+    return errs
+
+
+def _d_mass(q, k, v, ld, ups):
+    """Norm over heads of the summed |per-token gradient| of D run as S with constant gates (fp64)."""
+    g = ld.detach().double()[None, :, None].expand(*q.shape[:3]).clone().requires_grad_()
+    y = lion_attention(q.double(), k.double(), v.double(), mask="s", log_decay=g, backend="torch")
+    (dg,) = torch.autograd.grad(y, g, ups.double())
+    return dg.abs().sum((0, 2)).norm()
+
+
+def _d_mass_two_scan(q, k, v, ld, ups):
+    """_d_mass for the two-scan baseline."""
+    g = ld.detach().double()[None, :, None].expand(*q.shape[:3]).clone().requires_grad_()
+    y = two_scan_attention(q.double(), k.double(), v.double(), g, backend="torch")
+    (dg,) = torch.autograd.grad(y, g, ups.double())
+    return dg.abs().sum((0, 2)).norm()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="")
+    ap.add_argument("--max-n", type=int, default=1 << 30, help="only cases with N <= this (CPU smoke runs)")
+    args = ap.parse_args(argv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    parallel.POISON_OUTPUTS = True
+    rows = []
+    cases = [(50, 0, 2, 3, 64), (197, 1, 1, 3, 64), (221, 0, 1, 1, 48), (577, 1, 2, 1, 64), (1024, 0, 1, 3, 64),
+             (4096, 0, 1, 1, 64)]
+    for n, prefix, b, h, d in [c for c in cases if c[0] <= args.max_n]:
+        for dtype in (torch.float32, torch.bfloat16):
+            for mask in ("lit", "d", "s"):
+                for strength in (("weak", "strong") if mask != "lit" else ("-",)):
+                    for form in ("parallel", "scan"):
+                        q = F.normalize(F.silu(torch.randn(b, h, n, d, device=dev)) + 0.5, dim=-1).to(dtype)
+                        k = F.normalize(F.silu(torch.randn(b, h, n, d, device=dev)) + 0.5, dim=-1).to(dtype)
+                        v = torch.randn(b, h, n, d, device=dev).to(dtype)
+                        shift = 4.0 if strength == "weak" else 0.0
+                        ld = None
+                        if mask == "d":
+                            ld = F.logsigmoid(0.5 * torch.randn(h, device=dev) + shift)
+                        elif mask == "s":
+                            ld = F.logsigmoid(torch.randn(b, h, n, device=dev) + shift)
+                            ld[..., :prefix] = 0.0
+
+                        def fn(q, k, v, *ld, backend, mask=mask, form=form):
+                            return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form,
+                                                  backend=backend)
+
+                        tensors = (q, k, v) if ld is None else (q, k, v, ld)
+                        mass = (lambda ups, q=q, k=k, v=v, ld=ld: _d_mass(q, k, v, ld, ups)) if mask == "d" else None
+                        errs = _case(fn, tensors, mass)
+                        ok = all(e < TOL[dtype] for e in errs.values())  # NaN fails
+                        rows.append(dict(case="lion", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
+                                         mask=mask, decay=strength, form=form, **errs, ok=ok))
+                        _show(rows[-1])
+    grid, prefix = (13, 17), 1
+    n = grid[0] * grid[1] + prefix
+    for dtype in (torch.float32, torch.bfloat16):
+        for mask in ("d", "s"):
+            q = F.normalize(F.silu(torch.randn(2, 3, n, 64, device=dev)) + 0.5, dim=-1).to(dtype)
+            k = F.normalize(F.silu(torch.randn(2, 3, n, 64, device=dev)) + 0.5, dim=-1).to(dtype)
+            v = torch.randn(2, 3, n, 64, device=dev).to(dtype)
+            if mask == "d":
+                lr, lc = F.logsigmoid(torch.randn(3, device=dev) + 3), F.logsigmoid(torch.randn(3, device=dev) + 1)
+            else:
+                lr, lc = F.logsigmoid(torch.randn(2, 3, n, device=dev) + 3), F.logsigmoid(torch.randn(2, 3, n, device=dev))
+                lr[..., 0] = lc[..., 0] = 0.0
+
+            def snake(q, k, v, lr, lc, backend, mask=mask):
+                return lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask, log_decay_row=lr,
+                                            log_decay_col=lc, backend=backend)
+
+            errs = _case(snake, (q, k, v, lr, lc))
+            errs = {{"dlog": "dlog_row", "dlog2": "dlog_col"}.get(kk, kk): e for kk, e in errs.items()}
+            # per-head D gradients cancel (see _d_mass): reported, not judged, for the snake D case
+            ok = all(e < TOL[dtype] for kk, e in errs.items() if mask == "s" or not kk.startswith("dlog"))
+            rows.append(dict(case="snake", N=n, prefix=prefix, B=2, H=3, d=64, dtype=str(dtype)[6:], mask=mask,
+                             decay="mixed", form="auto", **errs, ok=ok))
+            _show(rows[-1])
+    nt = min(1024, args.max_n)
+    for per_token in (False, True):
+        q = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
+        k = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
+        v = torch.randn(1, 3, nt, 64, device=dev)
+        ld = F.logsigmoid(torch.randn(1, 3, nt, device=dev) + 2) if per_token else F.logsigmoid(torch.randn(3, device=dev) + 2)
+
+        def two(q, k, v, ld, backend):
+            return two_scan_attention(q, k, v, ld, backend=backend)
+
+        mass = None if per_token else (lambda ups, q=q, k=k, v=v, ld=ld: _d_mass_two_scan(q, k, v, ld, ups))
+        errs = _case(two, (q, k, v, ld), mass)
+        rows.append(dict(case="two_scan", N=nt, prefix=0, B=1, H=3, d=64, dtype="float32", mask="s" if per_token else "d",
+                         decay="medium", form="scan", **errs, ok=all(e < 1e-5 for e in errs.values())))
+        _show(rows[-1])
+    parallel.POISON_OUTPUTS = False
+    worst = {}
+    for r in rows:
+        key = (r["case"], r["dtype"], r["form"])
+        w = worst.setdefault(key, {"n": 0, "fail": 0})
+        w["n"] += 1
+        w["fail"] += not r["ok"]
+        for kk, e in r.items():
+            if kk in ("y", "dq", "dk", "dv", "dlog", "dlog_row", "dlog_col"):
+                w[kk] = max(w.get(kk, 0.0), e) if e == e else float("nan")
+    print("worst relative L2 error per (case, dtype, form):")
+    for key, w in worst.items():
+        print(f"  {key[0]:8s} {key[1]:8s} {key[2]:8s} cases={w['n']:3d} fail={w['fail']:2d} "
+              + " ".join(f"{kk}={w[kk]:.1e}" for kk in ("y", "dq", "dk", "dv", "dlog", "dlog_row", "dlog_col") if kk in w))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(env=dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__), checks=rows), f, indent=1)
+    return 1 if any(not r["ok"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

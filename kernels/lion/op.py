@@ -1,0 +1,106 @@
+"""The kernel entry points registered with ``lightvision.ops`` (same arguments as the public ops, no backend).
+
+    lion_attention(q, k, v, *, mask, log_decay, form, chunk_size, normalize)
+        -> Y [B, H, N, d_v] (q.dtype), or (num [B, H, N, d_v], den [B, H, N]) in fp32 when normalize=False
+    lion_snake_attention(q, k, v, *, grid, num_prefix_tokens, mask, log_decay_row, log_decay_col, form, chunk_size)
+    two_scan_attention(q, k, v, *, log_decay, chunk_size) -> A V (no normaliser), q.dtype
+
+Kernel forms: "parallel" and "chunk" run the flash-style masked kernel (parallel.py: tiles of keys, O(N)
+memory); "scan" and "recurrent" run the linear-time bidirectional chunked scan (scan.py); "auto" picks by
+:func:`choose_form`. ``chunk_size`` only names the reference's blocking (every form is the same function);
+the kernels use their own tile of 64 tokens. Log-decays must be <= 0 (gates a in (0, 1], as logsigmoid
+gives them); the parallel kernel relies on it to skip tiles whose mask underflows to 0.
+Supported: CUDA tensors (or the Triton interpreter on CPU), fp32 / bf16 / fp16, head dims <= 128; anything
+else returns NotImplemented so the reference runs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .custom import lion_core
+from .parallel import EPS
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 128
+# form="auto": the flash-style parallel kernel below these sequence lengths, the linear-time scan from them
+# on. Crossovers measured on an H100, bf16, H = 6, d = 64, B * N ~ 50k (docs/kernels_lion.md,
+# benchmarks/results/lion_h100.json): training (forward + backward) between N = 1024 and 2304 for every mask;
+# inference with a decay mask between 196 and 576 (the masked forward pays an exp per tile column, the scan
+# only per token), LIT inference between 1024 and 2304.
+AUTO_SCAN_MIN_N_TRAIN = 2048
+AUTO_SCAN_MIN_N_INFER = {"lit": 2048, "d": 384, "s": 384}
+_FORMS = {"parallel": "parallel", "chunk": "parallel", "scan": "scan", "recurrent": "scan"}
+
+
+def choose_form(n: int, needs_grad: bool = True, mask: str = "s") -> str:
+    """Kernel form for form="auto": "scan" from N >= AUTO_SCAN_MIN_N_TRAIN (when a gradient is needed) or
+    N >= AUTO_SCAN_MIN_N_INFER[mask] (forward only), else "parallel"."""
+    return "scan" if n >= (AUTO_SCAN_MIN_N_TRAIN if needs_grad else AUTO_SCAN_MIN_N_INFER[mask]) else "parallel"
+
+
+def _kernel_form(form: str, n: int, mask: str, *tensors) -> str:
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return choose_form(n, needs_grad, mask) if form == "auto" else _FORMS[form]
+
+
+def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the kernels cover these inputs (device, dtypes, head dims)."""
+    on_device = q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return (on_device and q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == v.dtype
+            and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
+
+
+def gates(mask: str, log_decay: torch.Tensor | None, shape: torch.Size) -> torch.Tensor | None:
+    """Per-token fp32 log-gates [B, H, N] of the kernels' mask (None for LIT). D: log lambda at every token
+    (autograd sums the gate gradient back to [H]); S: log a_m as given."""
+    b, h, n, _ = shape
+    if mask == "lit":
+        return None
+    if mask == "d":
+        return log_decay.float()[None, :, None].expand(b, h, n).contiguous()
+    return log_decay.float().contiguous()
+
+
+def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chunk_size=64, normalize=True):
+    """Kernel implementation of :func:`lightvision.ops.lion.lion_attention` (arguments checked there)."""
+    if not supported(q, k, v):
+        return NotImplemented
+    kform = _kernel_form(form, q.shape[2], mask, q, k, v, log_decay)
+    return lion_core(q, k, v, gates(mask, log_decay, q.shape), normalize, kform)
+
+
+def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):
+    """Kernel implementation of :func:`lightvision.ops.two_scan.two_scan_attention`: the scan kernel's
+    numerator A V (D mask for [H] decays, S for [B, H, N] gates)."""
+    if not supported(q, k, v):
+        return NotImplemented
+    mask = "d" if log_decay.dim() == 1 else "s"
+    num, _ = lion_core(q, k, v, gates(mask, log_decay, q.shape), False, "scan")
+    return num.to(q.dtype)
+
+
+def lion_snake_attention(q, k, v, *, grid, num_prefix_tokens=0, mask="d", log_decay_row, log_decay_col,
+                         form="parallel", chunk_size=64):
+    """Kernel implementation of :func:`lightvision.ops.lion.lion_snake_attention`: for the row- and the
+    column-snake order, gather the tokens, run the kernel unnormalised, scatter back; then
+    Y = (num_row + num_col) / 2 / ((den_row + den_col) / 2 + 1e-6)."""
+    from lightvision.ops.lion import snake_permutation
+
+    if not supported(q, k, v):
+        return NotImplemented
+    kform = _kernel_form(form, q.shape[2], mask, q, k, v, log_decay_row, log_decay_col)
+    num = den = 0.0
+    for order, ld in (("row", log_decay_row), ("col", log_decay_col)):
+        perm = snake_permutation(grid, num_prefix_tokens, order, device=q.device)
+        inv = torch.argsort(perm)
+        g = gates(mask, ld[..., perm] if mask == "s" else ld, q.shape)
+        n_o, d_o = lion_core(q[:, :, perm], k[:, :, perm], v[:, :, perm], g, False, kform)
+        num = num + n_o[:, :, inv]
+        den = den + d_o[:, :, inv]
+    return ((num / 2) / (den[..., None] / 2 + EPS.value)).to(q.dtype)
+
+
+__all__ = ["lion_attention", "lion_snake_attention", "two_scan_attention", "choose_form"]

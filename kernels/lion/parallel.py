@@ -1,0 +1,382 @@
+"""LION masked attention, FlashAttention-style (parallel form, O(N) memory): forward and backward kernels.
+
+Per (batch, head), with q, k: [N, d] (positive feature maps), v: [N, d_v], per-token log-gates g: [N]:
+
+    M_ij = exp(sum_{m=j}^{i-1} g_m)   (i > j),   exp(sum_{m=i+1}^{j} g_m)   (i < j),   1   (i = j)
+    A    = (q k^T) * M,     num = A v,     den = A 1,     Y = num / (den + 1e-6)
+
+LION-S passes g = log a (prefix / cls gates 0); LION-D passes g_m = log lambda for every m (then
+M_ij = lambda^|i-j|); LIT runs with HAS_MASK=False (M = 1).
+
+Tiles of T query rows meet tiles of T key rows; the mask is built on the fly from the gates of the two tiles
+and one running scalar: each program walks the key tiles outward from its own diagonal tile, so the log-mask
+of a tile is  near(row) + seg + far(col)  where near/far are in-tile partial sums and seg is the sum of the
+whole tiles in between, accumulated outward (a sum of non-positive numbers: no cancellation; the SPEC 2 trap
+of global cumsum differences does not arise). Because log-gates are <= 0, once seg < -110 every later tile
+has exp(log M) == 0 exactly in fp32, so those tiles are skipped (exact; a large speed-up for strong decay).
+
+Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
+    dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
+    dq = (dA * M) k,   dk = (dA * M)^T q,   dv = A^T dnum
+Gate gradient: with W_ij = dA_ij * A_ij (= dL/d log M_ij), log M_ij is a sum of g over a segment, so
+dg_m = sum of W over the pairs whose segment contains m:
+    lower (i > j, m in [j, i-1]):  dg_m^L = sum_{i > m >= j} W_ij = cumsum(cL)_m - cumsum(rL)_m
+    upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
+where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
+The dq kernel produces rL, rU, the dk/dv kernel cL, cU; one cumsum (fp64) finishes dg in PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+EPS = tl.constexpr(1e-6)
+# Below this running segment sum, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
+SKIP_LOG = tl.constexpr(-110.0)
+
+
+@triton.jit
+def _load_rows(ptr, rows, n, cols, ncols, stride_n):
+    """Load rows[:, None] x cols[None, :] of a row-major [n, ncols] slab (zeros outside)."""
+    return tl.load(ptr + rows[:, None] * stride_n + cols[None, :], mask=(rows[:, None] < n) & (cols[None, :] < ncols), other=0.0)
+
+
+@triton.jit
+def _gate_tile(g_ptr, rows, n):
+    """Gates of one tile: (inclusive local cumsum, exclusive local cumsum, tile total), fp32, zeros past n."""
+    g = tl.load(g_ptr + rows, mask=rows < n, other=0.0)
+    inc = tl.cumsum(g, 0)
+    return inc, inc - g, tl.sum(g, 0)
+
+
+@triton.jit
+def _span(g_ptr, tile, step, limit, n, T: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Number of tiles to visit from `tile` + step in direction `step` (+1 / -1) before the running segment
+    sum of whole tiles drops below SKIP_LOG (all remaining tiles when there is no mask)."""
+    if HAS_MASK:
+        count = 0
+        seg = 0.0
+        t = tile + step
+        while (count < limit) & (seg > SKIP_LOG):
+            seg += tl.sum(tl.load(g_ptr + t * T + tl.arange(0, T), mask=t * T + tl.arange(0, T) < n, other=0.0), 0)
+            count += 1
+            t += step
+        return count
+    else:
+        return limit
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, G, NUM, DEN, N, D, DV,
+                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
+                T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
+    it = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    q_ptr = Q + b * sqb + h * sqh
+    k_ptr = K + b * skb + h * skh
+    v_ptr = V + b * svb + h * svh
+    g_ptr = G + bh * N
+    rows = it * T + tl.arange(0, T)
+    fd = tl.arange(0, BD)
+    fv = tl.arange(0, BDV)
+    ar = tl.arange(0, T)
+    q = _load_rows(q_ptr, rows, N, fd, D, sqn)
+    acc = tl.zeros([T, BDV], dtype=tl.float32)
+    den = tl.zeros([T], dtype=tl.float32)
+    if HAS_MASK:
+        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N)
+    # diagonal tile: both triangles, invalid side zeroed before exp
+    k = _load_rows(k_ptr, rows, N, fd, D, skn)
+    v = _load_rows(v_ptr, rows, N, fv, DV, svn)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if HAS_MASK:
+        lm = tl.where(ar[:, None] > ar[None, :], q_exc[:, None] - q_exc[None, :],
+                      tl.where(ar[:, None] < ar[None, :], q_inc[None, :] - q_inc[:, None], 0.0))
+        s = s * tl.exp(lm)
+    den += tl.sum(s, 1)
+    acc += tl.dot(s.to(v.dtype), v, input_precision=PREC)
+    n_tiles = tl.cdiv(N, T)
+    # off-diagonal tiles: the mask is rank one, exp(row part) * exp(seg + column part); the row part is the
+    # same for every tile on one side, so it scales the side's accumulators once at the end
+    for side in tl.static_range(2):
+        if side == 0:  # key tiles before the query tile (lower triangle), walking left
+            n_side = _span(g_ptr, it, -1, it, N, T, HAS_MASK)
+        else:  # key tiles after it (upper triangle), walking right
+            n_side = _span(g_ptr, it, 1, n_tiles - 1 - it, N, T, HAS_MASK)
+        acc_s = tl.zeros([T, BDV], dtype=tl.float32)
+        den_s = tl.zeros([T], dtype=tl.float32)
+        seg = 0.0
+        for step in range(0, n_side):
+            jt = it - 1 - step if side == 0 else it + 1 + step
+            cols = jt * T + ar
+            k = _load_rows(k_ptr, cols, N, fd, D, skn)
+            v = _load_rows(v_ptr, cols, N, fv, DV, svn)
+            s = tl.dot(q, tl.trans(k), input_precision=PREC)
+            if HAS_MASK:
+                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
+                s = s * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
+                seg += k_tot
+            den_s += tl.sum(s, 1)
+            acc_s += tl.dot(s.to(v.dtype), v, input_precision=PREC)
+        if HAS_MASK:
+            row = tl.exp(q_exc if side == 0 else q_tot - q_inc)
+            acc_s = acc_s * row[:, None]
+            den_s = den_s * row
+        acc += acc_s
+        den += den_s
+    out_ptr = NUM + bh * N * DV + rows[:, None] * DV + fv[None, :]
+    out_mask = (rows[:, None] < N) & (fv[None, :] < DV)
+    if NORMALIZE:
+        acc = acc / (den + EPS)[:, None]
+    tl.store(out_ptr, acc.to(NUM.dtype.element_ty), mask=out_mask)
+    tl.store(DEN + bh * N + rows, den, mask=rows < N)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                   HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+                   T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A."""
+    it = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    q_ptr = Q + b * sqb + h * sqh
+    k_ptr = K + b * skb + h * skh
+    v_ptr = V + b * svb + h * svh
+    g_ptr = G + bh * N
+    rows = it * T + tl.arange(0, T)
+    fd = tl.arange(0, BD)
+    fv = tl.arange(0, BDV)
+    ar = tl.arange(0, T)
+    q = _load_rows(q_ptr, rows, N, fd, D, sqn)
+    zinv = tl.load(ZINV + bh * N + rows, mask=rows < N, other=0.0)
+    delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
+    do = _load_rows(DO + bh * N * DV, rows, N, fv, DV, DV)
+    do = (do.to(tl.float32) * zinv[:, None]).to(q.dtype)
+    dq = tl.zeros([T, BD], dtype=tl.float32)
+    r_lo = tl.zeros([T], dtype=tl.float32)
+    r_up = tl.zeros([T], dtype=tl.float32)
+    if HAS_MASK:
+        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N)
+    k = _load_rows(k_ptr, rows, N, fd, D, skn)
+    v = _load_rows(v_ptr, rows, N, fv, DV, svn)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    da = tl.dot(do, tl.trans(v), input_precision=PREC) + delta[:, None]
+    if HAS_MASK:
+        lm = tl.where(ar[:, None] > ar[None, :], q_exc[:, None] - q_exc[None, :],
+                      tl.where(ar[:, None] < ar[None, :], q_inc[None, :] - q_inc[:, None], 0.0))
+        m = tl.exp(lm)
+        dp = da * m
+        w = dp * s
+        r_lo += tl.sum(tl.where(ar[:, None] > ar[None, :], w, 0.0), 1)
+        r_up += tl.sum(tl.where(ar[:, None] < ar[None, :], w, 0.0), 1)
+    else:
+        dp = da
+    dq += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
+    n_tiles = tl.cdiv(N, T)
+    for side in tl.static_range(2):  # as in _fwd_kernel: left (lower triangle), then right (upper)
+        if side == 0:
+            n_side = _span(g_ptr, it, -1, it, N, T, HAS_MASK)
+        else:
+            n_side = _span(g_ptr, it, 1, n_tiles - 1 - it, N, T, HAS_MASK)
+        dq_s = tl.zeros([T, BD], dtype=tl.float32)
+        r_s = tl.zeros([T], dtype=tl.float32)
+        seg = 0.0
+        for step in range(0, n_side):
+            jt = it - 1 - step if side == 0 else it + 1 + step
+            cols = jt * T + ar
+            k = _load_rows(k_ptr, cols, N, fd, D, skn)
+            v = _load_rows(v_ptr, cols, N, fv, DV, svn)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC) + delta[:, None]
+            if HAS_MASK:
+                s = tl.dot(q, tl.trans(k), input_precision=PREC)
+                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
+                dp = dp * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
+                seg += k_tot
+                r_s += tl.sum(dp * s, 1)
+            dq_s += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
+        if HAS_MASK:
+            row = tl.exp(q_exc if side == 0 else q_tot - q_inc)
+            dq_s = dq_s * row[:, None]
+            if side == 0:
+                r_lo += r_s * row
+            else:
+                r_up += r_s * row
+        dq += dq_s
+    tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty),
+             mask=(rows[:, None] < N) & (fd[None, :] < D))
+    if HAS_MASK:
+        tl.store(RL + bh * N + rows, r_lo, mask=rows < N)
+        tl.store(RU + bh * N + rows, r_up, mask=rows < N)
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, G, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
+                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                     HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+                     T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W.
+    Works on transposed tiles [keys, queries]."""
+    jt = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    q_ptr = Q + b * sqb + h * sqh
+    k_ptr = K + b * skb + h * skh
+    v_ptr = V + b * svb + h * svh
+    g_ptr = G + bh * N
+    do_ptr = DO + bh * N * DV
+    cols = jt * T + tl.arange(0, T)
+    fd = tl.arange(0, BD)
+    fv = tl.arange(0, BDV)
+    ar = tl.arange(0, T)
+    k = _load_rows(k_ptr, cols, N, fd, D, skn)
+    v = _load_rows(v_ptr, cols, N, fv, DV, svn)
+    dk = tl.zeros([T, BD], dtype=tl.float32)
+    dv = tl.zeros([T, BDV], dtype=tl.float32)
+    c_lo = tl.zeros([T], dtype=tl.float32)
+    c_up = tl.zeros([T], dtype=tl.float32)
+    if HAS_MASK:
+        k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
+    # diagonal tile; transposed index: row a = key, column c = query
+    q = _load_rows(q_ptr, cols, N, fd, D, sqn)
+    zinv = tl.load(ZINV + bh * N + cols, mask=cols < N, other=0.0)
+    delta = tl.load(DELTA + bh * N + cols, mask=cols < N, other=0.0)
+    do = (_load_rows(do_ptr, cols, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(k.dtype)
+    st = tl.dot(k, tl.trans(q), input_precision=PREC)
+    dat = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
+    if HAS_MASK:
+        lm = tl.where(ar[None, :] > ar[:, None], k_exc[None, :] - k_exc[:, None],
+                      tl.where(ar[None, :] < ar[:, None], k_inc[:, None] - k_inc[None, :], 0.0))
+        m = tl.exp(lm)
+        at = st * m
+        dpt = dat * m
+        w = dpt * st
+        c_lo += tl.sum(tl.where(ar[None, :] > ar[:, None], w, 0.0), 1)
+        c_up += tl.sum(tl.where(ar[None, :] < ar[:, None], w, 0.0), 1)
+    else:
+        at = st
+        dpt = dat
+    dv += tl.dot(at.to(do.dtype), do, input_precision=PREC)
+    dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
+    n_tiles = tl.cdiv(N, T)
+    # side 0: query tiles after the key tile (lower triangle i > j), walking right;
+    # side 1: query tiles before it (upper triangle i < j), walking left. Rank-one masks as in _fwd_kernel.
+    for side in tl.static_range(2):
+        if side == 0:
+            n_side = _span(g_ptr, jt, 1, n_tiles - 1 - jt, N, T, HAS_MASK)
+        else:
+            n_side = _span(g_ptr, jt, -1, jt, N, T, HAS_MASK)
+        dk_s = tl.zeros([T, BD], dtype=tl.float32)
+        dv_s = tl.zeros([T, BDV], dtype=tl.float32)
+        c_s = tl.zeros([T], dtype=tl.float32)
+        seg = 0.0
+        for step in range(0, n_side):
+            it = jt + 1 + step if side == 0 else jt - 1 - step
+            rows = it * T + ar
+            q = _load_rows(q_ptr, rows, N, fd, D, sqn)
+            zinv = tl.load(ZINV + bh * N + rows, mask=rows < N, other=0.0)
+            delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
+            do = (_load_rows(do_ptr, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(k.dtype)
+            at = tl.dot(k, tl.trans(q), input_precision=PREC)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
+            if HAS_MASK:
+                q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N)
+                wq = tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
+                seg += q_tot
+                dpt = dpt * wq
+                c_s += tl.sum(dpt * at, 1)
+                at = at * wq
+            dv_s += tl.dot(at.to(do.dtype), do, input_precision=PREC)
+            dk_s += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
+        if HAS_MASK:
+            col = tl.exp(k_tot - k_exc if side == 0 else k_inc)
+            dk_s = dk_s * col[:, None]
+            dv_s = dv_s * col[:, None]
+            if side == 0:
+                c_lo += c_s * col
+            else:
+                c_up += c_s * col
+        dk += dk_s
+        dv += dv_s
+    cmask = cols < N
+    tl.store(DK + bh * N * D + cols[:, None] * D + fd[None, :], dk.to(DK.dtype.element_ty),
+             mask=cmask[:, None] & (fd[None, :] < D))
+    tl.store(DV_OUT + bh * N * DV + cols[:, None] * DV + fv[None, :], dv.to(DV_OUT.dtype.element_ty),
+             mask=cmask[:, None] & (fv[None, :] < DV))
+    if HAS_MASK:
+        tl.store(CL + bh * N + cols, c_lo, mask=cmask)
+        tl.store(CU + bh * N + cols, c_up, mask=cmask)
+
+
+POISON_OUTPUTS = False  # tests set True: every output / workspace starts as NaN, so unwritten elements show
+
+
+def _empty(*shape, device, dtype) -> torch.Tensor:
+    """torch.empty, or NaN-filled when POISON_OUTPUTS is set."""
+    if POISON_OUTPUTS:
+        return torch.full(shape, float("nan"), device=device, dtype=dtype)
+    return torch.empty(shape, device=device, dtype=dtype)
+
+
+def _meta(q: torch.Tensor, v: torch.Tensor) -> dict:
+    """Compile-time parameters shared by the three kernels: feature blocks, dot precision (fp32 -> IEEE)."""
+    return dict(
+        PREC="ieee" if q.dtype == torch.float32 else "tf32",
+        BD=max(16, triton.next_power_of_2(q.shape[-1])),
+        BDV=max(16, triton.next_power_of_2(v.shape[-1])),
+    )
+
+
+def _strides(*ts: torch.Tensor) -> list[int]:
+    """(batch, head, row) strides of each [B, H, N, d] tensor (feature stride must be 1)."""
+    return [s for t in ts for s in t.stride()[:3]]
+
+
+def parallel_forward(q, k, v, g, normalize: bool, tile: int = 64, num_warps: int = 4, num_stages: int = 2):
+    """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: [B, H, N] fp32 log-gates or None
+    (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32, den [B, H, N] fp32)."""
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    out = _empty(B, H, N, DV, device=q.device, dtype=q.dtype if normalize else torch.float32)
+    den = _empty(B, H, N, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(N, tile), B * H)
+    _fwd_kernel[grid](q, k, v, g if g is not None else den, out, den, N, D, DV, *_strides(q, k, v), H,
+                      HAS_MASK=g is not None, NORMALIZE=normalize, T=tile, num_warps=num_warps,
+                      num_stages=num_stages, **_meta(q, v))
+    return out, den
+
+
+def parallel_backward(q, k, v, g, do, zinv, delta, tile: int = 64, num_warps: int = 4, num_stages: int = 2):
+    """Launch the two backward kernels. do: [B, H, N, d_v] contiguous upstream gradient of num after scaling by
+    zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den.
+    Returns dq, dk, dv and dg [B, H, N] fp32 (None for LIT)."""
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    dq = _empty(B, H, N, D, device=q.device, dtype=q.dtype)
+    dk = _empty(*dq.shape, device=q.device, dtype=q.dtype)
+    dv = _empty(B, H, N, DV, device=q.device, dtype=v.dtype)
+    has_mask = g is not None
+    sums = _empty(4, B, H, N, device=q.device, dtype=torch.float32) if has_mask else zinv.new_empty(4, 1)
+    r_lo, r_up, c_lo, c_up = sums
+    grid = (triton.cdiv(N, tile), B * H)
+    meta = dict(HAS_MASK=has_mask, T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
+    gg = g if has_mask else zinv
+    _bwd_dq_kernel[grid](q, k, v, gg, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
+    _bwd_dkdv_kernel[grid](q, k, v, gg, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H, **meta)
+    dg = gate_grad(r_lo, r_up, c_lo, c_up) if has_mask else None
+    return dq, dk, dv, dg
+
+
+def gate_grad(r_lo, r_up, c_lo, c_up):
+    """dg_m = cumsum(cL - rL)_m + excl_cumsum(rU - cU)_m over the sequence (fp64 prefix sums), as fp32."""
+    up = (r_up - c_up).double()
+    return (torch.cumsum((c_lo - r_lo).double() + up, dim=-1) - up).float()

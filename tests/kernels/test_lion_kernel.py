@@ -1,0 +1,184 @@
+"""The Triton LION kernels (parallel flash-style and bidirectional scan) against the plain references
+``lightvision.ops.lion_attention`` / ``lion_snake_attention`` / ``two_scan_attention`` evaluated in fp64.
+
+Forward and every gradient (q, k, v, log-decay or per-token gates), fresh random inputs per case, odd
+sizes, fp32 / bf16, weak and strong decay, all kernel outputs and workspaces NaN-poisoned. On CPU the
+kernels run in the Triton interpreter (tests/kernels/conftest.py): shapes stay tiny.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import lightvision.kernels.lion as lk
+from lightvision.kernels.lion import parallel as lpar
+from lightvision.ops import get_kernel, lion_attention, lion_snake_attention, two_scan_attention
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # SPEC 2, relative L2 vs fp64
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(lpar, "POISON_OUTPUTS", True)
+
+
+def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
+    assert a.shape == ref.shape, (a.shape, ref.shape)
+    assert torch.isfinite(a).all(), "non-finite element: an output was not written"
+    return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _inputs(b, h, n, d, dv, dtype):
+    """Positive feature-mapped q, k (LION's normalised shifted SiLU), v; fresh each call."""
+    q = F.normalize(F.silu(torch.randn(b, h, n, d, device=DEV)) + 0.5, dim=-1).to(dtype)
+    k = F.normalize(F.silu(torch.randn(b, h, n, d, device=DEV)) + 0.5, dim=-1).to(dtype)
+    return q, k, torch.randn(b, h, n, dv, device=DEV).to(dtype)
+
+
+def _log_decay(mask, b, h, n, strength, prefix):
+    """Weak: lambda ~ 0.98; strong: lambda ~ 0.5 (D: sigmoid(N(0, 0.5^2)) per head; S: sigmoid(N(0, 1))
+    per token). Nearly diagonal masks (lambda -> 0) make dq, dk ill-conditioned in bf16 (a small difference
+    of large terms, as for a peaked softmax); docs/kernels_lion.md gives the measured errors."""
+    if mask == "lit":
+        return None
+    shift = 4.0 if strength == "weak" else 0.0
+    if mask == "d":
+        return F.logsigmoid(0.5 * torch.randn(h, device=DEV) + shift)
+    la = F.logsigmoid(torch.randn(b, h, n, device=DEV) + shift)
+    la[..., :prefix] = 0.0  # prefix / cls gate 1
+    return la
+
+
+def _check(fn, tensors, dtype, normalize=True, scales=None):
+    """fn(*tensors) on Triton vs fn in fp64 on the reference: outputs and all gradients under random
+    upstream gradients. ``scales`` maps an output name to a function of the upstream gradients giving the
+    norm its error is measured against instead of the reference's own norm (reductions that cancel)."""
+    leaves = [t.detach().requires_grad_() for t in tensors]
+    out = fn(*leaves, backend="triton")
+    outs = out if isinstance(out, tuple) else (out,)
+    ups = [torch.randn_like(o) for o in outs]  # in the output dtype: both sides get the same upstream
+    grads = torch.autograd.grad(outs, leaves, ups)
+    ref_leaves = [t.detach().double().requires_grad_() for t in tensors]
+    ref = fn(*ref_leaves, backend="torch")
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    ref_grads = torch.autograd.grad(refs, ref_leaves, [u.double() for u in ups])
+    tol = TOL[dtype]
+    if normalize:
+        assert outs[0].dtype == dtype
+    names = [f"out{i}" for i in range(len(outs))] + ["dq", "dk", "dv", "dlog_decay"][: len(leaves)]
+    errs = {n: _rel(a, b) for n, a, b in zip(names, (*outs, *grads), (*refs, *ref_grads))}
+    for n, scale in (scales or {}).items():
+        errs[n] = errs[n] * ref_grads[names.index(n) - len(outs)].norm().item() / scale(ups)
+    bad = {n: e for n, e in errs.items() if not e < tol}
+    assert not bad, f"errors over {tol}: {bad} (all: {errs})"
+
+
+def test_registered():
+    assert get_kernel("lion_attention") is lk.lion_attention
+    assert get_kernel("lion_snake_attention") is lk.lion_snake_attention
+    assert get_kernel("two_scan_attention") is lk.two_scan_attention
+
+
+def _d_grad_mass(fn, q, k, v, ld, ups):
+    """D's per-head gradient is a sum over B * N tokens that cancels: its error is measured against the
+    norm over heads of the summed magnitudes of the per-token terms (the gradient of the same mask run as
+    S with constant gates, through the reference fn(q, k, v, gates)), the conditioning-aware version of
+    SPEC 2's relative error."""
+    leaves = [t.detach().double() for t in (q, k, v)]
+    g = ld.detach().double()[None, :, None].expand(*q.shape[:3]).clone().requires_grad_()
+    y = fn(*leaves, g, backend="torch")
+    (dg,) = torch.autograd.grad(y, g, ups[0].double())
+    return dg.abs().sum((0, 2)).norm().item()
+
+
+@pytest.mark.parametrize("form", ["parallel", "scan"])
+@pytest.mark.parametrize("mask", ["lit", "d", "s"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
+def test_lion_attention(form, mask, dtype, n, prefix, strength):
+    b, h, d, dv = 2, 3, 16, 24
+    q, k, v = _inputs(b, h, n, d, dv, dtype)
+    ld = _log_decay(mask, b, h, n, strength, prefix)
+    tensors = (q, k, v) if ld is None else (q, k, v, ld)
+
+    def fn(q, k, v, *ld, backend):
+        return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form, backend=backend)
+
+    def fn_s(q, k, v, g, backend):
+        return lion_attention(q, k, v, mask="s", log_decay=g, form=form, backend=backend)
+
+    scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, q, k, v, ld, ups)} if mask == "d" else None
+    _check(fn, tensors, dtype, scales=scales)
+
+
+@pytest.mark.parametrize("form", ["parallel", "scan"])
+def test_unnormalized_pair_and_tile_skip(form):
+    """normalize=False returns fp32 (A V, A 1) with gradients through both; N = 150 over 3 tiles with strong
+    S gates makes the parallel kernel skip tiles (exact: their mask is 0 in fp32)."""
+    b, h, n, d = 1, 2, 150, 16
+    q, k, v = _inputs(b, h, n, d, d, torch.float32)
+    ld = F.logsigmoid(torch.randn(b, h, n, device=DEV) - 3.0)
+
+    def fn(q, k, v, ld, backend):
+        return lion_attention(q, k, v, mask="s", log_decay=ld, form=form, normalize=False, backend=backend)
+
+    _check(fn, (q, k, v, ld), torch.float32, normalize=False)
+    num, den = fn(q, k, v, ld, backend="triton")
+    assert num.dtype == den.dtype == torch.float32 and den.shape == (b, h, n)
+
+
+@pytest.mark.parametrize("mask", ["d", "s"])
+def test_snake(mask):
+    """Snake orders on a 3 x 5 grid with a cls token (the kernels run unnormalised per order)."""
+    b, h, grid, prefix, d = 1, 2, (3, 5), 1, 16
+    n = grid[0] * grid[1] + prefix
+    q, k, v = _inputs(b, h, n, d, d, torch.float32)
+    ld_row = _log_decay(mask, b, h, n, "weak", prefix)
+    ld_col = _log_decay(mask, b, h, n, "strong", prefix)
+
+    def fn(q, k, v, lr, lc, backend):
+        return lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask,
+                                    log_decay_row=lr, log_decay_col=lc, backend=backend)
+
+    _check(fn, (q, k, v, ld_row, ld_col), torch.float32)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_two_scan(per_token):
+    """Two-scan baseline (SPEC 1.6, unnormalised) through the scan kernel; [H] and [B, H, N] decays."""
+    b, h, n, d = 2, 2, 70, 16
+    q, k, v = _inputs(b, h, n, d, d, torch.float32)
+    ld = F.logsigmoid(torch.randn(b, h, n, device=DEV) + 1.0) if per_token else F.logsigmoid(torch.randn(h, device=DEV))
+
+    def fn(q, k, v, ld, backend):
+        return two_scan_attention(q, k, v, ld, backend=backend)
+
+    scales = None if per_token else {"dlog_decay": lambda ups: _d_grad_mass(fn, q, k, v, ld, ups)}
+    _check(fn, (q, k, v, ld), torch.float32, scales=scales)
+
+
+def test_auto_form_and_fallback():
+    """form='auto' follows choose_form; fp64 inputs are not a kernel case (the reference runs)."""
+    assert lk.choose_form(1024, needs_grad=True) == "parallel" and lk.choose_form(1 << 16) == "scan"
+    assert lk.choose_form(196, needs_grad=False) == "parallel" and lk.choose_form(576, needs_grad=False) == "scan"
+    assert lk.choose_form(1024, needs_grad=False, mask="lit") == "parallel"
+    q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
+    assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
+
+
+def test_torch_compile_fullgraph():
+    """The kernels sit behind torch.library custom ops: a model using them compiles without graph breaks and
+    gives the eager values and gradients."""
+    q, k, v = _inputs(1, 2, 20, 16, 16, torch.float32)
+    a = torch.randn(2, device=DEV)
+
+    def f(q, k, v, a):
+        y = lion_attention(q, k, v, mask="d", log_decay=F.logsigmoid(a), form="parallel", backend="triton")
+        return (y * y).sum()
+
+    leaves = [t.requires_grad_() for t in (q, k, v, a)]
+    eager = torch.autograd.grad(f(*leaves), leaves)
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    for x, y in zip(eager, compiled):
+        torch.testing.assert_close(x, y)
