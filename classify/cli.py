@@ -1,9 +1,75 @@
-"""``lightvision classify``: subcommands of this package."""
+"""``lightvision classify``: ``train`` (a recipe, or the built-in digits default) and ``eval`` (many resolutions).
+
+    lightvision classify train                                    # digits default, no download
+    lightvision classify train --config configs/classify/deit_imagenet.yaml data.root=/imagenet \
+        model.name=lightnet_deit_small_patch16_224
+    lightvision classify eval --checkpoint runs/classify --data /imagenet/val --img-size 224 288 384 512
+"""
+
+from __future__ import annotations
 
 import argparse
+import json
+import logging
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.config is None:
+        from lightvision.classify.default import run_default
+
+        out = args.out or "runs/classify_default"
+        result = run_default(out, device=args.device, overrides=args.overrides)
+    else:
+        from lightvision.classify.train import load_train_config, train
+
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        overrides = [*args.overrides, *([f"run.dir={args.out}"] if args.out else [])]
+        result = train(load_train_config(args.config, overrides), device=args.device, resume=args.resume)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from lightvision.classify.evaluate import evaluate_checkpoint
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    report = evaluate_checkpoint(
+        args.checkpoint, args.img_size, data=args.data, out_dir=args.out, weights=args.weights,
+        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
+    )
+    if report["paths"]:
+        print(open(report["paths"]["markdown"]).read())
+        print(f"wrote {', '.join(report['paths'].values())}")
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add the ``classify`` command group to the top-level parser."""
-    group = subparsers.add_parser("classify", help="classify commands")
-    group.add_subparsers(dest="classify_command", required=True, metavar="COMMAND")
+    """Add the ``classify`` command group (``train``, ``eval``) to the top-level parser."""
+    group = subparsers.add_parser("classify", help="DeiT-family image classifiers: train, evaluate at many resolutions")
+    sub = group.add_subparsers(dest="classify_command", required=True, metavar="COMMAND")
+
+    train = sub.add_parser(
+        "train",
+        help="train a classifier (without --config: the built-in digits default, no download)",
+        description="Train with a YAML recipe plus key=value overrides (e.g. data.root=/imagenet "
+        "model.name=lightnet_deit_small_patch16_224 train.batch_size=64). Without --config, trains the "
+        "built-in LightNet digits default (overrides apply on top of it) and evaluates it at 16 and 24 px.",
+    )
+    train.add_argument("--config", help="recipe YAML, e.g. configs/classify/deit_imagenet.yaml")
+    train.add_argument("--out", help="run folder (default: run.dir of the recipe; runs/classify_default without --config)")
+    train.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. optim.lr=1e-3")
+    train.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="top-1/top-5, images/s and peak GPU memory at several resolutions")
+    ev.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")
+    ev.add_argument("--data", help="validation folder (class sub-folders, or a root with the val split); "
+                    "default: the run's own validation data")
+    ev.add_argument("--img-size", type=int, nargs="+", required=True, help="resolutions, e.g. 224 288 384 512")
+    ev.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run kept one")
+    ev.add_argument("--batch-size", type=int, default=128)
+    ev.add_argument("--num-workers", type=int, default=4)
+    ev.add_argument("--out", help="folder for eval.md / eval.json / eval.png (default: <run>/eval)")
+    ev.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+    ev.set_defaults(func=_eval)

@@ -6,3 +6,5 @@ Triton kernels in :mod:`lightvision.kernels`), layers in :mod:`lightvision.layer
 """
 
 __version__ = "0.1.0"
+
+from lightvision.classify import deit as _deit  # noqa: E402, F401  registers the DeiT models in timm

@@ -1,0 +1,240 @@
+"""Classification data: ImageFolder with the DeiT augmentation pipeline (timm), and the bundled digits set.
+
+Two sources, chosen by ``data.source`` in the recipe:
+
+* ``imagefolder``: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg`` (torchvision layout).
+  Training images go through timm's ``create_transform`` (random resized crop, flip, RandAugment,
+  color jitter, random erasing); evaluation resizes to ``size / crop_pct`` and center-crops ``size``.
+  Images that cannot be decoded are skipped: a warning names the file, and ``skipped_images()`` counts
+  them across DataLoader workers.
+* ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
+  bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images.
+
+Batches are (images [B, C, H, W] float, labels [B] int64).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import timm
+from timm.data import Mixup, create_transform
+from timm.data.distributed_sampler import RepeatAugSampler
+from torch.utils.data import Dataset
+from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from lightvision.classify.deit import MODEL_NAMES
+
+__all__ = [
+    "DIGITS_MEAN",
+    "train_dataset",
+    "val_dataset",
+    "DIGITS_STD",
+    "DigitsDataset",
+    "SafeImageFolder",
+    "build_mixup",
+    "build_repeat_sampler",
+    "eval_transform",
+    "image_folder",
+    "train_transform",
+]
+
+DIGITS_MEAN = (0.3,)
+DIGITS_STD = (0.4,)
+_MAX_CONSECUTIVE_FAILURES = 50
+
+
+class SafeImageFolder(ImageFolder):
+    """``ImageFolder`` that skips undecodable images (the next image takes the slot) and counts them.
+
+    The counter lives in shared memory, so ``skipped_images()`` sees the skips of every DataLoader
+    worker. More than 50 failures in a row means the folder is not images: raises instead of looping.
+    """
+
+    def __init__(self, root: str | Path, transform: Any = None) -> None:
+        super().__init__(str(root), transform=transform)
+        self._skipped = multiprocessing.Value("i", 0)
+
+    def skipped_images(self) -> int:
+        """How many unreadable images were skipped so far (all workers)."""
+        return self._skipped.value
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        for attempt in range(_MAX_CONSECUTIVE_FAILURES):
+            path = self.samples[(index + attempt) % len(self.samples)][0]
+            try:
+                return super().__getitem__((index + attempt) % len(self.samples))
+            except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for truncated / bad files
+                with self._skipped.get_lock():
+                    self._skipped.value += 1
+                warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
+        raise RuntimeError(
+            f"{_MAX_CONSECUTIVE_FAILURES} unreadable images in a row near {path}: check that {self.root} "
+            "holds image files (jpg/png/...) in one sub-folder per class"
+        )
+
+
+def image_folder(root: str | Path, split: str, transform: Any) -> SafeImageFolder:
+    """``root/split`` as a ``SafeImageFolder``, with errors that say what the layout must be."""
+    folder = Path(root) / split
+    layout = f"expected {Path(root)}/{split}/<class name>/<image files>"
+    if not Path(root).is_dir():
+        raise FileNotFoundError(f"data folder {root} does not exist: pass data.root=PATH ({layout})")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no '{split}' folder in {root}: {layout}")
+    classes = [d for d in os.scandir(folder) if d.is_dir()]
+    if not classes:
+        raise FileNotFoundError(f"{folder} has no class sub-folders: {layout}")
+    try:
+        return SafeImageFolder(folder, transform=transform)
+    except FileNotFoundError as err:  # torchvision: a class folder without any image file
+        raise FileNotFoundError(f"{err}. Every class folder needs images with one of {IMG_EXTENSIONS}") from None
+
+
+def _pretrained_cfg(cfg: dict) -> Any:
+    """timm's pretrained cfg (mean, std, crop_pct) of the recipe's model, without building the model."""
+    name = cfg["model"]["name"]
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    return timm.models.get_pretrained_cfg(name)
+
+
+def _norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    d, pcfg = cfg["data"], _pretrained_cfg(cfg)
+    mean, std = tuple(d["mean"] or pcfg.mean), tuple(d["std"] or pcfg.std)
+    if len(mean) != d["in_chans"] or len(std) != d["in_chans"]:
+        raise ValueError(f"data.mean and data.std need {d['in_chans']} values each (data.in_chans): set both")
+    return mean, std
+
+
+def train_dataset(cfg: dict) -> Dataset:
+    """Training set of a train recipe (``classify.train.DEFAULTS`` keys) at ``model.img_size``, augmented."""
+    d = cfg["data"]
+    if d["source"] == "digits":
+        return DigitsDataset("train", cfg["model"]["img_size"], d["in_chans"])
+    if d["source"] != "imagefolder":
+        raise ValueError(f"data.source must be 'imagefolder' or 'digits', got {d['source']!r}")
+    if d["root"] is None:
+        raise ValueError(
+            "data.root is not set: pass data.root=PATH (a folder with train/ and val/ ImageFolder splits), "
+            "or run `lightvision classify train` without --config for the built-in digits default"
+        )
+    mean, std = _norm_stats(cfg)
+    return image_folder(d["root"], d["train_split"], train_transform(cfg["aug"], cfg["model"]["img_size"], mean, std))
+
+
+def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None) -> Dataset:
+    """Validation set of a train recipe at ``img_size``.
+
+    folder: evaluate another folder than ``data.root``: a root holding the val split, or the split folder
+    itself (class sub-folders directly inside)."""
+    d = cfg["data"]
+    if d["source"] == "digits":
+        return DigitsDataset("val", img_size, d["in_chans"])
+    mean, std = _norm_stats(cfg)
+    tf = eval_transform(img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std)
+    if folder is None:
+        if d["root"] is None:
+            raise ValueError("no validation data: pass --data PATH (a folder of class sub-folders, or one holding "
+                             f"{d['val_split']}/)")
+        return image_folder(d["root"], d["val_split"], tf)
+    root = Path(folder)
+    if (root / d["val_split"]).is_dir():
+        return image_folder(root, d["val_split"], tf)
+    return image_folder(root.parent, root.name, tf)
+
+
+def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:
+    """DeiT training transform (timm): RandomResizedCrop, flip, RandAugment, jitter, random erasing."""
+    return create_transform(
+        input_size=img_size,
+        is_training=True,
+        scale=tuple(aug.get("scale", (0.08, 1.0))),
+        auto_augment=aug.get("auto_augment") or None,
+        color_jitter=aug.get("color_jitter", 0.3),
+        interpolation=aug.get("interpolation", "bicubic"),
+        re_prob=aug.get("reprob", 0.25),
+        re_mode=aug.get("remode", "pixel"),
+        re_count=aug.get("recount", 1),
+        mean=mean,
+        std=std,
+    )
+
+
+def eval_transform(img_size: int, crop_pct: float, interpolation: str, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:
+    """Resize to img_size / crop_pct, center-crop img_size, normalise."""
+    return create_transform(
+        input_size=img_size, is_training=False, crop_pct=crop_pct, interpolation=interpolation, mean=mean, std=std
+    )
+
+
+def build_mixup(aug: dict[str, Any], num_classes: int) -> Mixup | None:
+    """timm Mixup / CutMix with label smoothing, or None when both alphas are 0."""
+    if aug.get("mixup", 0.0) <= 0 and aug.get("cutmix", 0.0) <= 0:
+        return None
+    return Mixup(
+        mixup_alpha=aug.get("mixup", 0.0),
+        cutmix_alpha=aug.get("cutmix", 0.0),
+        prob=aug.get("mixup_prob", 1.0),
+        switch_prob=aug.get("mixup_switch_prob", 0.5),
+        label_smoothing=aug.get("smoothing", 0.1),
+        num_classes=num_classes,
+    )
+
+
+def build_repeat_sampler(dataset: Dataset, num_repeats: int) -> RepeatAugSampler:
+    """DeiT repeated augmentation: an epoch draws len(dataset) / num_repeats images, each num_repeats times
+    (independently augmented). One global order; accelerate then deals its batches out to the processes,
+    so the repeats of an image mostly share a batch (DeiT spreads them over GPUs; without batch norm the
+    gradient is the same in expectation)."""
+    return RepeatAugSampler(dataset, num_replicas=1, rank=0, shuffle=True, num_repeats=num_repeats)
+
+
+class DigitsDataset(Dataset):
+    """scikit-learn's 8x8 digits, upsampled to ``img_size`` (bilinear), normalised; no download.
+
+    split: "train" (1437 images) or "val" (360), a fixed stratified split. Items: ([in_chans, S, S], label).
+    Training adds a random shift of up to one source pixel, so the model does not memorise positions.
+    """
+
+    def __init__(self, split: str, img_size: int, in_chans: int = 1, train: bool | None = None) -> None:
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+
+        if split not in ("train", "val"):
+            raise ValueError(f"digits split must be 'train' or 'val', got {split!r}")
+        digits = load_digits()
+        images = torch.tensor(digits.images, dtype=torch.float32) / 16.0  # [1797, 8, 8] in [0, 1]
+        labels = torch.tensor(digits.target, dtype=torch.long)
+        idx_train, idx_val = train_test_split(
+            range(len(labels)), test_size=0.2, random_state=0, stratify=digits.target
+        )
+        idx = torch.tensor(idx_train if split == "train" else idx_val)
+        self.images, self.labels = images[idx], labels[idx]
+        self.img_size, self.in_chans = img_size, in_chans
+        self.train = split == "train" if train is None else train
+        self.classes = [str(i) for i in range(10)]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        img = self.images[index][None, None]  # [1, 1, 8, 8]
+        size = self.img_size
+        if self.train:  # random zoom in [1, 1.5] and crop: scale jitter, like RandomResizedCrop
+            big = int(torch.randint(size, size + size // 2 + 1, ()).item())
+            img = F.interpolate(img, size=(big, big), mode="bilinear", align_corners=False)
+            top, left = torch.randint(0, big - size + 1, (2,)).tolist()
+            img = img[..., top : top + size, left : left + size]
+        else:
+            img = F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)
+        img = img[0]
+        img = (img - DIGITS_MEAN[0]) / DIGITS_STD[0]
+        return img.expand(self.in_chans, -1, -1).contiguous(), int(self.labels[index])

@@ -1,0 +1,538 @@
+"""DeiT image classifiers with pluggable attention, registered in timm.
+
+One family, seven token mixers (``lightvision.layers.build_attention`` kinds), three sizes::
+
+    {attention}_deit_{tiny|small|base}_patch16_224
+    attention in softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake
+
+``import lightvision`` registers the 21 names, so ``timm.create_model`` builds them like any timm model::
+
+    model = timm.create_model("lightnet_deit_small_patch16_224", num_classes=10, img_size=32, patch_size=4)
+    model = timm.create_model("lion_s_deit_tiny_patch16_224", pretrained=True, num_classes=10,
+                              pretrained_cfg_overlay=dict(file="weights.safetensors", num_classes=10))
+
+Local weights (``file``: safetensors or a torch state dict, e.g. ``<run>/checkpoints/best/ema.safetensors``)
+go through ``checkpoint_filter_fn``: a softmax / LION-LIT position embedding is resampled to ``img_size``.
+Put the file's class count in the overlay (timm's cfg says 1000); a different ``num_classes`` then drops
+the head for fine-tuning.
+
+Data flow: image [B, C, H, W] -> patch tokens [B, N, D] with grid (h, w) = (H / p, W / p), N = h * w ->
+cls token prepended [B, 1 + N, D] -> blocks(x, grid, num_prefix_tokens=1) -> norm -> cls token (or mean of
+the patch tokens) -> head [B, num_classes]. The grid travels with the tokens, so any image size divisible
+by the patch (square or not) runs without touching the weights.
+
+Per-attention architecture (``FAMILIES``):
+
+* ``softmax``: DeiT as published: LayerNorm pre-norm, GELU MLP (ratio 4), learned absolute position
+  embedding (cls row included); at another grid it is resampled bicubically on the fly, and
+  ``set_input_size`` / checkpoint loading resample it once.
+* ``lightnet`` (LightNet paper, Table 14 and Fig. 3, SPEC 1.4): LightNet attention (one scan, MD-LRPE,
+  low-rank output gate), GLU channel mixer, MD-TPE once after the patch embedding, no absolute position
+  embedding. The paper does not name the block norm; we use RMSNorm (the TNL / HGRN2 line LightNet
+  builds on). The GLU hidden width is 8/3 of the model width (same parameters as a ratio-4 MLP), which
+  gives 5.84M / 22.30M / 87.80M against the paper's 6.0M / 22.64M / 87.74M (within 3%); heads are the
+  paper's 6 / 16 / 16.
+* ``lion_lit``: the LION-LIT ViT (linear attention, elu + 1, no mask) keeps DeiT's absolute position
+  embedding: nothing else gives it position (LION paper, Table 12 row 5 and Sec. D.7).
+* ``lion_d``, ``lion_s``, ``lion_d_snake``, ``lion_s_snake``: no absolute position embedding. Their decay
+  masks carry relative position (LION paper Sec. 4 and D.7: "LION-S does not require any positional
+  encodings"), which is what lets them run above the training resolution unchanged.
+
+Sizes (SPEC 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import timm
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lightvision.layers import GLU, MDTPE, PatchEmbed, RMSNorm, build_attention
+
+__all__ = [
+    "FAMILIES",
+    "MODEL_NAMES",
+    "SIZES",
+    "Block",
+    "DeiT",
+    "checkpoint_filter_fn",
+    "create_deit",
+    "create_from_config",
+    "model_name",
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    """What changes with the attention kind besides the token mixer itself.
+
+    norm: "layernorm" | "rmsnorm" (pre-norm of every block and the final norm).
+    mlp: "gelu" (DeiT MLP, hidden = 4 * dim, with biases) | "glu" (GLU, hidden = 8/3 * dim, no biases).
+    pos_embed: learned absolute position embedding over cls + patch tokens.
+    tpe: MD-TPE once after the patch embedding.
+    heads: heads per size (tiny, small, base).
+    """
+
+    norm: str
+    mlp: str
+    pos_embed: bool
+    tpe: bool
+    heads: tuple[int, int, int] = (3, 6, 12)
+
+
+_DEIT = Family(norm="layernorm", mlp="gelu", pos_embed=True, tpe=False)
+_LION_MASKED = Family(norm="layernorm", mlp="gelu", pos_embed=False, tpe=False)
+FAMILIES: dict[str, Family] = {
+    "softmax": _DEIT,
+    "lightnet": Family(norm="rmsnorm", mlp="glu", pos_embed=False, tpe=True, heads=(6, 16, 16)),
+    "lion_lit": _DEIT,
+    "lion_d": _LION_MASKED,
+    "lion_s": _LION_MASKED,
+    "lion_d_snake": _LION_MASKED,
+    "lion_s_snake": _LION_MASKED,
+}
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(depth=12, embed_dim=192),
+    "small": dict(depth=12, embed_dim=384),
+    "base": dict(depth=12, embed_dim=768),
+}
+
+
+def model_name(attention: str, size: str) -> str:
+    """The timm name of one registered model, e.g. ``lightnet_deit_small_patch16_224``."""
+    return f"{attention}_deit_{size}_patch16_224"
+
+
+MODEL_NAMES = [model_name(a, s) for a in FAMILIES for s in SIZES]
+
+
+def _norm_layer(kind: str, dim: int) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(dim, eps=1e-6)
+    if kind == "rmsnorm":
+        return RMSNorm(dim)
+    raise ValueError(f"norm must be 'layernorm' or 'rmsnorm', got {kind!r}")
+
+
+def _glu_hidden(dim: int) -> int:
+    """8/3 * dim rounded up to a multiple of 8: a GLU with the parameters of a ratio-4 MLP."""
+    return 8 * math.ceil(8 * dim / 3 / 8)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + attn(norm1(x)), then x + mlp(norm2(x)); [B, N, D] -> [B, N, D]."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention: str,
+        *,
+        norm: str,
+        mlp: str,
+        mlp_ratio: float = 4.0,
+        proj_drop: float = 0.0,
+        drop_path: float = 0.0,
+        attn_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        self.norm1 = _norm_layer(norm, dim)
+        self.attn = build_attention(attention, dim, num_heads, **(attn_kwargs or {}))
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.norm2 = _norm_layer(norm, dim)
+        if mlp == "gelu":
+            self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        elif mlp == "glu":
+            self.mlp = GLU(dim, _glu_hidden(dim))
+        else:
+            raise ValueError(f"mlp must be 'gelu' or 'glu', got {mlp!r}")
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
+        """x [B, num_prefix_tokens + h * w, D], grid (h, w) -> [B, num_prefix_tokens + h * w, D]."""
+        x = x + self.drop_path1(self.attn(self.norm1(x), grid=grid, num_prefix_tokens=num_prefix_tokens))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+
+class DeiT(nn.Module):
+    """DeiT classifier (cls token, pre-norm blocks) with any lightvision attention as the token mixer.
+
+    Args:
+        img_size: nominal input size (int or (H, W)); sets the absolute position embedding grid of the
+            families that have one. Any size divisible by ``patch_size`` runs at forward time.
+        patch_size: square patch side p; the grid is (H / p, W / p).
+        in_chans: image channels.
+        num_classes: classifier outputs; 0 gives no head (``forward`` returns pooled features).
+        global_pool: "token" (cls token, DeiT), "avg" (mean of the patch tokens) or "" (no pooling).
+        attention: one of ``FAMILIES`` (the ``build_attention`` kinds).
+        embed_dim, depth, num_heads: width D, number of blocks, attention heads.
+        mlp_ratio: hidden / D of the GELU MLP (GLU families use 8/3).
+        drop_rate: dropout after the position embedding and before the head.
+        proj_drop_rate: dropout inside the GELU MLP.
+        drop_path_rate: stochastic depth, linearly increasing over the blocks up to this value.
+        attn_kwargs: extra keyword arguments for ``build_attention`` (ablation switches of a kind).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        attention: str = "softmax",
+        embed_dim: int = 192,
+        depth: int = 12,
+        num_heads: int = 3,
+        mlp_ratio: float = 4.0,
+        drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        attn_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if attention not in FAMILIES:
+            raise ValueError(f"attention must be one of {sorted(FAMILIES)}, got {attention!r}")
+        if global_pool not in ("token", "avg", ""):
+            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        family = FAMILIES[attention]
+        self.attention = attention
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim)
+        self.patch_size = patch_size
+        self.img_size = _pair(img_size)
+        self._check_size(self.img_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        if family.pos_embed:
+            grid = self.grid_size(self.img_size)
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + grid[0] * grid[1], embed_dim))
+        else:
+            self.pos_embed = None
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.tpe = MDTPE(embed_dim) if family.tpe else None
+
+        dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
+        self.blocks = nn.ModuleList(
+            Block(
+                embed_dim,
+                num_heads,
+                attention,
+                norm=family.norm,
+                mlp=family.mlp,
+                mlp_ratio=mlp_ratio,
+                proj_drop=proj_drop_rate,
+                drop_path=dpr[i],
+                attn_kwargs=attn_kwargs,
+            )
+            for i in range(depth)
+        )
+        self.norm = _norm_layer(family.norm, embed_dim)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """DeiT init for the tensors this class owns; layers keep their own init (MD-TPE's zero projection)."""
+        trunc_normal_(self.cls_token, std=0.02)
+        if self.pos_embed is not None:
+            trunc_normal_(self.pos_embed, std=0.02)
+        for blk in self.blocks:
+            if isinstance(blk.mlp, Mlp):
+                for fc in (blk.mlp.fc1, blk.mlp.fc2):
+                    trunc_normal_(fc.weight, std=0.02)
+                    nn.init.zeros_(fc.bias)
+        if isinstance(self.head, nn.Linear):
+            trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    # ----------------------------------------------------------------------------------- resolution
+    def grid_size(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """Patch grid (h, w) of an image of size (H, W)."""
+        return img_size[0] // self.patch_size, img_size[1] // self.patch_size
+
+    def _check_size(self, img_size: tuple[int, int]) -> None:
+        h, w = img_size
+        if h % self.patch_size or w % self.patch_size:
+            p = self.patch_size
+            raise ValueError(
+                f"image size {h}x{w} is not divisible by the patch size {p}: resize or crop the images to a "
+                f"multiple of {p} (e.g. {max(p, h // p * p)}x{max(p, w // p * p)})"
+            )
+
+    def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
+        """The absolute position embedding [1, 1 + h * w, D] for ``grid`` (bicubic resample if needed)."""
+        stored = self.grid_size(self.img_size)
+        if grid == stored:
+            return self.pos_embed
+        return resample_abs_pos_embed(
+            self.pos_embed, new_size=list(grid), old_size=list(stored), num_prefix_tokens=self.num_prefix_tokens
+        )
+
+    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
+        """Make ``img_size`` the nominal size: resamples the position embedding once (no-op without one)."""
+        img_size = _pair(img_size)
+        self._check_size(img_size)
+        if self.pos_embed is not None:
+            self.pos_embed = nn.Parameter(self._pos_embed_for(self.grid_size(img_size)).detach().clone())
+        self.img_size = img_size
+        if hasattr(self.patch_embed, "set_input_size"):
+            self.patch_embed.set_input_size(img_size)
+        if hasattr(self, "pretrained_cfg"):
+            self.pretrained_cfg = dict(self.pretrained_cfg, input_size=(self.pretrained_cfg["input_size"][0], *img_size))
+
+    # ----------------------------------------------------------------------------------- timm surface
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names excluded from weight decay (timm also excludes every 1-D parameter)."""
+        return {"cls_token", "pos_embed"}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """Regexes grouping parameters into stem / blocks / head for layer-wise lr decay."""
+        return dict(stem=r"^cls_token|pos_embed|patch_embed|tpe", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute every block in the backward pass instead of storing its activations."""
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """New head with ``num_classes`` outputs (0: none); optionally a new pooling ("token", "avg", "")."""
+        if global_pool is not None:
+            if global_pool not in ("token", "avg", ""):
+                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        device = self.cls_token.device
+        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
+
+    # ----------------------------------------------------------------------------------- forward
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] (H, W multiples of the patch) -> normed tokens [B, 1 + (H/p)(W/p), D]."""
+        self._check_size((x.shape[-2], x.shape[-1]))
+        x, grid = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        if self.pos_embed is not None:
+            x = x + self._pos_embed_for(tuple(grid))
+        x = self.pos_drop(x)
+        if self.tpe is not None:
+            x = self.tpe(x, grid, self.num_prefix_tokens)
+        for blk in self.blocks:
+            if self.grad_checkpointing and torch.is_grad_enabled():
+                x = checkpoint(blk, x, grid, self.num_prefix_tokens, use_reentrant=False)
+            else:
+                x = blk(x, grid, self.num_prefix_tokens)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """Tokens [B, 1 + N, D] -> logits [B, num_classes] (or pooled features [B, D] with pre_logits)."""
+        if self.global_pool == "token":
+            x = x[:, 0]
+        elif self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Images [B, C, H, W] -> logits [B, num_classes]."""
+        return self.forward_head(self.forward_features(x))
+
+
+def _pair(size: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    if len(size) != 2:
+        raise ValueError(f"image size must be an int or (height, width), got {size!r}")
+    return int(size[0]), int(size[1])
+
+
+# --------------------------------------------------------------------------------------- checkpoints
+def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: DeiT) -> dict[str, torch.Tensor]:
+    """Adapt a state dict to ``model``: unwrap {"model": ...} / {"state_dict": ...}, resample pos_embed."""
+    for key in ("model", "state_dict"):
+        if key in state_dict and isinstance(state_dict[key], dict):
+            state_dict = state_dict[key]
+    if model.pos_embed is not None and "pos_embed" in state_dict:
+        pos = state_dict["pos_embed"]
+        if pos.shape != model.pos_embed.shape:
+            side = math.isqrt(pos.shape[1] - model.num_prefix_tokens)
+            if side * side != pos.shape[1] - model.num_prefix_tokens:
+                raise ValueError(
+                    f"pos_embed of shape {tuple(pos.shape)} is not a square grid: load it with the img_size it "
+                    "was trained at, then call model.set_input_size(new_size)"
+                )
+            state_dict = dict(state_dict)
+            state_dict["pos_embed"] = resample_abs_pos_embed(
+                pos, new_size=list(model.grid_size(model.img_size)), old_size=[side, side],
+                num_prefix_tokens=model.num_prefix_tokens,
+            )
+    return state_dict
+
+
+# --------------------------------------------------------------------------------------- timm registration
+def _cfg(**kwargs: Any) -> dict[str, Any]:
+    return {
+        "url": "",
+        "num_classes": 1000,
+        "input_size": (3, 224, 224),
+        "pool_size": None,
+        "crop_pct": 0.875,
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": IMAGENET_DEFAULT_MEAN,
+        "std": IMAGENET_DEFAULT_STD,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "apache-2.0",
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({name: _cfg() for name in MODEL_NAMES})
+
+
+def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """Build ``{attention}_deit_{size}_patch16_224`` through timm; ``kwargs`` override the size preset."""
+    heads = dict(zip(SIZES, FAMILIES[attention].heads))[size]
+    model_args = dict(patch_size=16, num_heads=heads, attention=attention, **SIZES[size])
+    return build_model_with_cfg(
+        DeiT,
+        model_name(attention, size),
+        pretrained,
+        pretrained_filter_fn=checkpoint_filter_fn,
+        **dict(model_args, **kwargs),
+    )
+
+
+def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0) -> DeiT:
+    """The model a checkpoint's ``model_config`` describes: {"name", "num_classes", "in_chans", "img_size",
+    "args" (more create_model kwargs)}; ``drop_path_rate`` only matters for training."""
+    name = model_config["name"]
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    return timm.create_model(
+        name, num_classes=model_config["num_classes"], in_chans=model_config["in_chans"],
+        img_size=model_config["img_size"], drop_path_rate=drop_path_rate, **model_config["args"],
+    )
+
+
+@register_model
+def softmax_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("softmax", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def softmax_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("softmax", "small", pretrained, **kwargs)
+
+
+@register_model
+def softmax_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("softmax", "base", pretrained, **kwargs)
+
+
+@register_model
+def lightnet_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lightnet", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def lightnet_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lightnet", "small", pretrained, **kwargs)
+
+
+@register_model
+def lightnet_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lightnet", "base", pretrained, **kwargs)
+
+
+@register_model
+def lion_lit_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_lit", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def lion_lit_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_lit", "small", pretrained, **kwargs)
+
+
+@register_model
+def lion_lit_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_lit", "base", pretrained, **kwargs)
+
+
+@register_model
+def lion_d_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_d", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def lion_d_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_d", "small", pretrained, **kwargs)
+
+
+@register_model
+def lion_d_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_d", "base", pretrained, **kwargs)
+
+
+@register_model
+def lion_s_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_s", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def lion_s_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_s", "small", pretrained, **kwargs)
+
+
+@register_model
+def lion_s_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_s", "base", pretrained, **kwargs)
+
+
+@register_model
+def lion_d_snake_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_d_snake", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def lion_d_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_d_snake", "small", pretrained, **kwargs)
+
+
+@register_model
+def lion_d_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_d_snake", "base", pretrained, **kwargs)
+
+
+@register_model
+def lion_s_snake_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_s_snake", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def lion_s_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_s_snake", "small", pretrained, **kwargs)
+
+
+@register_model
+def lion_s_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    return create_deit("lion_s_snake", "base", pretrained, **kwargs)

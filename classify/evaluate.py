@@ -1,0 +1,202 @@
+"""Evaluate a classifier at several resolutions: top-1 / top-5, images/s, peak GPU memory; table, JSON, plot.
+
+    lightvision classify eval --checkpoint runs/deit --data /imagenet --img-size 224 288 384 512
+
+For each size S the validation images are resized to S / crop_pct and center-cropped to S (digits runs:
+upsampled to S), then fed to the same weights: LightNet and LION-D/S need nothing else, models with an
+absolute position embedding resample it on the fly. Throughput counts only the model forward
+(synchronised, the first batch left out as warm-up); peak memory is ``torch.cuda.max_memory_allocated``
+during that resolution (None on CPU). Several processes (``accelerate launch``) shard the images and
+``gather_for_metrics`` collects the exact per-image results.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from lightvision.classify.data import val_dataset
+from lightvision.classify.deit import create_from_config
+from lightvision.engine import load_model_weights, read_checkpoint_config, resolve_checkpoint
+
+__all__ = ["evaluate", "evaluate_checkpoint", "evaluate_resolutions", "write_report"]
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: DataLoader, accelerator: Accelerator, desc: str = "eval") -> dict[str, Any]:
+    """Top-1 / top-5 accuracy (%), images/s of the forward pass and peak GPU memory (GiB) over ``loader``.
+
+    ``loader`` must already be prepared by ``accelerator`` (batches on its device); ``model`` too.
+    """
+    model.eval()
+    device = accelerator.device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    hits1, hits5 = [], []
+    timings: list[tuple[int, float]] = []  # (images, seconds) per batch
+    bar = tqdm(loader, desc=desc, leave=False, disable=not accelerator.is_local_main_process)
+    for images, labels in bar:
+        start = time.perf_counter()
+        with accelerator.autocast():
+            logits = model(images)
+        if cuda:
+            torch.cuda.synchronize(device)
+        timings.append((images.shape[0], time.perf_counter() - start))
+        k = min(5, logits.shape[-1])
+        top = logits.float().topk(k, dim=-1).indices
+        correct = top == labels[:, None]
+        h1, h5 = accelerator.gather_for_metrics((correct[:, 0], correct.any(dim=-1)))
+        hits1.append(h1.cpu())
+        hits5.append(h5.cpu())
+    if not hits1:
+        raise ValueError("the evaluation set is empty: check the validation folder")
+    h1, h5 = torch.cat(hits1).float(), torch.cat(hits5).float()
+    # the first batch pays for allocation and kernel selection: left out when there are others;
+    # every process measures its own shard, so images/s adds up over processes
+    timed = timings[1:] or timings
+    rate = torch.tensor([sum(n for n, _ in timed) / max(sum(t for _, t in timed), 1e-9)], device=device)
+    return {
+        "top1": 100.0 * h1.mean().item(),
+        "top5": 100.0 * h5.mean().item(),
+        "images": int(h1.numel()),
+        "images_per_s": accelerator.reduce(rate, reduction="sum").item(),
+        "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None,
+    }
+
+
+def evaluate_resolutions(
+    model: nn.Module,
+    make_dataset: Callable[[int], Dataset],
+    img_sizes: Sequence[int],
+    accelerator: Accelerator,
+    batch_size: int = 128,
+    num_workers: int = 4,
+) -> list[dict[str, Any]]:
+    """``evaluate`` at every size: ``make_dataset(size)`` builds the validation set at that size."""
+    model = accelerator.prepare(model)
+    results = []
+    for size in img_sizes:
+        loader = DataLoader(
+            make_dataset(size), batch_size=batch_size, shuffle=False, num_workers=num_workers,
+            pin_memory=accelerator.device.type == "cuda",
+        )
+        metrics = evaluate(model, accelerator.prepare(loader), accelerator, desc=f"eval {size}px")
+        results.append({"img_size": int(size), **metrics})
+    return results
+
+
+def write_report(results: list[dict[str, Any]], out_dir: str | Path, title: str, meta: dict[str, Any] | None = None) -> dict[str, str]:
+    """Write ``eval.md`` (table), ``eval.json`` (results + meta) and ``eval.png`` into ``out_dir``.
+
+    The plot has accuracy vs resolution on the left and peak GPU memory (images/s where memory is not
+    measured, i.e. on CPU) on the right. Returns the three paths.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        f"### {title}",
+        "",
+        "| resolution | top-1 (%) | top-5 (%) | images | images/s | peak GPU memory (GiB) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in results:
+        mem = "n/a (CPU)" if r["peak_mem_gib"] is None else f"{r['peak_mem_gib']:.2f}"
+        lines.append(
+            f"| {r['img_size']} | {r['top1']:.2f} | {r['top5']:.2f} | {r['images']} | {r['images_per_s']:.1f} | {mem} |"
+        )
+    paths = {"markdown": str(out / "eval.md"), "json": str(out / "eval.json"), "plot": str(out / "eval.png")}
+    Path(paths["markdown"]).write_text("\n".join(lines) + "\n")
+    Path(paths["json"]).write_text(json.dumps({"title": title, **(meta or {}), "results": results}, indent=2) + "\n")
+
+    sizes = [r["img_size"] for r in results]
+    fig, (ax_acc, ax_cost) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_acc.plot(sizes, [r["top1"] for r in results], "o-", label="top-1")
+    ax_acc.plot(sizes, [r["top5"] for r in results], "s--", label="top-5")
+    ax_acc.set(xlabel="resolution (px)", ylabel="accuracy (%)", title="accuracy vs resolution")
+    ax_acc.legend()
+    if all(r["peak_mem_gib"] is not None for r in results):
+        ax_cost.plot(sizes, [r["peak_mem_gib"] for r in results], "o-", color="tab:red")
+        ax_cost.set(ylabel="peak GPU memory (GiB)", title="memory vs resolution")
+    else:
+        ax_cost.plot(sizes, [r["images_per_s"] for r in results], "o-", color="tab:green")
+        ax_cost.set(ylabel="images/s (CPU: no GPU memory)", title="throughput vs resolution")
+    ax_cost.set_xlabel("resolution (px)")
+    for ax in (ax_acc, ax_cost):
+        ax.set_xticks(sizes)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(paths["plot"], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    img_sizes: Sequence[int],
+    data: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    weights: str | None = None,
+    batch_size: int = 128,
+    num_workers: int = 4,
+    device: str = "auto",
+) -> dict[str, Any]:
+    """Evaluate a training run (or one checkpoint folder) at every size in ``img_sizes``; write the report.
+
+    data: validation folder (class sub-folders, or a root holding the recipe's val split); None: the run's
+        own validation split (its ``data.root``, or the bundled digits).
+    weights: "ema" or "model"; None: EMA when the run kept one.
+    out_dir: where eval.md / eval.json / eval.png go (default: ``<run folder>/eval``).
+    Returns ``{"checkpoint", "model", "weights", "results": [per-size metrics], "paths"}``.
+    """
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    ckpt = resolve_checkpoint(checkpoint)
+    saved = read_checkpoint_config(ckpt)
+    mcfg, cfg = saved["model_config"], saved["config"]
+    if not isinstance(mcfg, dict) or not {"name", "num_classes", "in_chans", "img_size", "args"} <= mcfg.keys() or not cfg:
+        raise ValueError(
+            f"{ckpt} was not written by `lightvision classify train` (model_config {mcfg}): pass the run folder of "
+            "a classifier"
+        )
+    model = create_from_config(mcfg)
+    if weights is None:
+        weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
+    load_model_weights(ckpt, model, which=weights)
+    accelerator = Accelerator(
+        cpu=device == "cpu" or not torch.cuda.is_available(),
+        mixed_precision=cfg["train"]["mixed_precision"] or "no",  # as trained (and as the process's accelerate state)
+    )
+
+    def make_dataset(size: int) -> Dataset:
+        dataset = val_dataset(cfg, size, data)
+        if len(dataset.classes) != mcfg["num_classes"]:
+            raise ValueError(
+                f"{getattr(dataset, 'root', 'the validation set')} has {len(dataset.classes)} classes but the model "
+                f"was trained on {mcfg['num_classes']}: pass the validation split of the training data"
+            )
+        return dataset
+
+    results = evaluate_resolutions(model, make_dataset, img_sizes, accelerator, batch_size, num_workers)
+    meta = {"checkpoint": str(ckpt), "model": mcfg["name"], "train_img_size": mcfg["img_size"], "weights": weights,
+            "device": str(accelerator.device)}
+    title = f"{mcfg['name']} ({weights} weights, trained at {mcfg['img_size']} px)"
+    paths = write_report(results, Path(out_dir) if out_dir else ckpt.parent.parent / "eval", title, meta) \
+        if accelerator.is_main_process else {}
+    return {**meta, "results": results, "paths": paths}

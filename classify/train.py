@@ -1,0 +1,252 @@
+"""Train a DeiT-family classifier with the DeiT recipe through the engine ``Trainer``.
+
+    lightvision classify train --config configs/classify/deit_imagenet.yaml data.root=/imagenet \
+        model.name=lightnet_deit_small_patch16_224
+    accelerate launch -m lightvision classify train --config ...      # several GPUs
+
+``DEFAULTS`` is the DeiT ImageNet recipe (Touvron et al. 2021, timm ``train.py`` flags in brackets): AdamW
+lr 5e-4 x global batch / 512, weight decay 0.05 (cls token, position embedding and every 1-D tensor
+excluded), cosine schedule per step with 5 warmup epochs from 1e-6 down to 1e-5, 300 epochs, RandAugment
+``rand-m9-mstd0.5-inc1``, color jitter 0.3 (unused with RandAugment, as in timm), Mixup 0.8 / CutMix 1.0
+with label smoothing 0.1 (SoftTargetCrossEntropy), random erasing 0.25, repeated augmentation x3, drop path
+0.1, EMA 0.99996, bf16 autocast. Recipe files in ``configs/classify/`` list only what they change; every
+key is checked against ``DEFAULTS`` (a typo is an error that names the close matches).
+
+The run folder gets ``config.json`` (resolved config), ``metrics.jsonl`` (train loss / lr every
+``log_every`` steps, validation top-1 / top-5 every ``eval_every_epochs``), ``checkpoints/`` (engine
+format: model + EMA safetensors, verified) and ``results.json`` (final validation metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.optim import create_optimizer_v2
+from torch import nn
+from torch.utils.data import DataLoader
+
+from lightvision.classify.data import build_mixup, build_repeat_sampler, train_dataset, val_dataset
+from lightvision.classify.deit import create_from_config
+from lightvision.classify.evaluate import evaluate
+from lightvision.engine import Trainer, load_config, save_config
+
+__all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "model": {
+        "name": "softmax_deit_small_patch16_224",  # any registered name: {attention}_deit_{size}_patch16_224
+        "img_size": 224,
+        "drop_path": 0.1,
+        # more timm.create_model kwargs as one mapping, e.g. model.args={patch_size: 4, embed_dim: 64}
+        # (patch_size, embed_dim, depth, num_heads, drop_rate, attn_kwargs, ...); set as a whole
+        "args": None,
+    },
+    "data": {
+        "source": "imagefolder",  # "imagefolder" (root/train, root/val) or "digits" (bundled, no download)
+        "root": None,
+        "train_split": "train",
+        "val_split": "val",
+        "in_chans": 3,
+        "mean": None,  # None: the model's pretrained_cfg (ImageNet)
+        "std": None,
+        "crop_pct": None,  # eval resize = size / crop_pct; None: the model's pretrained_cfg (0.875)
+        "num_workers": 8,
+    },
+    "aug": {
+        "scale": [0.08, 1.0],  # RandomResizedCrop area range
+        "auto_augment": "rand-m9-mstd0.5-inc1",
+        "color_jitter": 0.3,
+        "interpolation": "bicubic",
+        "reprob": 0.25,
+        "remode": "pixel",
+        "recount": 1,
+        "mixup": 0.8,
+        "cutmix": 1.0,
+        "mixup_prob": 1.0,
+        "mixup_switch_prob": 0.5,
+        "smoothing": 0.1,
+        "repeated_aug": 3,  # repeats per image and epoch; 1 = off
+    },
+    "optim": {
+        "opt": "adamw",
+        "lr": 5e-4,
+        "lr_base_batch": 512,  # lr is scaled by global batch / lr_base_batch; null = use lr as is
+        "weight_decay": 0.05,
+        "betas": [0.9, 0.999],
+        "eps": 1e-8,
+        "clip_grad": None,
+    },
+    "sched": {"epochs": 300, "warmup_epochs": 5, "warmup_lr": 1e-6, "min_lr": 1e-5},
+    "train": {
+        "batch_size": 128,  # per process and micro-batch
+        "grad_accum_steps": 1,
+        "mixed_precision": "bf16",  # "no" | "bf16" | "fp16"
+        "ema_decay": 0.99996,  # null: no EMA
+        "grad_checkpointing": False,
+        "eval_every_epochs": 1,
+        "eval_batch_size": 256,
+        "log_every": 50,
+        "ckpt_every_epochs": 1,
+        "keep_last": 3,
+        "nan_policy": "stop",
+        "seed": 0,
+    },
+    "run": {"dir": "runs/classify"},
+}
+
+
+def load_train_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """``DEFAULTS`` <- recipe YAML ``path`` <- ``key=value`` overrides; unknown keys are errors."""
+    return load_config(path, overrides, defaults=DEFAULTS)
+
+
+def build_accelerator(cfg: dict, device: str = "auto") -> Accelerator:
+    """The accelerator the ``Trainer`` needs (accumulation without data-loader sync, seedable sampler).
+
+    device: "auto" (GPU when available), "cpu" or "cuda"."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but no GPU is visible; use --device cpu")
+    t = cfg["train"]
+    return Accelerator(
+        mixed_precision=t["mixed_precision"] or "no",  # YAML reads a bare `no` as False
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=t["grad_accum_steps"], sync_with_dataloader=False),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t["seed"]),
+        cpu=device == "cpu" or not torch.cuda.is_available(),
+    )
+
+
+def model_config(cfg: dict, num_classes: int) -> dict:
+    """What rebuilds the architecture (stored with every checkpoint, checked on resume and eval)."""
+    m = cfg["model"]
+    return {"name": m["name"], "num_classes": num_classes, "in_chans": cfg["data"]["in_chans"],
+            "img_size": m["img_size"], "args": dict(m["args"] or {})}
+
+
+def _loss_fn(mixup: Any, smoothing: float):
+    """``loss_fn(model, (images, labels))`` for the Trainer: Mixup/CutMix then soft-target CE."""
+    if mixup is not None:
+        criterion: nn.Module = SoftTargetCrossEntropy()
+    elif smoothing > 0:
+        criterion = LabelSmoothingCrossEntropy(smoothing)
+    else:
+        criterion = nn.CrossEntropyLoss()
+
+    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        images, labels = batch
+        if mixup is not None:
+            images, labels = mixup(images, labels)
+        return criterion(model(images), labels)
+
+    return loss_fn
+
+
+def _warmup_cosine(total_steps: int, warmup_steps: int, lr: float, warmup_lr: float, min_lr: float):
+    """LambdaLR factor: linear warmup_lr -> lr over ``warmup_steps``, then cosine lr -> min_lr."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (warmup_lr + (lr - warmup_lr) * step / warmup_steps) / lr
+        t = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return (min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t))) / lr
+
+    return factor
+
+
+def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, Any]:
+    """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics.
+
+    resume: continue from the newest checkpoint of ``run.dir`` (refused without it if one exists).
+    """
+    accelerator = build_accelerator(cfg, device)
+    t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
+    run_dir = Path(cfg["run"]["dir"])
+
+    train_set = train_dataset(cfg)
+    num_classes = len(train_set.classes)
+    mcfg = model_config(cfg, num_classes)
+    model = create_from_config(mcfg, cfg["model"]["drop_path"])
+    if t["grad_checkpointing"]:
+        model.set_grad_checkpointing(True)
+    val_set = val_dataset(cfg, cfg["model"]["img_size"])
+    if val_set.classes != train_set.classes:
+        raise ValueError(
+            f"train and val class folders differ ({len(train_set.classes)} vs {len(val_set.classes)} classes): "
+            "both splits need the same class sub-folders"
+        )
+
+    mixup = build_mixup(a, num_classes)
+    if mixup is not None and t["batch_size"] % 2:
+        raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
+    repeats = a["repeated_aug"]
+    sampler = build_repeat_sampler(train_set, repeats) if repeats > 1 else None
+    workers = cfg["data"]["num_workers"]
+    cuda = accelerator.device.type == "cuda"
+    train_loader = DataLoader(
+        train_set, batch_size=t["batch_size"], shuffle=sampler is None, sampler=sampler, drop_last=True,
+        num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
+    )
+    val_loader = accelerator.prepare(DataLoader(
+        val_set, batch_size=t["eval_batch_size"], shuffle=False, num_workers=workers, pin_memory=cuda,
+    ))
+
+    procs = accelerator.num_processes
+    samples = len(sampler) if sampler is not None else len(train_set)
+    steps_per_epoch = samples // (t["batch_size"] * procs) // t["grad_accum_steps"]
+    if steps_per_epoch < 1:
+        raise ValueError(
+            f"{samples} training images are less than one optimizer step ({t['batch_size']} x {procs} processes x "
+            f"{t['grad_accum_steps']} accumulation): lower train.batch_size"
+        )
+    global_batch = t["batch_size"] * procs * t["grad_accum_steps"]
+    lr = o["lr"] * global_batch / o["lr_base_batch"] if o["lr_base_batch"] else o["lr"]
+    optimizer = create_optimizer_v2(
+        model, opt=o["opt"], lr=lr, weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"]
+    )
+    max_steps = s["epochs"] * steps_per_epoch
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _warmup_cosine(max_steps, s["warmup_epochs"] * steps_per_epoch, lr, s["warmup_lr"], s["min_lr"])
+    )
+
+    def validate(trainer: Trainer) -> dict[str, Any]:
+        """Top-1 / top-5 of the trained weights (and of the EMA); the model's top-1 picks the best checkpoint."""
+        res = evaluate(trainer.model, val_loader, accelerator, desc=f"val step {trainer.step}")
+        out = {"val_top1": res["top1"], "val_top5": res["top5"], "metric": res["top1"]}
+        if trainer.ema is not None:
+            ema = evaluate(trainer.ema.module, val_loader, accelerator, desc="val ema")
+            out.update(val_ema_top1=ema["top1"], val_ema_top5=ema["top5"])
+        if hasattr(train_set, "skipped_images"):
+            out["skipped_images"] = train_set.skipped_images()
+        return out
+
+    eval_every = t["eval_every_epochs"] * steps_per_epoch
+    trainer = Trainer(
+        run_dir, cfg, model, optimizer, scheduler, train_loader, _loss_fn(mixup, a["smoothing"]),
+        max_steps=max_steps, model_config=mcfg, grad_accum_steps=t["grad_accum_steps"], clip_grad=o["clip_grad"],
+        ema_decay=t["ema_decay"], log_every=min(t["log_every"], max_steps),
+        ckpt_every=t["ckpt_every_epochs"] * steps_per_epoch, keep_last=t["keep_last"], nan_policy=t["nan_policy"],
+        seed=t["seed"], hooks=[(eval_every, lambda tr: None if tr.step == max_steps else validate(tr))],
+        accelerator=accelerator,
+    )
+    if accelerator.is_main_process:
+        log.info("%s: %d classes, %d train / %d val images, %d epochs x %d steps, global batch %d, lr %.3g",
+                 mcfg["name"], num_classes, len(train_set), len(val_set), s["epochs"], steps_per_epoch,
+                 global_batch, lr)
+    fit = trainer.fit(resume=True if resume else None)
+    final = validate(trainer)
+    final.pop("metric")
+    results = {"model": mcfg["name"], "step": fit["step"], "epochs": fit["step"] / steps_per_epoch, **final}
+    trainer.metrics.log(fit["step"], results)
+    if accelerator.is_main_process:
+        save_config(results, run_dir / "results.json")
+    return results

@@ -1,0 +1,170 @@
+"""DeiT family: parameter counts vs SPEC 3, timm registration and the checks timm applies to its own models."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import lightvision  # noqa: F401  registers the models
+from lightvision.classify.deit import FAMILIES, MODEL_NAMES, SIZES, DeiT, model_name
+
+# SPEC 3 (paper figures, millions); LION-* are "as DeiT".
+SPEC_PARAMS_M = {
+    "softmax": (5.7, 22.0, 86.0),
+    "lightnet": (6.0, 22.64, 87.74),
+    **{kind: (5.7, 22.0, 86.0) for kind in ("lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")},
+}
+TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=7)
+
+
+def tiny(attention: str, **kwargs) -> DeiT:
+    torch.manual_seed(0)
+    return timm.create_model(model_name(attention, "tiny"), **{**TINY, **kwargs})
+
+
+def test_registered_names():
+    assert sorted(timm.list_models("*_deit_*")) == sorted(MODEL_NAMES)
+    assert len(MODEL_NAMES) == len(FAMILIES) * len(SIZES) == 21
+
+
+def test_param_counts_match_spec(capsys):
+    rows = []
+    for attention, targets in SPEC_PARAMS_M.items():
+        for size, target in zip(SIZES, targets):
+            with torch.device("meta"):
+                model = timm.create_model(model_name(attention, size))
+            count = sum(p.numel() for p in model.parameters()) / 1e6
+            rows.append((model_name(attention, size), count, target, 100 * (count / target - 1)))
+    with capsys.disabled():
+        print("\nmodel | params (M) | SPEC 3 (M) | diff (%)")
+        for name, count, target, diff in rows:
+            print(f"{name} | {count:.2f} | {target} | {diff:+.1f}")
+    bad = [r for r in rows if abs(r[3]) > 5]
+    assert not bad, f"more than 5% off SPEC 3: {bad}"
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_create_model_every_name(name):
+    with torch.device("meta"):
+        model = timm.create_model(name, num_classes=10, img_size=64)
+    cfg = model.pretrained_cfg
+    assert model.num_classes == 10 and model.head.out_features == 10
+    assert cfg["crop_pct"] == 0.875 and cfg["interpolation"] == "bicubic" and len(cfg["mean"]) == 3
+    assert model.grid_size(model.img_size) == (4, 4)
+
+
+@pytest.mark.parametrize("attention", list(FAMILIES))
+def test_forward_backward_every_param_gets_grad(attention):
+    model = tiny(attention)
+    x = torch.randn(2, 3, 16, 16)
+    out = model(x)
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+    out.square().mean().backward()
+    no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not no_grad, f"parameters without a finite gradient: {no_grad}"
+    # MD-TPE's zero-initialised projection is the one tensor whose gradient may be zero only through its
+    # output; everything else must receive signal
+    zero = [n for n, p in model.named_parameters() if p.grad.abs().sum() == 0 and "tpe" not in n]
+    assert not zero, f"parameters with an all-zero gradient: {zero}"
+
+
+@pytest.mark.parametrize("attention", list(FAMILIES))
+def test_default_cfg_and_classifier_reset(attention):
+    """What timm's test_model_default_cfgs checks: features, pre_logits, first conv, classifier, reset."""
+    model = tiny(attention).eval()
+    cfg = model.pretrained_cfg
+    state = model.state_dict()
+    assert cfg["first_conv"] + ".weight" in state and cfg["classifier"] + ".weight" in state
+    x = torch.randn(2, 3, 16, 16)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 1 + 16, model.num_features) and model.head_hidden_size == model.num_features
+    assert model.forward_head(feats, pre_logits=True).shape == (2, model.num_features)
+    model.reset_classifier(0)
+    assert model(x).shape == (2, model.num_features)
+    model.reset_classifier(3, global_pool="avg")
+    assert model(x).shape == (2, 3) and model.get_classifier().out_features == 3
+    pooled = model.forward_head(model.forward_features(x), pre_logits=True)
+    torch.testing.assert_close(pooled, model.forward_features(x)[:, 1:].mean(1))
+    nwd = model.no_weight_decay()
+    assert all(any(n == k or n.startswith(k + ".") for n, _ in model.named_parameters()) for k in nwd - {"pos_embed"})
+    groups = model.group_matcher()
+    assert "blocks" in groups and "stem" in groups
+
+
+@pytest.mark.parametrize("attention", ["softmax", "lightnet", "lion_s_snake"])
+def test_grad_checkpointing_matches(attention):
+    x = torch.randn(2, 3, 16, 16)
+    ref_model, ckpt_model = tiny(attention), tiny(attention)
+    ckpt_model.set_grad_checkpointing(True)
+    outs, grads = [], []
+    for model in (ref_model, ckpt_model):
+        out = model(x)
+        out.sum().backward()
+        outs.append(out)
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    torch.testing.assert_close(outs[0], outs[1])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+@pytest.mark.parametrize("attention", list(FAMILIES))
+def test_any_resolution_non_square(attention):
+    """The same weights run on other grids (non-square too); the grid reaches the layers."""
+    model = tiny(attention).eval()
+    x = torch.randn(1, 3, 24, 40)
+    assert model(x).shape == (1, 7)
+    assert model.forward_features(x).shape == (1, 1 + 6 * 10, 32)
+
+
+def test_grid_reaches_attention():
+    """Position-aware LightNet: transposing the image changes the features (the grid is not ignored)."""
+    model = tiny("lightnet").eval()
+    x = torch.randn(1, 3, 16, 32)
+    seen = []
+    hook = model.blocks[0].attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["grid"]),
+                                                      with_kwargs=True)
+    model(x)
+    hook.remove()
+    assert seen == [(4, 8)]
+
+
+def test_not_divisible_error():
+    model = tiny("lion_s")
+    with pytest.raises(ValueError, match=r"not divisible by the patch size 4.*multiple of 4"):
+        model(torch.randn(1, 3, 18, 16))
+    with pytest.raises(ValueError, match="not divisible"):
+        tiny("softmax", img_size=18)
+
+
+def test_softmax_pos_embed_resampled():
+    model = tiny("softmax").eval()
+    x = torch.randn(1, 3, 32, 32)
+    on_the_fly = model(x)
+    model.set_input_size(32)
+    assert model.pos_embed.shape == (1, 1 + 64, 32)
+    assert model.pretrained_cfg["input_size"] == (3, 32, 32)
+    torch.testing.assert_close(model(x), on_the_fly)
+    assert tiny("lightnet").pos_embed is None and tiny("lion_d").pos_embed is None
+    assert tiny("lion_lit").pos_embed is not None
+
+
+@pytest.mark.parametrize("attention", ["softmax", "lightnet"])
+def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path, attention):
+    source = tiny(attention).eval()
+    file = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, file)
+    x = torch.randn(2, 3, 16, 16)
+    # timm drops the head unless the overlay says the file's class count (the cfg default is 1000)
+    overlay = dict(file=str(file), num_classes=TINY["num_classes"])
+    loaded = timm.create_model(model_name(attention, "tiny"), pretrained=True, pretrained_cfg_overlay=overlay,
+                               **TINY).eval()
+    torch.testing.assert_close(loaded(x), source(x))
+    # fine-tuning at another size and class count: head dropped, pos_embed resampled, rest kept
+    ft = timm.create_model(model_name(attention, "tiny"), pretrained=True, pretrained_cfg_overlay=overlay,
+                           **{**TINY, "num_classes": 3, "img_size": 32})
+    assert ft.head.out_features == 3
+    torch.testing.assert_close(ft.patch_embed.proj.weight, source.patch_embed.proj.weight)
+    if attention == "softmax":
+        assert ft.pos_embed.shape == (1, 1 + 64, 32)

@@ -1,0 +1,155 @@
+"""End to end: `lightvision classify train` / `eval` on a tiny ImageFolder of real PNGs, the digits default,
+and the errors bad input gets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lightvision.classify.data import image_folder
+from lightvision.cli import main
+from lightvision.engine import CheckpointError, ConfigError
+
+TINY_ARGS = "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}"
+
+
+def write_image_folder(root: Path, per_class: int = 4, corrupt: bool = True) -> None:
+    """root/{train,val}/{dark,light}/*.png: dark vs light 20x20 images (a learnable task), one corrupt file."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label, base in (("dark", 40), ("light", 200)):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                pixels = np.clip(base + rng.normal(0, 20, (20, 20, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    if corrupt:
+        (root / "train" / "dark" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
+
+
+def recipe(tmp_path: Path, data: Path) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        "model:\n  name: lightnet_deit_tiny_patch16_224\n  img_size: 16\n  drop_path: 0.0\n"
+        "  args: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
+        f"data:\n  root: {data}\n  num_workers: 0\n"
+        "aug:\n  repeated_aug: 1\n"
+        "sched:\n  epochs: 2\n  warmup_epochs: 1\n"
+        "train:\n  batch_size: 4\n  eval_batch_size: 8\n  mixed_precision: 'no'\n  ema_decay: 0.9\n  log_every: 1\n"
+    )
+    return path
+
+
+def test_train_then_eval_imagefolder(tmp_path, capsys):
+    data, run = tmp_path / "data", tmp_path / "run"
+    write_image_folder(data)
+    with pytest.warns(UserWarning, match=r"skipping unreadable image .*0\.png"):
+        assert main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
+                     "--device", "cpu"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["run"]["dir"] == str(run) and config["model"]["args"]["embed_dim"] == 16
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]  # 8 images / batch 4 x 2 epochs
+    results = json.loads((run / "results.json").read_text())
+    assert results["step"] == 4 and 0 <= results["val_top1"] <= 100 and "val_ema_top1" in results
+    assert results["skipped_images"] >= 1  # the corrupt PNG, every epoch
+    assert (run / "checkpoints" / "latest").is_file()
+
+    capsys.readouterr()
+    assert main(["classify", "eval", "--checkpoint", str(run), "--data", str(data / "val"), "--img-size", "16", "24",
+                 "--device", "cpu", "--num-workers", "0"]) == 0
+    table = capsys.readouterr().out
+    assert "| 16 |" in table and "| 24 |" in table
+    report = json.loads((run / "eval" / "eval.json").read_text())
+    assert [r["img_size"] for r in report["results"]] == [16, 24] and report["weights"] == "ema"
+    assert all(r["images"] == 8 and 0 <= r["top1"] <= r["top5"] <= 100 for r in report["results"])
+    assert (run / "eval" / "eval.png").stat().st_size > 1000 and (run / "eval" / "eval.md").is_file()
+
+    # a validation folder with other classes than the training data
+    other = tmp_path / "other"
+    for label in ("a", "b", "c"):
+        (other / label).mkdir(parents=True)
+        Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(other / label / "0.png")
+    with pytest.raises(ValueError, match="has 3 classes but the model was trained on 2"):
+        main(["classify", "eval", "--checkpoint", str(run), "--data", str(other), "--img-size", "16", "--device", "cpu",
+              "--num-workers", "0"])
+
+    # the same run again without --resume is refused; a resume with another architecture too
+    with pytest.raises(CheckpointError, match="already holds checkpoint"):
+        main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu"])
+    with pytest.raises(CheckpointError, match="another architecture"):
+        main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu",
+              "--resume", "model.name=softmax_deit_tiny_patch16_224"])
+
+
+def test_default_digits_job(tmp_path, capsys):
+    """`lightvision classify train` without --config: the digits default (shortened here), eval at 2 sizes."""
+    out = tmp_path / "default"
+    assert main(["classify", "train", "--out", str(out), "--device", "cpu", "sched.epochs=1", "aug.repeated_aug=2",
+                 TINY_ARGS]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(printed[printed.rindex('{\n  "model"'):])
+    assert result["model"] == "lightnet_deit_tiny_patch16_224" and result["run_dir"] == str(out)
+    report = json.loads((out / "eval" / "eval.json").read_text())
+    assert [r["img_size"] for r in report["results"]] == [16, 24]
+    assert all(r["images"] == 360 for r in report["results"])  # the held-out digits
+    assert (out / "eval" / "eval.png").is_file()
+
+
+def test_run_default_returns_metrics(tmp_path):
+    from lightvision.classify.default import run_default
+
+    metrics = run_default(str(tmp_path / "d"), "cpu", overrides=["sched.epochs=1", TINY_ARGS])
+    assert set(metrics["eval"]) == {16, 24} and 0 <= metrics["top1"] <= 100
+    assert metrics["top1"] == metrics["eval"][16]["top1"]
+    assert Path(metrics["plot"]).is_file()
+
+
+def test_data_folder_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist: pass data.root"):
+        image_folder(tmp_path / "nope", "train", None)
+    with pytest.raises(FileNotFoundError, match="no 'val' folder"):
+        image_folder(tmp_path, "val", None)
+    (tmp_path / "val").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no class sub-folders"):
+        image_folder(tmp_path, "val", None)
+    (tmp_path / "val" / "cat").mkdir()
+    with pytest.raises(FileNotFoundError, match="Every class folder needs images"):
+        image_folder(tmp_path, "val", None)
+
+
+def test_all_images_unreadable_is_an_error(tmp_path):
+    folder = tmp_path / "train" / "a"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"{i}.jpg").write_bytes(b"garbage")
+    ds = image_folder(tmp_path, "train", None)
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="unreadable images in a row"):
+        ds[0]
+    assert ds.skipped_images() >= 3
+
+
+def test_eval_refuses_other_checkpoints(tmp_path):
+    from torch import nn
+
+    from lightvision.engine import CheckpointManager
+
+    CheckpointManager(tmp_path).save(1, models={"model": nn.Linear(2, 2)}, model_config={"name": "dit_s_2"},
+                                     train_state={"step": 1}, config={"model": {}})
+    with pytest.raises(ValueError, match="not written by `lightvision classify train`"):
+        main(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
+
+
+def test_recipe_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown config key 'optim.lrr'.*optim.lr"):
+        main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "optim.lrr=1"])
+    with pytest.raises(ValueError, match="data.root is not set"):
+        main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "data.root=null", "--device", "cpu"])
+    with pytest.raises(ValueError, match="unknown model 'vit_nope'; choose one of: softmax_deit_tiny"):
+        main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope", "--device", "cpu"])
+    with pytest.raises(CheckpointError, match="no latest checkpoint"):
+        main(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
