@@ -51,11 +51,21 @@ def _unknown(key: str, root: dict, source: str) -> ConfigError:
     return ConfigError(f"unknown config key '{key}' in {source}; {hint}")
 
 
+def _open_sections(defaults: dict | None, prefix: str = "") -> set[str]:
+    """Dotted paths of the empty mappings in ``defaults``: open sections that accept any key."""
+    found = set()
+    for key, value in (defaults or {}).items():
+        if isinstance(value, dict):
+            found |= {prefix + str(key)} if not value else _open_sections(value, f"{prefix}{key}.")
+    return found
+
+
 def _merge(dst: dict, src: dict, root: dict, source: str, strict: bool, prefix: str = "") -> None:
     """Merge ``src`` into ``dst`` recursively; with ``strict``, keys absent from a non-empty section are errors."""
+    closed = strict and bool(dst)  # decided before this merge adds keys to an open section
     for key, value in src.items():
         dotted = prefix + str(key)
-        if strict and dst and key not in dst:
+        if closed and key not in dst:
             raise _unknown(dotted, root, source)
         if isinstance(value, dict) and isinstance(dst.get(key), dict):
             _merge(dst[key], value, root, source, strict, dotted + ".")
@@ -63,7 +73,7 @@ def _merge(dst: dict, src: dict, root: dict, source: str, strict: bool, prefix: 
             dst[key] = copy.deepcopy(value)
 
 
-def _apply_override(cfg: dict, item: str) -> None:
+def _apply_override(cfg: dict, item: str, open_sections: set[str]) -> None:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -75,7 +85,7 @@ def _apply_override(cfg: dict, item: str) -> None:
         here = ".".join(parts[: i + 1])
         if not isinstance(node, dict):
             raise ConfigError(f"cannot set '{key}': '{'.'.join(parts[:i])}' is a value, not a section")
-        if part not in node and (node or node is cfg):
+        if part not in node and ".".join(parts[:i]) not in open_sections and (node or node is cfg):
             raise _unknown(here, cfg, f"override {item!r}")
         if i < len(parts) - 1:
             node = node.setdefault(part, {})
@@ -104,8 +114,9 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path} must hold a mapping of config keys, got {type(loaded).__name__}")
         _merge(cfg, loaded, cfg, str(path), strict=defaults is not None)
+    open_sections = _open_sections(defaults)
     for item in overrides:
-        _apply_override(cfg, item)
+        _apply_override(cfg, item, open_sections)
     return cfg
 
 

@@ -58,3 +58,12 @@ def test_unknown_yaml_key_refused_with_defaults(tmp_path):
 def test_save_config_json(tmp_path):
     save_config(DEFAULTS, tmp_path / "config.json")
     assert json.loads((tmp_path / "config.json").read_text()) == DEFAULTS
+
+
+def test_open_section_in_defaults_accepts_several_keys_from_file_and_overrides(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("model:\n  args:\n    depth: 2\n    width: 4\n")
+    cfg = load_config(recipe, ["model.args.heads=3", "model.args.depth=5"], {"model": {"name": "m", "args": {}}})
+    assert cfg["model"]["args"] == {"depth": 5, "width": 4, "heads": 3}
+    with pytest.raises(ConfigError, match="model.nme"):
+        load_config(recipe, ["model.nme=3"], {"model": {"name": "m", "args": {}}})
