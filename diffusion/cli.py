@@ -1,9 +1,114 @@
-"""``lightvision diffusion``: subcommands of this package."""
+"""``lightvision diffusion``: train | sample | fid | extract-latents (heavy imports inside the handlers)."""
+
+from __future__ import annotations
 
 import argparse
+import json
+
+
+def _train(args: argparse.Namespace) -> int:
+    if args.config is None:
+        if args.overrides:
+            raise SystemExit("overrides need a recipe: lightvision diffusion train --config configs/diffusion/<recipe>.yaml key=value")
+        from lightvision.diffusion.default import run_default
+
+        run_default(args.out, args.device)
+        return 0
+    from lightvision.diffusion.train import load_recipe, train
+
+    cfg = load_recipe(args.config, args.overrides)
+    result = train(cfg, resume=args.resume or None)
+    result.pop("trainer")
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from lightvision.diffusion.sample import sample_main
+
+    guide = None if args.guide_channels == "all" else int(args.guide_channels)
+    summary = sample_main(args.checkpoint, args.out, num_samples=args.num_samples, batch_size=args.batch_size,
+                          sampler=args.sampler, steps=args.steps, eta=args.eta, cfg_scale=args.cfg_scale,
+                          guide_channels=guide, seed=args.seed, image_size=args.image_size, which=args.weights, vae=args.vae)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _fid(args: argparse.Namespace) -> int:
+    from lightvision.diffusion.fid import compute_fid
+
+    metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
+                          feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
+                          batch_size=args.batch_size)
+    print(json.dumps(metrics, indent=2))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
+    return 0
+
+
+def _extract(args: argparse.Namespace) -> int:
+    from lightvision.diffusion.autoencoder import load_codec
+    from lightvision.diffusion.latents import extract_latents
+
+    from lightvision.quickstart import resolve_device
+
+    codec = load_codec(args.vae_kind, args.vae, device=resolve_device(args.device))
+    meta = extract_latents(args.images, args.out, codec, args.image_size, batch_size=args.batch_size,
+                           shard_size=args.shard_size, num_workers=args.num_workers)
+    print(json.dumps({k: v for k, v in meta.items() if k != "classes"}, indent=2))
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``diffusion`` command group to the top-level parser."""
-    group = subparsers.add_parser("diffusion", help="diffusion commands")
-    group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
+    group = subparsers.add_parser("diffusion", help="DiT latent / pixel diffusion: train, sample, fid, extract-latents")
+    sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)")
+    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl_2.yaml")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
+    p.add_argument("--resume", nargs="?", const=True, default=False,
+                   help="continue the run folder's newest checkpoint, or the given checkpoint / run folder")
+    p.add_argument("--out", default="runs/diffusion_default", help="output folder of the built-in default")
+    p.add_argument("--device", default="auto", help="built-in default only: auto | cpu | cuda")
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("sample", help="sample PNGs, a grid and an .npz from a checkpoint (all GPUs under accelerate launch)")
+    p.add_argument("checkpoint", help="run folder or checkpoint folder")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--num-samples", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=32, help="per process")
+    p.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm")
+    p.add_argument("--steps", type=int, default=250, help="respaced sampling steps")
+    p.add_argument("--eta", type=float, default=0.0, help="DDIM eta")
+    p.add_argument("--cfg-scale", type=float, default=1.0, help="classifier-free guidance scale (1 = none)")
+    p.add_argument("--guide-channels", default="3", help="'3' (DiT convention) or 'all'")
+    p.add_argument("--seed", type=int, default=0, help="sample i uses seed + i")
+    p.add_argument("--image-size", type=int, help="image size (default: the training size)")
+    p.add_argument("--weights", choices=("ema", "model"), default="ema")
+    p.add_argument("--vae", help="autoencoder folder / hub id overriding the run's")
+    p.set_defaults(func=_sample)
+
+    p = sub.add_parser("fid", help="FID (+ IS, KID) of a sample folder against a reference folder or statistics")
+    p.add_argument("samples", help="folder of sample images")
+    p.add_argument("--reference", required=True, help="folder of reference images or .npz with mu / sigma")
+    p.add_argument("--inception-weights", help="torch-fidelity Inception weights file (offline machines)")
+    p.add_argument("--feature-extractor", help="classifier checkpoint: FID in its feature space instead of Inception")
+    p.add_argument("--cache-dir", default=".cache/lightvision_fid", help="reference statistics cache (content-hash keys)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", help="write the metrics JSON here too")
+    p.set_defaults(func=_fid)
+
+    p = sub.add_parser("extract-latents", help="cache autoencoder latent moments (+ flips) of an ImageFolder")
+    p.add_argument("--images", required=True, help="ImageFolder root (class sub-folders)")
+    p.add_argument("--out", required=True, help="output folder (shards + meta.json)")
+    p.add_argument("--image-size", type=int, default=256)
+    p.add_argument("--vae", default="stabilityai/sd-vae-ft-ema", help="diffusers autoencoder folder or hub id")
+    p.add_argument("--vae-kind", choices=("kl", "tiny"), default="kl")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--shard-size", type=int, default=8192)
+    p.add_argument("--num-workers", type=int, default=4)
+    p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
+    p.set_defaults(func=_extract)

@@ -1,0 +1,57 @@
+"""The built-in default diffusion job: a small pixel-space, class-conditional LightNet-DiT on scikit-learn's digits.
+
+No download, a few minutes on a 2-core CPU: 16 x 16 x 1 images (8 x 8 digits upsampled, 8-bit grid, [-1, 1]), patch 2,
+hybrid loss over T = 1000 linear steps, EMA. Writes a class-conditional sample grid (PNG, one row per digit) and
+reports the test-set negative log-likelihood bound in bits/dim: the full 1000-step VLB of the EMA model on the 360
+held-out digits, estimated without bias from 50 stratified timesteps per image (``GaussianDiffusion.bits_per_dim``).
+Called by ``lightvision quickstart`` and by ``lightvision diffusion train`` without a recipe.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+DIGITS_OVERRIDES = [
+    "model.name=lightnet_dit_s_2", "model.kwargs={depth: 4, hidden_size: 64, num_heads: 4, class_dropout_prob: 0.1}",
+    "data.source=digits", "data.image_size=16", "data.channels=1", "data.num_classes=10", "data.batch_size=64",
+    "data.num_workers=0", "autoencoder.kind=pixel", "autoencoder.path=null", "diffusion.clip_denoised=true",
+    "optim.lr=2e-3", "optim.warmup_steps=100", "train.max_steps=1000", "train.ema_decay=0.995", "train.clip_grad=1.0",
+    "train.mixed_precision='no'", "train.log_every=100", "train.ckpt_every=1000", "train.keep_last=1",
+    "sample.every=1000", "sample.num=40", "sample.sampler=ddim", "sample.steps=50", "sample.cfg_scale=2.0", "sample.guide_channels=null",
+]
+
+
+def run_default(out_dir: str, device: str = "auto") -> dict:
+    """Train, sample a grid and measure test bits/dim; returns (and writes ``summary.json``) the results.
+
+    Training runs on the accelerator's device (CUDA when visible); ``device`` "cpu" forces the CPU everywhere.
+    """
+    from lightvision.diffusion.latents import build_dataset
+    from lightvision.diffusion.train import evaluate_bits_per_dim, load_recipe, train
+
+    out = Path(out_dir)
+    cfg = load_recipe(None, DIGITS_OVERRIDES + [f"run_dir={out / 'run'}"])
+    if device == "cpu":
+        import os
+
+        os.environ["ACCELERATE_USE_CPU"] = "true"
+    start = time.time()
+    result = train(cfg, resume=True)
+    train_seconds = time.time() - start
+    trainer = result.pop("trainer")
+    model = trainer.ema.module.eval()
+    start = time.time()
+    bpd = evaluate_bits_per_dim(model, cfg, build_dataset(cfg["data"], "test"), trainer.accelerator.device, batch_size=360)
+    summary = {
+        "model": cfg["model"]["name"], "params": sum(p.numel() for p in model.parameters()),
+        "steps": result["step"], "train_seconds": round(train_seconds, 1), "test_bits_per_dim": round(bpd, 4),
+        "bpd_seconds": round(time.time() - start, 1), "device": str(trainer.accelerator.device),
+        "sample_grid": str(out / "run" / "samples" / f"step_{result['step']:07d}.png"),
+        "last_train_record": result["last_record"],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"digits diffusion: {summary['steps']} steps in {summary['train_seconds']} s, test {bpd:.3f} bits/dim, "
+          f"grid {summary['sample_grid']}")
+    return summary

@@ -1,0 +1,216 @@
+"""DiT family (Peebles & Xie) with pluggable lightvision attention; a diffusers ``ModelMixin`` + ``ConfigMixin``.
+
+    x [B, C, H, W] --patchify p--> tokens [B, N, D], grid (H/p, W/p)
+      + fixed 2-D sin-cos position embedding (softmax / LION kinds; recomputed for each grid)
+      | MD-TPE residual after the patch embedding (lightnet; MD-LRPE lives inside the attention)
+    c = TimestepEmbed(t) + LabelEmbed(y)                                   [B, D]
+    block:  (shift1, scale1, gate1, shift2, scale2, gate2) = modulation(c)
+            x = x + gate1 * Attn(LN(x) (1 + scale1) + shift1, grid)
+            x = x + gate2 * FFN(LN(x) (1 + scale2) + shift2)
+    head:   LN(x) (1 + scale) + shift -> Linear -> unpatchify -> [B, 2C, H, W]  (eps, variance interpolation v)
+
+adaLN-Zero: every gate and the head start at zero, so each block starts as the identity. Two modulation sources:
+``adaln="block"`` (DiT: a Linear(D, 6D) per block, FFN = GELU MLP, ratio 4) and ``adaln="shared"`` (LightNet-DiT: one
+Linear(D, 6D) shared by all blocks plus a learned [6, D] offset per block, FFN = GLU of hidden 2/3 * 4D). The shared
+form is how this code meets LightNet Table 13 (SPEC 3): 18 / 18 / 36 / 42 LightNet layers of 12 D^2 weights each
+have the parameter budget of DiT's 12 / 12 / 24 / 28 blocks of 18 D^2 only without a per-block Linear(D, 6D).
+The paper does not spell out its conditioning path; this choice is ours.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+from diffusers import ConfigMixin, ModelMixin
+from diffusers.configuration_utils import register_to_config
+from timm.layers import Mlp
+
+from lightvision.layers import ATTENTION_KINDS, GLU, MDTPE, PatchEmbed, build_attention
+
+# (depth, width, heads) per size; SPEC 3.
+DIT_SIZES = {"s": (12, 384, 6), "b": (12, 768, 12), "l": (24, 1024, 16), "xl": (28, 1152, 16)}
+LIGHTNET_DIT_SIZES = {"s": (18, 384, 6), "b": (18, 768, 6), "l": (36, 1024, 16), "xl": (42, 1152, 16)}
+PATCH_SIZES = (2, 4, 8)
+
+
+def sincos_pos_embed(dim: int, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding [h*w, dim] in row-major order: half the features encode the row,
+    half the column; each half is [sin(pos * w_i), cos(pos * w_i)], w_i = 10000^(-i / (dim/4)), i < dim/4."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
+    h, w = grid
+    freqs = 10000.0 ** (-torch.arange(dim // 4, dtype=torch.float64, device=device) / (dim // 4))
+    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float64, device=device),
+                                torch.arange(w, dtype=torch.float64, device=device), indexing="ij")
+    parts = []
+    for pos in (rows.reshape(-1), cols.reshape(-1)):
+        angles = pos[:, None] * freqs[None]
+        parts += [angles.sin(), angles.cos()]
+    return torch.cat(parts, dim=1).float()
+
+
+class TimestepEmbedder(nn.Module):
+    """t [B] -> [B, D]: sinusoidal features [cos(t w_i), sin(t w_i)], w_i = 10000^(-i/(F/2)), then Linear-SiLU-Linear."""
+
+    def __init__(self, dim: int, freq_dim: int = 256):
+        super().__init__()
+        self.freq_dim = freq_dim
+        self.mlp = nn.Sequential(nn.Linear(freq_dim, dim), nn.SiLU(), nn.Linear(dim, dim))
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        half = self.freq_dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=t.device) / half)
+        angles = t.float()[:, None] * freqs[None]
+        return self.mlp(torch.cat([angles.cos(), angles.sin()], dim=1).to(self.mlp[0].weight.dtype))
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm residual [attention, FFN] with adaLN-Zero modulation; x [B, N, D], c [B, D] or shared [B, 6, D]."""
+
+    def __init__(self, dim: int, num_heads: int, attention: str, adaln: str, mlp_ratio: float, attention_kwargs: dict):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = build_attention(attention, dim, num_heads, **attention_kwargs)
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        hidden = int(dim * mlp_ratio)
+        if attention == "lightnet":
+            self.ffn = GLU(dim, int(round(hidden * 2 / 3 / 32)) * 32)
+        else:
+            self.ffn = Mlp(dim, hidden, act_layer=lambda: nn.GELU(approximate="tanh"))
+        self.adaln = adaln
+        if adaln == "block":
+            self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
+        else:
+            self.modulation_offset = nn.Parameter(torch.zeros(6, dim))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        mod = self.modulation(c).unflatten(1, (6, -1)) if self.adaln == "block" else c + self.modulation_offset
+        shift1, scale1, gate1, shift2, scale2, gate2 = mod.unsqueeze(2).unbind(1)
+        x = x + gate1 * self.attn(self.norm1(x) * (1 + scale1) + shift1, grid=grid)
+        return x + gate2 * self.ffn(self.norm2(x) * (1 + scale2) + shift2)
+
+
+class DiT(ModelMixin, ConfigMixin):
+    """Class-conditional diffusion transformer; ``model(x [B, C, H, W], t [B], y [B]) -> [B, 2C | C, H, W]``.
+
+    ``num_classes`` real classes plus a null class (index ``num_classes``) used by label dropout
+    (``class_dropout_prob`` in training) and classifier-free guidance; ``num_classes=0`` is unconditional.
+    Any H, W divisible by ``patch_size`` works; ``input_size`` is the training size (for the record).
+    """
+
+    @register_to_config
+    def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
+                 depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0, attention: str = "softmax",
+                 adaln: str | None = None, class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True,
+                 attention_kwargs: dict | None = None):
+        super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_KINDS)}")
+        adaln = adaln or ("shared" if attention == "lightnet" else "block")
+        if adaln not in ("block", "shared"):
+            raise ValueError(f"adaln must be 'block' or 'shared', got {adaln!r}")
+        self.out_channels = 2 * in_channels if learn_sigma else in_channels
+        self.patch_embed = PatchEmbed(input_size, patch_size, in_channels, hidden_size)
+        self.tpe = MDTPE(hidden_size) if attention == "lightnet" else None
+        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.y_embedder = nn.Embedding(num_classes + 1, hidden_size)
+        self.shared_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size)) if adaln == "shared" else None
+        self.blocks = nn.ModuleList(
+            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {})) for _ in range(depth))
+        self.final_norm = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        if adaln == "block":
+            self.final_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        else:
+            self.final_modulation_offset = nn.Parameter(torch.zeros(2, hidden_size))
+        self.final_linear = nn.Linear(hidden_size, patch_size * patch_size * self.out_channels)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """DiT init on the layers this class owns (attention layers keep their own init): xavier for the FFN and the
+        patch projection, N(0, 0.02) for the embeddings, zeros for every modulation and the output head (adaLN-Zero)."""
+        for block in self.blocks:
+            for m in block.ffn.modules():
+                if isinstance(m, nn.Linear):
+                    nn.init.xavier_uniform_(m.weight)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+            if block.adaln == "block":
+                nn.init.zeros_(block.modulation[1].weight)
+                nn.init.zeros_(block.modulation[1].bias)
+        proj = self.patch_embed.proj
+        nn.init.xavier_uniform_(proj.weight.view(proj.weight.shape[0], -1))
+        nn.init.zeros_(proj.bias)
+        nn.init.normal_(self.y_embedder.weight, std=0.02)
+        for layer in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
+            nn.init.normal_(layer.weight, std=0.02)
+        heads = [self.final_linear] + [m[1] for m in (self.shared_modulation, getattr(self, "final_modulation", None)) if m is not None]
+        for layer in heads:
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    @property
+    def null_class(self) -> int:
+        """Label index of the unconditional (dropped) class."""
+        return self.config.num_classes
+
+    def check_input_shape(self, shape: tuple[int, ...]) -> None:
+        """Raise ValueError unless ``shape`` is [B, in_channels, H, W] with H and W divisible by the patch."""
+        p, c = self.config.patch_size, self.config.in_channels
+        if len(shape) != 4 or shape[1] != c:
+            raise ValueError(f"expected latents [B, {c}, H, W], got {tuple(shape)}")
+        if shape[2] % p or shape[3] % p:
+            raise ValueError(f"latent size {tuple(shape[2:])} is not divisible by the patch size {p}")
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, C, H, W], t [B] (or scalar) timesteps, y [B] labels in [0, num_classes] (None, or any labels for an
+        unconditional model: the null class)."""
+        self.check_input_shape(tuple(x.shape))
+        b = x.shape[0]
+        t = torch.as_tensor(t, device=x.device).expand(b) if torch.as_tensor(t).ndim == 0 else t.to(x.device)
+        if y is None or self.config.num_classes == 0:
+            y = torch.full((b,), self.null_class, device=x.device, dtype=torch.long)
+        if self.training and self.config.class_dropout_prob > 0:
+            drop = torch.rand(b, device=x.device) < self.config.class_dropout_prob
+            y = torch.where(drop, torch.full_like(y, self.null_class), y)
+        tokens, grid = self.patch_embed(x)
+        if self.tpe is None:
+            tokens = tokens + sincos_pos_embed(tokens.shape[-1], grid, device=x.device).to(tokens.dtype)
+        else:
+            tokens = self.tpe(tokens, grid, 0)
+        c = self.t_embedder(t) + self.y_embedder(y)
+        cond = c if self.shared_modulation is None else self.shared_modulation(c).unflatten(1, (6, -1))
+        for block in self.blocks:
+            tokens = block(tokens, cond, grid)
+        if self.shared_modulation is None:
+            shift, scale = self.final_modulation(c).unflatten(1, (2, -1)).unsqueeze(2).unbind(1)
+        else:
+            shift, scale = (c[:, None] + self.final_modulation_offset).unsqueeze(2).unbind(1)
+        out = self.final_linear(self.final_norm(tokens) * (1 + scale) + shift)
+        p, (h, w) = self.config.patch_size, grid
+        out = out.view(b, h, w, p, p, self.out_channels).permute(0, 5, 1, 3, 2, 4)
+        return out.reshape(b, self.out_channels, h * p, w * p)
+
+
+def model_names() -> list[str]:
+    """Every registered name ``{attention}_dit_{s|b|l|xl}_{2|4|8}``."""
+    return [f"{kind}_dit_{size}_{p}" for kind in ATTENTION_KINDS for size in DIT_SIZES for p in PATCH_SIZES]
+
+
+def model_config(name: str) -> dict:
+    """The DiT constructor arguments for a registered name (depth, width, heads, patch, attention)."""
+    kind, sep, rest = name.rpartition("_dit_")
+    size, _, patch = rest.partition("_")
+    if not sep or kind not in ATTENTION_KINDS or size not in DIT_SIZES or not patch.isdigit() or int(patch) not in PATCH_SIZES:
+        raise ValueError(f"unknown model {name!r}: expected {{attention}}_dit_{{s|b|l|xl}}_{{2|4|8}} with attention in "
+                         f"{sorted(ATTENTION_KINDS)}")
+    depth, width, heads = (LIGHTNET_DIT_SIZES if kind == "lightnet" else DIT_SIZES)[size]
+    return {"depth": depth, "hidden_size": width, "num_heads": heads, "patch_size": int(patch), "attention": kind}
+
+
+def create_model(name: str, input_size: int = 32, in_channels: int = 4, num_classes: int = 1000, **kwargs) -> DiT:
+    """Build a registered DiT, e.g. ``create_model("lightnet_dit_xl_2")``; ``kwargs`` override the constructor."""
+    config = model_config(name)
+    config.update(kwargs)
+    return DiT(input_size=input_size, in_channels=in_channels, num_classes=num_classes, **config)

@@ -1,0 +1,118 @@
+"""``lightvision diffusion sample``: images from a trained DiT (EMA weights), spread over every process.
+
+Sample i has seed ``seed + i`` and label ``i % num_classes``: rank r of W draws the indices i = r, r + W, ...,
+so the set of images is the same for any number of processes, with no duplicates. Writes
+``images/NNNNNN.png``, ``grid.png`` (the first 64) and ``samples.npz`` (``arr_0``: uint8 [N, H, W, 3], the
+layout of the ADM / DiT evaluation suites).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lightvision.diffusion.autoencoder import Codec
+from lightvision.diffusion.dit import DiT
+from lightvision.diffusion.gaussian import GaussianDiffusion, SampleNoise, guided
+
+
+def to_uint8(images: torch.Tensor) -> np.ndarray:
+    """[B, C, H, W] in [-1, 1] -> uint8 [B, H, W, 3] (grey images repeated to RGB)."""
+    x = ((images.float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    return np.repeat(x, 3, axis=3) if x.shape[3] == 1 else x
+
+
+def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -> Path:
+    """Save [B, C, H, W] in [-1, 1] as one PNG grid (``nrow`` per row, default ~sqrt(B))."""
+    from PIL import Image
+
+    arr = to_uint8(images)
+    b, h, w, _ = arr.shape
+    nrow = nrow or max(1, int(np.ceil(np.sqrt(b))))
+    rows = int(np.ceil(b / nrow))
+    grid = np.zeros((rows * (h + 2) + 2, nrow * (w + 2) + 2, 3), dtype=np.uint8)
+    for i in range(b):
+        r, c = divmod(i, nrow)
+        grid[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = arr[i]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid).save(path)
+    return path
+
+
+@torch.no_grad()
+def generate(model: DiT, diffusion: GaussianDiffusion, codec: Codec, labels: list[int] | None, seeds: list[int], *,
+             latent_size: int | tuple[int, int], sampler: str = "ddpm", eta: float = 0.0, cfg_scale: float = 1.0,
+             guide_channels: int | None = 3, device: str | torch.device = "cpu", progress: bool = False) -> torch.Tensor:
+    """Images [len(seeds), C, H, W] in [-1, 1]: sample latents with ``diffusion`` (already respaced), decode.
+
+    ``labels`` None = unconditional (null class). ``cfg_scale`` != 1 needs a class-conditional model.
+    """
+    h, w = (latent_size, latent_size) if isinstance(latent_size, int) else latent_size
+    shape = (len(seeds), model.config.in_channels, h, w)
+    model.check_input_shape(shape)
+    y = torch.tensor(labels if labels is not None else [model.null_class] * len(seeds), device=device, dtype=torch.long)
+    if cfg_scale != 1.0:
+        if model.config.num_classes == 0 or labels is None:
+            raise ValueError(f"guidance scale {cfg_scale} needs a class-conditional model and labels; "
+                             "use cfg_scale=1 for an unconditional model")
+        fn = guided(model, y, model.null_class, cfg_scale, guide_channels)
+    else:
+        def fn(x, t):
+            return model(x, t, y)
+    z = diffusion.sample(fn, shape, SampleNoise(seeds, device), method=sampler, eta=eta, progress=progress)
+    return codec.decode(z)
+
+
+def load_for_sampling(checkpoint: str | Path, device: str | torch.device, which: str = "ema") -> tuple[DiT, dict]:
+    """Model (``which`` weights, eval mode) and run config of a checkpoint or run folder."""
+    from lightvision.diffusion.train import build_model
+    from lightvision.engine.checkpoint import load_model_weights, read_checkpoint_config
+
+    info = read_checkpoint_config(checkpoint)
+    model = build_model(info["model_config"])
+    load_model_weights(checkpoint, model, which=which)
+    return model.to(device).eval(), info["config"]
+
+
+def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_size: int = 32, sampler: str = "ddpm",
+                steps: int = 250, eta: float = 0.0, cfg_scale: float = 1.0, guide_channels: int | None = 3, seed: int = 0,
+                image_size: int | None = None, which: str = "ema", vae: str | None = None) -> dict:
+    """The ``sample`` command; returns a summary (paths, counts, settings)."""
+    from accelerate import PartialState
+    from PIL import Image
+    from tqdm.auto import tqdm
+
+    from lightvision.diffusion.train import build_codec, build_diffusion
+
+    state = PartialState()
+    model, cfg = load_for_sampling(checkpoint, state.device, which)
+    if vae is not None:
+        cfg["autoencoder"]["path"] = vae
+    codec = build_codec(cfg, state.device)
+    latent = model.config.input_size if image_size is None else codec.latent_size(image_size)
+    diffusion = build_diffusion(cfg).respace(steps)
+    num_classes = model.config.num_classes
+    out = Path(out_dir)
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    mine = list(range(state.process_index, num_samples, state.num_processes))
+    for start in tqdm(range(0, len(mine), batch_size), desc=f"sampling (rank {state.process_index})", disable=not state.is_main_process):
+        idx = mine[start:start + batch_size]
+        labels = [i % num_classes for i in idx] if num_classes else None
+        images = generate(model, diffusion, codec, labels, [seed + i for i in idx], latent_size=latent, sampler=sampler,
+                          eta=eta, cfg_scale=cfg_scale, guide_channels=guide_channels, device=state.device)
+        for i, arr in zip(idx, to_uint8(images)):
+            Image.fromarray(arr).save(out / "images" / f"{i:06d}.png")
+    state.wait_for_everyone()
+    summary = {"checkpoint": str(checkpoint), "num_samples": num_samples, "sampler": sampler, "steps": steps, "eta": eta,
+               "cfg_scale": cfg_scale, "guide_channels": guide_channels, "seed": seed, "processes": state.num_processes}
+    if state.is_main_process:
+        arr = np.stack([np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)])
+        np.savez(out / "samples.npz", arr_0=arr)
+        save_grid(torch.from_numpy(arr[:64]).permute(0, 3, 1, 2).float() / 127.5 - 1, out / "grid.png")
+        summary.update(npz=str(out / "samples.npz"), grid=str(out / "grid.png"), images=str(out / "images"))
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

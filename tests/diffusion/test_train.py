@@ -1,0 +1,130 @@
+"""Tiny AutoencoderKL -> extract-latents -> train through the engine -> exact resume -> sample command."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKL
+from PIL import Image
+
+from lightvision.diffusion.autoencoder import load_codec
+from lightvision.diffusion.latents import LatentDataset, draw_latents, extract_latents, image_folder
+from lightvision.diffusion.sample import sample_main
+from lightvision.diffusion.train import load_recipe, train
+from lightvision.engine.checkpoint import CheckpointManager
+
+
+@pytest.fixture(scope="module")
+def vae_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, layers_per_block=1,
+                        norm_num_groups=4, sample_size=16, scaling_factor=0.5)
+    path = tmp_path_factory.mktemp("vae") / "tiny-vae"
+    vae.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def latents_dir(tmp_path_factory, vae_dir):
+    root = tmp_path_factory.mktemp("data") / "images"
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (root / c).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    out = root.parent / "latents"
+    meta = extract_latents(root, out, load_codec("kl", str(vae_dir)), 16, batch_size=5, shard_size=5, progress=False)
+    assert meta["count"] == 12 and meta["latent_shape"] == [4, 8, 8] and len(meta["shards"]) == 3
+    return out
+
+
+def recipe(run_dir, latents_dir, vae_dir, steps, extra=()):
+    return load_recipe(None, [
+        f"run_dir={run_dir}", "model.name=softmax_dit_s_2", "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
+        "data.source=latents", f"data.root={latents_dir}", "data.num_classes=2", "data.batch_size=4",
+        "data.num_workers=0", f"autoencoder.path={vae_dir}", f"train.max_steps={steps}", "train.mixed_precision='no'",
+        "train.ckpt_every=2", "train.log_every=1", "train.ema_decay=0.9", "sample.every=4", "sample.num=2",
+        "sample.steps=3", "optim.lr=1e-3", *extra])
+
+
+def test_latent_cache_holds_the_posterior_of_image_and_flip(latents_dir, vae_dir):
+    data = LatentDataset(latents_dir)
+    moments, label = data[7]
+    assert moments.shape == (2, 2, 4, 8, 8) and label == 1 and data.scaling_factor == 0.5
+    codec = load_codec("kl", str(vae_dir))
+    x, _ = image_folder(latents_dir.parent / "images", 16, flip=False)[7]
+    for view, image in enumerate((x, x.flip(-1))):
+        mean, logvar = codec.moments(image[None])
+        torch.testing.assert_close(moments[view, 0], mean[0], atol=2e-3, rtol=2e-3)  # float16 storage
+        torch.testing.assert_close(moments[view, 1], logvar[0], atol=2e-3, rtol=2e-3)
+    torch.manual_seed(0)
+    z = draw_latents(moments[None].expand(4096, -1, -1, -1, -1, -1), 0.5)  # mixture of the two posteriors, scaled
+    torch.testing.assert_close(z.mean(0), 0.5 * moments[:, 0].mean(0), atol=0.05, rtol=0)
+
+
+def test_train_resume_and_sample(tmp_path, latents_dir, vae_dir):
+    straight = train(recipe(tmp_path / "a", latents_dir, vae_dir, 4))
+    assert straight["step"] == 4 and (tmp_path / "a" / "samples" / "step_0000004.png").is_file()
+    records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert {"loss", "mse", "vlb"} <= set(records[0])
+    train(recipe(tmp_path / "b", latents_dir, vae_dir, 2))
+    train(recipe(tmp_path / "b", latents_dir, vae_dir, 4), resume=True)
+    from safetensors.torch import load_file
+
+    a = load_file(CheckpointManager(tmp_path / "a").latest() / "ema.safetensors")
+    b = load_file(CheckpointManager(tmp_path / "b").latest() / "ema.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    out = tmp_path / "samples"
+    summary = sample_main(str(tmp_path / "a"), str(out), num_samples=3, batch_size=2, steps=4, cfg_scale=1.5)
+    arr = np.load(out / "samples.npz")["arr_0"]
+    assert arr.shape == (3, 16, 16, 3) and arr.dtype == np.uint8 and summary["processes"] == 1
+    assert (out / "grid.png").is_file() and len(list((out / "images").glob("*.png"))) == 3
+    again = tmp_path / "again"
+    sample_main(str(tmp_path / "a"), str(again), num_samples=2, batch_size=1, steps=4, cfg_scale=1.5)
+    np.testing.assert_array_equal(np.load(again / "samples.npz")["arr_0"], arr[:2])  # per-sample seeds
+    with pytest.raises(ValueError, match="not divisible"):
+        sample_main(str(tmp_path / "a"), str(tmp_path / "bad"), num_samples=1, image_size=10, steps=2)
+
+
+def test_unconditional_model_refuses_guidance(tmp_path, latents_dir, vae_dir):
+    train(recipe(tmp_path / "u", latents_dir, vae_dir, 1, ["data.num_classes=0", "sample.every=100"]))
+    with pytest.raises(ValueError, match="guidance scale"):
+        sample_main(str(tmp_path / "u"), str(tmp_path / "s"), num_samples=1, steps=2, cfg_scale=4.0)
+
+
+def test_missing_autoencoder_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_codec("kl", str(tmp_path / "no-such-vae"))
+    with pytest.raises(FileNotFoundError, match="cannot load"):
+        load_codec("kl", "nobody-here/no-such-vae")
+
+
+def test_every_recipe_resolves_to_a_registered_model():
+    from pathlib import Path
+
+    from lightvision.diffusion.dit import model_config
+    from lightvision.diffusion.default import DIGITS_OVERRIDES
+
+    recipes = sorted(Path(__file__).parents[2].joinpath("configs", "diffusion").glob("*.yaml"))
+    assert len(recipes) >= 22
+    for path in recipes:
+        cfg = load_recipe(path)
+        model_config(cfg["model"]["name"])
+        assert cfg["base"] is None and cfg["optim"]["lr"] > 0
+    lightnet = load_recipe(recipes[0].parent / "imagenet256_lightnet_xl.yaml", ["data.root=/x"])
+    assert lightnet["optim"]["betas"] == [0.9, 0.98] and lightnet["train"]["ema_decay"] == 0.9999
+    assert lightnet["data"]["batch_size"] == 256 and lightnet["data"]["root"] == "/x"
+    assert load_recipe(None, DIGITS_OVERRIDES)["data"]["source"] == "digits"
+
+
+def test_digits_pixels_are_8_bit_in_range():
+    from lightvision.diffusion.latents import DigitsPixels
+
+    train_set, test_set = DigitsPixels("train"), DigitsPixels("val")
+    assert (len(train_set), len(test_set)) == (1437, 360)
+    x, y = test_set[0]
+    levels = (x + 1) * 127.5
+    assert x.shape == (1, 16, 16) and x.min() >= -1 and x.max() <= 1 and torch.allclose(levels, levels.round(), atol=1e-4)
