@@ -12,21 +12,30 @@ from lightvision.engine.checkpoint import unwrap_model
 
 class ModelEma:
     """fp32 EMA of a model's parameters; buffers are copied. ``ema.module`` is a plain ``nn.Module``
-    with the model's state-dict keys, saved as ``ema.safetensors`` and loadable into a fresh model."""
+    with the model's state-dict keys, saved as ``ema.safetensors`` and loadable into a fresh model.
 
-    def __init__(self, model: nn.Module, decay: float):
+    With ``warmup`` the decay at optimizer step s is ``min(decay, (1 + s) / (10 + s))``, so a short run's
+    EMA follows the trained weights instead of staying near the initial ones (0.9999 is reached after
+    about 90k steps; long runs are unaffected). The step comes from the caller, so resume stays exact."""
+
+    def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
         self.decay = decay
+        self.warmup = warmup
         self.module = copy.deepcopy(unwrap_model(model)).float().eval().requires_grad_(False)
 
     @torch.no_grad()
-    def update(self, model: nn.Module) -> None:
-        """``ema = decay * ema + (1 - decay) * model`` for parameters; buffers are copied."""
+    def decay_at(self, step: int) -> float:
+        """The decay used for the update after optimizer step ``step`` (0-based)."""
+        return min(self.decay, (1 + step) / (10 + step)) if self.warmup else self.decay
+
+    def update(self, model: nn.Module, step: int) -> None:
+        """``ema = d * ema + (1 - d) * model`` for parameters with d = ``decay_at(step)``; buffers are copied."""
         source = unwrap_model(model)
         ema_params = list(self.module.parameters())
         params = [p.detach().float() for p in source.parameters()]
-        torch._foreach_lerp_(ema_params, params, 1.0 - self.decay)
+        torch._foreach_lerp_(ema_params, params, 1.0 - self.decay_at(step))
         for ema_buffer, buffer in zip(self.module.buffers(), source.buffers()):
             ema_buffer.copy_(buffer)
 

@@ -72,7 +72,7 @@ class Trainer:
         max_steps: optimizer steps to train for; each consumes ``grad_accum_steps`` batches per process.
         model_config: architecture description, stored with checkpoints and checked on resume.
         clip_grad: max gradient norm (None: no clipping; the norm is logged when set).
-        ema_decay: keep an fp32 EMA of the weights (None: no EMA).
+        ema_decay: keep an fp32 EMA of the weights (None: no EMA), with the warm-up of ``ModelEma``.
         nan_policy: "stop" raises :class:`NonFiniteError` (nothing saved); "skip" drops the update and goes on.
         metric_mode: "max" or "min": which hook metric is better (best checkpoint).
         hooks: ``(every, fn)``: ``fn(trainer)`` runs every ``every`` steps on every process and may return
@@ -296,7 +296,7 @@ class Trainer:
                 values["grad_norm"] = float(acc.clip_grad_norm_(self.model.parameters(), self.clip_grad))
             self.optimizer.step()
             if self.ema is not None and not acc.optimizer_step_was_skipped:
-                self.ema.update(self.model)
+                self.ema.update(self.model, self.step)
             for key, value in values.items():
                 self._window[key] = self._window.get(key, 0.0) + value
             self._window_steps += 1

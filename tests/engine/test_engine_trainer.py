@@ -87,15 +87,27 @@ def test_eval_hook_metric_saves_best(tmp_path):
 
 def test_model_ema_update():
     model = nn.Linear(3, 2)
-    ema = ModelEma(model, decay=0.75)
+    ema = ModelEma(model, decay=0.75, warmup=False)
     start = weights(ema.module)
     with torch.no_grad():
         model.weight.add_(1.0)
-    ema.update(model)
+    ema.update(model, step=0)
     assert torch.allclose(ema.module.weight, 0.75 * start["weight"] + 0.25 * model.weight)
     assert ema.module.weight.dtype == torch.float32 and not ema.module.weight.requires_grad
     with pytest.raises(ValueError, match="decay"):
         ModelEma(model, 1.0)
+
+
+def test_model_ema_warmup_follows_a_short_run_then_reaches_the_decay():
+    model = nn.Linear(3, 2)
+    ema = ModelEma(model, decay=0.9999)
+    assert ema.decay_at(0) == pytest.approx(0.1) and ema.decay_at(10) == pytest.approx(11 / 20)
+    assert ema.decay_at(10**6) == 0.9999
+    start = weights(ema.module)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    ema.update(model, step=0)
+    assert torch.allclose(ema.module.weight, 0.1 * start["weight"] + 0.9 * model.weight)
 
 
 def test_metrics_logger_resume_drops_later_and_torn_records(tmp_path):
