@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)")
-    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl_2.yaml")
+    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the run folder's newest checkpoint, or the given checkpoint / run folder")
