@@ -1,7 +1,7 @@
-"""Kernel tests run on CPU through the Triton interpreter when no CUDA device is present.
+"""Without a CUDA device, Triton kernels run in the Triton interpreter (CPU) throughout the suite.
 
-TRITON_INTERPRET is read when a kernel is decorated (module import), so it is set here, before any test
-module imports a kernel family."""
+TRITON_INTERPRET is read when a kernel is decorated (module import), so it is set here, at the root,
+before any test module (or the ops dispatch) imports a kernel family."""
 
 import os
 
