@@ -2,7 +2,6 @@
 
     lion_attention(q, k, v, *, mask, log_decay, form, chunk_size, normalize)
         -> Y [B, H, N, d_v] (q.dtype), or (num [B, H, N, d_v], den [B, H, N]) in fp32 when normalize=False
-    lion_snake_attention(q, k, v, *, grid, num_prefix_tokens, mask, log_decay_row, log_decay_col, form, chunk_size)
     two_scan_attention(q, k, v, *, log_decay, chunk_size) -> A V (no normaliser), q.dtype
 
 Kernel forms: "parallel" and "chunk" run the flash-style masked kernel (parallel.py: tiles of keys, O(N)
@@ -82,25 +81,4 @@ def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):
     return num.to(q.dtype)
 
 
-def lion_snake_attention(q, k, v, *, grid, num_prefix_tokens=0, mask="d", log_decay_row, log_decay_col,
-                         form="parallel", chunk_size=64):
-    """Kernel implementation of :func:`lightvision.ops.lion.lion_snake_attention`: for the row- and the
-    column-snake order, gather the tokens, run the kernel unnormalised, scatter back; then
-    Y = (num_row + num_col) / 2 / ((den_row + den_col) / 2 + 1e-6)."""
-    from lightvision.ops.lion import snake_permutation
-
-    if not supported(q, k, v):
-        return NotImplemented
-    kform = _kernel_form(form, q.shape[2], mask, q, k, v, log_decay_row, log_decay_col)
-    num = den = 0.0
-    for order, ld in (("row", log_decay_row), ("col", log_decay_col)):
-        perm = snake_permutation(grid, num_prefix_tokens, order, device=q.device)
-        inv = torch.argsort(perm)
-        g = gates(mask, ld[..., perm] if mask == "s" else ld, q.shape)
-        n_o, d_o = lion_core(q[:, :, perm], k[:, :, perm], v[:, :, perm], g, False, kform)
-        num = num + n_o[:, :, inv]
-        den = den + d_o[:, :, inv]
-    return ((num / 2) / (den[..., None] / 2 + EPS.value)).to(q.dtype)
-
-
-__all__ = ["lion_attention", "lion_snake_attention", "two_scan_attention", "choose_form"]
+__all__ = ["lion_attention", "two_scan_attention", "choose_form"]

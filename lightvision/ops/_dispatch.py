@@ -26,7 +26,6 @@ _KERNELS: dict[str, Callable] = {}
 _FAMILY = {
     "lightnet_attention": "lightvision.kernels.lightnet",
     "lion_attention": "lightvision.kernels.lion",
-    "lion_snake_attention": "lightvision.kernels.lion",
     "two_scan_attention": "lightvision.kernels.lion",
 }
 _IMPORTED: set[str] = set()

@@ -104,7 +104,8 @@ def lion_snake_attention(
     M_row (M_col) is the D or S mask built along the row-snake (column-snake) order of the 2-D grid
     (:func:`snake_permutation`) and permuted back to raster order. Computed by gathering tokens into each
     order, running :func:`lion_attention` with normalize=False, scattering back, averaging numerators and
-    denominators, then Y = num / (den + 1e-6). Prefix tokens stay first in both orders.
+    denominators, then Y = num / (den + 1e-6). Prefix tokens stay first in both orders. ``backend`` is
+    passed to each :func:`lion_attention` call, so a registered LION kernel runs both orders.
     q, k: [B, H, N, d] feature-mapped; v: [B, H, N, d_v]; grid (h, w) with h*w + num_prefix_tokens = N.
     log_decay_row / _col: [H] (mask "d") or [B, H, N] in RASTER order (mask "s"), one per order.
     Returns [B, H, N, d_v] in q's dtype.
@@ -116,11 +117,6 @@ def lion_snake_attention(
     check_choice(mask, ("d", "s"), "snake mask")
     check_log_decay(mask, log_decay_row, q, "lion_snake_attention (log_decay_row)")
     check_log_decay(mask, log_decay_col, q, "lion_snake_attention (log_decay_col)")
-    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, mask=mask, log_decay_row=log_decay_row,
-                  log_decay_col=log_decay_col, form=form, chunk_size=chunk_size)
-    out = dispatch("lion_snake_attention", backend, q.device, q, k, v, kwargs)
-    if out is not NotImplemented:
-        return out
     num = den = 0.0
     for order, ld in (("row", log_decay_row), ("col", log_decay_col)):
         perm = snake_permutation(grid, num_prefix_tokens, order, device=q.device)

@@ -76,7 +76,6 @@ def _check(fn, tensors, dtype, normalize=True, scales=None):
 
 def test_registered():
     assert get_kernel("lion_attention") is lk.lion_attention
-    assert get_kernel("lion_snake_attention") is lk.lion_snake_attention
     assert get_kernel("two_scan_attention") is lk.two_scan_attention
 
 
