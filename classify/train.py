@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from torch import nn
@@ -35,7 +34,7 @@ from torch.utils.data import DataLoader
 from lightvision.classify.data import build_mixup, build_repeat_sampler, train_dataset, val_dataset
 from lightvision.classify.deit import create_from_config
 from lightvision.classify.evaluate import evaluate
-from lightvision.engine import Trainer, load_config, save_config
+from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 
 __all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
 
@@ -118,10 +117,10 @@ def build_accelerator(cfg: dict, device: str = "auto") -> Accelerator:
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was asked for but no GPU is visible; use --device cpu")
     t = cfg["train"]
-    return Accelerator(
-        mixed_precision=t["mixed_precision"] or "no",  # YAML reads a bare `no` as False
-        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=t["grad_accum_steps"], sync_with_dataloader=False),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=t["seed"]),
+    return make_accelerator(
+        t["mixed_precision"] or "no",  # YAML reads a bare `no` as False
+        t["grad_accum_steps"],
+        t["seed"],
         cpu=device == "cpu" or not torch.cuda.is_available(),
     )
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import subprocess
 import sys
@@ -24,20 +23,9 @@ from pathlib import Path
 
 import torch
 
+from lightvision.results import results_env
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def env_block(command: str) -> dict:
-    """GPU name, torch / triton versions, the command and the UTC date."""
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    return {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", "torch": torch.__version__,
-            "triton": triton_version, "command": command,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
 
 
 def train_classifier(data: str, work: Path, epochs: int) -> Path:
@@ -123,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = True
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"env": env_block(" ".join(["python -m lightvision.diffusion.benchmark", *(argv or sys.argv[1:])])),
+    report = {"env": results_env(" ".join(["python -m lightvision.diffusion.benchmark", *(argv or sys.argv[1:])])),
               "settings": vars(args), "results": {}}
     start = time.time()
     classifier = train_classifier(args.data, Path(args.work), args.classifier_epochs)

@@ -36,7 +36,6 @@ table printed last.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import math
@@ -45,6 +44,8 @@ import sys
 import torch
 import torch.nn.functional as F
 import triton
+
+from lightvision.results import results_env
 
 REGISTRY: dict[tuple[str, str], object] = {}
 
@@ -286,8 +287,7 @@ def main(argv=None) -> int:
     sweep_shapes = [tuple(int(x) for x in s.split("x")) for s in split(args.sweep)]
     if sweep_shapes:
         records += sweep(sweep_shapes, getattr(torch, args.dtype), device, args.peak_gbs)
-    env = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, triton=triton.__version__,
-               command=" ".join(sys.argv), date=datetime.datetime.now(datetime.timezone.utc).isoformat())
+    env = results_env(" ".join(["python3", *sys.argv]))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(env=env, checks=checks, records=records), f, indent=1)

@@ -21,7 +21,6 @@ PNG per family (images/s and peak memory against resolution), the table printed 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from lightvision.results import results_env
 
 DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
 DIT_BATCH = {"b": {256: 64, 512: 16, 1024: 4}, "xl": {256: 32, 512: 8, 1024: 2}}
@@ -218,17 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     for family, attention, size, px, batch in plan:
         records.extend(bench_one(family, attention, size, px, batch, args))
 
-    import triton
-
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = {
-        "gpu": torch.cuda.get_device_name(0),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "command": "python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
+    env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
     out.write_text(json.dumps({"env": env, "records": records}, indent=1))
     table = markdown_table(records)
     out.with_suffix(".md").write_text(table + "\n")

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from lightvision.ops import lion_attention, lion_snake_attention, two_scan_attention
+from lightvision.results import results_env
 
 from . import parallel
 
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
               + " ".join(f"{kk}={w[kk]:.1e}" for kk in ("y", "dq", "dk", "dv", "dlog", "dlog_row", "dlog_col") if kk in w))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(env=dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__), checks=rows), f, indent=1)
+            json.dump(dict(env=results_env(" ".join(["python -m lightvision.kernels.lion.check", *sys.argv[1:]])), checks=rows), f, indent=1)
     return 1 if any(not r["ok"] for r in rows) else 0
 
 

@@ -52,6 +52,14 @@ def _gate_tile(g_ptr, rows, n):
 
 
 @triton.jit
+def _tile_log_mask(inc, exc, ar):
+    """Log of the LION mask within one tile from its local gate cumsums (SPEC 1.5): exc_i - exc_j below the
+    diagonal (sum of log a over j..i-1), inc_j - inc_i above it (sum over i+1..j), 0 on the diagonal."""
+    return tl.where(ar[:, None] > ar[None, :], exc[:, None] - exc[None, :],
+                    tl.where(ar[:, None] < ar[None, :], inc[None, :] - inc[:, None], 0.0))
+
+
+@triton.jit
 def _span(g_ptr, tile, step, limit, n, T: tl.constexpr, HAS_MASK: tl.constexpr):
     """Number of tiles to visit from `tile` + step in direction `step` (+1 / -1) before the running segment
     sum of whole tiles drops below SKIP_LOG (all remaining tiles when there is no mask)."""
@@ -96,8 +104,7 @@ def _fwd_kernel(Q, K, V, G, NUM, DEN, N, D, DV,
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
-        lm = tl.where(ar[:, None] > ar[None, :], q_exc[:, None] - q_exc[None, :],
-                      tl.where(ar[:, None] < ar[None, :], q_inc[None, :] - q_inc[:, None], 0.0))
+        lm = _tile_log_mask(q_inc, q_exc, ar)
         s = s * tl.exp(lm)
     den += tl.sum(s, 1)
     acc += tl.dot(s.to(v.dtype), v, input_precision=PREC)
@@ -171,8 +178,7 @@ def _bwd_dq_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     da = tl.dot(do, tl.trans(v), input_precision=PREC) + delta[:, None]
     if HAS_MASK:
-        lm = tl.where(ar[:, None] > ar[None, :], q_exc[:, None] - q_exc[None, :],
-                      tl.where(ar[:, None] < ar[None, :], q_inc[None, :] - q_inc[:, None], 0.0))
+        lm = _tile_log_mask(q_inc, q_exc, ar)
         m = tl.exp(lm)
         dp = da * m
         w = dp * s

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .parallel import EPS, _empty, _gate_tile, _load_rows, _meta, _strides, gate_grad
+from .parallel import EPS, _empty, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad
 
 
 @triton.jit
@@ -38,8 +38,7 @@ def _intra(q, k, v, dt, inc, exc, HAS_MASK: tl.constexpr, PREC: tl.constexpr, C:
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
         ar = tl.arange(0, C)
-        lm = tl.where(ar[:, None] > ar[None, :], exc[:, None] - exc[None, :],
-                      tl.where(ar[:, None] < ar[None, :], inc[None, :] - inc[:, None], 0.0))
+        lm = _tile_log_mask(inc, exc, ar)
         s = s * tl.exp(lm)
     return tl.dot(s.to(dt), v, input_precision=PREC), tl.sum(s, 1)
 
@@ -188,8 +187,7 @@ def _scan_bwd_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, DK, DVO, SUMS, SCR, N, D, 
                 s = tl.dot(q, tl.trans(k), input_precision=PREC)
                 da = tl.dot(dn, tl.trans(v), input_precision=PREC) + dd[:, None]
                 if HAS_MASK:
-                    lm = tl.where(ar[:, None] > ar[None, :], exc[:, None] - exc[None, :],
-                                  tl.where(ar[:, None] < ar[None, :], inc[None, :] - inc[:, None], 0.0))
+                    lm = _tile_log_mask(inc, exc, ar)
                     m = tl.exp(lm)
                     a = s * m
                     dp = da * m

@@ -13,7 +13,7 @@ from lightvision.engine.config import ConfigError, load_config, parse_value, sav
 from lightvision.engine.ema import ModelEma
 from lightvision.engine.guards import NonFiniteError, check_finite
 from lightvision.engine.metrics import MetricsLogger
-from lightvision.engine.trainer import Trainer
+from lightvision.engine.trainer import Trainer, make_accelerator
 
 __all__ = [
     "CheckpointError",
@@ -26,6 +26,7 @@ __all__ = [
     "check_finite",
     "load_config",
     "load_model_weights",
+    "make_accelerator",
     "parse_value",
     "read_checkpoint_config",
     "resolve_checkpoint",

@@ -59,6 +59,17 @@ def _positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def make_accelerator(mixed_precision: str = "no", grad_accum_steps: int = 1, seed: int = 0, cpu: bool = False) -> Accelerator:
+    """The ``Accelerator`` a :class:`Trainer` needs: accumulation without data-loader sync and a sampler seeded
+    with ``seed``, so data order is a function of (seed, epoch) and resume is exact."""
+    return Accelerator(
+        mixed_precision=mixed_precision,
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum_steps, sync_with_dataloader=False),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
+        cpu=cpu,
+    )
+
+
 class Trainer:
     """Step-based accelerate training loop with checkpoints, EMA, NaN guard, metrics and exact resume.
 
@@ -116,14 +127,7 @@ class Trainer:
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
         if accelerator is None:
-            accelerator = Accelerator(
-                mixed_precision=mixed_precision,
-                gradient_accumulation_plugin=GradientAccumulationPlugin(
-                    num_steps=grad_accum_steps, sync_with_dataloader=False
-                ),
-                dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
-                cpu=not torch.cuda.is_available(),
-            )
+            accelerator = make_accelerator(mixed_precision, grad_accum_steps, seed, cpu=not torch.cuda.is_available())
         elif (accelerator.gradient_accumulation_steps != grad_accum_steps
               or accelerator.gradient_state.sync_with_dataloader
               or not accelerator.dataloader_config.use_seedable_sampler):
