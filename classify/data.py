@@ -4,7 +4,8 @@ Two sources, chosen by ``data.source`` in the recipe:
 
 * ``imagefolder``: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg`` (torchvision layout).
   Training images go through timm's ``create_transform`` (random resized crop, flip, RandAugment,
-  color jitter, random erasing); evaluation resizes to ``size / crop_pct`` and center-crops ``size``.
+  color jitter, random erasing; ``aug.no_aug``: resize and center-crop only); evaluation resizes to
+  ``size / crop_pct`` and center-crops ``size``.
   Images that cannot be decoded are skipped: a warning names the file, and ``skipped_images()`` counts
   them across DataLoader workers.
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
@@ -152,10 +153,14 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None) -> D
 
 
 def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:
-    """DeiT training transform (timm): RandomResizedCrop, flip, RandAugment, jitter, random erasing."""
+    """DeiT training transform (timm): RandomResizedCrop, flip, RandAugment, jitter, random erasing.
+
+    ``aug["no_aug"]`` true: timm's ``no_aug`` training transform instead (resize the short side to ``img_size``,
+    center-crop, normalise; nothing random), e.g. to compare runs image for image."""
     return create_transform(
         input_size=img_size,
         is_training=True,
+        no_aug=bool(aug.get("no_aug", False)),
         scale=tuple(aug.get("scale", (0.08, 1.0))),
         auto_augment=aug.get("auto_augment") or None,
         color_jitter=aug.get("color_jitter", 0.3),

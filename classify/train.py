@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
         "num_workers": 8,
     },
     "aug": {
+        "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
         "scale": [0.08, 1.0],  # RandomResizedCrop area range
         "auto_augment": "rand-m9-mstd0.5-inc1",
         "color_jitter": 0.3,
@@ -87,6 +88,7 @@ DEFAULTS: dict[str, Any] = {
     "sched": {"epochs": 300, "warmup_epochs": 5, "warmup_lr": 1e-6, "min_lr": 1e-5},
     "train": {
         "batch_size": 128,  # per process and micro-batch
+        "max_steps": None,  # stop after this many optimizer steps (null: sched.epochs); the schedule keeps its length
         "grad_accum_steps": 1,
         "mixed_precision": "bf16",  # "no" | "bf16" | "fp16"
         "ema_decay": 0.99996,  # null: no EMA
@@ -97,7 +99,7 @@ DEFAULTS: dict[str, Any] = {
         "ckpt_every_epochs": 1,
         "keep_last": 3,
         "nan_policy": "stop",
-        "seed": 0,
+        "seed": 0,  # model init, data order, per-step randomness (the same init for any number of processes)
     },
     "run": {"dir": "runs/classify"},
 }
@@ -174,6 +176,7 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
     train_set = train_dataset(cfg)
     num_classes = len(train_set.classes)
     mcfg = model_config(cfg, num_classes)
+    torch.manual_seed(t["seed"])  # every process (and a 1-process run) starts from the same weights
     model = create_from_config(mcfg, cfg["model"]["drop_path"])
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
@@ -212,15 +215,18 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
     optimizer = create_optimizer_v2(
         model, opt=o["opt"], lr=lr, weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"]
     )
-    max_steps = s["epochs"] * steps_per_epoch
+    schedule_steps = s["epochs"] * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _warmup_cosine(max_steps, s["warmup_epochs"] * steps_per_epoch, lr, s["warmup_lr"], s["min_lr"])
+        optimizer, _warmup_cosine(schedule_steps, s["warmup_epochs"] * steps_per_epoch, lr, s["warmup_lr"], s["min_lr"])
     )
+    max_steps = schedule_steps if t["max_steps"] is None else min(int(t["max_steps"]), schedule_steps)
+    if max_steps < 1:
+        raise ValueError(f"train.max_steps must be a positive number of steps or null, got {t['max_steps']!r}")
 
     def validate(trainer: Trainer) -> dict[str, Any]:
         """Top-1 / top-5 of the trained weights (and of the EMA); the model's top-1 picks the best checkpoint."""
         res = evaluate(trainer.model, val_loader, accelerator, desc=f"val step {trainer.step}")
-        out = {"val_top1": res["top1"], "val_top5": res["top5"], "metric": res["top1"]}
+        out = {"val_top1": res["top1"], "val_top5": res["top5"], "val_images": res["images"], "metric": res["top1"]}
         if trainer.ema is not None:
             ema = evaluate(trainer.ema.module, val_loader, accelerator, desc="val ema")
             out.update(val_ema_top1=ema["top1"], val_ema_top5=ema["top5"])
@@ -238,13 +244,14 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
         accelerator=accelerator,
     )
     if accelerator.is_main_process:
-        log.info("%s: %d classes, %d train / %d val images, %d epochs x %d steps, global batch %d, lr %.3g",
-                 mcfg["name"], num_classes, len(train_set), len(val_set), s["epochs"], steps_per_epoch,
-                 global_batch, lr)
+        log.info("%s: %d classes, %d train / %d val images, %d epochs x %d steps (%d trained), global batch %d "
+                 "(%d processes), lr %.3g", mcfg["name"], num_classes, len(train_set), len(val_set), s["epochs"],
+                 steps_per_epoch, max_steps, global_batch, procs, lr)
     fit = trainer.fit(resume=True if resume else None)
     final = validate(trainer)
     final.pop("metric")
-    results = {"model": mcfg["name"], "step": fit["step"], "epochs": fit["step"] / steps_per_epoch, **final}
+    results = {"model": mcfg["name"], "step": fit["step"], "epochs": fit["step"] / steps_per_epoch,
+               "global_batch": global_batch, "lr": lr, "processes": procs, "val_set_size": len(val_set), **final}
     trainer.metrics.log(fit["step"], results)
     if accelerator.is_main_process:
         save_config(results, run_dir / "results.json")

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from lightvision.diffusion.autoencoder import Codec
+from lightvision.engine.batch_random import batch_random
 
 
 def image_transform(image_size: int, flip: bool):
@@ -142,10 +143,13 @@ class LatentDataset(Dataset):
 
 def draw_latents(moments: torch.Tensor, scaling_factor: float) -> torch.Tensor:
     """z [B, c, h, w] = scaling_factor * (mean + exp(logvar / 2) * eps) of the image or its flip (p = 1/2 each),
-    from moments [B, 2, 2, c, h, w] of :class:`LatentDataset`."""
-    flip = torch.rand(moments.shape[0], device=moments.device) < 0.5
+    from moments [B, 2, 2, c, h, w] of :class:`LatentDataset`. Flip and eps come from the engine's
+    :func:`~lightvision.engine.batch_random.batch_random` (inside a Trainer step: the same for any number of
+    processes at a fixed global batch; elsewhere: torch's default generators)."""
+    draws = batch_random()
+    flip = draws.rand(moments.shape[0], device=moments.device) < 0.5
     mean, logvar = torch.where(flip.view(-1, 1, 1, 1, 1), moments[:, 1], moments[:, 0]).unbind(1)
-    return scaling_factor * (mean + torch.exp(0.5 * logvar) * torch.randn_like(mean))
+    return scaling_factor * (mean + torch.exp(0.5 * logvar) * draws.randn_like(mean))
 
 
 class DigitsPixels(Dataset):
@@ -170,12 +174,14 @@ class DigitsPixels(Dataset):
 
 def build_dataset(data: dict, split: str = "train") -> Dataset:
     """Dataset from a recipe's ``data`` block: ``source`` "latents" (``root``: extract-latents output),
-    "imagefolder" (``root``/``split`` folder, ``image_size``; pixel space), or "digits" (``image_size``)."""
+    "imagefolder" (``root``/``split`` folder, ``image_size``; pixel space; training images randomly flipped unless
+    ``flip`` is false), or "digits" (``image_size``)."""
     source = data.get("source")
     if source == "latents":
         return LatentDataset(data["root"])
     if source == "imagefolder":
-        return image_folder(Path(data["root"]) / data.get(f"{split}_split", split), int(data["image_size"]), flip=split == "train")
+        flip = split == "train" and bool(data.get("flip", True))
+        return image_folder(Path(data["root"]) / data.get(f"{split}_split", split), int(data["image_size"]), flip=flip)
     if source == "digits":
         return DigitsPixels("train" if split == "train" else "val", int(data.get("image_size", 16)))
     raise ValueError(f"unknown data.source {source!r}: use 'latents', 'imagefolder' or 'digits'")

@@ -88,7 +88,7 @@ def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_s
 
     from lightvision.diffusion.train import build_codec, build_diffusion
 
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
     model, cfg = load_for_sampling(checkpoint, state.device, which)
     if vae is not None:
         cfg["autoencoder"]["path"] = vae

@@ -4,7 +4,9 @@ Recipe = :data:`DEFAULTS` <- the recipe's ``base`` chain (YAML files, each may n
 <- ``key=value`` overrides. Each step draws t ~ U{0..T-1}, eps ~ N(0, I) per sample and minimises the hybrid loss of
 :class:`~lightvision.diffusion.gaussian.GaussianDiffusion` (``loss`` = mse + lambda T vlb; all three are logged).
 A hook writes an EMA sample grid (PNG) every ``sample.every`` steps; the Trainer provides accelerate / bf16, EMA,
-clipping, atomic checkpoints, exact ``--resume``, NaN stop and the JSON-lines log.
+clipping, atomic checkpoints, exact ``--resume``, NaN stop and the JSON-lines log. ``data.batch_size`` is the global
+batch (split over processes and accumulation steps), and the loss draws go through the engine's ``batch_random()``,
+so ``accelerate launch`` on W GPUs trains the same run as one GPU, up to floating-point noise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lightvision.diffusion.autoencoder import DEFAULT_VAE, Codec, load_codec
 from lightvision.diffusion.dit import DiT, create_model
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
+from lightvision.engine.batch_random import batch_random
 
 DEFAULTS: dict = {
     "base": None,
@@ -27,7 +30,8 @@ DEFAULTS: dict = {
     "seed": 0,
     "model": {"name": "softmax_dit_xl_2", "kwargs": {}},
     "data": {"source": "latents", "root": None, "image_size": 256, "channels": 3, "num_classes": 1000,
-             "train_split": "train", "test_split": "val", "batch_size": 256, "num_workers": 4},
+             "train_split": "train", "test_split": "val", "batch_size": 256, "num_workers": 4,
+             "flip": True},  # flip: random horizontal flips of pixel-space training images (false: deterministic)
     "autoencoder": {"kind": "kl", "path": DEFAULT_VAE},
     "diffusion": {"steps": 1000, "learn_sigma": True, "vlb_weight": 0.001, "clip_denoised": False},
     "optim": {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.999], "warmup_steps": 0},
@@ -99,14 +103,17 @@ def evaluate_bits_per_dim(model: torch.nn.Module, cfg: dict, dataset, device: to
 
 def make_loss_fn(diffusion: GaussianDiffusion, scaling_factor: float | None = None):
     """``loss_fn(model, (x, y [B]))`` -> {"loss", "mse", "vlb"} batch means; t and eps drawn here. x is pixels
-    [B, C, H, W], or latent moments [B, 2, 2, c, h, w] when ``scaling_factor`` is given (z drawn by draw_latents)."""
+    [B, C, H, W], or latent moments [B, 2, 2, c, h, w] when ``scaling_factor`` is given (z drawn by draw_latents).
+    All draws go through the engine's ``batch_random()``, so under the Trainer a sample's t, eps (and z) depend on
+    its position in the global batch, not on the number of processes."""
 
     def loss_fn(model: torch.nn.Module, batch) -> dict[str, torch.Tensor]:
         x, y = batch
         if scaling_factor is not None:
             x = draw_latents(x, scaling_factor)
-        t = torch.randint(0, diffusion.num_steps, (x.shape[0],), device=x.device)
-        losses = diffusion.training_losses(lambda xt, tt: model(xt, tt, y), x, t, torch.randn_like(x))
+        draws = batch_random()
+        t = draws.randint(0, diffusion.num_steps, (x.shape[0],), device=x.device)
+        losses = diffusion.training_losses(lambda xt, tt: model(xt, tt, y), x, t, draws.randn_like(x))
         return {k: v.mean() for k, v in losses.items()}
 
     return loss_fn
@@ -142,12 +149,13 @@ def sample_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path
 
 
 def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -> dict:
-    """Train a recipe; returns the Trainer summary plus the run folder."""
+    """Train a recipe; returns the Trainer summary (also written to ``run_dir/results.json``, with the number of
+    processes and the global / per-process batch) plus the run folder. ``data.batch_size`` is the global batch."""
     from accelerate import PartialState
 
     from lightvision.engine.trainer import Trainer
 
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
     torch.manual_seed(int(cfg["seed"]))
     run_dir = Path(cfg["run_dir"])
     data = cfg["data"]
@@ -191,4 +199,9 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                       log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_last=int(t["keep_last"]),
                       nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks)
     summary = trainer.fit(resume)
+    summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process)
+    if state.is_main_process:
+        from lightvision.engine.config import save_config
+
+        save_config(summary, run_dir / "results.json")
     return {**summary, "run_dir": str(run_dir), "trainer": trainer}

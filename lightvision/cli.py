@@ -54,9 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _close_process_group() -> None:
+    """Under ``accelerate launch`` with several processes: destroy the process group before exiting, so its
+    threads are not torn down by interpreter shutdown (gloo then aborts with "terminate called without an active
+    exception", NCCL warns about leaked resources)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    code = int(args.func(args) or 0)
+    _close_process_group()
+    return code
 
 
 if __name__ == "__main__":

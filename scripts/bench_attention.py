@@ -16,7 +16,8 @@ requiring grad ("fwdbwd"), medians of ``triton.testing.do_bench``. A module regi
     def register(add):                      # add(op=..., impl=..., make=...)
         add(op="lion_d", impl="triton_scan", make=make_lion_d_scan)
 
-This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists.
+This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists, and registers
+flash-linear-attention (``fla``, an optional benchmark-only dependency) as the two-scan anchor when installed.
 op in softmax / lightnet / lion_lit / lion_d / lion_s; impl names the implementation (sdpa, torch, triton...).
 
 Memory floor: the forward reads q, k, v and writes o (4 tensors of B*H*N*d elements at d = d_v), the
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import math
 import sys
@@ -105,14 +107,35 @@ add("lightnet", "torch", _make_lightnet("torch"))
 add("lightnet", "triton", _make_lightnet("triton"))
 
 
+def _make_fla(B, H, N, d, dtype, device):
+    """flash-linear-attention ``chunk_simple_gla`` run forward and on the reversed sequence (the outside two-scan
+    anchor, no normaliser), [B, N, H, d] layout, a fixed per-head decay (``g_gamma``, lambda = sigmoid(3)): its
+    per-token gated backward refuses Hopper GPUs with Triton < 3.7.1, so selective decay is timed this way too."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    log_decay = F.logsigmoid(torch.full((H,), 3.0, device=device))
+
+    def fn(q, k, v):
+        fwd, _ = chunk_simple_gla(q, k, v, g_gamma=log_decay, scale=1.0)
+        rev, _ = chunk_simple_gla(q.flip(1), k.flip(1), v.flip(1), g_gamma=log_decay, scale=1.0)
+        return fwd + rev.flip(1)
+
+    q, k, v = [F.normalize(torch.rand(B, N, H, d, device=device) + 0.1, dim=-1).to(dtype) for _ in range(3)]
+    return fn, [q, k, v]
+
+
 def _load_plugins() -> None:
+    """Our LION kernels' entries, and flash-linear-attention as ``fla`` for lion_d / lion_s when it is installed."""
     try:
         mod = importlib.import_module("lightvision.kernels.lion.bench")
     except ImportError as e:
         if "lightvision.kernels.lion.bench" not in str(e):
             raise
-        return
-    mod.register(add)
+    else:
+        mod.register(add)
+    if importlib.util.find_spec("fla") is not None:
+        add("lion_d", "fla", _make_fla)
+        add("lion_s", "fla", _make_fla)
 
 
 def check_lightnet(device, head_dims=()) -> list[dict]:
@@ -190,7 +213,14 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
                 else:
                     for t in inputs:
                         t.requires_grad_(True)
-                    out = fn(*inputs)
+                    try:
+                        out = fn(*inputs)
+                    except torch.OutOfMemoryError as e:  # recorded as a failed timing (ms NaN), not a crash
+                        print(f"{op:8s} {impl:12s} N={N:6d} B={B:4d} {mode:6s} out of memory: {str(e).splitlines()[0]}")
+                        torch.cuda.empty_cache()
+                        records.append(dict(op=op, impl=impl, B=B, H=H, N=N, d=D, dtype=str(dtype).split(".")[-1],
+                                            mode=mode, ms=float("nan"), ms_graph=float("nan"), oom=True))
+                        continue
                     dout = torch.randn_like(out)
                     del out
 

@@ -1,5 +1,7 @@
-"""Training infrastructure shared by classify and diffusion: config, checkpoints, guards, logging, the loop."""
+"""Training infrastructure shared by classify and diffusion: config, checkpoints, guards, logging, the loop, and
+the per-batch randomness that does not depend on the number of processes (``batch_random``)."""
 
+from lightvision.engine.batch_random import BatchRandom, batch_random, use_batch_random
 from lightvision.engine.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -16,6 +18,7 @@ from lightvision.engine.metrics import MetricsLogger
 from lightvision.engine.trainer import Trainer, make_accelerator
 
 __all__ = [
+    "BatchRandom",
     "CheckpointError",
     "CheckpointManager",
     "ConfigError",
@@ -23,6 +26,7 @@ __all__ = [
     "ModelEma",
     "NonFiniteError",
     "Trainer",
+    "batch_random",
     "check_finite",
     "load_config",
     "load_model_weights",
@@ -32,5 +36,6 @@ __all__ = [
     "resolve_checkpoint",
     "save_config",
     "unwrap_model",
+    "use_batch_random",
     "verify_checkpoint",
 ]

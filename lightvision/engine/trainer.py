@@ -5,9 +5,14 @@ Determinism and exact resume:
 * data order is a pure function of ``(seed, epoch)`` (accelerate's seedable sampler); a resumed run skips
   the micro-batches of the current epoch that were already consumed;
 * before each micro-batch the python / numpy / torch / CUDA generators are seeded from
-  ``(seed, step, micro-batch, process)``, so dropout, diffusion noise, mixup... are a pure function of the
+  ``(seed, step, micro-batch, process)``, so dropout, drop path, mixup... are a pure function of the
   position too, whatever hooks (eval, sampling) or data loading drew in between. This replaces saving and
   restoring generator states and is exact across resumes by construction;
+* per-sample draws of the loss (diffusion timesteps and noise) go through
+  :func:`~lightvision.engine.batch_random.batch_random`: around each ``loss_fn`` call the trainer makes current a
+  :class:`~lightvision.engine.batch_random.BatchRandom` seeded from ``(seed, step, micro-batch)`` only, which
+  draws the rows of the whole global micro-batch and hands each process its own. They are then the same for
+  any number of processes at a fixed global batch (and as exact across resumes);
 * the train state (optimizer, scheduler, grad scaler, step, epoch, position in the epoch, the partial
   logging window, best metric) is checkpointed with the model and EMA weights.
 
@@ -37,6 +42,7 @@ from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 from torch import nn
 from tqdm.auto import tqdm
 
+from lightvision.engine.batch_random import BatchRandom, batch_seed, use_batch_random
 from lightvision.engine.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -272,7 +278,8 @@ class Trainer:
         for micro in range(self.grad_accum_steps):
             batch = next(batches)
             self._seed_micro_batch(micro)
-            with acc.accumulate(self.model):
+            draws = BatchRandom(batch_seed(self.seed, self.step, micro), acc.process_index, acc.num_processes)
+            with acc.accumulate(self.model), use_batch_random(draws):
                 out = self.loss_fn(self.model, batch)
                 losses = out if isinstance(out, dict) else {"loss": out}
                 if "loss" not in losses:

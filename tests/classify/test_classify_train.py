@@ -153,3 +153,30 @@ def test_recipe_errors(tmp_path):
         main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope", "--device", "cpu"])
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
         main(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
+
+
+def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
+    """aug.no_aug: resize + center crop only; with it (and no mixup / drop path) a run is a pure function of the
+    seed, init included; train.max_steps stops early; the final eval counts every validation image once."""
+    from lightvision.classify.data import train_transform
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (20, 24, 3), dtype=np.uint8))
+    aug = {"no_aug": True, "auto_augment": "rand-m9-mstd0.5-inc1", "reprob": 1.0}
+    fixed = train_transform(aug, 16, (0.5,) * 3, (0.5,) * 3)
+    assert fixed(image).shape == (3, 16, 16) and all(fixed(image).equal(fixed(image)) for _ in range(3))
+    randomised = train_transform({**aug, "no_aug": False}, 16, (0.5,) * 3, (0.5,) * 3)
+    assert any(not randomised(image).equal(randomised(image)) for _ in range(3))
+
+    data = tmp_path / "data"
+    write_image_folder(data, per_class=6, corrupt=False)
+    overrides = ["aug.no_aug=true", "aug.mixup=0", "aug.cutmix=0", "train.max_steps=2", "--device", "cpu"]
+    curves = []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        assert main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), *overrides]) == 0
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        curves.append([(r["step"], r["loss"], r["lr"]) for r in records if "loss" in r])
+        results = json.loads((run / "results.json").read_text())
+        assert results["step"] == 2 and results["val_images"] == results["val_set_size"] == 12
+        assert results["global_batch"] == 4 and results["processes"] == 1
+    assert [s for s, *_ in curves[0]] == [1, 2] and curves[0] == curves[1]

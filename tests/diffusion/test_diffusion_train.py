@@ -69,6 +69,8 @@ def test_train_resume_and_sample(tmp_path, latents_dir, vae_dir):
     assert straight["step"] == 4 and (tmp_path / "a" / "samples" / "step_0000004.png").is_file()
     records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert {"loss", "mse", "vlb"} <= set(records[0])
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert (results["step"], results["processes"], results["global_batch"], results["per_process_batch"]) == (4, 1, 4, 4)
     train(recipe(tmp_path / "b", latents_dir, vae_dir, 2))
     train(recipe(tmp_path / "b", latents_dir, vae_dir, 4), resume=True)
     from safetensors.torch import load_file
@@ -128,3 +130,20 @@ def test_digits_pixels_are_8_bit_in_range():
     x, y = test_set[0]
     levels = (x + 1) * 127.5
     assert x.shape == (1, 16, 16) and x.min() >= -1 and x.max() <= 1 and torch.allclose(levels, levels.round(), atol=1e-4)
+
+
+def test_pixel_flips_can_be_switched_off(tmp_path):
+    from torchvision import transforms as T
+
+    from lightvision.diffusion.latents import build_dataset
+
+    for split in ("train", "test"):
+        (tmp_path / split / "a").mkdir(parents=True)
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / split / "a" / "0.png")
+    data = {"source": "imagefolder", "root": str(tmp_path), "image_size": 8, "train_split": "train", "test_split": "test"}
+
+    def flips(dataset) -> bool:
+        return any(isinstance(t, T.RandomHorizontalFlip) for t in dataset.transform.transforms)
+
+    assert flips(build_dataset(data, "train")) and not flips(build_dataset(data, "test"))
+    assert not flips(build_dataset({**data, "flip": False}, "train"))

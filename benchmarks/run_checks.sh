@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# The GPU checks behind benchmarks/results/, one stage per argument, for a machine without internet:
+#   bash benchmarks/run_checks.sh OUT_DIR STAGE...
+# Needs .whl/ (timm, einops, diffusers, torch-fidelity, fla-core wheels; scripts/device_env.sh installs them) and, for
+# the CIFAR-10 stages, .carry/cifar10-{train,test}-jpg.tar.gz (copies of ../shared/data/cifar10).
+# Stages (each writes its JSON and log under OUT_DIR):
+#   kernels      the Triton kernels against the fp64 references (LION: about 5 min of compilation on a cold cache)
+#   models2gpu   classify + diffusion CIFAR-10 comparisons, on GPU 0 and GPU 1 at the same time (about 8 min)
+#   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
+#   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
+#                plot_attention.py, bench_models.py, profile_model.py)
+set -u
+out="$(realpath -m "$1")"; shift
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mkdir -p "$out"
+source "$repo/scripts/device_env.sh" || exit 1
+if [ -d "$repo/.carry" ] && [ ! -d /tmp/cifar/test ]; then
+  mkdir -p /tmp/cifar && for s in train test; do tar -xzf "$repo/.carry/cifar10-$s-jpg.tar.gz" -C /tmp/cifar; done
+fi
+cd /tmp  # not the checkout root: its lightvision/ would shadow the package tree of device_env.sh
+stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+
+for stage in "$@"; do
+  stamp "stage $stage"
+  case "$stage" in
+    models2gpu)
+      (CUDA_VISIBLE_DEVICES=0 python3 -m lightvision.classify.benchmark softmax lightnet lion_d lion_s lion_s_snake \
+         --data /tmp/cifar --out "$out" --epochs 4 --workers 12 > "$out/classify.log" 2>&1; stamp "classify done rc=$?") &
+      (CUDA_VISIBLE_DEVICES=1 python3 -m lightvision.diffusion.benchmark softmax lightnet lion_s --data /tmp/cifar \
+         --out "$out" --steps 800 --batch-size 128 --classifier-epochs 3 --bpd-images 1000 --fid-samples 2000 \
+         --sample-steps 50 --sample-batch 500 > "$out/diffusion.log" 2>&1; stamp "diffusion done rc=$?") &
+      wait
+      grep -A 12 "^| attention" "$out/classify.log"
+      grep -E '"(test_bits_per_dim|fid_classifier|train_steps_per_s|error)"' "$out/diffusion.log"
+      ;;
+    kernels)
+      python3 -m lightvision.kernels.lion.check --out "$out/lion_check.json" > "$out/lion_check.log" 2>&1
+      stamp "lion check done rc=$?"
+      python3 "$repo/scripts/bench_attention.py" --check --ops lightnet --impls triton --shapes 196x256 --modes fwd \
+        --out "$out/lightnet_check.json" > "$out/lightnet_check.log" 2>&1; stamp "lightnet check done rc=$?"
+      tail -n 8 "$out/lion_check.log"; tail -n 2 "$out/lightnet_check.log"
+      ;;
+    multigpu)
+      python3 "$repo/scripts/multi_gpu_check.py" --data /tmp/cifar --out "$out/multi_gpu.json" > "$out/multi_gpu.log" 2>&1
+      stamp "multi-gpu check done rc=$?"; tar czf "$out/multi_gpu_logs.tgz" -C /tmp/multi_gpu_check logs; tail -n 30 "$out/multi_gpu.log"
+      ;;
+    speed)
+      python3 "$repo/scripts/bench_attention.py" --ops softmax,lightnet,lion_d,lion_s \
+        --impls sdpa,torch,triton,torch_mask,triton_parallel,triton_scan,auto,fla --out "$out/attention.json" \
+        > "$out/attention.log" 2>&1; stamp "attention done rc=$?"
+      python3 "$repo/scripts/bench_models.py" --warmup 2 --steps 6 --dit-sizes b --out "$out/models.json" \
+        > "$out/models.log" 2>&1; stamp "models done rc=$?"
+      python3 "$repo/scripts/profile_model.py" --attentions softmax lightnet --out "$out/profile.json" \
+        > "$out/profile.log" 2>&1; stamp "profile done rc=$?"
+      python3 "$repo/scripts/plot_attention.py" "$out/attention.json" --out "$out/attention_vs_length" > /dev/null
+      tail -n 30 "$out/attention.log"; tail -n 60 "$out/models.log"
+      ;;
+    *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
+stamp "all done"

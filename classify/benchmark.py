@@ -1,0 +1,103 @@
+"""CIFAR-10 comparison of attention kinds with one recipe and epoch count (the GPU check of the classifiers).
+
+    python -m lightvision.classify.benchmark --data /tmp/cifar --out $OUT --epochs 5 \\
+        softmax lightnet lion_d lion_s lion_s_snake
+
+Per attention kind: ``{kind}_deit_tiny_patch16_224`` (tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
+trained with ``configs/classify/cifar10.yaml`` for ``--epochs`` epochs (``--warmup-epochs`` of linear warm-up;
+mixup / cutmix off, RandAugment and random erasing on as in the recipe), then evaluated on the test split at every
+``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
+``classify_cifar10.json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
+images/s) under ``--out`` and prints a table last; runs stay in ``--work``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from lightvision.results import results_env
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "cifar10.yaml"
+
+
+def run_kind(kind: str, args: argparse.Namespace) -> dict:
+    """Train ``kind`` with the shared recipe and evaluate it at every size; returns its results."""
+    from lightvision.classify.evaluate import evaluate_checkpoint
+    from lightvision.classify.train import load_train_config, train
+
+    run = Path(args.work) / kind
+    cfg = load_train_config(RECIPE, [
+        f"model.name={kind}_deit_tiny_patch16_224", f"data.root={args.data}", f"data.num_workers={args.workers}",
+        f"sched.epochs={args.epochs}", f"sched.warmup_epochs={args.warmup_epochs}", f"train.batch_size={args.batch_size}",
+        "aug.mixup=0", "aug.cutmix=0", f"train.eval_every_epochs={args.epochs}", f"run.dir={run}",
+        "train.log_every=50",
+    ])
+    start = time.time()
+    final = train(cfg)
+    train_seconds = time.time() - start
+    report = evaluate_checkpoint(run, args.img_size, batch_size=500, num_workers=args.workers)
+    return {
+        "model": cfg["model"]["name"], "recipe": {k: cfg[k] for k in ("model", "aug", "optim", "sched", "train")},
+        "params": _count_params(cfg), "epochs": final["epochs"], "train_seconds": round(train_seconds, 1),
+        "train_images_per_s": round(final["step"] * args.batch_size / train_seconds, 1), "final": final,
+        "eval": [{k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
+                 for r in report["results"]],
+    }
+
+
+def _count_params(cfg: dict) -> int:
+    from lightvision.classify.train import model_config
+    from lightvision.classify.deit import create_from_config
+
+    return sum(p.numel() for p in create_from_config(model_config(cfg, 10), 0.0).parameters())
+
+
+def table(results: dict, sizes: list[int]) -> str:
+    """Markdown: kind, parameters, top-1 at each size, train seconds."""
+    head = "| attention | params (M) | " + " | ".join(f"top-1 @{s}px" for s in sizes) + " | train s |"
+    lines = [head, "| --- " * (len(sizes) + 3) + "|"]
+    for kind, r in results.items():
+        if "error" in r:
+            lines.append(f"| {kind} | error: {r['error']} |")
+            continue
+        acc = {e["img_size"]: e["top1"] for e in r["eval"]}
+        cells = " | ".join(f"{acc[s]:.2f}" for s in sizes)
+        lines.append(f"| {kind} | {r['params'] / 1e6:.2f} | {cells} | {r['train_seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kinds", nargs="+", help="attention kinds, e.g. softmax lightnet lion_d lion_s lion_s_snake")
+    p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
+    p.add_argument("--out", required=True, help="folder for classify_cifar10.json")
+    p.add_argument("--work", default="/tmp/lightvision_classify_benchmark", help="scratch: runs and checkpoints")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--warmup-epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])
+    args = p.parse_args(argv)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"env": results_env(" ".join(["python -m lightvision.classify.benchmark", *(argv or sys.argv[1:])])),
+              "settings": vars(args), "results": {}}
+    for kind in args.kinds:
+        try:
+            report["results"][kind] = run_kind(kind, args)
+        except Exception as err:  # one failing kind must not lose the others' numbers
+            report["results"][kind] = {"error": f"{type(err).__name__}: {err}"}
+        (out / "classify_cifar10.json").write_text(json.dumps(report, indent=2, default=str))
+    print(table(report["results"], args.img_size))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Where a training step's GPU time goes: torch.profiler over DeiT training steps, grouped by op.
+
+    python scripts/profile_model.py --attentions softmax lightnet --img-size 224 --batch 256 --out prof.json
+
+Per attention: ``{attention}_deit_small_patch16_224`` at ``--img-size``, bf16 autocast, AdamW; ``--warmup`` steps,
+then ``--steps`` profiled steps. Prints, per model, the GPU time of a step (sum of its kernels) and the ``--top`` ops
+(aten ops and autograd functions) by the GPU time of the kernels they launch (ms per step, share of the step), and
+writes them as JSON (with the env block) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from lightvision.results import results_env
+
+
+def profile_step(attention: str, img_size: int, batch: int, warmup: int, steps: int, top: int) -> dict:
+    """Self CUDA time per op (ms per step) of ``steps`` training steps of DeiT-S with ``attention``."""
+    import timm
+
+    import lightvision  # noqa: F401  registers the models in timm
+
+    model = timm.create_model(f"{attention}_deit_small_patch16_224", img_size=img_size).cuda().train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    images = torch.randn(batch, 3, img_size, img_size, device="cuda")
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(images).float(), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    # GPU time appears twice: on the kernel rows and on the CPU-side op rows that launched them; the total comes from
+    # the kernels, the table from the ops (aten ops, autograd functions) for readable names
+    total = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e3 / steps
+    rows = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in events
+            if e.device_type != DeviceType.CUDA and e.self_device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return {"attention": attention, "img_size": img_size, "batch": batch, "cuda_ms_per_step": total,
+            "ops": [{"op": name, "ms": ms, "share": ms / total, "calls": calls} for name, ms, calls in rows[:top]]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--attentions", nargs="+", default=["softmax", "lightnet"])
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--out", default="")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("profile_model.py profiles CUDA time and needs a GPU")
+    results = []
+    for attention in args.attentions:
+        r = profile_step(attention, args.img_size, args.batch, args.warmup, args.steps, args.top)
+        results.append(r)
+        print(f"\n{attention} {args.img_size}px batch {args.batch}: {r['cuda_ms_per_step']:.1f} ms CUDA per step")
+        for op in r["ops"]:
+            print(f"  {op['ms']:8.2f} ms {100 * op['share']:5.1f}% x{op['calls']:<5d} {op['op'][:90]}")
+        torch.cuda.empty_cache()
+    if args.out:
+        env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+        with open(args.out, "w") as f:
+            json.dump({"env": env, "profiles": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
