@@ -48,7 +48,7 @@ for stage in "$@"; do
       python3 "$repo/scripts/bench_attention.py" --ops softmax,lightnet,lion_d,lion_s \
         --impls sdpa,torch,triton,torch_mask,triton_parallel,triton_scan,auto,fla --out "$out/attention.json" \
         > "$out/attention.log" 2>&1; stamp "attention done rc=$?"
-      python3 "$repo/scripts/bench_models.py" --warmup 2 --steps 6 --dit-sizes b --out "$out/models.json" \
+      python3 "$repo/scripts/bench_models.py" --warmup 2 --steps 6 --dit-sizes b --memory-batch 2 --out "$out/models.json" \
         > "$out/models.log" 2>&1; stamp "models done rc=$?"
       python3 "$repo/scripts/profile_model.py" --attentions softmax lightnet --out "$out/profile.json" \
         > "$out/profile.log" 2>&1; stamp "profile done rc=$?"

@@ -13,7 +13,8 @@ Families and the batch used at each resolution (stated in every record):
 A training step is forward + backward + AdamW step under bf16 autocast (classification: cross-entropy
 on random labels; DiT: MSE on its noise/variance output for random t, y). Inference is a forward pass
 under ``torch.inference_mode``. Each measurement: warm-up steps, then the median over timed steps with
-CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset. Out-of-memory is
+CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset; ``--memory-batch B`` adds the
+inference peak memory at the fixed batch B at every size (``mode: infer_memory``: memory against token count). Out-of-memory is
 recorded as ``oom: true``. Output: JSON (``{"env": ..., "records": [...]}``), a markdown table and a
 PNG per family (images/s and peak memory against resolution), the table printed last.
 """
@@ -71,8 +72,10 @@ def _median_ms(fn, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int) -> dict:
-    """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches."""
+def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int, memory_batch: int = 0) -> dict:
+    """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
+    also the inference peak memory at that fixed batch (``infer_memory``: the same batch at every resolution, so the
+    growth with the token count shows; capped at ``batch``), measured before any optimizer state exists."""
     model = model.cuda()
     inputs = make_batch()
     result = {}
@@ -87,6 +90,14 @@ def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int
 
     ms = _median_ms(infer, warmup, steps)
     result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
+    if memory_batch:
+        small = [t[:memory_batch] for t in inputs]
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(*small)
+        torch.cuda.synchronize()
+        result["infer_memory"] = {"batch": int(small[0].shape[0]), "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
 
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
@@ -128,7 +139,7 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
             loss_of = lambda out: out.float().square().mean()  # noqa: E731
         if args.compile:
             model = torch.compile(model)
-        measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps)
+        measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch)
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:
         records = [{**base, "mode": mode, "oom": True} for mode in ("infer", "train")]
@@ -136,24 +147,30 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
         model = None
         torch.cuda.empty_cache()
     for record in records:
-        shown = "OOM" if record.get("oom") else f"{record['img_per_s']:9.1f} img/s {record['peak_mem_gb']:6.2f} GB"
-        print(f"{record['model']:8s} {attention:13s} {img_size:5d}px b={batch:<4d} {record['mode']:5s} {shown}", flush=True)
+        speed = f"{record['img_per_s']:9.1f} img/s" if "img_per_s" in record else " " * 15
+        shown = "OOM" if record.get("oom") else f"{speed} {record['peak_mem_gb']:6.2f} GB"
+        print(f"{record['model']:8s} {attention:13s} {img_size:5d}px b={record['batch']:<4d} {record['mode']:5s} {shown}",
+              flush=True)
     return records
 
 
 def markdown_table(records: list[dict]) -> str:
     """Rows (model, attention, px, batch); columns train/infer images/s and peak GB."""
-    rows = {}
+    rows, memory = {}, {}
     for r in records:
+        if r["mode"] == "infer_memory":
+            memory[(r["model"], r["attention"], r["img_size"])] = f"{r['peak_mem_gb']:.2f} (b={r['batch']})"
+            continue
         key = (r["model"], r["attention"], r["img_size"], r["batch"])
         cell = "OOM" if r.get("oom") else f"{r['img_per_s']:.1f} / {r['peak_mem_gb']:.2f}"
         rows.setdefault(key, {})[r["mode"]] = cell
     lines = [
-        "| model | attention | px | batch | train img/s / peak GB | infer img/s / peak GB |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| model | attention | px | batch | train img/s / peak GB | infer img/s / peak GB | infer peak GB, fixed batch |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for (model, attention, px, batch), cells in rows.items():
-        lines.append(f"| {model} | {attention} | {px} | {batch} | {cells.get('train', '-')} | {cells.get('infer', '-')} |")
+        lines.append(f"| {model} | {attention} | {px} | {batch} | {cells.get('train', '-')} | {cells.get('infer', '-')} | "
+                     f"{memory.get((model, attention, px), '-')} |")
     return "\n".join(lines)
 
 
@@ -167,7 +184,10 @@ def plot(records: list[dict], path: Path) -> None:
     models = sorted({r["model"] for r in records})
     fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False)
     for row, model in enumerate(models):
-        for col, (mode, key, label) in enumerate((("train", "img_per_s", "train images/s"), ("infer", "peak_mem_gb", "inference peak GB"))):
+        fixed = any(r["mode"] == "infer_memory" for r in records if r["model"] == model)
+        memory = ("infer_memory", "peak_mem_gb", "inference peak GB, fixed batch") if fixed else \
+            ("infer", "peak_mem_gb", "inference peak GB")
+        for col, (mode, key, label) in enumerate((("train", "img_per_s", "train images/s"), memory)):
             ax = axes[row][col]
             for attention in sorted({r["attention"] for r in records if r["model"] == model}):
                 pts = sorted(
@@ -194,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--compile", action="store_true", help="torch.compile each model (custom ops stay in the graph)")
+    parser.add_argument("--memory-batch", type=int, default=0,
+                        help="also record inference peak memory at this fixed batch at every size (mode infer_memory)")
     parser.add_argument("--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
