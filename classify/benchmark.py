@@ -36,7 +36,7 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
         f"model.name={kind}_deit_tiny_patch16_224", f"data.root={args.data}", f"data.num_workers={args.workers}",
         f"sched.epochs={args.epochs}", f"sched.warmup_epochs={args.warmup_epochs}", f"train.batch_size={args.batch_size}",
         "aug.mixup=0", "aug.cutmix=0", f"train.eval_every_epochs={args.epochs}", f"run.dir={run}",
-        "train.log_every=50",
+        "train.log_every=50", *args.set,
     ])
     start = time.time()
     final = train(cfg)
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more recipe overrides for every kind, e.g. 'model.args={patch_size: 4}'")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
     out = Path(args.out)

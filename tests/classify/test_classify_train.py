@@ -180,3 +180,27 @@ def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
         assert results["step"] == 2 and results["val_images"] == results["val_set_size"] == 12
         assert results["global_batch"] == 4 and results["processes"] == 1
     assert [s for s, *_ in curves[0]] == [1, 2] and curves[0] == curves[1]
+
+
+def test_cifar10_benchmark_runs_every_kind(tmp_path):
+    """classify.benchmark: one recipe per kind, evaluated at every size; a failing kind is reported, not fatal."""
+    from lightvision.classify import benchmark
+
+    data = tmp_path / "data"
+    write_image_folder(data, corrupt=False)
+    (data / "val").rename(data / "test")  # the CIFAR-10 recipe validates on test/
+    out = tmp_path / "out"
+    code = benchmark.main(["softmax", "lightnet", "no_such_kind", "--data", str(data), "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--epochs", "1", "--warmup-epochs", "0",
+                           "--batch-size", "4", "--workers", "0", "--img-size", "32", "48",
+                           "--set", TINY_ARGS, "train.mixed_precision=no"])
+    assert code == 0
+    report = json.loads((out / "classify_cifar10.json").read_text())
+    assert report["env"]["command"].startswith("python -m lightvision.classify.benchmark")
+    for kind in ("softmax", "lightnet"):
+        result = report["results"][kind]
+        assert result["model"] == f"{kind}_deit_tiny_patch16_224"
+        assert [e["img_size"] for e in result["eval"]] == [32, 48]
+        assert all(e["images"] == 8 and 0 <= e["top1"] <= 100 for e in result["eval"])
+        assert result["params"] > 0 and result["epochs"] == 1
+    assert "error" in report["results"]["no_such_kind"]
