@@ -14,14 +14,13 @@ images/s) under ``--out`` and prints a table last; runs stay in ``--work``.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-from lightvision.results import results_env
+from lightvision.results import results_env, run_each
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "cifar10.yaml"
 
@@ -44,18 +43,11 @@ def run_kind(kind: str, args: argparse.Namespace) -> dict:
     report = evaluate_checkpoint(run, args.img_size, batch_size=500, num_workers=args.workers)
     return {
         "model": cfg["model"]["name"], "recipe": {k: cfg[k] for k in ("model", "aug", "optim", "sched", "train")},
-        "params": _count_params(cfg), "epochs": final["epochs"], "train_seconds": round(train_seconds, 1),
+        "params": final["params"], "epochs": final["epochs"], "train_seconds": round(train_seconds, 1),
         "train_images_per_s": round(final["step"] * args.batch_size / train_seconds, 1), "final": final,
         "eval": [{k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
                  for r in report["results"]],
     }
-
-
-def _count_params(cfg: dict) -> int:
-    from lightvision.classify.train import model_config
-    from lightvision.classify.deit import create_from_config
-
-    return sum(p.numel() for p in create_from_config(model_config(cfg, 10), 0.0).parameters())
 
 
 def table(results: dict, sizes: list[int]) -> str:
@@ -91,13 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = {"env": results_env(" ".join(["python -m lightvision.classify.benchmark", *(argv or sys.argv[1:])])),
               "settings": vars(args), "results": {}}
-    for kind in args.kinds:
-        try:
-            report["results"][kind] = run_kind(kind, args)
-        except Exception as err:  # one failing kind must not lose the others' numbers
-            report["results"][kind] = {"error": f"{type(err).__name__}: {err}"}
-        (out / "classify_cifar10.json").write_text(json.dumps(report, indent=2, default=str))
-    print(table(report["results"], args.img_size))
+    results = run_each(args.kinds, lambda kind: run_kind(kind, args), report, out / "classify_cifar10.json")
+    print(table(results, args.img_size))
     return 0
 
 

@@ -250,8 +250,9 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
     fit = trainer.fit(resume=True if resume else None)
     final = validate(trainer)
     final.pop("metric")
-    results = {"model": mcfg["name"], "step": fit["step"], "epochs": fit["step"] / steps_per_epoch,
-               "global_batch": global_batch, "lr": lr, "processes": procs, "val_set_size": len(val_set), **final}
+    results = {"model": mcfg["name"], "params": sum(p.numel() for p in model.parameters()), "step": fit["step"],
+               "epochs": fit["step"] / steps_per_epoch, "global_batch": global_batch, "lr": lr, "processes": procs,
+               "val_set_size": len(val_set), **final}
     trainer.metrics.log(fit["step"], results)
     if accelerator.is_main_process:
         save_config(results, run_dir / "results.json")

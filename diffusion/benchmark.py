@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from lightvision.results import results_env
+from lightvision.results import results_env, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -113,13 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     classifier = Path(args.classifier) if args.classifier else train_classifier(args.data, Path(args.work), args.classifier_epochs)
     report["classifier_seconds"] = round(time.time() - start, 1)
-    for kind in args.kinds:
-        try:
-            report["results"][kind] = run_kind(kind, args, classifier, str(Path(args.data) / "test"))
-        except Exception as err:  # one failing kind must not lose the others' numbers
-            report["results"][kind] = {"error": f"{type(err).__name__}: {err}"}
-        (out / "diffusion_cifar10.json").write_text(json.dumps(report, indent=2, default=str))
-        print(json.dumps({kind: report["results"][kind]}, indent=2, default=str), flush=True)
+    reference = str(Path(args.data) / "test")
+    run_each(args.kinds, lambda kind: run_kind(kind, args, classifier, reference), report, out / "diffusion_cifar10.json")
     return 0
 
 

@@ -1,8 +1,12 @@
-"""The ``env`` block every GPU result file under ``benchmarks/results/`` carries."""
+"""The ``env`` block every GPU result file under ``benchmarks/results/`` carries, and the per-name loop of the
+comparison drivers that write them."""
 
 from __future__ import annotations
 
 import datetime
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
@@ -22,3 +26,18 @@ def results_env(command: str) -> dict:
         "command": command,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
+
+
+def run_each(names: Iterable[str], run: Callable[[str], dict], report: dict, path: str | Path) -> dict:
+    """``report["results"][name] = run(name)`` for every name, in order; a failure becomes ``{"error": ...}`` so one
+    failing name does not lose the others' numbers. ``report`` is written to ``path`` (JSON) and each result printed
+    after every name. Returns ``report["results"]``."""
+    results = report.setdefault("results", {})
+    for name in names:
+        try:
+            results[name] = run(name)
+        except Exception as err:  # noqa: BLE001 - recorded in the report, the loop goes on
+            results[name] = {"error": f"{type(err).__name__}: {err}"}
+        Path(path).write_text(json.dumps(report, indent=2, default=str))
+        print(json.dumps({name: results[name]}, indent=2, default=str), flush=True)
+    return results

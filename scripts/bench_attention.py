@@ -16,8 +16,8 @@ requiring grad ("fwdbwd"), medians of ``triton.testing.do_bench``. A module regi
     def register(add):                      # add(op=..., impl=..., make=...)
         add(op="lion_d", impl="triton_scan", make=make_lion_d_scan)
 
-This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists, and registers
-flash-linear-attention (``fla``, an optional benchmark-only dependency) as the two-scan anchor when installed.
+This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists (it also registers
+flash-linear-attention, ``fla``, an optional benchmark-only dependency, as the two-scan anchor when installed).
 op in softmax / lightnet / lion_lit / lion_d / lion_s; impl names the implementation (sdpa, torch, triton...).
 
 Memory floor: the forward reads q, k, v and writes o (4 tensors of B*H*N*d elements at d = d_v), the
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import json
 import math
 import sys
@@ -107,35 +106,14 @@ add("lightnet", "torch", _make_lightnet("torch"))
 add("lightnet", "triton", _make_lightnet("triton"))
 
 
-def _make_fla(B, H, N, d, dtype, device):
-    """flash-linear-attention ``chunk_simple_gla`` run forward and on the reversed sequence (the outside two-scan
-    anchor, no normaliser), [B, N, H, d] layout, a fixed per-head decay (``g_gamma``, lambda = sigmoid(3)): its
-    per-token gated backward refuses Hopper GPUs with Triton < 3.7.1, so selective decay is timed this way too."""
-    from fla.ops.simple_gla import chunk_simple_gla
-
-    log_decay = F.logsigmoid(torch.full((H,), 3.0, device=device))
-
-    def fn(q, k, v):
-        fwd, _ = chunk_simple_gla(q, k, v, g_gamma=log_decay, scale=1.0)
-        rev, _ = chunk_simple_gla(q.flip(1), k.flip(1), v.flip(1), g_gamma=log_decay, scale=1.0)
-        return fwd + rev.flip(1)
-
-    q, k, v = [F.normalize(torch.rand(B, N, H, d, device=device) + 0.1, dim=-1).to(dtype) for _ in range(3)]
-    return fn, [q, k, v]
-
-
 def _load_plugins() -> None:
-    """Our LION kernels' entries, and flash-linear-attention as ``fla`` for lion_d / lion_s when it is installed."""
     try:
         mod = importlib.import_module("lightvision.kernels.lion.bench")
     except ImportError as e:
         if "lightvision.kernels.lion.bench" not in str(e):
             raise
-    else:
-        mod.register(add)
-    if importlib.util.find_spec("fla") is not None:
-        add("lion_d", "fla", _make_fla)
-        add("lion_s", "fla", _make_fla)
+        return
+    mod.register(add)
 
 
 def check_lightnet(device, head_dims=()) -> list[dict]:

@@ -72,37 +72,9 @@ def _median_ms(fn, warmup: int, steps: int) -> float:
     return statistics.median(times)
 
 
-def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int, memory_batch: int = 0) -> dict:
-    """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
-    also the inference peak memory at that fixed batch (``infer_memory``: the same batch at every resolution, so the
-    growth with the token count shows; capped at ``batch``), measured before any optimizer state exists."""
-    model = model.cuda()
-    inputs = make_batch()
-    result = {}
-
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    model.eval()
-
-    def infer():
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model(*inputs)
-
-    ms = _median_ms(infer, warmup, steps)
-    result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
-    if memory_batch:
-        small = [t[:memory_batch] for t in inputs]
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model(*small)
-        torch.cuda.synchronize()
-        result["infer_memory"] = {"batch": int(small[0].shape[0]), "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
-
-    model.train()
+def make_train_step(model: torch.nn.Module, inputs, loss_of):
+    """One training step of ``model`` on ``inputs``: bf16 autocast forward, ``loss_of(output)``, backward, fused AdamW."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
 
     def train_step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -111,8 +83,46 @@ def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    return train_step
+
+
+def _reset_peak() -> None:
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gb() -> float:
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int, memory_batch: int = 0) -> dict:
+    """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
+    also the inference peak memory at that fixed batch (``infer_memory``: the same batch at every resolution, so the
+    growth with the token count shows; capped at ``batch``), measured before any optimizer state exists."""
+    model = model.cuda()
+    inputs = make_batch()
+    result = {}
+
+    def infer(xs):
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            model(*xs)
+
+    _reset_peak()
+    model.eval()
+    ms = _median_ms(lambda: infer(inputs), warmup, steps)
+    result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": _peak_gb()}
+    if memory_batch:
+        small = [t[:memory_batch] for t in inputs]
+        _reset_peak()
+        infer(small)
+        torch.cuda.synchronize()
+        result["infer_memory"] = {"batch": int(small[0].shape[0]), "peak_mem_gb": _peak_gb()}
+
+    model.train()
+    train_step = make_train_step(model, inputs, loss_of)
+    _reset_peak()
     ms = _median_ms(train_step, warmup, steps)
-    result["train"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
+    result["train"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": _peak_gb()}
     return result
 
 

@@ -92,10 +92,10 @@ class Check:
 
     # ------------------------------------------------------------------ running
     def save(self) -> None:
+        from lightvision.engine.fsio import atomic_write
+
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.out.with_suffix(self.out.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
-        tmp.replace(self.out)
+        atomic_write(self.out, (json.dumps(self.report, indent=2, default=str) + "\n").encode())
 
     def launch_cmd(self, nproc: int, lightvision_args: list[str]) -> list[str]:
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc),
@@ -185,22 +185,15 @@ class Check:
 
     # ------------------------------------------------------------------ analysis
     @staticmethod
-    def records(run: Path) -> list[dict]:
-        out = []
-        for line in (run / "metrics.jsonl").read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-        return out
+    def curve(run: Path) -> dict[int, dict]:
+        """The run's per-step training records (``metrics.jsonl``) by step."""
+        from lightvision.engine import MetricsLogger
 
-    @staticmethod
-    def curve(records: list[dict]) -> dict[int, dict]:
-        return {r["step"]: r for r in records if "loss" in r}
+        return {r["step"]: r for r in MetricsLogger(run).records() if "loss" in r}
 
     def throughput(self, run: Path, global_batch: int) -> dict:
         """images/s after warm-up: total images / total time of the per-step windows (and the median step)."""
-        curve = self.curve(self.records(run))
+        curve = self.curve(run)
         steps = sorted(curve)
         warm = min(max(self.args.warmup_steps, 0), max(len(steps) - 1, 0))
         timed = [curve[s]["steps_per_s"] for s in steps[warm:] if curve[s].get("steps_per_s")]
@@ -214,7 +207,7 @@ class Check:
 
     def compare(self, run1: Path, run2: Path) -> dict:
         """Per-step loss / lr of both runs and their differences over the first 1 / 10 / 20 / all steps."""
-        c1, c2 = self.curve(self.records(run1)), self.curve(self.records(run2))
+        c1, c2 = self.curve(run1), self.curve(run2)
         steps = sorted(set(c1) & set(c2))
         rows = []
         for s in steps:
@@ -248,6 +241,27 @@ class Check:
         checks[f"{family}_lr_equal"] = comparison["lr_max_rel_diff"] is not None and comparison["lr_max_rel_diff"] <= 1e-9
 
     # ------------------------------------------------------------------ stages
+    def pair(self, family: str, one) -> dict[int, Path | None]:
+        """The 1- and 2-process stages ``{family}_{n}`` (``one(n)`` launches and records a run, returns its folder);
+        when both ran, their loss curves are compared and judged and the scaling recorded. Returns the folders."""
+        res = self.report[family]
+        runs = {nproc: self.stage(f"{family}_{nproc}", lambda n=nproc: one(n)) for nproc in (1, 2)}
+        if runs.get(1) and runs.get(2):
+            res["comparison"] = self.compare(runs[1], runs[2])
+            self.judge(family, res["comparison"])
+            self.scaling(res)
+        self.save()
+        return runs
+
+    def weak(self, family: str, run: Path, per_process: int) -> None:
+        """Record the weak-scaling run ``run`` of ``family`` (``per_process`` rows per GPU) and the scaling."""
+        res = self.report[family]
+        results = json.loads((run / "results.json").read_text())
+        res["run_2_weak"] = {"processes": results["processes"], "global_batch": results["global_batch"],
+                             "per_process_batch": per_process,
+                             "throughput": self.throughput(run, results["global_batch"])}
+        self.scaling(res)
+
     def classify_pair(self) -> None:
         a, res = self.args, self.report["classify"]
         if a.classify_batch % 2:
@@ -266,27 +280,18 @@ class Check:
             self.report["checks"][f"classify_{nproc}_processes"] = results["processes"] == nproc
             return run
 
-        runs = {nproc: self.stage(f"classify_{nproc}", lambda n=nproc: one(n)) for nproc in (1, 2)}
+        runs = self.pair("classify", one)
         if runs.get(1) and runs.get(2):
-            res["comparison"] = self.compare(runs[1], runs[2])
             r1, r2 = res["run_1"], res["run_2"]
             self.report["checks"]["classify_same_global_batch_lr"] = (r1["global_batch"] == r2["global_batch"]
                                                                      and r1["lr"] == r2["lr"])
-            self.judge("classify", res["comparison"])
-            self.scaling(res)
-        self.save()
         if runs.get(1):
             self.stage("classify_eval_2", lambda: self.classify_eval(runs[1]))
 
     def classify_weak(self) -> None:
         """2 processes at the 1-process run's per-GPU batch (global batch doubled): weak-scaling throughput."""
-        a, res = self.args, self.report["classify"]
-        run = self.classify_run("classify_2_weak", 2, a.classify_batch, a.weak_steps)
-        results = json.loads((run / "results.json").read_text())
-        res["run_2_weak"] = {"processes": results["processes"], "global_batch": results["global_batch"],
-                             "per_process_batch": a.classify_batch,
-                             "throughput": self.throughput(run, results["global_batch"])}
-        self.scaling(res)
+        a = self.args
+        self.weak("classify", self.classify_run("classify_2_weak", 2, a.classify_batch, a.weak_steps), a.classify_batch)
 
     def classify_eval(self, run1: Path) -> None:
         """The 1-process classifier evaluated on 2 processes: same image count and top-1 as its own evaluation."""
@@ -313,7 +318,7 @@ class Check:
         def one(nproc: int) -> Path:
             run = self.diffusion_run(f"diffusion_{nproc}", nproc, a.diffusion_batch, a.steps)
             results = json.loads((run / "results.json").read_text())
-            lrs = [r["lr"] for r in self.records(run) if "lr" in r]
+            lrs = [r["lr"] for _, r in sorted(self.curve(run).items())]
             res[f"run_{nproc}"] = {"processes": results["processes"], "global_batch": results["global_batch"],
                                    "per_process_batch": results["per_process_batch"], "steps": results["step"],
                                    "lr_last": lrs[-1] if lrs else None,
@@ -321,25 +326,17 @@ class Check:
             self.report["checks"][f"diffusion_{nproc}_processes"] = results["processes"] == nproc
             return run
 
-        runs = {nproc: self.stage(f"diffusion_{nproc}", lambda n=nproc: one(n)) for nproc in (1, 2)}
+        runs = self.pair("diffusion", one)
         if runs.get(1) and runs.get(2):
-            res["comparison"] = self.compare(runs[1], runs[2])
             self.report["checks"]["diffusion_same_global_batch"] = res["run_1"]["global_batch"] == res["run_2"]["global_batch"]
-            self.judge("diffusion", res["comparison"])
-            self.scaling(res)
-        self.save()
         if runs.get(2):
             self.stage("sample_2", lambda: self.sample(runs[2]))
 
     def diffusion_weak(self) -> None:
         """2 processes at the 1-process run's per-GPU batch (global batch doubled): weak-scaling throughput."""
-        a, res = self.args, self.report["diffusion"]
+        a = self.args
         run = self.diffusion_run("diffusion_2_weak", 2, 2 * a.diffusion_batch, a.weak_steps)
-        results = json.loads((run / "results.json").read_text())
-        res["run_2_weak"] = {"processes": results["processes"], "global_batch": results["global_batch"],
-                             "per_process_batch": results["per_process_batch"],
-                             "throughput": self.throughput(run, results["global_batch"])}
-        self.scaling(res)
+        self.weak("diffusion", run, a.diffusion_batch)
 
     @staticmethod
     def scaling(res: dict) -> None:

@@ -2,10 +2,10 @@
 
     python scripts/profile_model.py --attentions softmax lightnet --img-size 224 --batch 256 --out prof.json
 
-Per attention: ``{attention}_deit_small_patch16_224`` at ``--img-size``, bf16 autocast, AdamW; ``--warmup`` steps,
-then ``--steps`` profiled steps. Prints, per model, the GPU time of a step (sum of its kernels) and the ``--top`` ops
-(aten ops and autograd functions) by the GPU time of the kernels they launch (ms per step, share of the step), and
-writes them as JSON (with the env block) to ``--out``.
+Per attention: DeiT-S at ``--img-size`` and its training step, as ``bench_models.py`` builds them (bf16 autocast,
+fused AdamW); ``--warmup`` steps, then ``--steps`` profiled steps. Prints, per model, the GPU time of a step (sum
+of its kernels) and the ``--top`` ops (aten ops and autograd functions) by the GPU time of the kernels they launch
+(ms per step, share of the step), and writes them as JSON (with the env block) to ``--out``.
 """
 
 from __future__ import annotations
@@ -19,26 +19,16 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from bench_models import build_deit, make_train_step  # scripts/ (this script's folder) is on sys.path
 from lightvision.results import results_env
 
 
 def profile_step(attention: str, img_size: int, batch: int, warmup: int, steps: int, top: int) -> dict:
     """Self CUDA time per op (ms per step) of ``steps`` training steps of DeiT-S with ``attention``."""
-    import timm
-
-    import lightvision  # noqa: F401  registers the models in timm
-
-    model = timm.create_model(f"{attention}_deit_small_patch16_224", img_size=img_size).cuda().train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    model = build_deit(attention, img_size).cuda().train()
     images = torch.randn(batch, 3, img_size, img_size, device="cuda")
     labels = torch.randint(0, 1000, (batch,), device="cuda")
-
-    def step():
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images).float(), labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    step = make_train_step(model, (images,), lambda out: F.cross_entropy(out.float(), labels))
 
     for _ in range(warmup):
         step()

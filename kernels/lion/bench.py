@@ -5,11 +5,15 @@ ops lion_lit / lion_d / lion_s; impls:
     triton_parallel  the flash-style masked kernel
     triton_scan      the bidirectional chunked scan kernel
     auto             form="auto" (choose_form)
+    fla              flash-linear-attention ``chunk_simple_gla`` forward + on the reversed sequence (the outside
+                     two-scan anchor, no normaliser; lion_d / lion_s, only when ``fla`` is installed)
 Inputs: q, k positive unit-norm features (what LION's feature map gives), v Gaussian; D learns a raw [H]
 parameter (log lambda = logsigmoid), S a raw per-token [B, H, N] gate (log a = logsigmoid, cls-free).
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +47,30 @@ def _make(mask: str, form: str, backend: str):
     return make
 
 
+def _make_fla(B, H, N, d, dtype, device):
+    """flash-linear-attention's ``chunk_simple_gla`` forward + on the reversed sequence in its [B, N, H, d] layout,
+    with a fixed per-head decay (``g_gamma``, lambda = sigmoid(3) as the D inputs above): its per-token gated
+    backward refuses Hopper GPUs with Triton < 3.7.1, so selective decay is timed this way too."""
+    from fla.ops.simple_gla import chunk_simple_gla
+
+    log_decay = F.logsigmoid(torch.full((H,), 3.0, device=device))
+
+    def fn(q, k, v):
+        fwd, _ = chunk_simple_gla(q, k, v, g_gamma=log_decay, scale=1.0)
+        rev, _ = chunk_simple_gla(q.flip(1), k.flip(1), v.flip(1), g_gamma=log_decay, scale=1.0)
+        return fwd + rev.flip(1)
+
+    return fn, [x.transpose(1, 2).contiguous() for x in _features(B, H, N, d, dtype, device)]
+
+
 def register(add) -> None:
-    """Add every (lion_<mask>, impl) pair to the bench_attention registry."""
+    """Add every (lion_<mask>, impl) pair to the bench_attention registry, and ``fla`` for D and S when installed."""
     for mask in ("lit", "d", "s"):
         for impl, (form, backend) in IMPLS.items():
             add(op=f"lion_{mask}", impl=impl, make=_make(mask, form, backend))
+    if importlib.util.find_spec("fla") is not None:
+        add(op="lion_d", impl="fla", make=_make_fla)
+        add(op="lion_s", impl="fla", make=_make_fla)
 
 
 def sweep() -> None:

@@ -30,13 +30,18 @@ from contextvars import ContextVar
 
 import torch
 
-__all__ = ["BatchRandom", "batch_random", "batch_seed", "use_batch_random"]
+__all__ = ["BatchRandom", "batch_random", "batch_seed", "hashed_seed", "use_batch_random"]
+
+
+def hashed_seed(*parts: object, nbytes: int = 8) -> int:
+    """A non-negative seed of at most 63 bits hashed (blake2b, ``nbytes`` bytes) from ``parts`` joined by ':'."""
+    key = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=nbytes).digest(), "little") & ((1 << 63) - 1)
 
 
 def batch_seed(seed: int, step: int, micro: int) -> int:
     """64-bit generator seed of micro-batch ``micro`` of optimizer step ``step`` (no process in it)."""
-    key = f"batch:{seed}:{step}:{micro}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & ((1 << 63) - 1)
+    return hashed_seed("batch", seed, step, micro)
 
 
 def _size(size: Sequence[int] | int) -> tuple[int, ...]:

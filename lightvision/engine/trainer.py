@@ -25,7 +25,6 @@ after a resume; the order of samples is.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
@@ -42,7 +41,7 @@ from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 from torch import nn
 from tqdm.auto import tqdm
 
-from lightvision.engine.batch_random import BatchRandom, batch_seed, use_batch_random
+from lightvision.engine.batch_random import BatchRandom, batch_seed, hashed_seed, use_batch_random
 from lightvision.engine.checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -267,8 +266,7 @@ class Trainer:
             self.batch_in_epoch = 0
 
     def _seed_micro_batch(self, micro: int) -> None:
-        key = f"{self.seed}:{self.step}:{micro}:{self.accelerator.process_index}".encode()
-        set_seed(int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "little"))
+        set_seed(hashed_seed(self.seed, self.step, micro, self.accelerator.process_index, nbytes=4))
 
     def _train_step(self, batches: Iterator[Any]) -> None:
         """One optimizer step over ``grad_accum_steps`` micro-batches; updates the logging window."""
