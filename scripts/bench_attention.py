@@ -50,7 +50,8 @@ from lightvision.results import results_env
 
 REGISTRY: dict[tuple[str, str], object] = {}
 
-# SPEC 5: (N, B) at about 50k tokens, H = 6, d = 64; square patch grids, no prefix token
+# SPEC 5: (N, B) at about 50k tokens, H = 6, d = 64 (--head-dim changes d, H = 384 / d); square patch grids, no
+# prefix token
 SHAPES = [(196, 256), (576, 96), (1024, 48), (4096, 12), (16384, 3), (65536, 1)]
 H, D = 6, 64
 
@@ -222,7 +223,8 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
 
 
 # --sweep: launch-plan variants of the Triton LightNet kernel (keyword knobs of kernels.lightnet.op._plan)
-SWEEP = [dict(block_n=32, num_warps=8), dict(block_n=128, num_warps=8), dict(programs_per_sm=2)]
+SWEEP = [dict(block_n=32, num_warps=4), dict(block_n=32, num_warps=2), dict(block_n=64, num_warps=4),
+         dict(block_n=64, num_warps=8), dict(block_n=128, num_warps=8), dict(programs_per_sm=2), dict(programs_per_sm=8)]
 
 
 def sweep(shapes, dtype, device, peak_gbs) -> list[dict]:
@@ -270,6 +272,7 @@ def table(records) -> str:
 
 
 def main(argv=None) -> int:
+    global H, D
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--check", action="store_true", help="run the correctness checks first")
     ap.add_argument("--check-d", default="", help="comma list of head dims to check (default: all cases)")
@@ -280,8 +283,13 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--peak-gbs", type=float, default=3000.0, help="copy bandwidth for the floor (H100: 3000)")
     ap.add_argument("--sweep", default="", help="comma list of NxB: also time the SWEEP plan variants there")
+    ap.add_argument("--head-dim", type=int, default=D,
+                    help="d of the timed shapes, with H = 384 / d heads (default 64: SPEC 5; LightNet-DeiT-S: 24)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
+    if 384 % args.head_dim:
+        ap.error(f"--head-dim must divide 384, got {args.head_dim}")
+    H, D = 384 // args.head_dim, args.head_dim
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA device", file=sys.stderr)
         return 2

@@ -1,8 +1,10 @@
-"""Where a training step's GPU time goes: torch.profiler over DeiT training steps, grouped by op.
+"""Where a training step's GPU time goes: torch.profiler over DeiT-S or DiT training steps, grouped by op.
 
     python scripts/profile_model.py --attentions softmax lightnet --img-size 224 --batch 256 --out prof.json
+    python scripts/profile_model.py --model dit_b --attentions softmax lightnet --img-size 512 --batch 16
 
-Per attention: DeiT-S at ``--img-size`` and its training step, as ``bench_models.py`` builds them (bf16 autocast,
+Per attention: DeiT-S (or DiT-B/2 / DiT-XL/2 on the latent of ``--img-size``) and its training step, as
+``bench_models.py`` builds them (bf16 autocast,
 fused AdamW); ``--warmup`` steps, then ``--steps`` profiled steps. Prints, per model, the GPU time of a step (sum
 of its kernels) and the ``--top`` ops (aten ops and autograd functions) by the GPU time of the kernels they launch
 (ms per step, share of the step), and writes them as JSON (with the env block) to ``--out``.
@@ -19,16 +21,24 @@ import torch.nn.functional as F
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from bench_models import build_deit, make_train_step  # scripts/ (this script's folder) is on sys.path
+from bench_models import build_deit, build_dit, make_train_step  # scripts/ (this script's folder) is on sys.path
 from lightvision.results import results_env
 
 
-def profile_step(attention: str, img_size: int, batch: int, warmup: int, steps: int, top: int) -> dict:
-    """Self CUDA time per op (ms per step) of ``steps`` training steps of DeiT-S with ``attention``."""
-    model = build_deit(attention, img_size).cuda().train()
-    images = torch.randn(batch, 3, img_size, img_size, device="cuda")
-    labels = torch.randint(0, 1000, (batch,), device="cuda")
-    step = make_train_step(model, (images,), lambda out: F.cross_entropy(out.float(), labels))
+def profile_step(model_name: str, attention: str, img_size: int, batch: int, warmup: int, steps: int, top: int) -> dict:
+    """Self CUDA time per op (ms per step) of ``steps`` training steps of ``model_name`` (deit_s, dit_b, dit_xl)
+    with ``attention``."""
+    if model_name == "deit_s":
+        model = build_deit(attention, img_size).cuda().train()
+        images = torch.randn(batch, 3, img_size, img_size, device="cuda")
+        labels = torch.randint(0, 1000, (batch,), device="cuda")
+        step = make_train_step(model, (images,), lambda out: F.cross_entropy(out.float(), labels))
+    else:
+        model = build_dit(attention, model_name.split("_")[1], img_size).cuda().train()
+        latent = img_size // 8
+        inputs = (torch.randn(batch, 4, latent, latent, device="cuda"), torch.randint(0, 1000, (batch,), device="cuda"),
+                  torch.randint(0, 1000, (batch,), device="cuda"))
+        step = make_train_step(model, inputs, lambda out: out.float().square().mean())
 
     for _ in range(warmup):
         step()
@@ -44,12 +54,13 @@ def profile_step(attention: str, img_size: int, batch: int, warmup: int, steps: 
     rows = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in events
             if e.device_type != DeviceType.CUDA and e.self_device_time_total > 0]
     rows.sort(key=lambda r: -r[1])
-    return {"attention": attention, "img_size": img_size, "batch": batch, "cuda_ms_per_step": total,
+    return {"model": model_name, "attention": attention, "img_size": img_size, "batch": batch, "cuda_ms_per_step": total,
             "ops": [{"op": name, "ms": ms, "share": ms / total, "calls": calls} for name, ms, calls in rows[:top]]}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="deit_s", choices=("deit_s", "dit_b", "dit_xl"))
     p.add_argument("--attentions", nargs="+", default=["softmax", "lightnet"])
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--batch", type=int, default=256)
@@ -62,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error("profile_model.py profiles CUDA time and needs a GPU")
     results = []
     for attention in args.attentions:
-        r = profile_step(attention, args.img_size, args.batch, args.warmup, args.steps, args.top)
+        r = profile_step(args.model, attention, args.img_size, args.batch, args.warmup, args.steps, args.top)
         results.append(r)
-        print(f"\n{attention} {args.img_size}px batch {args.batch}: {r['cuda_ms_per_step']:.1f} ms CUDA per step")
+        print(f"\n{args.model} {attention} {args.img_size}px batch {args.batch}: {r['cuda_ms_per_step']:.1f} ms CUDA per step")
         for op in r["ops"]:
             print(f"  {op['ms']:8.2f} ms {100 * op['share']:5.1f}% x{op['calls']:<5d} {op['op'][:90]}")
         torch.cuda.empty_cache()

@@ -3,13 +3,14 @@
 Importing this package registers ``lightnet_attention_triton`` with the ops dispatch, so
 ``lightvision.ops.lightnet_attention(..., backend="auto")`` runs it on CUDA inputs.
 Custom ops: ``torch.ops.lightvision.lightnet_attn_fwd`` (q, k, v, grid, num_prefix_tokens, lrpe) -> (o, S, lse)
-and ``torch.ops.lightvision.lightnet_attn_bwd``; see ``op`` for the math and the derivation of the backward.
+and ``torch.ops.lightvision.lightnet_attn_bwd``, and their packed-qkv twins ``lightnet_attn_packed_fwd`` / ``_bwd``
+(``lightvision.ops.lightnet_attention_qkvpacked``); see ``op`` for the math and the derivation of the backward.
 """
 
 from lightvision.ops._dispatch import register_kernel
 
-from .op import HEAD_DIMS, lightnet_attention_triton, lightnet_attn_bwd, lightnet_attn_fwd, supports
+from .op import *  # noqa: F403  (the names of op.__all__)
+from .op import __all__, lightnet_attention_qkvpacked_triton, lightnet_attention_triton
 
 register_kernel("lightnet_attention", lightnet_attention_triton)
-
-__all__ = ["HEAD_DIMS", "lightnet_attention_triton", "lightnet_attn_bwd", "lightnet_attn_fwd", "supports"]
+register_kernel("lightnet_attention_qkvpacked", lightnet_attention_qkvpacked_triton)

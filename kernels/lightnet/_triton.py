@@ -21,9 +21,10 @@ The loops over tokens are shared ``@triton.jit`` helpers, so both plans run the 
 Statistics and accumulators are fp32; matrix products take their operands in the input dtype (LOWP) or
 in fp32 at IEEE precision.
 
-Inputs q, k, v, dO are addressed through (batch, head, token, feature) strides, so strided views such as
-the slices of a fused qkv projection are read in place. Outputs (o, dq, dk, dv) are contiguous [B, H, N, *]
-and workspaces (partials, S, lse, dS, c) contiguous fp32, all indexed by ``pid_bh = b * H + h``.
+Inputs q, k, v, dO and outputs o, dq, dk, dv are addressed through (batch, head, token) strides with unit
+feature stride, so strided views such as the slices of a fused qkv projection are read in place, and the
+outputs can be written straight into the [B, N, H, e] / [B, N, 3, H, d] layouts of the surrounding matmuls.
+Workspaces (partials, S, lse, dS, c) are contiguous fp32, indexed by ``pid_bh = b * H + h``.
 """
 
 import triton
@@ -122,11 +123,11 @@ def _reduce_loop(
 
 @triton.jit
 def _out_loop(
-    q_base, o_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd,
+    q_base, o_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     DT: tl.constexpr,
 ):
-    """Tokens [lo, hi): o = (q^ C) S_c + (q^ Sn) S_s with q^ = SiLU(q), rotated on the fly; o contiguous [N, e]."""
+    """Tokens [lo, hi): o = (q^ C) S_c + (q^ Sn) S_s with q^ = SiLU(q), rotated on the fly; o rows s_on apart."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
@@ -143,17 +144,17 @@ def _out_loop(
             ot = _dot(qh * ct, s_c, LOWP, DT) + _dot(qh * st, s_s, LOWP, DT)
         else:
             ot = _dot(qh, s_c, LOWP, DT)
-        tl.store(o_base + rows[:, None] * DV + offs_e[None, :], ot.to(o_base.dtype.element_ty),
+        tl.store(o_base + rows[:, None] * s_on + offs_e[None, :], ot.to(o_base.dtype.element_ty),
                  mask=nmask[:, None] & emask[None, :])
 
 
 @triton.jit
 def _dq_loop(
-    q_base, g_base, dq_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd,
+    q_base, g_base, dq_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     DT: tl.constexpr,
 ):
-    """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, contiguous [N, d]); returns the halves of
+    """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, rows s_dqn apart); returns the halves of
     dS = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO] over these tokens:
 
         dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')"""
@@ -181,7 +182,7 @@ def _dq_loop(
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT)
             ds_c += _dot(tl.trans(qh), gt, LOWP, DT)
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
-        tl.store(dq_base + rows[:, None] * D + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
+        tl.store(dq_base + rows[:, None] * s_dqn + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
     return ds_c, ds_s
 
@@ -189,11 +190,11 @@ def _dq_loop(
 @triton.jit
 def _dkdv_loop(
     k_base, v_base, dk_base, dv_base, cos_ptr, sin_ptr, lse, corr, ds_c, ds_s, lo, hi, D, DV,
-    s_kn, s_kd, s_vn, s_vd,
+    s_kn, s_kd, s_vn, s_vd, s_dkn, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     DT: tl.constexpr,
 ):
-    """Tokens [lo, hi) of backward pass 2 (reads k, v; writes dk, dv, contiguous), with k^ = exp(k - lse):
+    """Tokens [lo, hi) of backward pass 2 (reads k, v; writes dk, dv, rows s_dkn / s_dvn apart), k^ = exp(k - lse):
 
         dv = k~ dS = (k^ C) dS_c + (k^ Sn) dS_s
         G  = (v dS_c^T) C + (v dS_s^T) Sn           (= dL/dk^)
@@ -218,9 +219,9 @@ def _dkdv_loop(
             dvt = _dot(kh, ds_c, LOWP, DT)
             g = _dot(vt, tl.trans(ds_c), LOWP, DT)
         dkt = kh * (g - corr[None, :])
-        tl.store(dk_base + rows[:, None] * D + offs_d[None, :], dkt.to(dk_base.dtype.element_ty),
+        tl.store(dk_base + rows[:, None] * s_dkn + offs_d[None, :], dkt.to(dk_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
-        tl.store(dv_base + rows[:, None] * DV + offs_e[None, :], dvt.to(dv_base.dtype.element_ty),
+        tl.store(dv_base + rows[:, None] * s_dvn + offs_e[None, :], dvt.to(dv_base.dtype.element_ty),
                  mask=nmask[:, None] & emask[None, :])
 
 
@@ -239,7 +240,7 @@ def _correction(ds_c, ds_s, s_ptr, D, DV, BD: tl.constexpr, BDV: tl.constexpr, L
 def _fwd_fused_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, o_ptr,
     H, N, D, DV,
-    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_ob, s_oh, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
 ):
     """Whole forward of one (b, h): reduce k, v to S = A / z and lse = m + log z (both stored for the
@@ -258,8 +259,8 @@ def _fwd_fused_kernel(
     s_s = acc_s * inv[:, None]
     R = 2 * D if LRPE else D
     _store_pair(s_ptr + pid_bh * R * DV, s_c, s_s, D, DV, BD, BDV, LRPE)
-    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + pid_bh * N * DV, cos_ptr, sin_ptr,
-              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd,
+    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
+              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_on,
               BN, BD, BDV, LRPE, LOWP, DT)
 
 
@@ -324,7 +325,7 @@ def _fwd_combine_kernel(
 @triton.jit
 def _fwd_out_kernel(
     q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr,
-    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd,
+    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
 ):
     """Split plan, forward pass 2 over one chunk: o = q~ S."""
@@ -337,8 +338,8 @@ def _fwd_out_kernel(
     s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
-    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + pid_bh * N * DV, cos_ptr, sin_ptr,
-              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd,
+    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
+              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_on,
               BN, BD, BDV, LRPE, LOWP, DT)
 
 
@@ -347,6 +348,7 @@ def _bwd_fused_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
     H, N, D, DV,
     s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_gb, s_gh, s_gn, s_gd,
+    s_dqb, s_dqh, s_dqn, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
 ):
     """Whole backward of one (b, h): the dq pass over q, dO builds dS, then c = rowsum(dS * S), then the
@@ -359,22 +361,22 @@ def _bwd_fused_kernel(
     s_base = s_ptr + pid_bh * R * DV
     s_c, s_s = _load_pair(s_base, D, DV, BD, BDV, LRPE)
     ds_c, ds_s = _dq_loop(
-        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + pid_bh * N * D, cos_ptr, sin_ptr,
-        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_gn, s_gd,
+        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
         BN, BD, BDV, LRPE, LOWP, DT)
     corr = _correction(ds_c, ds_s, s_base, D, DV, BD, BDV, LRPE)
     offs_d = tl.arange(0, BD)
     lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
-    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + pid_bh * N * D,
-               dv_ptr + pid_bh * N * DV, cos_ptr, sin_ptr, lse, corr,
+    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
+               dv_ptr + b * s_dvb + h * s_dvh, cos_ptr, sin_ptr, lse, corr,
                _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT), 0, N, D, DV, s_kn, s_kd, s_vn, s_vd,
-               BN, BD, BDV, LRPE, LOWP, DT)
+               s_dkn, s_dvn, BN, BD, BDV, LRPE, LOWP, DT)
 
 
 @triton.jit
 def _bwd_dq_kernel(
     q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr,
-    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd,
+    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
 ):
     """Split plan, backward pass 1 over one chunk: dq, and the partial dS -> pds [BH, splits, R, e]."""
@@ -388,8 +390,8 @@ def _bwd_dq_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     ds_c, ds_s = _dq_loop(
-        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + pid_bh * N * D, cos_ptr, sin_ptr,
-        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd,
+        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
         BN, BD, BDV, LRPE, LOWP, DT)
     _store_pair(pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, ds_c, ds_s, D, DV, BD, BDV, LRPE)
 
@@ -418,6 +420,7 @@ def _bwd_combine_kernel(
 def _bwd_dkdv_kernel(
     k_ptr, v_ptr, cos_ptr, sin_ptr, lse_ptr, ds_ptr, c_ptr, dk_ptr, dv_ptr,
     H, N, D, DV, tiles_per_split, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
 ):
     """Split plan, backward pass 2 over one chunk: dk, dv from the combined dS and c."""
@@ -433,7 +436,7 @@ def _bwd_dkdv_kernel(
     corr = tl.load(c_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
-    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + pid_bh * N * D,
-               dv_ptr + pid_bh * N * DV, cos_ptr, sin_ptr, lse, corr,
+    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
+               dv_ptr + b * s_dvb + h * s_dvh, cos_ptr, sin_ptr, lse, corr,
                _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT), lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
-               BN, BD, BDV, LRPE, LOWP, DT)
+               s_dkn, s_dvn, BN, BD, BDV, LRPE, LOWP, DT)

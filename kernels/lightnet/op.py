@@ -38,15 +38,16 @@ The custom ops ``lightvision::lightnet_attn_fwd`` / ``lightvision::lightnet_attn
 from __future__ import annotations
 
 import functools
-import os
 from typing import NamedTuple, Optional
 
 import torch
 import triton
 
 from lightvision.ops._checks import check_grid
+from lightvision.ops.heads import split_heads
 from lightvision.ops.md_lrpe import lrpe_angles
 
+from .._launch import interpreting, num_sms
 from . import _triton as K
 
 HEAD_DIMS = (16, 24, 32, 48, 64, 128)
@@ -60,10 +61,6 @@ POISON_OUTPUTS = False
 def _empty(shape, dtype, device) -> torch.Tensor:
     t = torch.empty(shape, device=device, dtype=dtype)
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @functools.lru_cache(maxsize=64)
@@ -82,13 +79,6 @@ def _rotation(grid, num_prefix_tokens, d, dtype, device):
     return _tables(grid, num_prefix_tokens, d, device, torch.float32 if dtype == torch.float32 else torch.float16)
 
 
-@functools.lru_cache(maxsize=16)
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 2
-
-
 @functools.lru_cache(maxsize=256)
 def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
           block_n: int | None = None, programs_per_sm: int = 4, num_warps: int | None = None) -> dict:
@@ -100,7 +90,8 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     fp32 S / dS partials stay cheap next to the token traffic. Head dim 128 holds two 128 x d_v matrices
     per program: smaller tiles and fewer stages (fp32 most) keep the matrix-product operands inside
     shared memory, and it always takes the split plan (the fused backward would hold S and dS, four such
-    matrices, at once). d <= 64: 64-token tiles, 4 warps. 8 warps with 32-token tiles removes the
+    matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 was 13% faster alone at
+    N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with 32-token tiles removes the
     register spills ptxas reports for the backward programs (~950 bytes per thread, sm_90a, bf16) but
     ran 1.7x slower (docs/kernels_lightnet.md, round 2). The keyword knobs override the defaults
     (``scripts/bench_attention.py --sweep`` times them)."""
@@ -108,12 +99,12 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     wide = max(bd, bdv) >= 128
     if block_n is not None:
         bn = block_n
-    elif _interpreting():
+    elif interpreting():
         bn = 16
     else:
         bn = (16 if fp32 else 32) if wide else 64
     tiles = triton.cdiv(n, bn)
-    sms = _num_sms(device)
+    sms = num_sms(device)
     if bh >= 2 * sms:
         splits = 1
     else:
@@ -129,7 +120,7 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
 def _lowp(dtype: torch.dtype) -> bool:
     # The Triton CPU interpreter multiplies bf16 tl.dot operands as raw bits (tests/kernels/conftest.py
     # repairs it for the tests); elsewhere under the interpreter the products run in fp32.
-    return dtype != torch.float32 and not _interpreting()
+    return dtype != torch.float32 and not interpreting()
 
 
 class _Config(NamedTuple):
@@ -163,19 +154,21 @@ def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe) -> _Conf
     )
 
 
-def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool):
+def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Tensor | None = None):
     """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype
-    (contiguous), S fp32 [B, H, R, e] (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
+    (contiguous, or written into the given ``o`` view with unit feature stride), S fp32 [B, H, R, e]
+    (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
     c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
-    o = _empty((B, H, N, DV), q.dtype, dev)
+    o = _empty((B, H, N, DV), q.dtype, dev) if o is None else o
     s = _empty((B, H, c.R, DV), torch.float32, dev)
     lse = _empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
-            q, k, v, c.cos, c.sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), **c.tiled)
+            q, k, v, c.cos, c.sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3],
+            **c.tiled)
         return o, s, lse
     pm = _empty((B * H, c.splits, D), torch.float32, dev)
     pz = _empty((B * H, c.splits, D), torch.float32, dev)
@@ -183,32 +176,36 @@ def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool):
     K._fwd_reduce_kernel[c.grid_split](
         k, v, c.cos, c.sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
     K._fwd_combine_kernel[c.grid_bh](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
-    K._fwd_out_kernel[c.grid_split](q, c.cos, c.sin, s, o, H, N, D, DV, c.per, *q.stride(), **c.tiled)
+    K._fwd_out_kernel[c.grid_split](q, c.cos, c.sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
     return o, s, lse
 
 
-def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool):
-    """Launch the backward: (dq, dk, dv) shaped like q, k, v (contiguous, input dtype)."""
+def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, grads: tuple | None = None):
+    """Launch the backward: (dq, dk, dv) shaped like q, k, v in the input dtype: contiguous, or written into
+    the given ``grads`` views (unit feature stride)."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
     c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
-    dq = _empty((B, H, N, D), q.dtype, dev)
-    dk = _empty((B, H, N, D), q.dtype, dev)
-    dv = _empty((B, H, N, DV), q.dtype, dev)
+    if grads is None:
+        grads = (_empty((B, H, N, D), q.dtype, dev), _empty((B, H, N, D), q.dtype, dev),
+                 _empty((B, H, N, DV), q.dtype, dev))
+    dq, dk, dv = grads
     if c.fused:
         K._bwd_fused_kernel[c.grid_bh](
             q, k, v, do, c.cos, c.sin, s, lse, dq, dk, dv, H, N, D, DV,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), **c.tiled)
+            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride()[:3], *dk.stride()[:3],
+            *dv.stride()[:3], **c.tiled)
         return dq, dk, dv
     pds = _empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     ds = _empty((B * H, c.R, DV), torch.float32, dev)
     corr = _empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
-        q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), **c.tiled)
+        q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled)
     K._bwd_combine_kernel[c.grid_bh](pds, s, ds, corr, D, DV, c.splits, **c.small)
     K._bwd_dkdv_kernel[c.grid_split](
-        k, v, c.cos, c.sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
+        k, v, c.cos, c.sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(),
+        *dk.stride()[:3], *dv.stride()[:3], **c.tiled)
     return dq, dk, dv
 
 
@@ -279,6 +276,89 @@ class _LightNetEager(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def lightnet_packed_fwd(qkv, num_heads: int, grid, num_prefix_tokens: int, lrpe: bool):
+    """qkv [B, N, 3 * H * d] -> (o [B, N, H * d] written in that layout, S, lse) (see ``lightnet_fwd``)."""
+    q, k, v = split_heads(qkv, num_heads)
+    B, H, N, D = q.shape
+    o = _empty((B, N, H, D), qkv.dtype, qkv.device)
+    _, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe, o=o.transpose(1, 2))
+    return o.view(B, N, H * D), s, lse
+
+
+def lightnet_packed_bwd(do, qkv, s, lse, num_heads: int, grid, num_prefix_tokens: int, lrpe: bool):
+    """dqkv [B, N, 3 * H * d], written by the backward programs in place (see ``lightnet_bwd``)."""
+    q, k, v = split_heads(qkv, num_heads)
+    B, H, N, D = q.shape
+    dqkv = _empty(qkv.shape, qkv.dtype, qkv.device)
+    lightnet_bwd(do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, grid, num_prefix_tokens, lrpe,
+                 grads=split_heads(dqkv, num_heads))
+    return dqkv
+
+
+@torch.library.custom_op("lightvision::lightnet_attn_packed_fwd", mutates_args=())
+def lightnet_attn_packed_fwd(
+    qkv: torch.Tensor, num_heads: int, grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o [B, N, H * d], S, lse) of the one-scan forward on a packed qkv."""
+    return lightnet_packed_fwd(qkv, num_heads, grid, num_prefix_tokens, lrpe)
+
+
+@lightnet_attn_packed_fwd.register_fake
+def _(qkv, num_heads, grid, num_prefix_tokens, lrpe):
+    B, N, C3 = qkv.shape
+    D = C3 // (3 * num_heads)
+    return (
+        qkv.new_empty((B, N, num_heads * D)),
+        qkv.new_empty((B, num_heads, 2 * D if lrpe else D, D), dtype=torch.float32),
+        qkv.new_empty((B, num_heads, D), dtype=torch.float32),
+    )
+
+
+@torch.library.custom_op("lightvision::lightnet_attn_packed_bwd", mutates_args=())
+def lightnet_attn_packed_bwd(
+    do: torch.Tensor, qkv: torch.Tensor, s: torch.Tensor, lse: torch.Tensor, num_heads: int,
+    grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool,
+) -> torch.Tensor:
+    """dqkv of the one-scan attention on a packed qkv."""
+    return lightnet_packed_bwd(do, qkv, s, lse, num_heads, grid, num_prefix_tokens, lrpe)
+
+
+@lightnet_attn_packed_bwd.register_fake
+def _(do, qkv, s, lse, num_heads, grid, num_prefix_tokens, lrpe):
+    return qkv.new_empty(qkv.shape)
+
+
+def _packed_setup_context(ctx, inputs, output):
+    qkv, num_heads, grid, num_prefix_tokens, lrpe = inputs
+    _, s, lse = output
+    ctx.save_for_backward(qkv, s, lse)
+    ctx.args = (num_heads, grid, num_prefix_tokens, lrpe)
+
+
+def _packed_backward(ctx, do, _ds, _dlse):
+    qkv, s, lse = ctx.saved_tensors
+    return lightnet_attn_packed_bwd(do, qkv, s, lse, *ctx.args), None, None, None, None
+
+
+lightnet_attn_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
+
+
+class _LightNetPackedEager(torch.autograd.Function):
+    """Eager twin of the packed custom ops (see ``_LightNetEager``)."""
+
+    @staticmethod
+    def forward(ctx, qkv, num_heads, grid, num_prefix_tokens, lrpe):
+        o, s, lse = lightnet_packed_fwd(qkv, num_heads, grid, num_prefix_tokens, lrpe)
+        ctx.save_for_backward(qkv, s, lse)
+        ctx.args = (num_heads, grid, num_prefix_tokens, lrpe)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        qkv, s, lse = ctx.saved_tensors
+        return lightnet_packed_bwd(do, qkv, s, lse, *ctx.args), None, None, None, None
+
+
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the kernel covers these inputs: non-empty [B, H, N, d] with d, d_v in HEAD_DIMS, one float dtype."""
     return (
@@ -307,4 +387,27 @@ def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe=T
     return _LightNetEager.apply(q, k, v, grid, num_prefix_tokens, grid is not None)
 
 
-__all__ = ["lightnet_attention_triton", "lightnet_attn_fwd", "lightnet_attn_bwd", "supports", "HEAD_DIMS"]
+def lightnet_attention_qkvpacked_triton(qkv, num_heads, *, grid=None, num_prefix_tokens=0, lrpe=True):
+    """Kernel entry of ``lightvision.ops.lightnet_attention_qkvpacked``: qkv [B, N, 3 * H * d] -> o [B, N, H * d];
+    NotImplemented (the reference runs) for inputs outside ``supports``."""
+    q, k, v = split_heads(qkv, num_heads)
+    if not supports(q, k, v):
+        return NotImplemented
+    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
+    if not (lrpe and grid is not None):
+        grid = None
+    if torch.compiler.is_compiling():
+        return lightnet_attn_packed_fwd(qkv, num_heads, grid and list(grid), num_prefix_tokens, grid is not None)[0]
+    return _LightNetPackedEager.apply(qkv, num_heads, grid, num_prefix_tokens, grid is not None)
+
+
+__all__ = [
+    "HEAD_DIMS",
+    "lightnet_attention_qkvpacked_triton",
+    "lightnet_attention_triton",
+    "lightnet_attn_bwd",
+    "lightnet_attn_fwd",
+    "lightnet_attn_packed_bwd",
+    "lightnet_attn_packed_fwd",
+    "supports",
+]

@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from .._launch import num_sms
 from .custom import lion_core
 from .parallel import EPS
 
@@ -29,20 +30,31 @@ MAX_HEAD_DIM = 128
 # benchmarks/results/lion_h100.json): training (forward + backward) between N = 1024 and 2304 for every mask;
 # inference with a decay mask between 196 and 576 (the masked forward pays an exp per tile column, the scan
 # only per token), LIT inference between 1024 and 2304.
+# Training also needs enough (batch, head) pairs: the scan's backward runs one sequential program per pair, so
+# with fewer pairs than about half the SMs the parallel kernel wins at any N (session 3, H100, fwd + bwd:
+# B*H = 6 at N = 65536: parallel 6.3 ms vs scan 37.9; B*H = 18 at 16384: 4.5 vs 9.8; B*H = 72 at 4096: scan
+# 2.87 vs 4.0; B*H = 144 at 2048: scan 2.90 vs 3.20; benchmarks/results/lion_auto_h100.json).
 AUTO_SCAN_MIN_N_TRAIN = 2048
+AUTO_SCAN_MIN_PAIRS_TRAIN_PER_SM = 0.5
 AUTO_SCAN_MIN_N_INFER = {"lit": 2048, "d": 384, "s": 384}
 _FORMS = {"parallel": "parallel", "chunk": "parallel", "scan": "scan", "recurrent": "scan"}
 
 
-def choose_form(n: int, needs_grad: bool = True, mask: str = "s") -> str:
-    """Kernel form for form="auto": "scan" from N >= AUTO_SCAN_MIN_N_TRAIN (when a gradient is needed) or
-    N >= AUTO_SCAN_MIN_N_INFER[mask] (forward only), else "parallel"."""
-    return "scan" if n >= (AUTO_SCAN_MIN_N_TRAIN if needs_grad else AUTO_SCAN_MIN_N_INFER[mask]) else "parallel"
+def choose_form(n: int, needs_grad: bool = True, mask: str = "s", pairs: int | None = None, sms: int = 132) -> str:
+    """Kernel form for form="auto". With a gradient: "scan" from N >= AUTO_SCAN_MIN_N_TRAIN when the
+    ``pairs`` = B * H (None: many) reach AUTO_SCAN_MIN_PAIRS_TRAIN_PER_SM * ``sms``; forward only: "scan"
+    from N >= AUTO_SCAN_MIN_N_INFER[mask]; else "parallel"."""
+    if not needs_grad:
+        return "scan" if n >= AUTO_SCAN_MIN_N_INFER[mask] else "parallel"
+    enough = pairs is None or pairs >= AUTO_SCAN_MIN_PAIRS_TRAIN_PER_SM * sms
+    return "scan" if n >= AUTO_SCAN_MIN_N_TRAIN and enough else "parallel"
 
 
-def _kernel_form(form: str, n: int, mask: str, *tensors) -> str:
+def _kernel_form(form: str, q: torch.Tensor, mask: str, *tensors) -> str:
+    if form != "auto":
+        return _FORMS[form]
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    return choose_form(n, needs_grad, mask) if form == "auto" else _FORMS[form]
+    return choose_form(q.shape[2], needs_grad, mask, q.shape[0] * q.shape[1], num_sms(q.device))
 
 
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -67,7 +79,7 @@ def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chun
     """Kernel implementation of :func:`lightvision.ops.lion.lion_attention` (arguments checked there)."""
     if not supported(q, k, v):
         return NotImplemented
-    kform = _kernel_form(form, q.shape[2], mask, q, k, v, log_decay)
+    kform = _kernel_form(form, q, mask, q, k, v, log_decay)
     return lion_core(q, k, v, gates(mask, log_decay, q.shape), normalize, kform)
 
 

@@ -9,7 +9,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import check_grid, lightnet_attention, lion_attention, lion_snake_attention, softmax_attention
+from ..ops import (
+    check_grid,
+    lightnet_attention,
+    lightnet_attention_qkvpacked,
+    lion_attention,
+    lion_snake_attention,
+    merge_heads,
+    softmax_attention,
+    split_heads,
+)
 from ..ops._checks import BACKENDS, check_choice
 from ..ops.lion import FORMS
 from .norm import RMSNorm
@@ -39,15 +48,9 @@ class _QKV(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
 
     def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b, n, _ = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.num_heads, self.head_dim).unbind(2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        return split_heads(self.qkv(x), self.num_heads)
 
-    @staticmethod
-    def merge(o: torch.Tensor) -> torch.Tensor:
-        """[B, H, N, d] -> [B, N, H * d]."""
-        b, h, n, d = o.shape
-        return o.transpose(1, 2).reshape(b, n, h * d)
+    merge = staticmethod(merge_heads)
 
 
 class SoftmaxAttention(_QKV):
@@ -67,6 +70,8 @@ class SoftmaxAttention(_QKV):
 class LightNetAttention(_QKV):
     """LNA (LightNet Fig. 3, Eq. 9; SPEC 1.4): q, k, v = x W (one fused Linear, no bias);
     O = lightnet_attention(q, k, v) with MD-LRPE on the grid; O = RMSNorm(O) * sigmoid(x W_u1 W_u2); out = O W_o.
+    With the key softmax (the model), the core runs as ``lightnet_attention_qkvpacked`` on the Linear's output
+    and the norm and gate as one fused ``rms_norm`` (Triton on CUDA).
 
     gate_rank: None = low rank with rank = head dim (paper); "full" = one full-rank Linear; 0 = no gate;
     an int r > 0 = rank r. norm=False drops the RMSNorm; lrpe / key_softmax are the ablation switches.
@@ -91,12 +96,16 @@ class LightNetAttention(_QKV):
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
-        q, k, v = self.split(x)
-        o = lightnet_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe,
-                               key_softmax=self.key_softmax, backend=self.backend)
-        o = self.norm(self.merge(o))
-        if self.gate is not None:
-            o = o * torch.sigmoid(self.gate(x))
+        kw = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe, backend=self.backend)
+        if self.key_softmax:
+            o = lightnet_attention_qkvpacked(self.qkv(x), self.num_heads, **kw)
+        else:
+            o = self.merge(lightnet_attention(*self.split(x), key_softmax=False, **kw))
+        g = self.gate(x) if self.gate is not None else None
+        if isinstance(self.norm, RMSNorm):
+            o = self.norm(o, g)  # RMSNorm x sigmoid gate, one fused kernel on CUDA
+        elif g is not None:
+            o = o * torch.sigmoid(g)
         return self.proj(o)
 
 
@@ -110,7 +119,8 @@ class LionAttention(_QKV):
     logsigmoid(-(w^T x_m + b)) in fp32; prefix tokens get a = 1 (log 0); b initialised to -logit(0.95)
     so a ~ 0.95 at x = 0. The gate stays in the autograd graph (it is never re-wrapped as a new tensor).
     snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
-    form: passed to lion_attention ("auto": parallel for N <= 1024, linear-time scan beyond).
+    form: passed to lion_attention ("auto": the kernels' measured rule, ``lightvision.kernels.lion.choose_form``;
+    the reference: parallel for N <= 1024, linear-time scan beyond).
     """
 
     def __init__(self, dim: int, num_heads: int, *, mask: str = "lit", snake: bool = False, form: str = "auto",

@@ -6,10 +6,12 @@ registered (see :mod:`lightvision.ops._dispatch`: ``register_kernel`` / ``get_ke
 
 from ._checks import check_grid
 from ._dispatch import get_kernel, register_kernel
-from .lightnet import lightnet_attention
+from .heads import merge_heads, split_heads
+from .lightnet import lightnet_attention, lightnet_attention_qkvpacked
 from .lion import lion_attention, lion_snake_attention, snake_permutation
 from .md_lrpe import lrpe_angles, lrpe_group_sizes, md_lrpe
 from .md_tpe import md_tpe, toeplitz_kernel
+from .norm import rms_norm, silu_mul
 from .softmax import softmax_attention
 from .two_scan import two_scan_attention
 
@@ -17,15 +19,20 @@ __all__ = [
     "check_grid",
     "get_kernel",
     "lightnet_attention",
+    "lightnet_attention_qkvpacked",
     "lion_attention",
     "lion_snake_attention",
     "lrpe_angles",
     "lrpe_group_sizes",
     "md_lrpe",
     "md_tpe",
+    "merge_heads",
     "register_kernel",
+    "rms_norm",
+    "silu_mul",
     "snake_permutation",
     "softmax_attention",
+    "split_heads",
     "toeplitz_kernel",
     "two_scan_attention",
 ]

@@ -1,9 +1,10 @@
 """Kernel registry: how the plain PyTorch cores hand off to Triton kernels.
 
 Contract for kernel packages (``lightvision.kernels.<family>``): on import, call
-``register_kernel(op_name, fn)``. ``fn`` receives exactly the public function's arguments, by keyword
-after ``q, k, v``, minus ``backend`` (e.g. ``fn(q, k, v, grid=..., num_prefix_tokens=..., lrpe=...,
-causal=..., key_softmax=...)``) and returns what the public function returns. A kernel may return
+``register_kernel(op_name, fn)``. ``fn`` receives exactly the public function's arguments, the tensors
+positionally and the rest by keyword, minus ``backend`` (e.g. ``fn(q, k, v, grid=..., num_prefix_tokens=...,
+lrpe=..., causal=..., key_softmax=...)`` or ``fn(x, weight, gate, eps=...)``) and returns what the public
+function returns. A kernel may return
 ``NotImplemented`` for a configuration it does not cover: with ``backend="auto"`` the reference then
 runs, with ``backend="triton"`` a RuntimeError is raised.
 
@@ -25,8 +26,11 @@ from ._checks import BACKENDS, check_choice
 _KERNELS: dict[str, Callable] = {}
 _FAMILY = {
     "lightnet_attention": "lightvision.kernels.lightnet",
+    "lightnet_attention_qkvpacked": "lightvision.kernels.lightnet",
     "lion_attention": "lightvision.kernels.lion",
     "two_scan_attention": "lightvision.kernels.lion",
+    "rms_norm": "lightvision.kernels.fused",
+    "silu_mul": "lightvision.kernels.fused",
 }
 _IMPORTED: set[str] = set()
 _IMPORT_ERRORS: dict[str, str] = {}
@@ -53,7 +57,7 @@ def get_kernel(op_name: str) -> Callable | None:
     return _KERNELS.get(op_name)
 
 
-def dispatch(op_name: str, backend: str, device: torch.device, q, k, v, kwargs: dict):
+def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwargs: dict):
     """Run the kernel chosen by ``backend`` and return its result, or NotImplemented to run the reference."""
     check_choice(backend, BACKENDS, "backend")
     if backend == "torch" or (backend == "auto" and device.type != "cuda"):
@@ -68,7 +72,7 @@ def dispatch(op_name: str, backend: str, device: torch.device, q, k, v, kwargs: 
                 "); use backend='torch' or 'auto'"
             )
         return NotImplemented
-    out = fn(q, k, v, **kwargs)
+    out = fn(*args, **kwargs)
     if out is NotImplemented and backend == "triton":
         raise RuntimeError(f"{op_name}: the registered Triton kernel does not support these arguments: {kwargs_repr(kwargs)}")
     return out

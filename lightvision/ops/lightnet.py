@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from ._checks import check_grid, check_qkv, compute_dtype
 from ._dispatch import dispatch
+from .heads import merge_heads, split_heads
 from .md_lrpe import lrpe_angles
 
 _CAUSAL_CHUNK = 32
@@ -42,7 +43,7 @@ def lightnet_attention(
     check_qkv(q, k, v, "lightnet_attention")
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
     kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe, causal=causal, key_softmax=key_softmax)
-    out = dispatch("lightnet_attention", backend, q.device, q, k, v, kwargs)
+    out = dispatch("lightnet_attention", backend, q.device, (q, k, v), kwargs)
     if out is not NotImplemented:
         return out
     dt = compute_dtype(q, k, v)
@@ -64,6 +65,32 @@ def lightnet_attention(
         else:
             o = qt @ (kt.transpose(-1, -2) @ vf)
     return o.to(q.dtype)
+
+
+def lightnet_attention_qkvpacked(
+    qkv: torch.Tensor,
+    num_heads: int,
+    *,
+    grid: Sequence[int] | None = None,
+    num_prefix_tokens: int = 0,
+    lrpe: bool = True,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Non-causal LightNet attention on a fused projection: qkv [B, N, 3 * H * d] -> o [B, N, H * d].
+
+    The same math as ``lightnet_attention(*split_heads(qkv, num_heads), ...)`` followed by ``merge_heads``; the
+    Triton kernel reads q, k, v in place, writes o in the [B, N, H, d] layout of the output projection and the
+    gradient straight into one [B, N, 3 * H * d] tensor (no stack of dq, dk, dv, no transposing copies).
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    q, k, v = split_heads(qkv, num_heads)
+    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
+    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe)
+    out = dispatch("lightnet_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
+    if out is not NotImplemented:
+        return out
+    return merge_heads(lightnet_attention(q, k, v, backend="torch", **kwargs))
 
 
 def _rotate(x: torch.Tensor, rot: torch.Tensor | None) -> torch.Tensor:

@@ -60,7 +60,7 @@ def lion_attention(
         raise ValueError(f"lion_attention: chunk_size must be a positive int, got {chunk_size!r}")
     check_log_decay(mask, log_decay, q, "lion_attention")
     kwargs = dict(mask=mask, log_decay=log_decay, form=form, chunk_size=chunk_size, normalize=normalize)
-    out = dispatch("lion_attention", backend, q.device, q, k, v, kwargs)
+    out = dispatch("lion_attention", backend, q.device, (q, k, v), kwargs)
     if out is not NotImplemented:
         return out
     dt = compute_dtype(q, k, v)

@@ -35,7 +35,7 @@ def two_scan_attention(
         raise ValueError(f"two_scan_attention: chunk_size must be a positive int, got {chunk_size!r}")
     mask = "d" if log_decay.dim() == 1 else "s"
     check_log_decay(mask, log_decay, q, "two_scan_attention")
-    out = dispatch("two_scan_attention", backend, q.device, q, k, v, dict(log_decay=log_decay, chunk_size=chunk_size))
+    out = dispatch("two_scan_attention", backend, q.device, (q, k, v), dict(log_decay=log_decay, chunk_size=chunk_size))
     if out is not NotImplemented:
         return out
     dt = compute_dtype(q, k, v)

@@ -186,3 +186,46 @@ def test_compiles_without_graph_breaks():
     ref_grads = torch.autograd.grad(f(*ref_leaves), ref_leaves)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("b,h,grid,prefix,d,dtype,path", [
+    (2, 2, (4, 5), 1, 16, torch.float32, "fused"),
+    (1, 1, (5, 7), 1, 24, torch.float32, "split"),
+    (1, 3, (3, 7), 0, 24, torch.bfloat16, "split"),
+    (4, 1, (3, 3), 1, 48, torch.float16, "fused"),
+])
+def test_qkvpacked_matches_reference(b, h, grid, prefix, d, dtype, path):
+    """The packed entry (o written as [B, N, H, d], dqkv written in place) vs the fp64 reference on the same
+    views: output and the one gradient, NaN-poisoned outputs, both launch plans."""
+    from lightvision.ops import lightnet_attention_qkvpacked
+
+    n = math.prod(grid) + prefix
+    _check_path(b, h, n, d, d, dtype, path)
+    qkv = (torch.randn(b, n, 3 * h * d, device=DEV) * 1.5).to(dtype).requires_grad_()
+    o = lightnet_attention_qkvpacked(qkv, h, grid=grid, num_prefix_tokens=prefix, backend="triton")
+    assert o.shape == (b, n, h * d) and o.dtype == dtype and o.is_contiguous()
+    do = torch.randn_like(o)
+    (g,) = torch.autograd.grad(o, qkv, do)
+    ref_qkv = qkv.detach().double().requires_grad_()
+    o_ref = lightnet_attention_qkvpacked(ref_qkv, h, grid=grid, num_prefix_tokens=prefix, backend="torch")
+    (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
+    assert max(_rel(o, o_ref), _rel(g, g_ref)) < TOL[dtype]
+    assert g.dtype == dtype and g.shape == qkv.shape
+
+
+def test_qkvpacked_custom_ops_and_compile():
+    from lightvision.ops import lightnet_attention_qkvpacked
+
+    qkv = torch.randn(2, 10, 3 * 2 * 16, device=DEV, requires_grad=True)
+    torch.library.opcheck(torch.ops.lightvision.lightnet_attn_packed_fwd.default, [qkv, 2, [3, 3], 1, True],
+                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+
+    def f(t):
+        return lightnet_attention_qkvpacked(t, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton").square().sum()
+
+    torch._dynamo.reset()
+    (g,) = torch.autograd.grad(torch.compile(f, backend="aot_eager", fullgraph=True)(qkv), qkv)
+    (g_eager,) = torch.autograd.grad(f(qkv), qkv)
+    torch.testing.assert_close(g, g_eager)
+    assert get_kernel("lightnet_attention_qkvpacked") is lk.lightnet_attention_qkvpacked_triton
+    assert lk.lightnet_attention_qkvpacked_triton(qkv[..., :90], 2) is NotImplemented  # d = 15

@@ -162,6 +162,9 @@ def test_auto_form_and_fallback():
     assert lk.choose_form(1024, needs_grad=True) == "parallel" and lk.choose_form(1 << 16) == "scan"
     assert lk.choose_form(196, needs_grad=False) == "parallel" and lk.choose_form(576, needs_grad=False) == "scan"
     assert lk.choose_form(1024, needs_grad=False, mask="lit") == "parallel"
+    # training at long N: the scan only with enough (b, h) pairs for the GPU (its backward is sequential per pair)
+    assert lk.choose_form(4096, pairs=72, sms=132) == "scan" and lk.choose_form(16384, pairs=18, sms=132) == "parallel"
+    assert lk.choose_form(65536, pairs=6, sms=132) == "parallel" and lk.choose_form(65536, needs_grad=False) == "scan"
     q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
 

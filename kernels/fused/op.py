@@ -1,0 +1,222 @@
+"""Fused RMSNorm (x sigmoid gate) and SiLU x mul: launchers, torch custom ops and autograd.
+
+RMSNorm with gate, per row x [C] (fp32 inside), r = 1 / sqrt(mean(x^2) + eps), x^ = x r, s = sigmoid(g):
+
+    y   = x^ * w * s
+    dg  = dy * x^ * w * s (1 - s)              dn = dy * s   (dn = dy without a gate)
+    dw  = sum over rows of dn * x^             dx = r (dn w - x^ mean_c(dn w x^))
+
+SiLU x mul, elementwise, sigma = sigmoid(a): y = a sigma b, db = dy a sigma, da = dy b sigma (1 + a (1 - sigma)).
+
+Traffic: the norm reads x (and g) and writes y forward, reads dy, x (g) and writes dx (dg) backward, with
+only rstd (fp32, one per row) saved between; SiLU x mul reads a, b and writes y, then reads dy, a, b and
+writes da, db. The unfused PyTorch forms take 3-5x the passes and save fp32 intermediates.
+The custom ops ``lightvision::rms_norm_fwd`` / ``_bwd`` and ``lightvision::silu_mul_fwd`` / ``_bwd`` carry fake
+implementations and autograd, so models using them compile without graph breaks; eager calls go through
+``torch.autograd.Function`` wrappers over the same launchers (less host time per call).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+
+from .._launch import interpreting, num_sms
+from . import _triton as K
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_C = 8192  # widest row the norm programs hold in registers; wider rows run the reference
+_SILU_BLOCK = 1024
+
+# Debug hook for tests: NaN-fill every kernel output before the launches, so an unwritten element shows.
+POISON_OUTPUTS = False
+
+
+def _empty(shape, dtype, device) -> torch.Tensor:
+    t = torch.empty(shape, device=device, dtype=dtype)
+    return t.fill_(float("nan")) if POISON_OUTPUTS else t
+
+
+@functools.lru_cache(maxsize=64)
+def _norm_plan(m: int, c: int, device: torch.device) -> dict:
+    """Row tile BM x BC (about 4k elements), warps, and the backward's programs (a few per SM, each looping
+    over consecutive tiles, so the dw partials stay [programs, C])."""
+    bc = triton.next_power_of_2(c)
+    bm = max(1, min(16, 4096 // bc)) if not interpreting() else 4
+    tiles = triton.cdiv(m, bm)
+    progs = min(tiles, 4 * num_sms(device))
+    per = triton.cdiv(tiles, progs)
+    return dict(BM=bm, BC=bc, warps=4 if bc <= 1024 else 8, tiles=tiles, bwd_progs=triton.cdiv(tiles, per), bwd_per=per)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(-1, t.shape[-1])
+
+
+def rms_norm_fwd_launch(x, weight, gate, eps: float, out_dtype: torch.dtype):
+    """(y shaped like x in ``out_dtype``, rstd fp32 [rows])."""
+    x2 = _rows(x)
+    m, c = x2.shape
+    p = _norm_plan(m, c, x.device)
+    y = _empty(x2.shape, out_dtype, x.device)
+    rstd = _empty((m,), torch.float32, x.device)
+    g2 = _rows(gate) if gate is not None else x2
+    K._rms_norm_fwd_kernel[(p["tiles"],)](x2, weight, g2, y, rstd, m, c, eps, 1, BM=p["BM"], BC=p["BC"],
+                                          GATE=gate is not None, num_warps=p["warps"])
+    return y.view(x.shape), rstd
+
+
+def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
+    """(dx like x, dw like weight, dg like gate or an empty tensor without a gate)."""
+    x2 = _rows(x)
+    m, c = x2.shape
+    p = _norm_plan(m, c, x.device)
+    dx = _empty(x2.shape, x.dtype, x.device)
+    dg = _empty(x2.shape, gate.dtype, x.device) if gate is not None else x.new_empty(0)
+    dw = _empty((p["bwd_progs"], c), torch.float32, x.device)
+    g2 = _rows(gate) if gate is not None else x2
+    K._rms_norm_bwd_kernel[(p["bwd_progs"],)](
+        _rows(dy), x2, weight, g2, rstd, dx, dg if gate is not None else dx, dw, m, c, p["bwd_per"],
+        BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"])
+    return dx.view(x.shape), dw.sum(0).to(weight.dtype), dg.view(gate.shape) if gate is not None else dg
+
+
+def silu_mul_fwd_launch(a, b):
+    a, b = a.contiguous(), b.contiguous()
+    y = _empty(a.shape, a.dtype, a.device)
+    K._silu_mul_fwd_kernel[(triton.cdiv(a.numel(), _SILU_BLOCK),)](a, b, y, a.numel(), BLOCK=_SILU_BLOCK)
+    return y
+
+
+def silu_mul_bwd_launch(dy, a, b):
+    a, b = a.contiguous(), b.contiguous()
+    da = _empty(a.shape, a.dtype, a.device)
+    db = _empty(b.shape, b.dtype, b.device)
+    K._silu_mul_bwd_kernel[(triton.cdiv(a.numel(), _SILU_BLOCK),)](
+        dy.contiguous(), a, b, da, db, a.numel(), BLOCK=_SILU_BLOCK)
+    return da, db
+
+
+# ---- custom ops (torch.compile) ----
+
+@torch.library.custom_op("lightvision::rms_norm_fwd", mutates_args=())
+def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], eps: float,
+                 out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, rstd) of the fused RMSNorm; see the module docstring."""
+    return rms_norm_fwd_launch(x, weight, gate, eps, out_dtype)
+
+
+@rms_norm_fwd.register_fake
+def _(x, weight, gate, eps, out_dtype):
+    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)
+
+
+@torch.library.custom_op("lightvision::rms_norm_bwd", mutates_args=())
+def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor],
+                 rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dw, dg) of the fused RMSNorm; dg is empty without a gate."""
+    return rms_norm_bwd_launch(dy, x, weight, gate, rstd)
+
+
+@rms_norm_bwd.register_fake
+def _(dy, x, weight, gate, rstd):
+    return x.new_empty(x.shape), weight.new_empty(weight.shape), gate.new_empty(gate.shape) if gate is not None else x.new_empty(0)
+
+
+def _norm_setup(ctx, inputs, output):
+    x, weight, gate, _eps, _out_dtype = inputs
+    ctx.save_for_backward(x, weight, gate, output[1])
+
+
+def _norm_backward(ctx, dy, _drstd):
+    x, weight, gate, rstd = ctx.saved_tensors
+    dx, dw, dg = rms_norm_bwd(dy, x, weight, gate, rstd)
+    return dx, dw, dg if gate is not None else None, None, None
+
+
+rms_norm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
+
+
+@torch.library.custom_op("lightvision::silu_mul_fwd", mutates_args=())
+def silu_mul_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """SiLU(a) * b."""
+    return silu_mul_fwd_launch(a, b)
+
+
+@silu_mul_fwd.register_fake
+def _(a, b):
+    return a.new_empty(a.shape)
+
+
+@torch.library.custom_op("lightvision::silu_mul_bwd", mutates_args=())
+def silu_mul_bwd(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) of SiLU(a) * b."""
+    return silu_mul_bwd_launch(dy, a, b)
+
+
+@silu_mul_bwd.register_fake
+def _(dy, a, b):
+    return a.new_empty(a.shape), b.new_empty(b.shape)
+
+
+def _silu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _silu_backward(ctx, dy):
+    return silu_mul_bwd(dy, *ctx.saved_tensors)
+
+
+silu_mul_fwd.register_autograd(_silu_backward, setup_context=_silu_setup)
+
+
+# ---- eager autograd (same launchers, no custom-op dispatch) ----
+
+class _RMSNormEager(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, gate, eps, out_dtype):
+        y, rstd = rms_norm_fwd_launch(x, weight, gate, eps, out_dtype)
+        ctx.save_for_backward(x, weight, gate, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, gate, rstd = ctx.saved_tensors
+        dx, dw, dg = rms_norm_bwd_launch(dy, x, weight, gate, rstd)
+        return dx, dw, dg if gate is not None else None, None, None
+
+
+class _SiLUMulEager(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return silu_mul_fwd_launch(a, b)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return silu_mul_bwd_launch(dy, *ctx.saved_tensors)
+
+
+# ---- dispatch entries ----
+
+def rms_norm_triton(x, weight, gate, *, eps, out_dtype):
+    """Kernel entry of ``lightvision.ops.rms_norm``; NotImplemented (the reference runs) for rows wider than
+    MAX_C, an empty x, or dtypes outside fp32 / bf16 / fp16."""
+    tensors = (x, weight) if gate is None else (x, weight, gate)
+    if x.shape[-1] > MAX_C or x.numel() == 0 or out_dtype not in DTYPES or any(t.dtype not in DTYPES for t in tensors):
+        return NotImplemented
+    if torch.compiler.is_compiling():
+        return rms_norm_fwd(x, weight, gate, float(eps), out_dtype)[0]
+    return _RMSNormEager.apply(x, weight, gate, float(eps), out_dtype)
+
+
+def silu_mul_triton(a, b):
+    """Kernel entry of ``lightvision.ops.silu_mul``; NotImplemented for mixed or unsupported dtypes, empty inputs."""
+    if a.dtype not in DTYPES or a.dtype != b.dtype or a.numel() == 0:
+        return NotImplemented
+    if torch.compiler.is_compiling():
+        return silu_mul_fwd(a, b)
+    return _SiLUMulEager.apply(a, b)

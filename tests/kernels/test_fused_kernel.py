@@ -1,0 +1,156 @@
+"""The fused Triton RMSNorm (x sigmoid gate) and SiLU x mul against their plain references in
+``lightvision.ops.norm``: forward and every gradient vs fp64, odd row counts and widths, fp32 / bf16 / fp16,
+an fp32 weight with 16-bit activations (autocast), NaN-poisoned outputs; custom ops under opcheck and
+torch.compile. On CPU the kernels run in the Triton interpreter."""
+
+import pytest
+import torch
+
+import lightvision.kernels.fused  # noqa: F401  (registers the kernels)
+from lightvision.kernels.fused import op as fop
+from lightvision.layers import GLU, RMSNorm
+from lightvision.ops import rms_norm, silu_mul
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}  # SPEC 2, relative L2 vs fp64
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(fop, "POISON_OUTPUTS", True)
+
+
+def _rel(a, ref):
+    assert torch.isfinite(a).all(), "non-finite element: an output was not written"
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+def _grads_vs_fp64(fn, inputs, tol):
+    """fn(*inputs, backend="triton") vs fn on fp64 copies (backend="torch"): output and every input grad."""
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    y = fn(*leaves, backend="triton")
+    assert y.dtype == inputs[0].dtype and y.shape == inputs[0].shape
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, leaves, dy)
+    ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
+    y_ref = fn(*ref_leaves, backend="torch")
+    ref_grads = torch.autograd.grad(y_ref, ref_leaves, dy.double())
+    errs = [_rel(y, y_ref)] + [_rel(g, r) for g, r in zip(grads, ref_grads)]
+    assert max(errs) < tol, f"relative errors (y, grads...) = {errs}"
+    for g, t in zip(grads, inputs):
+        assert g.dtype == t.dtype and g.shape == t.shape
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 24), (3, 33, 384), (100, 1000), (5, 7, 1, 48)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("gated", [False, True])
+def test_rms_norm_matches_reference(shape, dtype, gated):
+    x = (torch.randn(shape, device=DEV) * 3 + 0.5).to(dtype)
+    weight = 1 + 0.3 * torch.randn(shape[-1], device=DEV)  # fp32, as an autocast model's parameter
+    inputs = [x, weight]
+    fn = lambda x_, w_, backend: rms_norm(x_, w_, eps=1e-6, backend=backend)  # noqa: E731
+    if gated:
+        inputs.append((torch.randn(shape, device=DEV) * 2).to(dtype))
+        fn = lambda x_, w_, g_, backend: rms_norm(x_, w_, g_, eps=1e-6, backend=backend)  # noqa: E731
+    _grads_vs_fp64(fn, inputs, TOL[dtype])
+
+
+def test_rms_norm_out_dtype():
+    """fp32 residual stream in, bf16 out (the autocast path of the RMSNorm layer): y rounds once; dx stays fp32."""
+    x = torch.randn(3, 29, 96, device=DEV, requires_grad=True)
+    w, g = torch.randn(96, device=DEV, requires_grad=True), torch.randn(3, 29, 96, device=DEV, requires_grad=True)
+    y = rms_norm(x, w, g, out_dtype=torch.bfloat16, backend="triton")
+    y_ref = rms_norm(x.double(), w.double(), g.double(), backend="torch")
+    assert y.dtype == torch.bfloat16 and _rel(y, y_ref) < 4e-3
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, w, g), dy)
+    ref = torch.autograd.grad(y_ref, (x, w, g), dy.double())
+    assert [t.dtype for t in grads] == [torch.float32] * 3
+    assert max(_rel(a, b) for a, b in zip(grads, ref)) < 1e-5
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        assert RMSNorm(96).to(DEV)(x).dtype == torch.bfloat16
+
+
+def test_rms_norm_many_backward_programs(monkeypatch):
+    """Rows spread over several backward programs, each over several tiles: dw partials must all be summed."""
+    monkeypatch.setattr(fop, "num_sms", lambda device: 1)  # 4 backward programs on any device
+    fop._norm_plan.cache_clear()
+    x = torch.randn(517, 40, device=DEV)
+    plan = fop._norm_plan(517, 40, x.device)
+    assert plan["bwd_progs"] > 1 and plan["bwd_per"] > 1
+    _grads_vs_fp64(lambda x_, w_, backend: rms_norm(x_, w_, backend=backend), [x, torch.randn(40, device=DEV)], 1e-5)
+    fop._norm_plan.cache_clear()
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 1024), (3, 5, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_silu_mul_matches_reference(shape, dtype):
+    a = (torch.randn(shape, device=DEV) * 4).to(dtype)
+    b = torch.randn(shape, device=DEV).to(dtype)
+    _grads_vs_fp64(lambda a_, b_, backend: silu_mul(a_, b_, backend=backend), [a, b], TOL[dtype])
+
+
+def test_non_contiguous_inputs():
+    x = torch.randn(4, 48, 10, device=DEV).transpose(1, 2)  # [4, 10, 48] view, last dim strided
+    w = torch.randn(48, device=DEV)
+    torch.testing.assert_close(rms_norm(x, w, backend="triton"), rms_norm(x, w, backend="torch"))
+    a, b = torch.randn(2, 6, 9, device=DEV).unbind(0)
+    torch.testing.assert_close(silu_mul(a.t(), b.t(), backend="triton"), silu_mul(a.t(), b.t(), backend="torch"))
+
+
+def test_bad_inputs_named():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="weight must be"):
+        rms_norm(x, torch.ones(7))
+    with pytest.raises(ValueError, match="gate must have"):
+        rms_norm(x, torch.ones(8), torch.ones(2, 7))
+    with pytest.raises(ValueError, match="one shape"):
+        silu_mul(x, torch.ones(2, 7))
+
+
+def test_wide_rows_fall_back_to_reference():
+    x = torch.randn(2, fop.MAX_C + 1, device=DEV)
+    assert fop.rms_norm_triton(x, torch.ones(x.shape[-1], device=DEV), None, eps=1e-6, out_dtype=x.dtype) is NotImplemented
+
+
+def test_custom_ops_opcheck():
+    x = torch.randn(6, 24, device=DEV, requires_grad=True)
+    w = torch.randn(24, device=DEV, requires_grad=True)
+    g = torch.randn(6, 24, device=DEV, requires_grad=True)
+    torch.library.opcheck(fop.rms_norm_fwd, (x, w, g, 1e-6, torch.float32))
+    torch.library.opcheck(fop.rms_norm_fwd, (x, w, None, 1e-6, torch.bfloat16))
+    torch.library.opcheck(fop.silu_mul_fwd, (x, g))
+
+
+def test_layers_compile_without_graph_breaks(monkeypatch):
+    """RMSNorm with a gate and GLU under torch.compile(fullgraph=True) take the custom ops; same values and grads."""
+    from lightvision.ops import norm as norm_ops
+
+    real_dispatch = norm_ops.dispatch
+    monkeypatch.setattr(norm_ops, "dispatch", lambda op, backend, *a: real_dispatch(op, "triton", *a))
+    launches = []
+    for name in ("rms_norm_fwd_launch", "rms_norm_bwd_launch", "silu_mul_fwd_launch", "silu_mul_bwd_launch"):
+        real = getattr(fop, name)
+        monkeypatch.setattr(fop, name, lambda *a, _r=real, _n=name: launches.append(_n) or _r(*a))
+    torch.manual_seed(0)
+    norm, glu = RMSNorm(16).to(DEV), GLU(16, 40).to(DEV)
+
+    def f(x, g):
+        return glu(norm(x, g)).square().mean()
+
+    x, g = torch.randn(3, 5, 16, device=DEV), torch.randn(3, 5, 16, device=DEV)
+    eager = f(x, g)
+    eager.backward()
+    ref_grads = [p.grad.clone() for p in (*norm.parameters(), *glu.parameters())]
+    assert len(launches) == 4  # eager: the kernels, once each way
+    launches.clear()
+    for p in (*norm.parameters(), *glu.parameters()):
+        p.grad = None
+    torch._dynamo.reset()
+    with torch.device(DEV):
+        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, g)
+    compiled.backward()
+    assert sorted(launches) == ["rms_norm_bwd_launch", "rms_norm_fwd_launch", "silu_mul_bwd_launch", "silu_mul_fwd_launch"]
+    torch.testing.assert_close(compiled, eager)
+    for p, r in zip((*norm.parameters(), *glu.parameters()), ref_grads):
+        torch.testing.assert_close(p.grad, r)
