@@ -1,4 +1,5 @@
-"""Host helpers shared by the kernel families: interpreter detection and the GPU's SM count."""
+"""Host helpers shared by the kernel families: output allocation (NaN-poisoned for tests), interpreter
+detection and the GPU's SM count."""
 
 from __future__ import annotations
 
@@ -6,6 +7,16 @@ import functools
 import os
 
 import torch
+
+# Debug hook for tests and GPU checks: when True every kernel output and workspace starts as NaN, so an element
+# a kernel fails to write shows up as NaN in the result.
+POISON_OUTPUTS = False
+
+
+def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
+    """torch.empty, or NaN-filled while POISON_OUTPUTS is set."""
+    t = torch.empty(shape, device=device, dtype=dtype)
+    return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 
 def interpreting() -> bool:

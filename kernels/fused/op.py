@@ -24,20 +24,13 @@ from typing import Optional
 import torch
 import triton
 
-from .._launch import interpreting, num_sms
+from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_C = 8192  # widest row the norm programs hold in registers; wider rows run the reference
 _SILU_BLOCK = 1024
 
-# Debug hook for tests: NaN-fill every kernel output before the launches, so an unwritten element shows.
-POISON_OUTPUTS = False
-
-
-def _empty(shape, dtype, device) -> torch.Tensor:
-    t = torch.empty(shape, device=device, dtype=dtype)
-    return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 
 @functools.lru_cache(maxsize=64)
@@ -61,8 +54,8 @@ def rms_norm_fwd_launch(x, weight, gate, eps: float, out_dtype: torch.dtype):
     x2 = _rows(x)
     m, c = x2.shape
     p = _norm_plan(m, c, x.device)
-    y = _empty(x2.shape, out_dtype, x.device)
-    rstd = _empty((m,), torch.float32, x.device)
+    y = empty(x2.shape, out_dtype, x.device)
+    rstd = empty((m,), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_fwd_kernel[(p["tiles"],)](x2, weight, g2, y, rstd, m, c, eps, 1, BM=p["BM"], BC=p["BC"],
                                           GATE=gate is not None, num_warps=p["warps"])
@@ -74,9 +67,9 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
     x2 = _rows(x)
     m, c = x2.shape
     p = _norm_plan(m, c, x.device)
-    dx = _empty(x2.shape, x.dtype, x.device)
-    dg = _empty(x2.shape, gate.dtype, x.device) if gate is not None else x.new_empty(0)
-    dw = _empty((p["bwd_progs"], c), torch.float32, x.device)
+    dx = empty(x2.shape, x.dtype, x.device)
+    dg = empty(x2.shape, gate.dtype, x.device) if gate is not None else x.new_empty(0)
+    dw = empty((p["bwd_progs"], c), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_bwd_kernel[(p["bwd_progs"],)](
         _rows(dy), x2, weight, g2, rstd, dx, dg if gate is not None else dx, dw, m, c, p["bwd_per"],
@@ -86,15 +79,15 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
 
 def silu_mul_fwd_launch(a, b):
     a, b = a.contiguous(), b.contiguous()
-    y = _empty(a.shape, a.dtype, a.device)
+    y = empty(a.shape, a.dtype, a.device)
     K._silu_mul_fwd_kernel[(triton.cdiv(a.numel(), _SILU_BLOCK),)](a, b, y, a.numel(), BLOCK=_SILU_BLOCK)
     return y
 
 
 def silu_mul_bwd_launch(dy, a, b):
     a, b = a.contiguous(), b.contiguous()
-    da = _empty(a.shape, a.dtype, a.device)
-    db = _empty(b.shape, b.dtype, b.device)
+    da = empty(a.shape, a.dtype, a.device)
+    db = empty(b.shape, b.dtype, b.device)
     K._silu_mul_bwd_kernel[(triton.cdiv(a.numel(), _SILU_BLOCK),)](
         dy.contiguous(), a, b, da, db, a.numel(), BLOCK=_SILU_BLOCK)
     return da, db

@@ -47,20 +47,12 @@ from lightvision.ops._checks import check_grid
 from lightvision.ops.heads import split_heads
 from lightvision.ops.md_lrpe import lrpe_angles
 
-from .._launch import interpreting, num_sms
+from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
 HEAD_DIMS = (16, 24, 32, 48, 64, 128)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# Debug hook for tests: fill every kernel output and workspace with NaN before the launches, so an element
-# a kernel fails to write shows up as NaN in the result.
-POISON_OUTPUTS = False
-
-
-def _empty(shape, dtype, device) -> torch.Tensor:
-    t = torch.empty(shape, device=device, dtype=dtype)
-    return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 
 @functools.lru_cache(maxsize=64)
@@ -162,17 +154,17 @@ def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Ten
     DV = v.shape[3]
     dev = q.device
     c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
-    o = _empty((B, H, N, DV), q.dtype, dev) if o is None else o
-    s = _empty((B, H, c.R, DV), torch.float32, dev)
-    lse = _empty((B, H, D), torch.float32, dev)
+    o = empty((B, H, N, DV), q.dtype, dev) if o is None else o
+    s = empty((B, H, c.R, DV), torch.float32, dev)
+    lse = empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
             q, k, v, c.cos, c.sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3],
             **c.tiled)
         return o, s, lse
-    pm = _empty((B * H, c.splits, D), torch.float32, dev)
-    pz = _empty((B * H, c.splits, D), torch.float32, dev)
-    ps = _empty((B * H, c.splits, c.R, DV), torch.float32, dev)
+    pm = empty((B * H, c.splits, D), torch.float32, dev)
+    pz = empty((B * H, c.splits, D), torch.float32, dev)
+    ps = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     K._fwd_reduce_kernel[c.grid_split](
         k, v, c.cos, c.sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
     K._fwd_combine_kernel[c.grid_bh](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
@@ -188,8 +180,8 @@ def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, 
     dev = q.device
     c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
     if grads is None:
-        grads = (_empty((B, H, N, D), q.dtype, dev), _empty((B, H, N, D), q.dtype, dev),
-                 _empty((B, H, N, DV), q.dtype, dev))
+        grads = (empty((B, H, N, D), q.dtype, dev), empty((B, H, N, D), q.dtype, dev),
+                 empty((B, H, N, DV), q.dtype, dev))
     dq, dk, dv = grads
     if c.fused:
         K._bwd_fused_kernel[c.grid_bh](
@@ -197,9 +189,9 @@ def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, 
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride()[:3], *dk.stride()[:3],
             *dv.stride()[:3], **c.tiled)
         return dq, dk, dv
-    pds = _empty((B * H, c.splits, c.R, DV), torch.float32, dev)
-    ds = _empty((B * H, c.R, DV), torch.float32, dev)
-    corr = _empty((B * H, D), torch.float32, dev)
+    pds = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
+    ds = empty((B * H, c.R, DV), torch.float32, dev)
+    corr = empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
         q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled)
     K._bwd_combine_kernel[c.grid_bh](pds, s, ds, corr, D, DV, c.splits, **c.small)
@@ -280,7 +272,7 @@ def lightnet_packed_fwd(qkv, num_heads: int, grid, num_prefix_tokens: int, lrpe:
     """qkv [B, N, 3 * H * d] -> (o [B, N, H * d] written in that layout, S, lse) (see ``lightnet_fwd``)."""
     q, k, v = split_heads(qkv, num_heads)
     B, H, N, D = q.shape
-    o = _empty((B, N, H, D), qkv.dtype, qkv.device)
+    o = empty((B, N, H, D), qkv.dtype, qkv.device)
     _, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe, o=o.transpose(1, 2))
     return o.view(B, N, H * D), s, lse
 
@@ -289,7 +281,7 @@ def lightnet_packed_bwd(do, qkv, s, lse, num_heads: int, grid, num_prefix_tokens
     """dqkv [B, N, 3 * H * d], written by the backward programs in place (see ``lightnet_bwd``)."""
     q, k, v = split_heads(qkv, num_heads)
     B, H, N, D = q.shape
-    dqkv = _empty(qkv.shape, qkv.dtype, qkv.device)
+    dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
     lightnet_bwd(do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, grid, num_prefix_tokens, lrpe,
                  grads=split_heads(dqkv, num_heads))
     return dqkv

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from lightvision.ops import lion_attention, lion_snake_attention, two_scan_attention
 from lightvision.results import results_env
 
-from . import parallel
+from .. import _launch
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-n", type=int, default=1 << 30, help="only cases with N <= this (CPU smoke runs)")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    parallel.POISON_OUTPUTS = True
+    _launch.POISON_OUTPUTS = True
     rows = []
     cases = [(50, 0, 2, 3, 64), (197, 1, 1, 3, 64), (221, 0, 1, 1, 48), (577, 1, 2, 1, 64), (1024, 0, 1, 3, 64),
              (4096, 0, 1, 1, 64)]
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         rows.append(dict(case="two_scan", N=nt, prefix=0, B=1, H=3, d=64, dtype="float32", mask="s" if per_token else "d",
                          decay="medium", form="scan", **errs, ok=all(e < 1e-5 for e in errs.values())))
         _show(rows[-1])
-    parallel.POISON_OUTPUTS = False
+    _launch.POISON_OUTPUTS = False
     worst = {}
     for r in rows:
         key = (r["case"], r["dtype"], r["form"])

@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .parallel import EPS, _empty, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad
+from .._launch import empty
+from .parallel import EPS, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad
 
 
 @triton.jit
@@ -240,9 +241,9 @@ def scan_forward(q, k, v, g, normalize: bool, chunk: int = 64, num_warps: int = 
     """Launch the scan forward. Shapes and returns as parallel.parallel_forward."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    out = _empty(B, H, N, DV, device=q.device, dtype=q.dtype if normalize else torch.float32)
-    den = _empty(B, H, N, device=q.device, dtype=torch.float32)
-    scratch = _empty(B, H, N, DV, device=q.device, dtype=torch.float32)
+    out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
+    den = empty((B, H, N), torch.float32, q.device)
+    scratch = empty((B, H, N, DV), torch.float32, q.device)
     _scan_fwd_kernel[(B * H,)](q, k, v, g if g is not None else den, out, den, scratch, N, D, DV,
                                *_strides(q, k, v), H, HAS_MASK=g is not None, NORMALIZE=normalize, C=chunk,
                                num_warps=num_warps, **_meta(q, v))
@@ -254,11 +255,11 @@ def scan_backward(q, k, v, g, do, zinv, delta, chunk: int = 64, num_warps: int =
     B, H, N, D = q.shape
     DV = v.shape[-1]
     meta = _meta(q, v)
-    dq = _empty(B, H, N, D, device=q.device, dtype=q.dtype)
-    dk = _empty(*dq.shape, device=q.device, dtype=q.dtype)
-    dv = _empty(B, H, N, DV, device=q.device, dtype=v.dtype)
-    sums = _empty(4, B, H, N, device=q.device, dtype=torch.float32)
-    scratch = _empty(B, H, N, 2 * meta["BD"] + meta["BDV"], device=q.device, dtype=torch.float32)
+    dq = empty((B, H, N, D), q.dtype, q.device)
+    dk = empty(dq.shape, q.dtype, q.device)
+    dv = empty((B, H, N, DV), v.dtype, q.device)
+    sums = empty((4, B, H, N), torch.float32, q.device)
+    scratch = empty((B, H, N, 2 * meta["BD"] + meta["BDV"]), torch.float32, q.device)
     _scan_bwd_kernel[(B * H,)](q, k, v, g if g is not None else zinv, do, zinv, delta, dq, dk, dv, sums, scratch,
                                N, D, DV, *_strides(q, k, v), H, HAS_MASK=g is not None, C=chunk,
                                num_warps=num_warps, **meta)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import lightvision.kernels.lightnet as lk
+from lightvision.kernels import _launch
 from lightvision.kernels.lightnet import op as lop
 from lightvision.ops._dispatch import get_kernel
 from lightvision.ops.lightnet import lightnet_attention
@@ -22,7 +23,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}  # SPEC 2
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
-    monkeypatch.setattr(lop, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)
     # 16-bit matrix-product operands as on the GPU: conftest.py repairs the interpreter's bf16 dot
     monkeypatch.setattr(lop, "_lowp", lambda dtype: dtype != torch.float32)
     lop._config.cache_clear()  # launch configs cache LOWP

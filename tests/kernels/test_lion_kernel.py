@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import lightvision.kernels.lion as lk
-from lightvision.kernels.lion import parallel as lpar
+from lightvision.kernels import _launch
 from lightvision.ops import get_kernel, lion_attention, lion_snake_attention, two_scan_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -20,7 +20,7 @@ TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # SPEC 2, relative L2 vs fp64
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
-    monkeypatch.setattr(lpar, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)
 
 
 def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
