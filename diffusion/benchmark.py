@@ -4,7 +4,8 @@
 
 1. a small CIFAR-10 classifier trained with ``lightvision classify train`` (its feature space replaces Inception,
    which is not available offline);
-2. per attention kind: the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_s_2`` for ``--steps`` steps,
+2. per attention kind: the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_{size}_2`` (``--size``, default s;
+   ``--set`` adds recipe overrides) for ``--steps`` steps,
    then test-set bits/dim (stratified VLB estimate on ``--bpd-images`` test images), ``--fid-samples`` DDPM samples
    (``--sample-steps`` respaced steps) and their FID against the test set in the classifier's feature space, and an
    EMA sample grid (100 samples, guidance 1.5, same steps). Evaluation uses the EMA weights of the recipe
@@ -48,9 +49,9 @@ def run_kind(kind: str, args: argparse.Namespace, classifier: Path, reference: s
 
     out, work = Path(args.out), Path(args.work)
     cfg = load_recipe(CONFIGS / "diffusion" / "cifar10.yaml", [
-        f"run_dir={work / 'runs' / kind}", f"model.name={kind}_dit_s_2", f"data.root={args.data}",
+        f"run_dir={work / 'runs' / kind}", f"model.name={kind}_dit_{args.size}_2", f"data.root={args.data}",
         f"data.batch_size={args.batch_size}", f"train.max_steps={args.steps}", f"train.ckpt_every={args.steps}",
-        f"sample.every={args.steps}", "sample.num=100", f"sample.steps={args.sample_steps}", "optim.lr=3e-4", "optim.warmup_steps=100"])
+        f"sample.every={args.steps}", "sample.num=100", f"sample.steps={args.sample_steps}", "optim.lr=3e-4", "optim.warmup_steps=100", *args.set])
     start = time.time()
     result = train(cfg)
     train_seconds = time.time() - start
@@ -94,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
     p.add_argument("--out", required=True, help="results: JSON and grids")
     p.add_argument("--work", default="/tmp/lightvision_diffusion_benchmark", help="scratch: runs, checkpoints, samples")
+    p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="more recipe overrides for every kind, e.g. 'model.kwargs={depth: 12, adaln: block}'")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--classifier", help="a CIFAR-10 classifier run folder to measure FID with (default: train one)")

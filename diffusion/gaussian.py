@@ -86,12 +86,17 @@ class SampleNoise:
         self.device = torch.device(device)
 
     def __call__(self, shape: Sequence[int]) -> torch.Tensor:
-        rows = [torch.randn(tuple(shape), generator=g) for g in self.generators]
-        return torch.stack(rows).to(self.device)
+        return self._to_device(torch.stack([torch.randn(tuple(shape), generator=g) for g in self.generators]))
 
     def uniform(self, shape: Sequence[int]) -> torch.Tensor:
         """U[0, 1) draws [len(seeds), *shape] from the same per-sample generators."""
-        return torch.stack([torch.rand(tuple(shape), generator=g) for g in self.generators]).to(self.device)
+        return self._to_device(torch.stack([torch.rand(tuple(shape), generator=g) for g in self.generators]))
+
+    def _to_device(self, x: torch.Tensor) -> torch.Tensor:
+        """Host draws to the device; to a GPU through pinned memory without waiting for the queued work."""
+        if self.device.type == "cuda":
+            return x.pin_memory().to(self.device, non_blocking=True)
+        return x.to(self.device)
 
 
 def guided(model_fn: Callable[..., torch.Tensor], y: torch.Tensor, null_class: int, scale: float, guide_channels: int | None = 3) -> ModelFn:
@@ -146,6 +151,15 @@ class GaussianDiffusion:
         self.posterior_log_variance = torch.log(clipped)
         self.posterior_coef_x0 = betas * torch.sqrt(self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
         self.posterior_coef_xt = torch.sqrt(alphas) * (1.0 - self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
+        abar = self.alphas_cumprod
+        self._tables = {  # float64 [K]; read per timestep through _at
+            "abar": abar, "abar_prev": self.alphas_cumprod_prev, "sqrt_abar": abar.sqrt(),
+            "sqrt_one_minus_abar": (1.0 - abar).sqrt(), "log_one_minus_abar": torch.log(1.0 - abar),
+            "rsqrt_abar": torch.rsqrt(abar), "sqrt_recipm1_abar": torch.sqrt(1.0 / abar - 1.0), "log_betas": torch.log(betas),
+            "post_coef_x0": self.posterior_coef_x0, "post_coef_xt": self.posterior_coef_xt,
+            "post_log_var": self.posterior_log_variance,
+        }
+        self._on_device: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
@@ -163,15 +177,23 @@ class GaussianDiffusion:
                                  num_train_steps=self.num_train_steps)
 
     # ---- helpers --------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _at(values: torch.Tensor, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """values[t] as float32 on x's device, shaped [B, 1, ..., 1] to broadcast against x."""
-        out = values[t.detach().cpu()].to(device=x.device, dtype=torch.float32)
-        return out.view(-1, *([1] * (x.ndim - 1)))
+    def _device_table(self, name: str, device: torch.device) -> torch.Tensor:
+        """Table ``name`` (a schedule table as float32, or ``timestep_map``) on ``device``, copied there once: indexing
+        it with device timesteps never waits for the GPU (a ``t.cpu()`` per lookup would sync every training step)."""
+        key = (name, device)
+        table = self._on_device.get(key)
+        if table is None:
+            table = self.timestep_map if name == "timestep_map" else self._tables[name].float()
+            table = self._on_device[key] = table.to(device)
+        return table
+
+    def _at(self, name: str, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Schedule table ``name`` at timesteps t [B], float32 on x's device, shaped [B, 1, ..., 1] to broadcast."""
+        return self._device_table(name, x.device)[t.to(x.device)].view(-1, *([1] * (x.ndim - 1)))
 
     def _model(self, model_fn: ModelFn, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """Call the model with its own (original) timesteps and check the output channels."""
-        out = model_fn(x, self.timestep_map.to(x.device)[t])
+        out = model_fn(x, self._device_table("timestep_map", x.device)[t])
         want = 2 * x.shape[1] if self.learn_sigma else x.shape[1]
         if out.shape[1] != want:
             raise ValueError(f"model output has {out.shape[1]} channels, expected {want} for input {tuple(x.shape)} "
@@ -181,12 +203,12 @@ class GaussianDiffusion:
     # ---- forward process ------------------------------------------------------------------------------------------
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """x_t = sqrt(abar_t) x0 + sqrt(1 - abar_t) noise."""
-        return self._at(self.alphas_cumprod.sqrt(), t, x0) * x0 + self._at((1.0 - self.alphas_cumprod).sqrt(), t, x0) * noise
+        return self._at("sqrt_abar", t, x0) * x0 + self._at("sqrt_one_minus_abar", t, x0) * noise
 
     def q_posterior(self, x0: torch.Tensor, xt: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Mean and clipped log-variance of q(x_{t-1} | x_t, x0)."""
-        mean = self._at(self.posterior_coef_x0, t, xt) * x0 + self._at(self.posterior_coef_xt, t, xt) * xt
-        return mean, self._at(self.posterior_log_variance, t, xt).expand_as(xt)
+        mean = self._at("post_coef_x0", t, xt) * x0 + self._at("post_coef_xt", t, xt) * xt
+        return mean, self._at("post_log_var", t, xt).expand_as(xt)
 
     # ---- reverse process ------------------------------------------------------------------------------------------
     def p_mean_variance(self, out: torch.Tensor, xt: torch.Tensor, t: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -195,10 +217,10 @@ class GaussianDiffusion:
         eps = out[:, :c]
         if self.learn_sigma:
             frac = (out[:, c:] + 1.0) / 2.0
-            log_var = frac * self._at(torch.log(self.betas), t, xt) + (1.0 - frac) * self._at(self.posterior_log_variance, t, xt)
+            log_var = frac * self._at("log_betas", t, xt) + (1.0 - frac) * self._at("post_log_var", t, xt)
         else:
-            log_var = self._at(self.posterior_log_variance, t, xt).expand_as(xt)
-        x0 = self._at(torch.rsqrt(self.alphas_cumprod), t, xt) * xt - self._at(torch.sqrt(1.0 / self.alphas_cumprod - 1.0), t, xt) * eps
+            log_var = self._at("post_log_var", t, xt).expand_as(xt)
+        x0 = self._at("rsqrt_abar", t, xt) * xt - self._at("sqrt_recipm1_abar", t, xt) * eps
         if self.clip_denoised:
             x0 = x0.clamp(-1.0, 1.0)
         mean, _ = self.q_posterior(x0, xt, t)
@@ -250,8 +272,8 @@ class GaussianDiffusion:
             xt = self.q_sample(x0, t, noise(x0.shape[1:]))
             terms += weight * self.vlb_terms(self._model(model_fn, xt, t).float(), x0, xt, t)
         last = torch.full((b,), k - 1, device=x0.device, dtype=torch.long)
-        mean = self._at(self.alphas_cumprod.sqrt(), last, x0) * x0
-        log_var = self._at(torch.log(1.0 - self.alphas_cumprod), last, x0).expand_as(x0)
+        mean = self._at("sqrt_abar", last, x0) * x0
+        log_var = self._at("log_one_minus_abar", last, x0).expand_as(x0)
         prior = normal_kl(mean, log_var, torch.zeros_like(x0), torch.zeros_like(x0)).flatten(1).mean(1) / LN2
         return {"bpd": terms + prior, "prior": prior, "terms": terms}
 
@@ -272,9 +294,9 @@ class GaussianDiffusion:
             if method == "ddpm":
                 x = p["mean"] + (torch.exp(0.5 * p["log_var"]) * noise(shape[1:]) if i > 0 else 0.0)
             else:
-                abar = self._at(self.alphas_cumprod, t, x)
-                abar_prev = self._at(self.alphas_cumprod_prev, t, x)
-                eps = (self._at(torch.rsqrt(self.alphas_cumprod), t, x) * x - p["x0"]) / self._at(torch.sqrt(1.0 / self.alphas_cumprod - 1.0), t, x)
+                abar = self._at("abar", t, x)
+                abar_prev = self._at("abar_prev", t, x)
+                eps = (self._at("rsqrt_abar", t, x) * x - p["x0"]) / self._at("sqrt_recipm1_abar", t, x)
                 sigma = eta * torch.sqrt((1.0 - abar_prev) / (1.0 - abar) * (1.0 - abar / abar_prev))
                 x = abar_prev.sqrt() * p["x0"] + torch.sqrt((1.0 - abar_prev - sigma**2).clamp_min(0.0)) * eps
                 if i > 0 and eta > 0:

@@ -161,3 +161,28 @@ def test_stratified_bits_per_dim_is_an_unbiased_estimate_of_the_full_bound():
     exact = d.bits_per_dim(model, x0, SampleNoise(range(64), "cpu"))["bpd"].mean()
     estimate = d.bits_per_dim(model, x0, SampleNoise(range(100, 164), "cpu"), num_t_samples=8)["bpd"].mean()
     assert exact > 0 and abs(estimate - exact) < 0.05 * exact
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host-sync check needs a CUDA device")
+def test_training_loss_and_sampling_do_not_sync_with_the_host():
+    """Schedule lookups stay on the device: after a first call (which copies each table to the GPU once) the hybrid
+    loss and DDPM / DDIM sampling never wait for the GPU (``set_sync_debug_mode("error")`` raises on a sync)."""
+    d = GaussianDiffusion.linear(1000, clip_denoised=True)
+    r = d.respace(2)
+    x0 = torch.rand(4, 3, 8, 8, device="cuda") * 2 - 1
+    t = torch.randint(0, 1000, (4,), device="cuda")
+
+    def run():
+        losses = d.training_losses(smooth_model, x0, t, torch.randn_like(x0))
+        for method in ("ddpm", "ddim"):
+            r.sample(smooth_model, x0.shape, SampleNoise([0, 1, 2, 3], "cuda"), method=method)
+        return losses
+
+    run()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        losses = run()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.isfinite(losses["loss"]).all()
