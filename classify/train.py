@@ -93,6 +93,7 @@ DEFAULTS: dict[str, Any] = {
         "mixed_precision": "bf16",  # "no" | "bf16" | "fp16"
         "ema_decay": 0.99996,  # null: no EMA
         "grad_checkpointing": False,
+        "compile": False,  # torch.compile the model (lightvision kernels stay in the graph as custom ops)
         "eval_every_epochs": 1,
         "eval_batch_size": 256,
         "log_every": 50,
@@ -241,7 +242,7 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
         ema_decay=t["ema_decay"], log_every=min(t["log_every"], max_steps),
         ckpt_every=t["ckpt_every_epochs"] * steps_per_epoch, keep_last=t["keep_last"], nan_policy=t["nan_policy"],
         seed=t["seed"], hooks=[(eval_every, lambda tr: None if tr.step == max_steps else validate(tr))],
-        accelerator=accelerator,
+        accelerator=accelerator, torch_compile=bool(t["compile"]),
     )
     if accelerator.is_main_process:
         log.info("%s: %d classes, %d train / %d val images, %d epochs x %d steps (%d trained), global batch %d "

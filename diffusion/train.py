@@ -36,7 +36,8 @@ DEFAULTS: dict = {
     "diffusion": {"steps": 1000, "learn_sigma": True, "vlb_weight": 0.001, "clip_denoised": False},
     "optim": {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.999], "warmup_steps": 0},
     "train": {"max_steps": 400_000, "grad_accum_steps": 1, "clip_grad": None, "ema_decay": 0.9999,
-              "mixed_precision": "bf16", "log_every": 100, "ckpt_every": 50_000, "keep_last": 3, "nan_policy": "stop"},
+              "mixed_precision": "bf16", "log_every": 100, "ckpt_every": 50_000, "keep_last": 3, "nan_policy": "stop",
+              "compile": False},  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
     "sample": {"every": 50_000, "num": 16, "sampler": "ddpm", "steps": 250, "eta": 0.0, "cfg_scale": 4.0,
                "guide_channels": 3, "seed": 0},
 }
@@ -197,7 +198,7 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                       max_steps=int(t["max_steps"]), model_config=model_config, grad_accum_steps=int(t["grad_accum_steps"]),
                       clip_grad=t["clip_grad"], ema_decay=t["ema_decay"], mixed_precision=precision,
                       log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_last=int(t["keep_last"]),
-                      nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks)
+                      nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]))
     summary = trainer.fit(resume)
     summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process)
     if state.is_main_process:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lightvision.engine.compiled import compile_model
 from lightvision.results import results_env
 
 DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
@@ -148,12 +149,7 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
 
             loss_of = lambda out: out.float().square().mean()  # noqa: E731
         if args.compile:
-            # torch 2.11's Inductor fails on the MD-TPE graph in its coalescing tiling analysis (TypeError raised from
-            # CantSplit); the analysis only picks tilings, so turning it off changes no results
-            import torch._inductor.config as inductor_config
-
-            inductor_config.triton.coalesce_tiling_analysis = False
-            model = torch.compile(model)
+            model = compile_model(model)
         measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch)
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:

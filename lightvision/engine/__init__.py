@@ -11,6 +11,7 @@ from lightvision.engine.checkpoint import (
     unwrap_model,
     verify_checkpoint,
 )
+from lightvision.engine.compiled import compile_model
 from lightvision.engine.config import ConfigError, load_config, parse_value, save_config
 from lightvision.engine.ema import ModelEma
 from lightvision.engine.guards import NonFiniteError, check_finite
@@ -28,6 +29,7 @@ __all__ = [
     "Trainer",
     "batch_random",
     "check_finite",
+    "compile_model",
     "load_config",
     "load_model_weights",
     "make_accelerator",

@@ -48,6 +48,7 @@ from lightvision.engine.checkpoint import (
     metric_is_better,
     resolve_checkpoint,
 )
+from lightvision.engine.compiled import compile_model
 from lightvision.engine.config import save_config
 from lightvision.engine.ema import ModelEma
 from lightvision.engine.guards import NAN_POLICIES, NonFiniteError, check_finite
@@ -97,6 +98,8 @@ class Trainer:
         accelerator: a ready ``Accelerator`` (e.g. with DDP kwargs or trackers): gradient accumulation of
             ``grad_accum_steps`` not synced with the data loader, seedable sampler; ``mixed_precision`` is then
             the accelerator's. Default: built from ``mixed_precision``, ``grad_accum_steps`` and ``seed``.
+        torch_compile: run the prepared model through :func:`~lightvision.engine.compiled.compile_model`
+            (checkpoints, EMA and ``unwrapped_model`` see the plain module).
     """
 
     def __init__(
@@ -123,6 +126,7 @@ class Trainer:
         metric_mode: str = "max",
         hooks: Sequence[tuple[int, Hook]] = (),
         accelerator: Accelerator | None = None,
+        torch_compile: bool = False,
     ):
         for name, value in [("max_steps", max_steps), ("grad_accum_steps", grad_accum_steps),
                             ("log_every", log_every), ("ckpt_every", ckpt_every)]:
@@ -148,6 +152,8 @@ class Trainer:
         self.config = config
         self.model_config = model_config
         self.model, self.optimizer, self.train_loader = accelerator.prepare(model, optimizer, train_loader)
+        if torch_compile:
+            self.model = compile_model(self.model)
         self.scheduler = scheduler
         self.loss_fn = loss_fn
         self.ema = ModelEma(self.unwrapped_model, ema_decay) if ema_decay is not None else None
@@ -170,7 +176,7 @@ class Trainer:
 
     @property
     def unwrapped_model(self) -> nn.Module:
-        return self.accelerator.unwrap_model(self.model)
+        return self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
 
     def _models(self) -> dict[str, nn.Module]:
         models = {"model": self.unwrapped_model}

@@ -147,3 +147,19 @@ def test_pixel_flips_can_be_switched_off(tmp_path):
 
     assert flips(build_dataset(data, "train")) and not flips(build_dataset(data, "test"))
     assert not flips(build_dataset({**data, "flip": False}, "train"))
+
+
+@pytest.mark.slow
+def test_compiled_lightnet_dit_trains_and_saves_plain_weights(tmp_path, latents_dir, vae_dir):
+    """``train.compile=true`` on a LightNet-DiT (MD-TPE, MD-LRPE, the lightvision ops): finite losses, checkpoints
+    without ``_orig_mod.`` prefixes that load into the plain model."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    out = train(recipe(run, latents_dir, vae_dir, 2, ["model.name=lightnet_dit_s_2", "train.compile=true",
+                                                      "sample.every=100"]))
+    assert type(out["trainer"].model).__name__ == "OptimizedModule"
+    assert np.isfinite(out["last_record"]["loss"])
+    ckpt = CheckpointManager(run).latest()
+    keys = set(load_file(ckpt / "model.safetensors"))
+    assert keys == set(out["trainer"].unwrapped_model.state_dict()) and not any("_orig_mod" in k for k in keys)

@@ -1,0 +1,20 @@
+"""``torch.compile`` for lightvision models: the trainers' ``train.compile`` and ``scripts/bench_models.py --compile``."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def compile_model(model: nn.Module) -> nn.Module:
+    """``torch.compile(model)`` with Inductor's coalescing tiling analysis turned off.
+
+    On torch 2.11 that analysis raises a TypeError (CantSplit) on the MD-TPE graph. It only chooses tilings, so turning
+    it off changes no results. The lightvision kernels are custom ops, so they stay in the graph without a break.
+    Checkpoints stay free of ``_orig_mod.`` prefixes (:func:`lightvision.engine.unwrap_model`).
+    """
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
+        inductor_config.triton.coalesce_tiling_analysis = False
+    return torch.compile(model)
