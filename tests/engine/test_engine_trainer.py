@@ -129,17 +129,17 @@ def test_foreign_accelerator_must_match(tmp_path):
         build(tmp_path, 2, accelerator=Accelerator(cpu=True, gradient_accumulation_steps=2))
 
 
-def test_compiled_model_trains_like_eager_and_saves_plain_weights(tmp_path, monkeypatch):
+def test_compiled_model_trains_like_eager_and_saves_plain_weights(tmp_path):
     """``torch_compile=True``: the same losses as eager (Inductor told to draw dropout masks like eager), and
     checkpoints without ``_orig_mod.`` prefixes that load into a plain model and resume an eager run."""
     import torch._inductor.config as inductor_config
     from safetensors.torch import load_file
 
-    monkeypatch.setattr(inductor_config, "fallback_random", True)
     eager = build(tmp_path / "eager", 6)
     eager.fit()
     compiled = build(tmp_path / "compiled", 6, torch_compile=True)
-    compiled.fit()
+    with inductor_config.patch(fallback_random=True):
+        compiled.fit()
     assert type(compiled.model).__name__ == "OptimizedModule" and type(compiled.unwrapped_model) is TinyNet
     for (step, *a), (step_c, *b) in zip(losses(tmp_path / "eager"), losses(tmp_path / "compiled"), strict=True):
         assert step == step_c and a == pytest.approx(b, rel=1e-5, abs=1e-7)
