@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lightvision.results import results_env, run_each
+from lightvision.results import comparison_parser, comparison_report, run_each
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "cifar10.yaml"
 
@@ -65,24 +65,16 @@ def table(results: dict, sizes: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("kinds", nargs="+", help="attention kinds, e.g. softmax lightnet lion_d lion_s lion_s_snake")
-    p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
-    p.add_argument("--out", required=True, help="folder for classify_cifar10.json")
-    p.add_argument("--work", default="/tmp/lightvision_classify_benchmark", help="scratch: runs and checkpoints")
+    p = comparison_parser("classify", __doc__.splitlines()[0], "softmax lightnet lion_d lion_s lion_s_snake",
+                          "model.args={patch_size: 4}")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--warmup-epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="more recipe overrides for every kind, e.g. 'model.args={patch_size: 4}'")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"env": results_env(" ".join(["python -m lightvision.classify.benchmark", *(argv or sys.argv[1:])])),
-              "settings": vars(args), "results": {}}
+    out, report = comparison_report("classify", args, argv)
     results = run_each(args.kinds, lambda kind: run_kind(kind, args), report, out / "classify_cifar10.json")
     print(table(results, args.img_size))
     return 0

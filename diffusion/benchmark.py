@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from lightvision.results import results_env, run_each
+from lightvision.results import comparison_parser, comparison_report, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -90,14 +90,9 @@ def run_kind(kind: str, args: argparse.Namespace, classifier: Path, reference: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("kinds", nargs="+", help="attention kinds, e.g. softmax lightnet lion_s")
-    p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
-    p.add_argument("--out", required=True, help="results: JSON and grids")
-    p.add_argument("--work", default="/tmp/lightvision_diffusion_benchmark", help="scratch: runs, checkpoints, samples")
+    p = comparison_parser("diffusion", __doc__.splitlines()[0], "softmax lightnet lion_s",
+                          "model.kwargs={depth: 12, adaln: block}")
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="more recipe overrides for every kind, e.g. 'model.kwargs={depth: 12, adaln: block}'")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--classifier", help="a CIFAR-10 classifier run folder to measure FID with (default: train one)")
@@ -109,10 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = {"env": results_env(" ".join(["python -m lightvision.diffusion.benchmark", *(argv or sys.argv[1:])])),
-              "settings": vars(args), "results": {}}
+    out, report = comparison_report("diffusion", args, argv)
     start = time.time()
     classifier = Path(args.classifier) if args.classifier else train_classifier(args.data, Path(args.work), args.classifier_epochs)
     report["classifier_seconds"] = round(time.time() - start, 1)

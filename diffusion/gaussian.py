@@ -152,13 +152,15 @@ class GaussianDiffusion:
         self.posterior_coef_x0 = betas * torch.sqrt(self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
         self.posterior_coef_xt = torch.sqrt(alphas) * (1.0 - self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
         abar = self.alphas_cumprod
-        self._tables = {  # float64 [K]; read per timestep through _at
+        coefficients = {  # float64 [K], computed once, read per timestep as float32 through _at
             "abar": abar, "abar_prev": self.alphas_cumprod_prev, "sqrt_abar": abar.sqrt(),
             "sqrt_one_minus_abar": (1.0 - abar).sqrt(), "log_one_minus_abar": torch.log(1.0 - abar),
             "rsqrt_abar": torch.rsqrt(abar), "sqrt_recipm1_abar": torch.sqrt(1.0 / abar - 1.0), "log_betas": torch.log(betas),
             "post_coef_x0": self.posterior_coef_x0, "post_coef_xt": self.posterior_coef_xt,
             "post_log_var": self.posterior_log_variance,
         }
+        self._tables = {name: values.float() for name, values in coefficients.items()}
+        self._tables["timestep_map"] = self.timestep_map
         self._on_device: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     # ---- construction -------------------------------------------------------------------------------------------
@@ -178,14 +180,12 @@ class GaussianDiffusion:
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _device_table(self, name: str, device: torch.device) -> torch.Tensor:
-        """Table ``name`` (a schedule table as float32, or ``timestep_map``) on ``device``, copied there once: indexing
+        """Table ``name`` (a float32 schedule table, or ``timestep_map``) on ``device``, copied there once: indexing
         it with device timesteps never waits for the GPU (a ``t.cpu()`` per lookup would sync every training step)."""
         key = (name, device)
-        table = self._on_device.get(key)
-        if table is None:
-            table = self.timestep_map if name == "timestep_map" else self._tables[name].float()
-            table = self._on_device[key] = table.to(device)
-        return table
+        if key not in self._on_device:
+            self._on_device[key] = self._tables[name].to(device)
+        return self._on_device[key]
 
     def _at(self, name: str, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Schedule table ``name`` at timesteps t [B], float32 on x's device, shaped [B, 1, ..., 1] to broadcast."""

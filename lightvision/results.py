@@ -3,7 +3,9 @@ comparison drivers that write them."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import sys
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -41,3 +43,26 @@ def run_each(names: Iterable[str], run: Callable[[str], dict], report: dict, pat
         Path(path).write_text(json.dumps(report, indent=2, default=str))
         print(json.dumps({name: results[name]}, indent=2, default=str), flush=True)
     return results
+
+
+def comparison_parser(family: str, description: str, kinds_example: str, set_example: str) -> argparse.ArgumentParser:
+    """The arguments every CIFAR-10 comparison driver (``lightvision.{family}.benchmark``) takes: attention kinds,
+    ``--data``, ``--out``, ``--work`` (scratch, default ``/tmp/lightvision_{family}_benchmark``) and ``--set``
+    (recipe overrides for every kind); the driver adds its own."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("kinds", nargs="+", help=f"attention kinds, e.g. {kinds_example}")
+    p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
+    p.add_argument("--out", required=True, help=f"results folder ({family}_cifar10.json and plots)")
+    p.add_argument("--work", default=f"/tmp/lightvision_{family}_benchmark", help="scratch: runs, checkpoints, samples")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help=f"more recipe overrides for every kind, e.g. {set_example!r}")
+    return p
+
+
+def comparison_report(family: str, args: argparse.Namespace, argv: list[str] | None) -> tuple[Path, dict]:
+    """``--out`` (created) and the report a comparison driver fills: ``env`` with the command as typed,
+    ``settings`` (the parsed arguments) and empty ``results`` for :func:`run_each`."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join([f"python -m lightvision.{family}.benchmark", *(argv or sys.argv[1:])])
+    return out, {"env": results_env(command), "settings": vars(args), "results": {}}
