@@ -16,7 +16,7 @@ Two launch plans (``op._plan`` picks one):
   registers). One launch each way, no S / dS round trip between passes.
 - split, for few (b, h): every program owns one (b, h) and a contiguous chunk of ``tiles_per_split``
   tiles of ``BN`` tokens (axis 1 of the launch grid enumerates the chunks); the reductions over N write
-  one partial per split, merged by a one-program-per-(b, h) combine kernel.
+  one partial per split, merged by a combine kernel over (b, h) x blocks of feature rows.
 The loops over tokens are shared ``@triton.jit`` helpers, so both plans run the same arithmetic.
 Statistics and accumulators are fp32; matrix products take their operands in the input dtype (LOWP) or
 in fp32 at IEEE precision.
@@ -24,7 +24,8 @@ in fp32 at IEEE precision.
 Inputs q, k, v, dO and outputs o, dq, dk, dv are addressed through (batch, head, token) strides with unit
 feature stride, so strided views such as the slices of a fused qkv projection are read in place, and the
 outputs can be written straight into the [B, N, H, e] / [B, N, 3, H, d] layouts of the surrounding matmuls.
-Workspaces (partials, S, lse, dS, c) are contiguous fp32, indexed by ``pid_bh = b * H + h``.
+Workspaces (partials, lse, dS, c) are contiguous fp32, S contiguous in the input dtype (the precision its
+products use), all indexed by ``pid_bh = b * H + h``.
 """
 
 import triton
@@ -48,13 +49,18 @@ def _tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
 
 
 @triton.jit
-def _load_pair(ptr, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr):
-    """The two d x e halves (rows f and d + f) of one fp32 [R, e] matrix (S or dS); the second is the
-    first again without LRPE."""
-    offs_d = tl.arange(0, BD)
+def _raw_tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
+    """Load a [len(rows), len(cols)] tile in its own dtype (a matrix-product operand only), zero outside the masks."""
+    return tl.load(ptr + rows[:, None] * s_n + cols[None, :] * s_f, mask=rmask[:, None] & cmask[None, :], other=0.0)
+
+
+@triton.jit
+def _load_pair(ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """Rows ``offs_r`` (< d) of the two d x e halves (rows f and d + f) of one fp32 [R, e] matrix (S or dS);
+    the second is the first again without LRPE."""
     offs_e = tl.arange(0, BDV)
-    off = offs_d[:, None] * DV + offs_e[None, :]
-    mask = (offs_d < D)[:, None] & (offs_e < DV)[None, :]
+    off = offs_r[:, None] * DV + offs_e[None, :]
+    mask = (offs_r < D)[:, None] & (offs_e < DV)[None, :]
     a = tl.load(ptr + off, mask=mask, other=0.0)
     b = a
     if LRPE:
@@ -63,12 +69,11 @@ def _load_pair(ptr, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constex
 
 
 @triton.jit
-def _store_pair(ptr, a, b, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr):
-    """Store the halves of an fp32 [R, e] matrix (see ``_load_pair``)."""
-    offs_d = tl.arange(0, BD)
+def _store_pair(ptr, offs_r, a, b, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """Store rows ``offs_r`` of the halves of an fp32 [R, e] matrix (see ``_load_pair``)."""
     offs_e = tl.arange(0, BDV)
-    off = offs_d[:, None] * DV + offs_e[None, :]
-    mask = (offs_d < D)[:, None] & (offs_e < DV)[None, :]
+    off = offs_r[:, None] * DV + offs_e[None, :]
+    mask = (offs_r < D)[:, None] & (offs_e < DV)[None, :]
     tl.store(ptr + off, a, mask=mask)
     if LRPE:
         tl.store(ptr + D * DV + off, b, mask=mask)
@@ -84,41 +89,59 @@ def _operand(x, LOWP: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _col_max(k_base, lo, hi, D, s_kn, s_kd, BN: tl.constexpr, BD: tl.constexpr):
+    """m[f] = max over tokens [lo, hi) of k[n, f]: an elementwise running max tile, reduced across threads once
+    (0 for padded features)."""
+    offs_n = tl.arange(0, BN)
+    offs_d = tl.arange(0, BD)
+    dmask = offs_d < D
+    mt = tl.full([BN, BD], float("-inf"), tl.float32)
+    for n0 in range(lo, hi, BN):
+        rows = n0 + offs_n
+        nmask = rows < hi
+        kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
+        mt = tl.maximum(mt, tl.where(nmask[:, None], kt, float("-inf")))
+    return tl.max(mt, axis=0)
+
+
+@triton.jit
 def _reduce_loop(
     k_base, v_base, cos_ptr, sin_ptr, lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     DT: tl.constexpr,
 ):
-    """Tokens [lo, hi): online per-feature softmax statistics of k, m[f] = max_n k, z[f] = sum_n exp(k - m),
-    and the exp(k - m)-weighted rotated k^T v, A = [exp(k - m) C, exp(k - m) Sn]^T v as two d x e halves."""
+    """Tokens [lo, hi): per-feature softmax statistics of k, m[f] = max_n k, z[f] = sum_n exp(k - m), and the
+    exp(k - m)-weighted rotated k^T v, A = [exp(k - m) C, exp(k - m) Sn]^T v as two d x e halves.
+
+    m comes from a first pass over k (``_col_max``; the chunk's k is then re-read from L2), so the main pass
+    has no running rescale and no reduction across threads per tile. The products accumulate A^T = v^T [p C]
+    (e x d), so v is a transposed shared-memory operand as loaded and p C goes to shared memory once, with no
+    layout conversion for a transposed register operand (measured on an H100: docs/kernels_lightnet.md)."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
-    m = tl.full([BD], float("-inf"), tl.float32)
-    z = tl.zeros([BD], tl.float32)
-    acc_c = tl.zeros([BD, BDV], tl.float32)
-    acc_s = tl.zeros([BD, BDV], tl.float32)
+    m = _col_max(k_base, lo, hi, D, s_kn, s_kd, BN, BD)
+    mlog = m * 1.4426950408889634
+    zt = tl.zeros([BN, BD], tl.float32)
+    acc_c = tl.zeros([BDV, BD], tl.float32)
+    acc_s = tl.zeros([BDV, BD], tl.float32)
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
         nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
-        kt = tl.where(nmask[:, None], kt, float("-inf"))
-        vt = _tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
-        m_new = tl.maximum(m, tl.max(kt, axis=0))
-        alpha = tl.exp(m - m_new)
-        p = tl.exp(kt - m_new[None, :])
-        z = z * alpha + tl.sum(p, axis=0)
+        p = tl.where(nmask[:, None], tl.exp2(kt * 1.4426950408889634 - mlog[None, :]), 0.0)
+        zt += p
+        vt = _raw_tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
         if LRPE:
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
             st = _tile(sin_ptr, rows, offs_d, D, 1, nmask, dmask)
-            acc_c = acc_c * alpha[:, None] + _dot(tl.trans(p * ct), vt, LOWP, DT)
-            acc_s = acc_s * alpha[:, None] + _dot(tl.trans(p * st), vt, LOWP, DT)
+            acc_c += _dot(tl.trans(vt), p * ct, LOWP, DT)
+            acc_s += _dot(tl.trans(vt), p * st, LOWP, DT)
         else:
-            acc_c = acc_c * alpha[:, None] + _dot(tl.trans(p), vt, LOWP, DT)
-        m = m_new
-    return m, z, acc_c, acc_s
+            acc_c += _dot(tl.trans(vt), p, LOWP, DT)
+    return m, tl.sum(zt, axis=0), tl.trans(acc_c), tl.trans(acc_s)
 
 
 @triton.jit
@@ -157,34 +180,37 @@ def _dq_loop(
     """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, rows s_dqn apart); returns the halves of
     dS = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO] over these tokens:
 
-        dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')"""
+        dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')
+
+    dS accumulates transposed, dS^T += dO^T (q^ C), so dO is a transposed shared-memory operand as loaded
+    (0.250 against 0.297 ms for the fused backward at N = 196, H100; docs/kernels_lightnet.md)."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
-    ds_c = tl.zeros([BD, BDV], tl.float32)
-    ds_s = tl.zeros([BD, BDV], tl.float32)
+    ds_c = tl.zeros([BDV, BD], tl.float32)
+    ds_s = tl.zeros([BDV, BD], tl.float32)
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
         nmask = rows < hi
         qt = _tile(q_base, rows, offs_d, s_qn, s_qd, nmask, dmask)
-        gt = _tile(g_base, rows, offs_e, s_gn, s_gd, nmask, emask)
+        gt = _raw_tile(g_base, rows, offs_e, s_gn, s_gd, nmask, emask)
         sig = tl.sigmoid(qt)
         qh = qt * sig
         if LRPE:
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
             st = _tile(sin_ptr, rows, offs_d, D, 1, nmask, dmask)
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT) * ct + _dot(gt, tl.trans(s_s), LOWP, DT) * st
-            ds_c += _dot(tl.trans(qh * ct), gt, LOWP, DT)
-            ds_s += _dot(tl.trans(qh * st), gt, LOWP, DT)
+            ds_c += _dot(tl.trans(gt), qh * ct, LOWP, DT)
+            ds_s += _dot(tl.trans(gt), qh * st, LOWP, DT)
         else:
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT)
-            ds_c += _dot(tl.trans(qh), gt, LOWP, DT)
+            ds_c += _dot(tl.trans(gt), qh, LOWP, DT)
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
         tl.store(dq_base + rows[:, None] * s_dqn + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
-    return ds_c, ds_s
+    return tl.trans(ds_c), tl.trans(ds_s)
 
 
 @triton.jit
@@ -226,10 +252,10 @@ def _dkdv_loop(
 
 
 @triton.jit
-def _correction(ds_c, ds_s, s_ptr, D, DV, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr):
-    """Softmax correction c[f] = sum_j dS_c[f, j] S_c[f, j] + dS_s[f, j] S_s[f, j] (S re-read in fp32;
-    see ``lightvision.kernels.lightnet.op`` for the derivation)."""
-    s_c, s_s = _load_pair(s_ptr, D, DV, BD, BDV, LRPE)
+def _correction(ds_c, ds_s, s_ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """Softmax correction c[f] = sum_j dS_c[f, j] S_c[f, j] + dS_s[f, j] S_s[f, j] for the rows f in ``offs_r``
+    (S re-read in fp32; see ``lightvision.kernels.lightnet.op`` for the derivation)."""
+    s_c, s_s = _load_pair(s_ptr, offs_r, D, DV, BDV, LRPE)
     corr = tl.sum(ds_c * s_c, axis=1)
     if LRPE:
         corr += tl.sum(ds_s * s_s, axis=1)
@@ -258,7 +284,7 @@ def _fwd_fused_kernel(
     s_c = acc_c * inv[:, None]
     s_s = acc_s * inv[:, None]
     R = 2 * D if LRPE else D
-    _store_pair(s_ptr + pid_bh * R * DV, s_c, s_s, D, DV, BD, BDV, LRPE)
+    _store_pair(s_ptr + pid_bh * R * DV, tl.arange(0, BD), s_c, s_s, D, DV, BDV, LRPE)
     _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
               _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_on,
               BN, BD, BDV, LRPE, LOWP, DT)
@@ -287,39 +313,40 @@ def _fwd_reduce_kernel(
     tl.store(pm_ptr + row * D + offs_d, m, mask=offs_d < D)
     tl.store(pz_ptr + row * D + offs_d, z, mask=offs_d < D)
     R = 2 * D if LRPE else D
-    _store_pair(ps_ptr + row * R * DV, acc_c, acc_s, D, DV, BD, BDV, LRPE)
+    _store_pair(ps_ptr + row * R * DV, tl.arange(0, BD), acc_c, acc_s, D, DV, BDV, LRPE)
 
 
 @triton.jit
 def _fwd_combine_kernel(
     pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr, D, DV, nsplit,
-    BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
 ):
-    """Merge the split partials of one (b, h): M = max_s m_s, w_s = exp(m_s - M), Z = sum_s w_s z_s,
-    S = sum_s w_s A_s / Z (per feature row f, both halves), lse = M + log Z."""
+    """Merge the split partials of one (b, h), feature rows [BR * program_id(1), + BR): M = max_s m_s,
+    w_s = exp(m_s - M), Z = sum_s w_s z_s, S = sum_s w_s A_s / Z (per feature row f, both halves),
+    lse = M + log Z. Rows are independent, so the (b, h) is spread over d / BR programs."""
     pid_bh = tl.program_id(0)
-    offs_d = tl.arange(0, BD)
-    dmask = offs_d < D
+    offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
+    rmask = offs_r < D
     R = 2 * D if LRPE else D
-    m = tl.full([BD], float("-inf"), tl.float32)
-    z = tl.zeros([BD], tl.float32)
-    acc_c = tl.zeros([BD, BDV], tl.float32)
-    acc_s = tl.zeros([BD, BDV], tl.float32)
+    m = tl.full([BR], float("-inf"), tl.float32)
+    z = tl.zeros([BR], tl.float32)
+    acc_c = tl.zeros([BR, BDV], tl.float32)
+    acc_s = tl.zeros([BR, BDV], tl.float32)
     for s in range(0, nsplit):
         row = pid_bh * nsplit + s
-        m_s = tl.load(pm_ptr + row * D + offs_d, mask=dmask, other=0.0)
-        z_s = tl.load(pz_ptr + row * D + offs_d, mask=dmask, other=1.0)
+        m_s = tl.load(pm_ptr + row * D + offs_r, mask=rmask, other=0.0)
+        z_s = tl.load(pz_ptr + row * D + offs_r, mask=rmask, other=1.0)
         m_new = tl.maximum(m, m_s)
         alpha = tl.exp(m - m_new)
         w = tl.exp(m_s - m_new)
         z = z * alpha + z_s * w
-        part_c, part_s = _load_pair(ps_ptr + row * R * DV, D, DV, BD, BDV, LRPE)
+        part_c, part_s = _load_pair(ps_ptr + row * R * DV, offs_r, D, DV, BDV, LRPE)
         acc_c = acc_c * alpha[:, None] + part_c * w[:, None]
         acc_s = acc_s * alpha[:, None] + part_s * w[:, None]
         m = m_new
     inv = 1.0 / z
-    tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=dmask)
-    _store_pair(s_ptr + pid_bh * R * DV, acc_c * inv[:, None], acc_s * inv[:, None], D, DV, BD, BDV, LRPE)
+    tl.store(lse_ptr + pid_bh * D + offs_r, m + tl.log(z), mask=rmask)
+    _store_pair(s_ptr + pid_bh * R * DV, offs_r, acc_c * inv[:, None], acc_s * inv[:, None], D, DV, BDV, LRPE)
 
 
 @triton.jit
@@ -335,7 +362,7 @@ def _fwd_out_kernel(
     h = pid_bh % H
     DT = q_ptr.dtype.element_ty
     R = 2 * D if LRPE else D
-    s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, tl.arange(0, BD), D, DV, BDV, LRPE)
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
@@ -359,12 +386,12 @@ def _bwd_fused_kernel(
     DT = do_ptr.dtype.element_ty
     R = 2 * D if LRPE else D
     s_base = s_ptr + pid_bh * R * DV
-    s_c, s_s = _load_pair(s_base, D, DV, BD, BDV, LRPE)
+    s_c, s_s = _load_pair(s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     ds_c, ds_s = _dq_loop(
         q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
         _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
         BN, BD, BDV, LRPE, LOWP, DT)
-    corr = _correction(ds_c, ds_s, s_base, D, DV, BD, BDV, LRPE)
+    corr = _correction(ds_c, ds_s, s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     offs_d = tl.arange(0, BD)
     lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
     _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
@@ -386,34 +413,35 @@ def _bwd_dq_kernel(
     h = pid_bh % H
     DT = do_ptr.dtype.element_ty
     R = 2 * D if LRPE else D
-    s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, tl.arange(0, BD), D, DV, BDV, LRPE)
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     ds_c, ds_s = _dq_loop(
         q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
         _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
         BN, BD, BDV, LRPE, LOWP, DT)
-    _store_pair(pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, ds_c, ds_s, D, DV, BD, BDV, LRPE)
+    _store_pair(pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, tl.arange(0, BD), ds_c, ds_s, D, DV, BDV, LRPE)
 
 
 @triton.jit
 def _bwd_combine_kernel(
     pds_ptr, s_ptr, ds_ptr, c_ptr, D, DV, nsplit,
-    BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
 ):
-    """dS = sum_s dS_s over the splits of one (b, h), and the correction c (``_correction``)."""
+    """dS = sum_s dS_s over the splits of one (b, h) and the correction c (``_correction``), feature rows
+    [BR * program_id(1), + BR)."""
     pid_bh = tl.program_id(0)
+    offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
     R = 2 * D if LRPE else D
-    ds_c = tl.zeros([BD, BDV], tl.float32)
-    ds_s = tl.zeros([BD, BDV], tl.float32)
+    ds_c = tl.zeros([BR, BDV], tl.float32)
+    ds_s = tl.zeros([BR, BDV], tl.float32)
     for s in range(0, nsplit):
-        part_c, part_s = _load_pair(pds_ptr + (pid_bh * nsplit + s) * R * DV, D, DV, BD, BDV, LRPE)
+        part_c, part_s = _load_pair(pds_ptr + (pid_bh * nsplit + s) * R * DV, offs_r, D, DV, BDV, LRPE)
         ds_c += part_c
         ds_s += part_s
-    _store_pair(ds_ptr + pid_bh * R * DV, ds_c, ds_s, D, DV, BD, BDV, LRPE)
-    corr = _correction(ds_c, ds_s, s_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
-    offs_d = tl.arange(0, BD)
-    tl.store(c_ptr + pid_bh * D + offs_d, corr, mask=offs_d < D)
+    _store_pair(ds_ptr + pid_bh * R * DV, offs_r, ds_c, ds_s, D, DV, BDV, LRPE)
+    corr = _correction(ds_c, ds_s, s_ptr + pid_bh * R * DV, offs_r, D, DV, BDV, LRPE)
+    tl.store(c_ptr + pid_bh * D + offs_r, corr, mask=offs_r < D)
 
 
 @triton.jit
@@ -430,7 +458,7 @@ def _bwd_dkdv_kernel(
     h = pid_bh % H
     DT = v_ptr.dtype.element_ty
     R = 2 * D if LRPE else D
-    ds_c, ds_s = _load_pair(ds_ptr + pid_bh * R * DV, D, DV, BD, BDV, LRPE)
+    ds_c, ds_s = _load_pair(ds_ptr + pid_bh * R * DV, tl.arange(0, BD), D, DV, BDV, LRPE)
     offs_d = tl.arange(0, BD)
     lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
     corr = tl.load(c_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)

@@ -24,12 +24,14 @@ SiLU: d/dx [x sigma(x)] = sigma(x) + x sigma(x) (1 - sigma(x)).
 
 Passes (tensor traffic in units of one [B, H, N, d] tensor): forward reads k, v then q, writes o (4);
 backward reads q, dO, writes dq (3), then reads k, v, writes dk, dv (4): 11 in all, the memory floor.
-Beside those: the per-head S / dS (fp32 R x e), their split partials, and the cos / sin tables ([N, d],
-shared by every batch and head, so read mostly from L2). Saved for backward: S (fp32 [B, H, R, e],
-R = 2d, or d without LRPE) and lse (fp32 [B, H, d]).
-Numerics: statistics, accumulators, S and dS in fp32; matrix-product operands in the input dtype for
-bf16 / fp16 (fp16: dS is cast to fp16 for the dk / dv products, so |dS| must stay under 65504), IEEE fp32
-for fp32 inputs; outputs in the input dtype.
+Beside those: the per-head S (R x e) and dS, their split partials, and the cos / sin tables ([N, d],
+shared by every batch and head, so read mostly from L2). Saved for backward: S ([B, H, R, e] in the input
+dtype, R = 2d, or d without LRPE) and lse (fp32 [B, H, d]).
+Numerics: statistics, accumulators, split partials and dS in fp32; matrix-product operands in the input
+dtype for bf16 / fp16 (fp16: dS is cast to fp16 for the dk / dv products, so |dS| must stay under 65504),
+IEEE fp32 for fp32 inputs; outputs in the input dtype. S is stored in the input dtype: the products use it
+at that precision anyway, only the softmax correction c reads it back (16-bit S: relative error ~2^-9 per
+term of c), and at ViT sizes an fp32 S was a third of the forward's bytes (50 MB at N = 196, B = 256).
 
 The custom ops ``lightvision::lightnet_attn_fwd`` / ``lightvision::lightnet_attn_bwd`` carry fake
 (meta) implementations and an autograd formula, so models using them compile without graph breaks.
@@ -51,6 +53,7 @@ from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
 HEAD_DIMS = (16, 24, 32, 48, 64, 128)
+COMBINE_ROWS = 16  # feature rows per combine program (split plan)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -85,7 +88,8 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 was 13% faster alone at
     N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with 32-token tiles removes the
     register spills ptxas reports for the backward programs (~950 bytes per thread, sm_90a, bf16) but
-    ran 1.7x slower (docs/kernels_lightnet.md, round 2). The keyword knobs override the defaults
+    ran 1.7x slower (docs/kernels_lightnet.md, round 2). Pipeline stages: 3, except the fused backward
+    (2: 0.250 against 0.279 ms at N = 196, H100, session 5). The keyword knobs override the defaults
     (``scripts/bench_attention.py --sweep`` times them)."""
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     wide = max(bd, bdv) >= 128
@@ -105,8 +109,10 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     per = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, per)
     warps = num_warps or (8 if wide else 4)
-    return dict(BN=bn, BD=bd, BDV=bdv, per=per, splits=splits, fused=splits == 1 and not wide, warps=warps,
-                stages=(1 if fp32 else 2) if wide else 3)
+    fused = splits == 1 and not wide
+    stages = (1 if fp32 else 2) if wide else 3
+    return dict(BN=bn, BD=bd, BDV=bdv, per=per, splits=splits, fused=fused, warps=warps, stages=stages,
+                stages_bwd=2 if fused else stages)
 
 
 def _lowp(dtype: torch.dtype) -> bool:
@@ -124,9 +130,11 @@ class _Config(NamedTuple):
     per: int  # token tiles per split
     cos: torch.Tensor  # rotation tables; without LRPE, a 1-element stand-in the programs never read
     sin: torch.Tensor
-    grid_bh: tuple  # launch grid of the fused and combine programs
+    grid_bh: tuple  # launch grid of the fused programs
+    grid_rows: tuple  # launch grid of the combine programs: (b, h) x blocks of COMBINE_ROWS feature rows
     grid_split: tuple  # launch grid of the split programs
-    tiled: dict  # constexprs and launch options of the token-loop programs
+    tiled: dict  # constexprs and launch options of the forward token-loop programs
+    tiled_bwd: dict  # those of the backward token-loop programs
     small: dict  # those of the combine programs
 
 
@@ -140,22 +148,23 @@ def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe) -> _Conf
     blocks = dict(BD=p["BD"], BDV=p["BDV"], LRPE=lrpe)
     return _Config(
         R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"], cos=cos, sin=sin,
-        grid_bh=(bh,), grid_split=(bh, p["splits"]),
+        grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, COMBINE_ROWS)), grid_split=(bh, p["splits"]),
         tiled=dict(BN=p["BN"], LOWP=_lowp(dtype), num_warps=p["warps"], num_stages=p["stages"], **blocks),
-        small=dict(num_warps=p["warps"], **blocks),
+        tiled_bwd=dict(BN=p["BN"], LOWP=_lowp(dtype), num_warps=p["warps"], num_stages=p["stages_bwd"], **blocks),
+        small=dict(BR=COMBINE_ROWS, BDV=p["BDV"], LRPE=lrpe, num_warps=2),
     )
 
 
 def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Tensor | None = None):
     """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype
-    (contiguous, or written into the given ``o`` view with unit feature stride), S fp32 [B, H, R, e]
+    (contiguous, or written into the given ``o`` view with unit feature stride), S [B, H, R, e] in q's dtype
     (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
     c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
     o = empty((B, H, N, DV), q.dtype, dev) if o is None else o
-    s = empty((B, H, c.R, DV), torch.float32, dev)
+    s = empty((B, H, c.R, DV), q.dtype, dev)
     lse = empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
@@ -167,7 +176,7 @@ def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Ten
     ps = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     K._fwd_reduce_kernel[c.grid_split](
         k, v, c.cos, c.sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
-    K._fwd_combine_kernel[c.grid_bh](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
+    K._fwd_combine_kernel[c.grid_rows](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
     K._fwd_out_kernel[c.grid_split](q, c.cos, c.sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
     return o, s, lse
 
@@ -187,17 +196,17 @@ def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, 
         K._bwd_fused_kernel[c.grid_bh](
             q, k, v, do, c.cos, c.sin, s, lse, dq, dk, dv, H, N, D, DV,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride()[:3], *dk.stride()[:3],
-            *dv.stride()[:3], **c.tiled)
+            *dv.stride()[:3], **c.tiled_bwd)
         return dq, dk, dv
     pds = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     ds = empty((B * H, c.R, DV), torch.float32, dev)
     corr = empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
-        q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled)
-    K._bwd_combine_kernel[c.grid_bh](pds, s, ds, corr, D, DV, c.splits, **c.small)
+        q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd)
+    K._bwd_combine_kernel[c.grid_rows](pds, s, ds, corr, D, DV, c.splits, **c.small)
     K._bwd_dkdv_kernel[c.grid_split](
         k, v, c.cos, c.sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(),
-        *dk.stride()[:3], *dv.stride()[:3], **c.tiled)
+        *dk.stride()[:3], *dv.stride()[:3], **c.tiled_bwd)
     return dq, dk, dv
 
 
@@ -215,7 +224,7 @@ def _(q, k, v, grid, num_prefix_tokens, lrpe):
     DV = v.shape[-1]
     return (
         q.new_empty((B, H, N, DV)),
-        q.new_empty((B, H, 2 * D if lrpe else D, DV), dtype=torch.float32),
+        q.new_empty((B, H, 2 * D if lrpe else D, DV)),
         q.new_empty((B, H, D), dtype=torch.float32),
     )
 
@@ -301,7 +310,7 @@ def _(qkv, num_heads, grid, num_prefix_tokens, lrpe):
     D = C3 // (3 * num_heads)
     return (
         qkv.new_empty((B, N, num_heads * D)),
-        qkv.new_empty((B, num_heads, 2 * D if lrpe else D, D), dtype=torch.float32),
+        qkv.new_empty((B, num_heads, 2 * D if lrpe else D, D)),
         qkv.new_empty((B, num_heads, D), dtype=torch.float32),
     )
 

@@ -106,9 +106,9 @@ def test_matches_reference_without_lrpe(b, n, grid, path):
 
 @pytest.mark.parametrize("b,path", [(1, "split"), (4, "fused")])
 def test_large_keys_across_tiles(b, path):
-    # keys offset by +100 (exp overflows fp32 without the running max) on the first tiles for half the
-    # features and on the last tiles for the other half: the running max (fused: across the tiles of one
-    # program; split: also the merge of the split partials) must rescale both ways
+    # keys offset by +100 (exp overflows fp32 without the max subtracted) on the first tiles for half the
+    # features and on the last tiles for the other half: the per-feature max of each chunk (fused: all tiles
+    # of one program; split: each split, then the merge of the split partials rescales) must catch both
     n = 41
     _check_path(b, 1, n, 16, 16, torch.float32, path)
     q, k, v = _inputs(b, 1, n, 16, 16, torch.float32, k_scale=1.0)
