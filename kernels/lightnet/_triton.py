@@ -31,6 +31,8 @@ products use), all indexed by ``pid_bh = b * H + h``.
 import triton
 import triton.language as tl
 
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+
 
 @triton.jit
 def _dot(a, b, LOWP: tl.constexpr, DT: tl.constexpr):
@@ -42,22 +44,21 @@ def _dot(a, b, LOWP: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
-def _tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
-    """Load a [len(rows), len(cols)] tile as fp32, zero outside the masks."""
-    return tl.load(ptr + rows[:, None] * s_n + cols[None, :] * s_f,
-                   mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
-
-
-@triton.jit
 def _raw_tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
     """Load a [len(rows), len(cols)] tile in its own dtype (a matrix-product operand only), zero outside the masks."""
     return tl.load(ptr + rows[:, None] * s_n + cols[None, :] * s_f, mask=rmask[:, None] & cmask[None, :], other=0.0)
 
 
 @triton.jit
+def _tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
+    """Load a [len(rows), len(cols)] tile as fp32, zero outside the masks."""
+    return _raw_tile(ptr, rows, cols, s_n, s_f, rmask, cmask).to(tl.float32)
+
+
+@triton.jit
 def _load_pair(ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
-    """Rows ``offs_r`` (< d) of the two d x e halves (rows f and d + f) of one fp32 [R, e] matrix (S or dS);
-    the second is the first again without LRPE."""
+    """Rows ``offs_r`` (< d) of the two d x e halves (rows f and d + f) of one [R, e] matrix (S in the input
+    dtype, dS and the partials in fp32), as stored; the second is the first again without LRPE."""
     offs_e = tl.arange(0, BDV)
     off = offs_r[:, None] * DV + offs_e[None, :]
     mask = (offs_r < D)[:, None] & (offs_e < DV)[None, :]
@@ -70,7 +71,7 @@ def _load_pair(ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
 
 @triton.jit
 def _store_pair(ptr, offs_r, a, b, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
-    """Store rows ``offs_r`` of the halves of an fp32 [R, e] matrix (see ``_load_pair``)."""
+    """Store rows ``offs_r`` of the halves of an [R, e] matrix, cast to its dtype (see ``_load_pair``)."""
     offs_e = tl.arange(0, BDV)
     off = offs_r[:, None] * DV + offs_e[None, :]
     mask = (offs_r < D)[:, None] & (offs_e < DV)[None, :]
@@ -123,7 +124,7 @@ def _reduce_loop(
     dmask = offs_d < D
     emask = offs_e < DV
     m = _col_max(k_base, lo, hi, D, s_kn, s_kd, BN, BD)
-    mlog = m * 1.4426950408889634
+    mlog = m * LOG2E
     zt = tl.zeros([BN, BD], tl.float32)
     acc_c = tl.zeros([BDV, BD], tl.float32)
     acc_s = tl.zeros([BDV, BD], tl.float32)
@@ -131,7 +132,7 @@ def _reduce_loop(
         rows = n0 + offs_n
         nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
-        p = tl.where(nmask[:, None], tl.exp2(kt * 1.4426950408889634 - mlog[None, :]), 0.0)
+        p = tl.where(nmask[:, None], tl.exp2(kt * LOG2E - mlog[None, :]), 0.0)
         zt += p
         vt = _raw_tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
         if LRPE:
@@ -254,7 +255,7 @@ def _dkdv_loop(
 @triton.jit
 def _correction(ds_c, ds_s, s_ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
     """Softmax correction c[f] = sum_j dS_c[f, j] S_c[f, j] + dS_s[f, j] S_s[f, j] for the rows f in ``offs_r``
-    (S re-read in fp32; see ``lightvision.kernels.lightnet.op`` for the derivation)."""
+    (fp32 products with the stored S; see ``lightvision.kernels.lightnet.op`` for the derivation)."""
     s_c, s_s = _load_pair(s_ptr, offs_r, D, DV, BDV, LRPE)
     corr = tl.sum(ds_c * s_c, axis=1)
     if LRPE:

@@ -57,7 +57,6 @@ COMBINE_ROWS = 16  # feature rows per combine program (split plan)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-
 @functools.lru_cache(maxsize=64)
 def _tables(grid: tuple[int, ...], num_prefix_tokens: int, dim: int, device: torch.device, dtype: torch.dtype):
     """(cos Theta, sin Theta), each [N, dim] contiguous in ``dtype``; angles from ``lrpe_angles``.
@@ -116,7 +115,7 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
 
 
 def _lowp(dtype: torch.dtype) -> bool:
-    # The Triton CPU interpreter multiplies bf16 tl.dot operands as raw bits (tests/kernels/conftest.py
+    # The Triton CPU interpreter multiplies bf16 tl.dot operands as raw bits (tests/conftest.py
     # repairs it for the tests); elsewhere under the interpreter the products run in fp32.
     return dtype != torch.float32 and not interpreting()
 
@@ -145,12 +144,12 @@ def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe) -> _Conf
         cos, sin = _rotation(grid, num_prefix_tokens, d, dtype, device)
     else:
         cos = sin = torch.zeros(1, device=device, dtype=torch.float32)
-    blocks = dict(BD=p["BD"], BDV=p["BDV"], LRPE=lrpe)
+    tiled = dict(BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=_lowp(dtype), num_warps=p["warps"],
+                 num_stages=p["stages"])
     return _Config(
         R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"], cos=cos, sin=sin,
         grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, COMBINE_ROWS)), grid_split=(bh, p["splits"]),
-        tiled=dict(BN=p["BN"], LOWP=_lowp(dtype), num_warps=p["warps"], num_stages=p["stages"], **blocks),
-        tiled_bwd=dict(BN=p["BN"], LOWP=_lowp(dtype), num_warps=p["warps"], num_stages=p["stages_bwd"], **blocks),
+        tiled=tiled, tiled_bwd=dict(tiled, num_stages=p["stages_bwd"]),
         small=dict(BR=COMBINE_ROWS, BDV=p["BDV"], LRPE=lrpe, num_warps=2),
     )
 
@@ -370,6 +369,12 @@ def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     )
 
 
+def _rotation_grid(grid, n: int, num_prefix_tokens: int, lrpe: bool):
+    """The checked token grid when MD-LRPE applies (``lrpe`` and a grid given, as in the reference), else None."""
+    grid = check_grid(grid, n, num_prefix_tokens)
+    return grid if lrpe and grid is not None else None
+
+
 def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe=True, causal=False, key_softmax=True):
     """Kernel entry of ``lightvision.ops.lightnet_attention`` (registered with the ops dispatch).
 
@@ -380,9 +385,7 @@ def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe=T
     launchers directly."""
     if causal or not key_softmax or not supports(q, k, v):
         return NotImplemented
-    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
-    if not (lrpe and grid is not None):
-        grid = None
+    grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
     if torch.compiler.is_compiling():
         return lightnet_attn_fwd(q, k, v, grid and list(grid), num_prefix_tokens, grid is not None)[0]
     return _LightNetEager.apply(q, k, v, grid, num_prefix_tokens, grid is not None)
@@ -394,9 +397,7 @@ def lightnet_attention_qkvpacked_triton(qkv, num_heads, *, grid=None, num_prefix
     q, k, v = split_heads(qkv, num_heads)
     if not supports(q, k, v):
         return NotImplemented
-    grid = check_grid(grid, q.shape[2], num_prefix_tokens)
-    if not (lrpe and grid is not None):
-        grid = None
+    grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
     if torch.compiler.is_compiling():
         return lightnet_attn_packed_fwd(qkv, num_heads, grid and list(grid), num_prefix_tokens, grid is not None)[0]
     return _LightNetPackedEager.apply(qkv, num_heads, grid, num_prefix_tokens, grid is not None)
