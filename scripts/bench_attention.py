@@ -18,7 +18,8 @@ requiring grad ("fwdbwd"), medians of ``triton.testing.do_bench``. A module regi
 
 This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists (it also registers
 flash-linear-attention, ``fla``, an optional benchmark-only dependency, as the two-scan anchor when installed).
-op in softmax / lightnet / lion_lit / lion_d / lion_s; impl names the implementation (sdpa, torch, triton...).
+op in softmax / lightnet / lion_lit / lion_d / lion_s; impl names the implementation (sdpa, torch, triton...;
+``triton_packed``: LightNet on one fused qkv tensor, the models' path, where small heads share a program).
 
 Memory floor: the forward reads q, k, v and writes o (4 tensors of B*H*N*d elements at d = d_v), the
 forward + backward touches 11 (q, k, v, o; then q, k, v, dO read, dq, dk, dv written); each record
@@ -102,9 +103,22 @@ def _make_lightnet(backend):
     return make
 
 
+def make_lightnet_packed(B, H, N, d, dtype, device):
+    """The model's path: one fused qkv projection output [B, N, 3 * H * d] (small heads run several to a program)."""
+    from lightvision.ops.lightnet import lightnet_attention_qkvpacked
+
+    grid = _grid(N)
+
+    def fn(qkv):
+        return lightnet_attention_qkvpacked(qkv, H, grid=grid, backend="triton")
+
+    return fn, [torch.randn(B, N, 3 * H * d, device=device, dtype=dtype)]
+
+
 add("softmax", "sdpa", make_sdpa)
 add("lightnet", "torch", _make_lightnet("torch"))
 add("lightnet", "triton", _make_lightnet("triton"))
+add("lightnet", "triton_packed", make_lightnet_packed)
 
 
 def _load_plugins() -> None:

@@ -79,3 +79,98 @@ def _silu_mul_bwd_kernel(DY, A, B, DA, DB, numel, BLOCK: tl.constexpr):
     s = tl.sigmoid(a)
     tl.store(DB + offs, (dy * a * s).to(DB.dtype.element_ty), mask=mask)
     tl.store(DA + offs, (dy * b * s * (1.0 + a * (1.0 - s))).to(DA.dtype.element_ty), mask=mask)
+
+
+# ---- adaLN (DiT): [B*N, C] rows, per-sample vectors [B, C] with row stride ``sv``; program (b, p) owns the row
+# tiles p*per ... p*per + per - 1 of sample b, so its vectors load once and its sums over tokens stay [C] ----
+
+@triton.jit
+def _sample_tile(b, tile, N, C, BM: tl.constexpr, BC: tl.constexpr):
+    """Tokens tile*BM ... tile*BM + BM - 1 of sample b: (row indices into [B*N], row mask, element offsets, mask)."""
+    n = tile * BM + tl.arange(0, BM)
+    rmask = n < N
+    rows = b.to(tl.int64) * N + n
+    cols = tl.arange(0, BC)
+    return rows, rmask, rows[:, None] * C + cols[None, :], rmask[:, None] & (cols < C)[None, :]
+
+
+@triton.jit
+def _sample_vector(V, b, sv, C, BC: tl.constexpr):
+    cols = tl.arange(0, BC)
+    return tl.load(V + b.to(tl.int64) * sv + cols, mask=cols < C, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _adaln_fwd_kernel(X, SHIFT, SCALE, Y, MEAN, RSTD, N, C, sv_shift, sv_scale, eps, per,
+                      BM: tl.constexpr, BC: tl.constexpr):
+    """y = (x - mean) * rstd * (1 + scale[b]) + shift[b]; mean and rstd saved per row."""
+    b, p = tl.program_id(0), tl.program_id(1)
+    shift = _sample_vector(SHIFT, b, sv_shift, C, BC)
+    scale1 = 1.0 + _sample_vector(SCALE, b, sv_scale, C, BC)
+    for t in range(per):
+        rows, rmask, offs, mask = _sample_tile(b, p * per + t, N, C, BM, BC)
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.sum(x, axis=1) / C
+        xc = tl.where(mask, x - mean[:, None], 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / C + eps)
+        y = xc * rstd[:, None] * scale1[None, :] + shift[None, :]
+        tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+        tl.store(MEAN + rows, mean, mask=rmask)
+        tl.store(RSTD + rows, rstd, mask=rmask)
+
+
+@triton.jit
+def _adaln_bwd_kernel(DY, X, SCALE, MEAN, RSTD, DX, DSHIFT, DSCALE, N, C, sv_scale, per,
+                      BM: tl.constexpr, BC: tl.constexpr):
+    """dx for the program's rows; its sums over them of dy (dshift) and dy * x^ (dscale) go to row (b, p) of the
+    [B, P, C] partials."""
+    b, p = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, BC)
+    scale1 = 1.0 + _sample_vector(SCALE, b, sv_scale, C, BC)
+    dshift = tl.zeros([BC], dtype=tl.float32)
+    dscale = tl.zeros([BC], dtype=tl.float32)
+    for t in range(per):
+        rows, rmask, offs, mask = _sample_tile(b, p * per + t, N, C, BM, BC)
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
+        mean = tl.load(MEAN + rows, mask=rmask, other=0.0)
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        xhat = tl.where(mask, (x - mean[:, None]) * rstd[:, None], 0.0)
+        dshift += tl.sum(dy, axis=0)
+        dscale += tl.sum(dy * xhat, axis=0)
+        g = dy * scale1[None, :]
+        g_mean = tl.sum(g, axis=1) / C
+        gx_mean = tl.sum(g * xhat, axis=1) / C
+        dx = (g - g_mean[:, None] - xhat * gx_mean[:, None]) * rstd[:, None]
+        tl.store(DX + offs, dx.to(DX.dtype.element_ty), mask=mask)
+    part = (b * tl.num_programs(1) + p).to(tl.int64) * C + cols
+    tl.store(DSHIFT + part, dshift, mask=cols < C)
+    tl.store(DSCALE + part, dscale, mask=cols < C)
+
+
+@triton.jit
+def _gated_residual_fwd_kernel(X, GATE, Y, OUT, N, C, sv_gate, per, BM: tl.constexpr, BC: tl.constexpr):
+    """out = x + gate[b] * y."""
+    b, p = tl.program_id(0), tl.program_id(1)
+    gate = _sample_vector(GATE, b, sv_gate, C, BC)
+    for t in range(per):
+        _, _, offs, mask = _sample_tile(b, p * per + t, N, C, BM, BC)
+        x = tl.load(X + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(OUT + offs, (x + gate[None, :] * y).to(OUT.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gated_residual_bwd_kernel(DOUT, GATE, Y, DY, DGATE, N, C, sv_gate, per, BM: tl.constexpr, BC: tl.constexpr):
+    """dy = dout * gate[b]; the sum over the program's rows of dout * y (dgate) goes to row (b, p) of [B, P, C]."""
+    b, p = tl.program_id(0), tl.program_id(1)
+    cols = tl.arange(0, BC)
+    gate = _sample_vector(GATE, b, sv_gate, C, BC)
+    dgate = tl.zeros([BC], dtype=tl.float32)
+    for t in range(per):
+        _, _, offs, mask = _sample_tile(b, p * per + t, N, C, BM, BC)
+        dout = tl.load(DOUT + offs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(Y + offs, mask=mask, other=0.0).to(tl.float32)
+        dgate += tl.sum(dout * y, axis=0)
+        tl.store(DY + offs, (dout * gate[None, :]).to(DY.dtype.element_ty), mask=mask)
+    tl.store(DGATE + (b * tl.num_programs(1) + p).to(tl.int64) * C + cols, dgate, mask=cols < C)

@@ -32,17 +32,23 @@ MAX_C = 8192  # widest row the norm programs hold in registers; wider rows run t
 _SILU_BLOCK = 1024
 
 
-
 @functools.lru_cache(maxsize=64)
 def _norm_plan(m: int, c: int, device: torch.device) -> dict:
     """Row tile BM x BC (about 4k elements), warps, and the backward's programs (a few per SM, each looping
     over consecutive tiles, so the dw partials stay [programs, C])."""
-    bc = triton.next_power_of_2(c)
-    bm = max(1, min(16, 4096 // bc)) if not interpreting() else 4
-    tiles = triton.cdiv(m, bm)
+    tile = row_tile(c)
+    tiles = triton.cdiv(m, tile["BM"])
     progs = min(tiles, 4 * num_sms(device))
     per = triton.cdiv(tiles, progs)
-    return dict(BM=bm, BC=bc, warps=4 if bc <= 1024 else 8, tiles=tiles, bwd_progs=triton.cdiv(tiles, per), bwd_per=per)
+    return dict(**tile, tiles=tiles, bwd_progs=triton.cdiv(tiles, per), bwd_per=per)
+
+
+def row_tile(c: int) -> dict:
+    """Tile of rows of width c for the row-wise programs: BM x BC (BC = c padded to a power of two, about 4k
+    elements in all) and the warps that hold it."""
+    bc = triton.next_power_of_2(c)
+    bm = max(1, min(16, 4096 // bc)) if not interpreting() else 4
+    return dict(BM=bm, BC=bc, warps=4 if bc <= 1024 else 8)
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ in fp32 at IEEE precision.
 Inputs q, k, v, dO and outputs o, dq, dk, dv are addressed through (batch, head, token) strides with unit
 feature stride, so strided views such as the slices of a fused qkv projection are read in place, and the
 outputs can be written straight into the [B, N, H, e] / [B, N, 3, H, d] layouts of the surrounding matmuls.
+On a packed qkv, small heads run G to a program as one head of width G * d (``op.head_group``): the
+programs then keep S and dS block-diagonal (``_head_blocks``: constexprs HD, HDV = the real head's widths).
 Workspaces (partials, lse, dS, c) are contiguous fp32, S contiguous in the input dtype (the precision its
 products use), all indexed by ``pid_bh = b * H + h``.
 """
@@ -90,6 +92,18 @@ def _operand(x, LOWP: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _head_blocks(x, BD: tl.constexpr, BDV: tl.constexpr, HD: tl.constexpr, HDV: tl.constexpr):
+    """x [BD, BDV] (a d x e half of S, dS or a partial) for a program that runs G heads side by side as one head
+    of width d = G * HD (HD > 0): zero outside the diagonal HD x HDV blocks, so each head keeps its own
+    k~^T v. HD = 0: one head per program, x unchanged."""
+    if HD > 0:
+        f = tl.arange(0, BD) // HD
+        e = tl.arange(0, BDV) // HDV
+        x = tl.where(f[:, None] == e[None, :], x, 0.0)
+    return x
+
+
+@triton.jit
 def _col_max(k_base, lo, hi, D, s_kn, s_kd, BN: tl.constexpr, BD: tl.constexpr):
     """m[f] = max over tokens [lo, hi) of k[n, f]: an elementwise running max tile, reduced across threads once
     (0 for padded features)."""
@@ -109,7 +123,7 @@ def _col_max(k_base, lo, hi, D, s_kn, s_kd, BN: tl.constexpr, BD: tl.constexpr):
 def _reduce_loop(
     k_base, v_base, cos_ptr, sin_ptr, lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    DT: tl.constexpr,
+    DT: tl.constexpr, HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Tokens [lo, hi): per-feature softmax statistics of k, m[f] = max_n k, z[f] = sum_n exp(k - m), and the
     exp(k - m)-weighted rotated k^T v, A = [exp(k - m) C, exp(k - m) Sn]^T v as two d x e halves.
@@ -142,7 +156,9 @@ def _reduce_loop(
             acc_s += _dot(tl.trans(vt), p * st, LOWP, DT)
         else:
             acc_c += _dot(tl.trans(vt), p, LOWP, DT)
-    return m, tl.sum(zt, axis=0), tl.trans(acc_c), tl.trans(acc_s)
+    acc_c = _head_blocks(tl.trans(acc_c), BD, BDV, HD, HDV)
+    acc_s = _head_blocks(tl.trans(acc_s), BD, BDV, HD, HDV)
+    return m, tl.sum(zt, axis=0), acc_c, acc_s
 
 
 @triton.jit
@@ -176,7 +192,7 @@ def _out_loop(
 def _dq_loop(
     q_base, g_base, dq_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    DT: tl.constexpr,
+    DT: tl.constexpr, HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, rows s_dqn apart); returns the halves of
     dS = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO] over these tokens:
@@ -211,7 +227,7 @@ def _dq_loop(
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
         tl.store(dq_base + rows[:, None] * s_dqn + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
-    return tl.trans(ds_c), tl.trans(ds_s)
+    return _head_blocks(tl.trans(ds_c), BD, BDV, HD, HDV), _head_blocks(tl.trans(ds_s), BD, BDV, HD, HDV)
 
 
 @triton.jit
@@ -269,6 +285,7 @@ def _fwd_fused_kernel(
     H, N, D, DV,
     s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_ob, s_oh, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Whole forward of one (b, h): reduce k, v to S = A / z and lse = m + log z (both stored for the
     backward), then o = q~ S with S kept in registers."""
@@ -278,7 +295,7 @@ def _fwd_fused_kernel(
     DT = v_ptr.dtype.element_ty
     m, z, acc_c, acc_s = _reduce_loop(
         k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, 0, N, D, DV,
-        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, DT)
+        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
     offs_d = tl.arange(0, BD)
     inv = 1.0 / z
     tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=offs_d < D)
@@ -297,6 +314,7 @@ def _fwd_reduce_kernel(
     H, N, D, DV, tiles_per_split,
     s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Split plan, forward pass 1 over one chunk: the partials m, z -> pm / pz [BH, splits, d] and
     A -> ps [BH, splits, R, e] (R = 2d with LRPE, else d)."""
@@ -308,7 +326,7 @@ def _fwd_reduce_kernel(
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     m, z, acc_c, acc_s = _reduce_loop(
         k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, lo, hi, D, DV,
-        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, v_ptr.dtype.element_ty)
+        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, v_ptr.dtype.element_ty, HD, HDV)
     row = pid_bh * tl.num_programs(1) + pid_s
     offs_d = tl.arange(0, BD)
     tl.store(pm_ptr + row * D + offs_d, m, mask=offs_d < D)
@@ -355,6 +373,7 @@ def _fwd_out_kernel(
     q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr,
     H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Split plan, forward pass 2 over one chunk: o = q~ S."""
     pid_bh = tl.program_id(0)
@@ -378,6 +397,7 @@ def _bwd_fused_kernel(
     s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_gb, s_gh, s_gn, s_gd,
     s_dqb, s_dqh, s_dqn, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Whole backward of one (b, h): the dq pass over q, dO builds dS, then c = rowsum(dS * S), then the
     dk / dv pass over k, v with dS and c in registers."""
@@ -391,7 +411,7 @@ def _bwd_fused_kernel(
     ds_c, ds_s = _dq_loop(
         q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
         _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
-        BN, BD, BDV, LRPE, LOWP, DT)
+        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
     corr = _correction(ds_c, ds_s, s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     offs_d = tl.arange(0, BD)
     lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
@@ -406,6 +426,7 @@ def _bwd_dq_kernel(
     q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr,
     H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Split plan, backward pass 1 over one chunk: dq, and the partial dS -> pds [BH, splits, R, e]."""
     pid_bh = tl.program_id(0)
@@ -420,7 +441,7 @@ def _bwd_dq_kernel(
     ds_c, ds_s = _dq_loop(
         q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
         _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
-        BN, BD, BDV, LRPE, LOWP, DT)
+        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
     _store_pair(pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, tl.arange(0, BD), ds_c, ds_s, D, DV, BDV, LRPE)
 
 
@@ -451,6 +472,7 @@ def _bwd_dkdv_kernel(
     H, N, D, DV, tiles_per_split, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
 ):
     """Split plan, backward pass 2 over one chunk: dk, dv from the combined dS and c."""
     pid_bh = tl.program_id(0)

@@ -82,8 +82,9 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     launch each way) for d, d_v <= 64. Fewer (b, h) are split over N so that B*H*splits fills the GPU
     (about ``programs_per_sm`` programs per SM) while each program keeps at least two tiles, so the small
     fp32 S / dS partials stay cheap next to the token traffic. Head dim 128 holds two 128 x d_v matrices
-    per program: smaller tiles and fewer stages (fp32 most) keep the matrix-product operands inside
-    shared memory, and it always takes the split plan (the fused backward would hold S and dS, four such
+    per program: 8 warps, fewer stages, and for fp32 16-token tiles keep the matrix-product operands inside
+    shared memory (16-bit: 64-token tiles, 0.536 ms fwd+bwd against 0.603 with 32 at d = 128, N = 1024, B*H = 96,
+    H100, session 6), and it always takes the split plan (the fused backward would hold S and dS, four such
     matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 was 13% faster alone at
     N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with 32-token tiles removes the
     register spills ptxas reports for the backward programs (~950 bytes per thread, sm_90a, bf16) but
@@ -97,7 +98,7 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     elif interpreting():
         bn = 16
     else:
-        bn = (16 if fp32 else 32) if wide else 64
+        bn = 16 if wide and fp32 else 64
     tiles = triton.cdiv(n, bn)
     sms = num_sms(device)
     if bh >= 2 * sms:
@@ -137,15 +138,28 @@ class _Config(NamedTuple):
     small: dict  # those of the combine programs
 
 
+def head_group(num_heads: int, d: int) -> int:
+    """Heads per program on a packed qkv: small heads (d <= 32) run G = 2, 4 side by side as one head of width
+    G * d <= 64 (S and dS kept block-diagonal, ``_triton._head_blocks``), so that the token tiles are wide rows
+    instead of 24- or 16-feature slivers padded to a power of two."""
+    g = 1
+    while d <= 32 and num_heads % (2 * g) == 0 and 2 * g * d <= 64:
+        g *= 2
+    return g
+
+
 @functools.lru_cache(maxsize=256)
-def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe) -> _Config:
+def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe, group=1) -> _Config:
+    """Launch configuration for B*H = bh programs' heads of width d / dv; ``group`` heads of d / group features
+    side by side per program (``head_group``)."""
     p = _plan(n, bh, d, dv, device, dtype == torch.float32)
     if lrpe:
-        cos, sin = _rotation(grid, num_prefix_tokens, d, dtype, device)
+        cos, sin = (t.repeat(1, group) for t in _rotation(grid, num_prefix_tokens, d // group, dtype, device))
     else:
         cos = sin = torch.zeros(1, device=device, dtype=torch.float32)
+    blocks = dict(HD=d // group, HDV=dv // group) if group > 1 else dict(HD=0, HDV=0)
     tiled = dict(BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=_lowp(dtype), num_warps=p["warps"],
-                 num_stages=p["stages"])
+                 num_stages=p["stages"], **blocks)
     return _Config(
         R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"], cos=cos, sin=sin,
         grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, COMBINE_ROWS)), grid_split=(bh, p["splits"]),
@@ -154,14 +168,15 @@ def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe) -> _Conf
     )
 
 
-def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Tensor | None = None):
+def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Tensor | None = None, group: int = 1):
     """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype
     (contiguous, or written into the given ``o`` view with unit feature stride), S [B, H, R, e] in q's dtype
-    (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]."""
+    (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]. ``group`` > 1: each of these H heads is that many
+    real heads side by side (``head_group``)."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
-    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
+    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe, group)
     o = empty((B, H, N, DV), q.dtype, dev) if o is None else o
     s = empty((B, H, c.R, DV), q.dtype, dev)
     lse = empty((B, H, D), torch.float32, dev)
@@ -180,13 +195,14 @@ def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Ten
     return o, s, lse
 
 
-def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, grads: tuple | None = None):
+def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, grads: tuple | None = None,
+                 group: int = 1):
     """Launch the backward: (dq, dk, dv) shaped like q, k, v in the input dtype: contiguous, or written into
-    the given ``grads`` views (unit feature stride)."""
+    the given ``grads`` views (unit feature stride); ``group`` as in ``lightnet_fwd``."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
-    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe)
+    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe, group)
     if grads is None:
         grads = (empty((B, H, N, D), q.dtype, dev), empty((B, H, N, D), q.dtype, dev),
                  empty((B, H, N, DV), q.dtype, dev))
@@ -276,22 +292,29 @@ class _LightNetEager(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
+def _packed_heads(qkv, num_heads: int):
+    """(G, and q, k, v as H / G heads of G * d features): in the packed layout G adjacent heads are one row."""
+    group = head_group(num_heads, qkv.shape[-1] // (3 * num_heads))
+    return group, split_heads(qkv, num_heads // group)
+
+
 def lightnet_packed_fwd(qkv, num_heads: int, grid, num_prefix_tokens: int, lrpe: bool):
-    """qkv [B, N, 3 * H * d] -> (o [B, N, H * d] written in that layout, S, lse) (see ``lightnet_fwd``)."""
-    q, k, v = split_heads(qkv, num_heads)
+    """qkv [B, N, 3 * H * d] -> (o [B, N, H * d] written in that layout, S, lse) (see ``lightnet_fwd``; S and lse
+    per program head: [B, H / G, 2 G d, G d], [B, H / G, G d] with G = ``head_group``)."""
+    group, (q, k, v) = _packed_heads(qkv, num_heads)
     B, H, N, D = q.shape
     o = empty((B, N, H, D), qkv.dtype, qkv.device)
-    _, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe, o=o.transpose(1, 2))
+    _, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe, o=o.transpose(1, 2), group=group)
     return o.view(B, N, H * D), s, lse
 
 
 def lightnet_packed_bwd(do, qkv, s, lse, num_heads: int, grid, num_prefix_tokens: int, lrpe: bool):
     """dqkv [B, N, 3 * H * d], written by the backward programs in place (see ``lightnet_bwd``)."""
-    q, k, v = split_heads(qkv, num_heads)
+    group, (q, k, v) = _packed_heads(qkv, num_heads)
     B, H, N, D = q.shape
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
     lightnet_bwd(do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, grid, num_prefix_tokens, lrpe,
-                 grads=split_heads(dqkv, num_heads))
+                 grads=split_heads(dqkv, H), group=group)
     return dqkv
 
 
@@ -306,11 +329,12 @@ def lightnet_attn_packed_fwd(
 @lightnet_attn_packed_fwd.register_fake
 def _(qkv, num_heads, grid, num_prefix_tokens, lrpe):
     B, N, C3 = qkv.shape
-    D = C3 // (3 * num_heads)
+    g = head_group(num_heads, C3 // (3 * num_heads))
+    H, D = num_heads // g, C3 // (3 * num_heads) * g
     return (
-        qkv.new_empty((B, N, num_heads * D)),
-        qkv.new_empty((B, num_heads, 2 * D if lrpe else D, D)),
-        qkv.new_empty((B, num_heads, D), dtype=torch.float32),
+        qkv.new_empty((B, N, H * D)),
+        qkv.new_empty((B, H, 2 * D if lrpe else D, D)),
+        qkv.new_empty((B, H, D), dtype=torch.float32),
     )
 
 

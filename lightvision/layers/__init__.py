@@ -2,7 +2,7 @@
 
 from .attention import ATTENTION_KINDS, LightNetAttention, LionAttention, SoftmaxAttention, build_attention
 from .mlp import GLU
-from .norm import RMSNorm
+from .norm import ModulatedLayerNorm, RMSNorm
 from .patch_embed import PatchEmbed
 from .tpe import MDTPE
 
@@ -12,6 +12,7 @@ __all__ = [
     "LightNetAttention",
     "LionAttention",
     "MDTPE",
+    "ModulatedLayerNorm",
     "PatchEmbed",
     "RMSNorm",
     "SoftmaxAttention",

@@ -5,6 +5,7 @@ registered (see :mod:`lightvision.ops._dispatch`: ``register_kernel`` / ``get_ke
 """
 
 from ._checks import check_grid
+from .adaln import gated_residual, modulated_layer_norm
 from ._dispatch import get_kernel, register_kernel
 from .heads import merge_heads, split_heads
 from .lightnet import lightnet_attention, lightnet_attention_qkvpacked
@@ -17,6 +18,7 @@ from .two_scan import two_scan_attention
 
 __all__ = [
     "check_grid",
+    "gated_residual",
     "get_kernel",
     "lightnet_attention",
     "lightnet_attention_qkvpacked",
@@ -27,6 +29,7 @@ __all__ = [
     "md_lrpe",
     "md_tpe",
     "merge_heads",
+    "modulated_layer_norm",
     "register_kernel",
     "rms_norm",
     "silu_mul",

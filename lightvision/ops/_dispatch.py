@@ -31,6 +31,8 @@ _FAMILY = {
     "two_scan_attention": "lightvision.kernels.lion",
     "rms_norm": "lightvision.kernels.fused",
     "silu_mul": "lightvision.kernels.fused",
+    "modulated_layer_norm": "lightvision.kernels.fused",
+    "gated_residual": "lightvision.kernels.fused",
 }
 _IMPORTED: set[str] = set()
 _IMPORT_ERRORS: dict[str, str] = {}

@@ -33,6 +33,32 @@ def test_parameter_counts_match_the_papers(family):
     assert model_config(f"{family}_dit_xl_8")["patch_size"] == 8
 
 
+@pytest.mark.parametrize("kind", ["softmax", "lightnet"])
+def test_fused_adaln_kernels_match_the_reference_in_the_model(kind, monkeypatch):
+    """The DiT block's modulated norms and gated residuals as Triton kernels (the interpreter on CPU; "block" and
+    "shared" modulation) give the reference model's output and parameter gradients."""
+    import lightvision.kernels.fused  # noqa: F401  (registers the kernels)
+    from lightvision.ops import adaln
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    model = tiny(kind, class_dropout_prob=0.0).to(dev)
+    for p in model.parameters():  # leave adaLN-Zero's all-zero start, so every gate and shift matters
+        torch.nn.init.normal_(p, std=0.2)
+    x, t, y = torch.randn(2, 3, 8, 12, device=dev), torch.tensor([3, 900], device=dev), torch.tensor([1, 5], device=dev)
+    real_dispatch = adaln.dispatch
+    results = {}
+    for backend in ("torch", "triton"):
+        monkeypatch.setattr(adaln, "dispatch", lambda op, _b, *a, _backend=backend: real_dispatch(op, _backend, *a))
+        model.zero_grad()
+        out = model(x, t, y)
+        out.square().mean().backward()
+        results[backend] = [out.detach()] + [p.grad.clone() for p in model.parameters()]
+    for ref, fused in zip(*results.values()):
+        torch.testing.assert_close(fused, ref, rtol=1e-4, atol=1e-5)
+    assert results["torch"][0].abs().max() > 0.1
+
+
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
 def test_every_attention_kind_runs_on_a_non_square_latent(kind):
     torch.manual_seed(0)

@@ -1,16 +1,17 @@
-"""The fused Triton RMSNorm (x sigmoid gate) and SiLU x mul against their plain references in
-``lightvision.ops.norm``: forward and every gradient vs fp64, odd row counts and widths, fp32 / bf16 / fp16,
-an fp32 weight with 16-bit activations (autocast), NaN-poisoned outputs; custom ops under opcheck and
-torch.compile. On CPU the kernels run in the Triton interpreter."""
+"""The fused Triton RMSNorm (x sigmoid gate), SiLU x mul, modulated LayerNorm and gated residual against their
+plain references in ``lightvision.ops.norm`` / ``.adaln``: forward and every gradient vs fp64, odd row counts and
+widths, fp32 / bf16 / fp16, fp32 parameters with 16-bit activations (autocast), NaN-poisoned outputs; custom ops
+under opcheck and torch.compile. On CPU the kernels run in the Triton interpreter."""
 
 import pytest
 import torch
 
 import lightvision.kernels.fused  # noqa: F401  (registers the kernels)
 from lightvision.kernels import _launch
+from lightvision.kernels.fused import adaln as aop
 from lightvision.kernels.fused import op as fop
-from lightvision.layers import GLU, RMSNorm
-from lightvision.ops import rms_norm, silu_mul
+from lightvision.layers import GLU, ModulatedLayerNorm, RMSNorm
+from lightvision.ops import gated_residual, modulated_layer_norm, rms_norm, silu_mul
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}  # SPEC 2, relative L2 vs fp64
@@ -26,11 +27,11 @@ def _rel(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-def _grads_vs_fp64(fn, inputs, tol):
+def _grads_vs_fp64(fn, inputs, tol, out_dtype=None):
     """fn(*inputs, backend="triton") vs fn on fp64 copies (backend="torch"): output and every input grad."""
     leaves = [t.detach().requires_grad_() for t in inputs]
     y = fn(*leaves, backend="triton")
-    assert y.dtype == inputs[0].dtype and y.shape == inputs[0].shape
+    assert y.dtype == (out_dtype or inputs[0].dtype) and y.shape == inputs[0].shape
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
     ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
@@ -155,3 +156,110 @@ def test_layers_compile_without_graph_breaks(monkeypatch):
     torch.testing.assert_close(compiled, eager)
     for p, r in zip((*norm.parameters(), *glu.parameters()), ref_grads):
         torch.testing.assert_close(p.grad, r)
+
+
+def _modulation(b, c, dtype=torch.float32):
+    """A per-sample [B, C] vector as the DiT block gets it: a strided chunk of a [B, 6, C] modulation output."""
+    return (torch.randn(b, 6, c, device=DEV) * 0.7).to(dtype)[:, 2]
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 24), (3, 33, 384), (2, 256, 768), (4, 5, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_modulated_layer_norm_matches_reference(shape, dtype):
+    b, _, c = shape
+    x = (torch.randn(shape, device=DEV) * 3 + 0.5).to(dtype)
+    fn = lambda x_, sh_, sc_, backend: modulated_layer_norm(x_, sh_, sc_, backend=backend)  # noqa: E731
+    _grads_vs_fp64(fn, [x, _modulation(b, c), _modulation(b, c)], TOL[dtype])  # fp32 vectors, as in autocast
+    _grads_vs_fp64(fn, [x, _modulation(b, c, dtype), _modulation(b, c, dtype)], TOL[dtype])
+
+
+@pytest.mark.parametrize("shape", [(1, 197, 24), (3, 33, 384), (4, 5, 7)])
+@pytest.mark.parametrize("dtypes", [(torch.float32,) * 3, (torch.bfloat16,) * 3, (torch.float16,) * 3,
+                                    (torch.bfloat16, torch.float32, torch.bfloat16),
+                                    (torch.float32, torch.bfloat16, torch.bfloat16)])
+def test_gated_residual_matches_reference(shape, dtypes):
+    """x + gate * y in PyTorch's promoted dtype (fp32 as soon as one input is fp32); grads in each input's dtype."""
+    x_dt, g_dt, y_dt = dtypes
+    b, _, c = shape
+    x, y = torch.randn(shape, device=DEV).to(x_dt), torch.randn(shape, device=DEV).to(y_dt)
+    out_dtype = torch.promote_types(x_dt, torch.promote_types(g_dt, y_dt))
+    fn = lambda x_, g_, y_, backend: gated_residual(x_, g_, y_, backend=backend)  # noqa: E731
+    _grads_vs_fp64(fn, [x, _modulation(b, c, g_dt), y], TOL[min(dtypes, key=lambda t: t.itemsize)], out_dtype)
+
+
+def test_adaln_out_dtype_and_many_programs(monkeypatch):
+    """An fp32 stream normed to bf16 (the autocast path) rounds once; with several programs per sample, each over
+    several tiles, every partial sum over tokens is counted."""
+    monkeypatch.setattr(aop, "num_sms", lambda device: 1)  # P = 2 runs per sample at B = 2
+    aop._sample_plan.cache_clear()
+    x = torch.randn(2, 61, 40, device=DEV, requires_grad=True)
+    shift, scale = _modulation(2, 40).requires_grad_(), _modulation(2, 40).requires_grad_()
+    plan = aop._sample_plan(2, 61, 40, x.device)
+    assert plan["grid"][1] > 1 and plan["per"] > 1
+    y = modulated_layer_norm(x, shift, scale, out_dtype=torch.bfloat16, backend="triton")
+    ref_in = [t.detach().double().requires_grad_() for t in (x, shift, scale)]
+    y_ref = modulated_layer_norm(*ref_in, backend="torch")
+    assert y.dtype == torch.bfloat16 and _rel(y, y_ref) < 4e-3
+    dy = torch.randn_like(y)
+    grads = torch.autograd.grad(y, (x, shift, scale), dy)
+    ref = torch.autograd.grad(y_ref, ref_in, dy.double())
+    assert [t.dtype for t in grads] == [torch.float32] * 3
+    assert max(_rel(a, r) for a, r in zip(grads, ref)) < 1e-5
+    _grads_vs_fp64(lambda x_, g_, y_, backend: gated_residual(x_, g_, y_, backend=backend),
+                   [x.detach(), shift.detach(), torch.randn_like(x)], 1e-5)
+    aop._sample_plan.cache_clear()
+    with torch.autocast(DEV, dtype=torch.bfloat16):
+        assert ModulatedLayerNorm()(x, shift, scale).dtype == torch.bfloat16
+
+
+def test_adaln_bad_inputs_named():
+    x = torch.randn(2, 5, 8)
+    with pytest.raises(ValueError, match=r"scale must be \[B, C\]"):
+        modulated_layer_norm(x, torch.zeros(2, 8), torch.zeros(2, 1, 8))
+    with pytest.raises(ValueError, match=r"x must be \[B, N, C\]"):
+        modulated_layer_norm(x[0], torch.zeros(2, 8), torch.zeros(2, 8))
+    with pytest.raises(ValueError, match="y must be x's shape"):
+        gated_residual(x, torch.zeros(2, 8), torch.zeros(2, 5, 7))
+
+
+def test_adaln_custom_ops_opcheck():
+    x = torch.randn(2, 6, 24, device=DEV, requires_grad=True)
+    shift, scale = (torch.randn(2, 24, device=DEV, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(aop.adaln_fwd, (x, shift, scale, 1e-6, torch.float32))
+    torch.library.opcheck(aop.adaln_fwd, (x, shift, scale, 1e-6, torch.bfloat16))
+    torch.library.opcheck(aop.gated_residual_fwd, (x, shift, torch.randn_like(x).requires_grad_()))
+
+
+def test_adaln_compiles_without_graph_breaks(monkeypatch):
+    """A DiT-style modulated norm + gated residual under torch.compile(fullgraph=True) takes the custom ops, with the
+    eager kernels' values and gradients."""
+    from lightvision.ops import adaln
+
+    real_dispatch = adaln.dispatch
+    monkeypatch.setattr(adaln, "dispatch", lambda op, backend, *a: real_dispatch(op, "triton", *a))
+    launches = []
+    for name in ("adaln_fwd_launch", "adaln_bwd_launch", "gated_residual_fwd_launch", "gated_residual_bwd_launch"):
+        real = getattr(aop, name)
+        monkeypatch.setattr(aop, name, lambda *a, _r=real, _n=name: launches.append(_n) or _r(*a))
+    torch.manual_seed(0)
+    norm, lin = ModulatedLayerNorm(), torch.nn.Linear(16, 16).to(DEV)
+
+    def f(x, mod):
+        shift, scale, gate = mod.unbind(1)
+        return gated_residual(x, gate, lin(norm(x, shift, scale))).square().mean()
+
+    x = torch.randn(3, 5, 16, device=DEV, requires_grad=True)
+    mod = torch.randn(3, 3, 16, device=DEV, requires_grad=True)
+    eager = f(x, mod)
+    ref_grads = torch.autograd.grad(eager, (x, mod))
+    assert len(launches) == 4
+    launches.clear()
+    torch._dynamo.reset()
+    with torch.device(DEV):
+        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, mod)
+    grads = torch.autograd.grad(compiled, (x, mod))
+    assert sorted(launches) == ["adaln_bwd_launch", "adaln_fwd_launch", "gated_residual_bwd_launch",
+                                "gated_residual_fwd_launch"]
+    torch.testing.assert_close(compiled, eager)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)

@@ -189,19 +189,26 @@ def test_compiles_without_graph_breaks():
         torch.testing.assert_close(g, r)
 
 
-@pytest.mark.parametrize("b,h,grid,prefix,d,dtype,path", [
-    (2, 2, (4, 5), 1, 16, torch.float32, "fused"),
-    (1, 1, (5, 7), 1, 24, torch.float32, "split"),
-    (1, 3, (3, 7), 0, 24, torch.bfloat16, "split"),
-    (4, 1, (3, 3), 1, 48, torch.float16, "fused"),
+@pytest.mark.parametrize("b,h,grid,prefix,d,dtype,group,path", [
+    (2, 2, (4, 5), 1, 16, torch.float32, 2, "split"),
+    (4, 2, (4, 5), 1, 16, torch.float32, 2, "fused"),
+    (1, 1, (5, 7), 1, 24, torch.float32, 1, "split"),
+    (1, 3, (3, 7), 0, 24, torch.bfloat16, 1, "split"),
+    (4, 2, (3, 7), 1, 24, torch.float32, 2, "fused"),
+    (1, 4, (5, 7), 1, 24, torch.bfloat16, 2, "split"),
+    (2, 8, (3, 5), 1, 16, torch.bfloat16, 4, "fused"),
+    (1, 4, (4, 9), 0, 32, torch.float32, 2, "split"),
+    (4, 1, (3, 3), 1, 48, torch.float16, 1, "fused"),
 ])
-def test_qkvpacked_matches_reference(b, h, grid, prefix, d, dtype, path):
+def test_qkvpacked_matches_reference(b, h, grid, prefix, d, dtype, group, path):
     """The packed entry (o written as [B, N, H, d], dqkv written in place) vs the fp64 reference on the same
-    views: output and the one gradient, NaN-poisoned outputs, both launch plans."""
+    views: output and the one gradient, NaN-poisoned outputs, both launch plans; small heads run ``group`` to a
+    program (block-diagonal S, ``head_group``), so cross-head terms would show as errors."""
     from lightvision.ops import lightnet_attention_qkvpacked
 
     n = math.prod(grid) + prefix
-    _check_path(b, h, n, d, d, dtype, path)
+    assert lop.head_group(h, d) == group
+    _check_path(b, h // group, n, d * group, d * group, dtype, path)
     qkv = (torch.randn(b, n, 3 * h * d, device=DEV) * 1.5).to(dtype).requires_grad_()
     o = lightnet_attention_qkvpacked(qkv, h, grid=grid, num_prefix_tokens=prefix, backend="triton")
     assert o.shape == (b, n, h * d) and o.dtype == dtype and o.is_contiguous()
