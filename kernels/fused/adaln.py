@@ -28,7 +28,7 @@ import triton
 
 from .._launch import empty, num_sms
 from . import _triton as K
-from .op import DTYPES, MAX_C, row_tile
+from .op import DTYPES, row_tile, rows_supported
 
 
 @functools.lru_cache(maxsize=64)
@@ -213,15 +213,10 @@ class _GatedResidualEager(torch.autograd.Function):
 
 # ---- dispatch entries ----
 
-def _supported(*tensors: torch.Tensor) -> bool:
-    x = tensors[0]
-    return 0 < x.numel() and x.shape[-1] <= MAX_C and all(t.dtype in DTYPES for t in tensors)
-
-
 def modulated_layer_norm_triton(x, shift, scale, *, eps, out_dtype):
     """Kernel entry of ``lightvision.ops.modulated_layer_norm``; NotImplemented (the reference runs) for rows wider
     than MAX_C, an empty x, or dtypes outside fp32 / bf16 / fp16."""
-    if not _supported(x, shift, scale) or out_dtype not in DTYPES:
+    if not rows_supported(x, shift, scale) or out_dtype not in DTYPES:
         return NotImplemented
     if torch.compiler.is_compiling():
         return adaln_fwd(x, shift, scale, float(eps), out_dtype)[0]
@@ -230,7 +225,7 @@ def modulated_layer_norm_triton(x, shift, scale, *, eps, out_dtype):
 
 def gated_residual_triton(x, gate, y):
     """Kernel entry of ``lightvision.ops.gated_residual``; NotImplemented as for the modulated LayerNorm."""
-    if not _supported(x, gate, y):
+    if not rows_supported(x, gate, y):
         return NotImplemented
     if torch.compiler.is_compiling():
         return gated_residual_fwd(x, gate, y)

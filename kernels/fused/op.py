@@ -201,11 +201,16 @@ class _SiLUMulEager(torch.autograd.Function):
 
 # ---- dispatch entries ----
 
+def rows_supported(x: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether the row-wise programs cover x (non-empty, rows at most MAX_C wide) with these tensors' dtypes."""
+    return 0 < x.numel() and x.shape[-1] <= MAX_C and all(t.dtype in DTYPES for t in (x, *others))
+
+
 def rms_norm_triton(x, weight, gate, *, eps, out_dtype):
     """Kernel entry of ``lightvision.ops.rms_norm``; NotImplemented (the reference runs) for rows wider than
     MAX_C, an empty x, or dtypes outside fp32 / bf16 / fp16."""
     tensors = (x, weight) if gate is None else (x, weight, gate)
-    if x.shape[-1] > MAX_C or x.numel() == 0 or out_dtype not in DTYPES or any(t.dtype not in DTYPES for t in tensors):
+    if not rows_supported(x, *tensors[1:]) or out_dtype not in DTYPES:
         return NotImplemented
     if torch.compiler.is_compiling():
         return rms_norm_fwd(x, weight, gate, float(eps), out_dtype)[0]
