@@ -73,8 +73,8 @@ def register(add) -> None:
         add(op="lion_s", impl="fla", make=_make_fla)
 
 
-def sweep() -> None:
-    """Time the kernels' launch configurations (bf16, H = 6, d = 64, S mask, fwd and fwd+bwd) and print them."""
+def sweep(forms=("parallel", "scan")) -> None:
+    """Time the kernels' launch configurations (bf16, H = 6, d = 64, S mask, fwd and bwd) and print them."""
     import triton
 
     from .custom import lion_core
@@ -82,7 +82,7 @@ def sweep() -> None:
     from .scan import scan_backward, scan_forward
 
     dev = "cuda"
-    for N, B in ((196, 256), (1024, 48), (4096, 12)):
+    for N, B in ((196, 256), (1024, 48), (4096, 12)) if "parallel" in forms else ():
         q, k, v = _features(B, 6, N, 64, torch.bfloat16, dev)
         g = F.logsigmoid(torch.randn(B, 6, N, device=dev) + 3.0)
         y, den = lion_core(q, k, v, g, False, "parallel")
@@ -94,11 +94,24 @@ def sweep() -> None:
             b = triton.testing.do_bench(lambda: parallel_backward(q, k, v, g, do, zinv, delta, tile, warps, stages),
                                         return_mode="median")
             print(f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms")
-        for fw, bw in ((4, 4), (4, 8), (8, 8)):
-            f = triton.testing.do_bench(lambda: scan_forward(q, k, v, g, True, 64, fw), return_mode="median")
-            b = triton.testing.do_bench(lambda: scan_backward(q, k, v, g, do, zinv, delta, 64, bw), return_mode="median")
-            print(f"scan     N={N:5d} B={B:3d} warps fwd={fw} bwd={bw}: fwd {f:.3f} bwd {b:.3f} ms")
+    for N, B in ((196, 256), (1024, 48), (4096, 12), (16384, 3), (65536, 1)) if "scan" in forms else ():
+        q, k, v = _features(B, 6, N, 64, torch.bfloat16, dev)
+        g = F.logsigmoid(torch.randn(B, 6, N, device=dev) + 3.0)
+        y, den = lion_core(q, k, v, g, False, "scan")
+        do = torch.randn_like(y).bfloat16()
+        zinv = torch.ones_like(den)
+        delta = torch.randn_like(den)
+        for chunk, tb, block, warps in ((64, 16, 512, 4), (64, 16, 1024, 4), (64, 32, 256, 4), (64, 8, 512, 4),
+                                        (128, 16, 512, 8), (128, 16, 512, 4), (64, 16, 512, 8)):
+            f = triton.testing.do_bench(lambda: scan_forward(q, k, v, g, True, chunk, tb, block, warps),
+                                        return_mode="median")
+            b = triton.testing.do_bench(lambda: scan_backward(q, k, v, g, do, zinv, delta, chunk, tb, block, warps),
+                                        return_mode="median")
+            print(f"scan     N={N:5d} B={B:3d} chunk={chunk:3d} tb={tb:2d} block={block:4d} warps={warps}: "
+                  f"fwd {f:.3f} bwd {b:.3f} ms")
 
 
 if __name__ == "__main__":
-    sweep()
+    import sys
+
+    sweep(tuple(sys.argv[1:]) or ("parallel", "scan"))

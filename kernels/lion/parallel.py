@@ -23,7 +23,7 @@ dg_m = sum of W over the pairs whose segment contains m:
     lower (i > j, m in [j, i-1]):  dg_m^L = sum_{i > m >= j} W_ij = cumsum(cL)_m - cumsum(rL)_m
     upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
 where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
-The dq kernel produces rL, rU, the dk/dv kernel cL, cU; one cumsum (fp64) finishes dg in PyTorch.
+The dq kernel produces rL, rU, the dk/dv kernel cL, cU; _gate_grad_kernel (fp64 running sums) finishes dg.
 """
 
 from __future__ import annotations
@@ -370,11 +370,33 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tile: int = 64, num_warps: in
     gg = g if has_mask else zinv
     _bwd_dq_kernel[grid](q, k, v, gg, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
     _bwd_dkdv_kernel[grid](q, k, v, gg, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H, **meta)
-    dg = gate_grad(r_lo, r_up, c_lo, c_up) if has_mask else None
+    dg = gate_grad(sums) if has_mask else None
     return dq, dk, dv, dg
 
 
-def gate_grad(r_lo, r_up, c_lo, c_up):
-    """dg_m = cumsum(cL - rL)_m + excl_cumsum(rU - cU)_m over the sequence (fp64 prefix sums), as fp32."""
-    up = (r_up - c_up).double()
-    return (torch.cumsum((c_lo - r_lo).double() + up, dim=-1) - up).float()
+@triton.jit
+def _gate_grad_kernel(SUMS, DG, N, BHN, BLOCK: tl.constexpr):
+    """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums."""
+    bh = tl.program_id(0)
+    carry = tl.zeros([1], dtype=tl.float64)
+    for n0 in range(0, N, BLOCK):
+        cols = n0 + tl.arange(0, BLOCK)
+        ok = cols < N
+        ptr = SUMS + bh * N + cols
+        r_lo = tl.load(ptr, mask=ok, other=0.0).to(tl.float64)
+        r_up = tl.load(ptr + BHN, mask=ok, other=0.0).to(tl.float64)
+        c_lo = tl.load(ptr + 2 * BHN, mask=ok, other=0.0).to(tl.float64)
+        c_up = tl.load(ptr + 3 * BHN, mask=ok, other=0.0).to(tl.float64)
+        up = r_up - c_up
+        x = c_lo - r_lo + up
+        tl.store(DG + bh * N + cols, (carry + tl.cumsum(x, 0) - up).to(tl.float32), mask=ok)
+        carry += tl.sum(x, 0)
+
+
+def gate_grad(sums: torch.Tensor) -> torch.Tensor:
+    """dg_m = cumsum(cL - rL)_m + excl_cumsum(rU - cU)_m over the sequence (fp64 prefix sums), as fp32 [B, H, N].
+    sums: fp32 [4, B, H, N] = rL, rU, cL, cU."""
+    _, B, H, N = sums.shape
+    dg = empty((B, H, N), torch.float32, sums.device)
+    _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, BLOCK=min(1024, max(16, triton.next_power_of_2(N))))
+    return dg

@@ -4,23 +4,29 @@ Same function as the parallel form (see parallel.py for M, A, num, den, Y). The 
 of C tokens; inside a chunk the C x C block of A is formed explicitly with both triangles (the diagonal
 counted once); across chunks the mask factorises through the chunk boundaries, so two decayed states carry
 the rest (SPEC 1.5, the one-position gate shift, written with in-chunk partial sums inc_i = sum_{m<=i} g_m,
-exc_i = inc_i - g_i and the chunk total tot):
+exc_i = inc_i - g_i and the chunk total tot_t):
 
     forward state entering chunk t:  S_t = sum_{j < start_t} exp(sum_{m=j}^{start_t - 1} g_m) k_j [v_j, 1]^T
-        row i of chunk t reads exp(exc_i) q_i^T S_t;   S_{t+1} = exp(tot) S_t + sum_j exp(tot - exc_j) k_j [v_j, 1]^T
+        S_{t+1} = exp(tot_t) S_t + U_t,   U_t = sum_{j in t} exp(tot_t - exc_j) k_j [v_j, 1]^T
+        row i of chunk t reads exp(exc_i) q_i^T S_t
     backward state entering chunk t: R_t = sum_{j > end_t} exp(sum_{m=end_t + 1}^{j} g_m) k_j [v_j, 1]^T
-        row i reads exp(tot - inc_i) q_i^T R_t;         R_{t-1} = exp(tot) R_t + sum_j exp(inc_j) k_j [v_j, 1]^T
+        R_{t-1} = exp(tot_t) R_t + L_t,   L_t = sum_{j in t} exp(inc_j) k_j [v_j, 1]^T
+        row i reads exp(tot_t - inc_i) q_i^T R_t
 
-The "ones column" is the d-vector z of each state (its last column). One program per (b, h) runs the left
-sweep (intra-chunk block + forward state, partial num/den to an fp32 scratch), a barrier, then the right
-sweep (backward state, normalisation, final store). Decays are fp32; states stay fp32 and are rounded to
-the input dtype only as matmul operands.
+The "ones column" is the d-vector z of each state, stored after its d x d_v matrix. Every stage is parallel
+over chunks, so the work spreads over the GPU at any N and batch (three launches each way):
+  1. _local_states_kernel, one program per (chunk, b, h): the chunk's own terms U_t and L_t;
+  2. _chunk_scan_kernel, one program per (block of state elements, b, h, state): the linear recurrences over
+     the chunks, a first-order affine scan (tl.associative_scan over TB chunks at a time, a carry between);
+  3. _scan_out_kernel, one program per (chunk, b, h): the intra-chunk block plus q against both states.
+Decays are fp32; states are fp32 and rounded to the input dtype only as matmul operands.
 
-Backward (dnum = dY / Z, dden as in parallel.py, dA_ij = dnum_i . v_j + dden_i): the same two sweeps carry
-four states, each the transpose of a forward one: left sweep S (k v^T, k) for dq of the lower triangle and
-P = sum_i decayed q_i [dnum_i, dden_i]^T for dk, dv of the upper triangle; right sweep the mirror images.
-The gate gradient needs the row / column sums of W = dA * A split by triangle (parallel.py); for a state
-term they are q_i . dq_i(term) and k_j . dk_j(term), so they come for free.
+Backward (dnum = dY / Z, dden as in parallel.py, dA_ij = dnum_i . v_j + dden_i): dq_i = sum_j M_ij dA_ij k_j
+reads the same states S, R (recomputed, with [dnum_i, dden_i] against [v, 1]); dk, dv read the mirror states
+of the queries, P = sum_i M_ij q_i [dnum_i, dden_i]^T, run left to right for the upper triangle (local weight
+exp(tot - inc_i), read by key j with exp(inc_j)) and right to left for the lower one (exp(exc_i), read with
+exp(tot - exc_j)): dk_j = P [v_j, 1], dv_j = P^T k_j. The gate gradient needs the row / column sums of
+W = dA * A split by triangle (parallel.py); for a state term they are q_i . dq_i(term) and k_j . dk_j(term).
 """
 
 from __future__ import annotations
@@ -32,236 +38,316 @@ import triton.language as tl
 from .._launch import empty
 from .parallel import EPS, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad
 
+CHUNK = 64          # tokens per chunk (C)
+SCAN_CHUNKS = 16    # chunks per step of the cross-chunk scan (TB)
+SCAN_BLOCK = 512    # state elements per scan program
+STATE_DTYPE_16 = torch.bfloat16  # stored states of 16-bit inputs
+
 
 @triton.jit
-def _intra(q, k, v, dt, inc, exc, HAS_MASK: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr):
-    """Diagonal C x C block: returns (A v, A 1) with both triangles and the diagonal once."""
-    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+def _weights(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
+    """The four per-row decay factors of a chunk (ones without a mask), fp32 [C] each, and the chunk total:
+    (exp(exc), exp(tot - inc), exp(tot - exc), exp(inc), tot)."""
     if HAS_MASK:
-        ar = tl.arange(0, C)
-        lm = _tile_log_mask(inc, exc, ar)
-        s = s * tl.exp(lm)
-    return tl.dot(s.to(dt), v, input_precision=PREC), tl.sum(s, 1)
+        inc, exc, tot = _gate_tile(g_ptr, rows, N)
+        return tl.exp(exc), tl.exp(tot - inc), tl.exp(tot - exc), tl.exp(inc), tot
+    else:
+        one = tl.full([C], 1.0, tl.float32)
+        return one, one, one, one, 0.0
 
 
 @triton.jit
-def _scan_fwd_kernel(Q, K, V, G, OUT, DEN, SCR, N, D, DV,
-                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+def _store_state(ptr, x, w, yc, y, fd, fv, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """Write sum_rows w x [y, yc]^T at ptr: the [BD, BDV] matrix (fp32, row-major), then the BD-vector."""
+    xw = x.to(tl.float32) * w[:, None]
+    m = tl.dot(tl.trans(xw.to(x.dtype)), y, input_precision=PREC)
+    tl.store(ptr + fd[:, None] * BDV + fv[None, :], m.to(ptr.dtype.element_ty))
+    tl.store(ptr + BD * BDV + fd, tl.sum(xw * yc[:, None], 0).to(ptr.dtype.element_ty))
+
+
+@triton.jit
+def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
+                         HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
+                         C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t, and TOT[bh, t] = tot_t.
+    Keys (QUERIES=False): X = k, Y = v, ones column 1; weights exp(tot - exc), exp(inc).
+    Queries (QUERIES=True): X = q, Y = dO * YS (the row scale 1 / Z), ones column YC = dden;
+    weights exp(tot - inc), exp(exc)."""
+    it = tl.program_id(0)
+    bh = tl.program_id(1)
+    BH = tl.num_programs(1)
+    T = tl.num_programs(0)
+    b = bh // H
+    h = bh % H
+    rows = it * C + tl.arange(0, C)
+    rmask = rows < N
+    fd = tl.arange(0, BD)
+    fv = tl.arange(0, BDV)
+    x = _load_rows(X + b * sxb + h * sxh, rows, N, fd, D, sxn)
+    y = _load_rows(Y + b * syb + h * syh, rows, N, fv, DV, syn)
+    if QUERIES:
+        ys = tl.load(YS + bh * N + rows, mask=rmask, other=0.0)
+        y = (y.to(tl.float32) * ys[:, None]).to(x.dtype)
+        yc = tl.load(YC + bh * N + rows, mask=rmask, other=0.0)
+    else:
+        yc = rmask.to(tl.float32)
+    w_exc, w_tot_inc, w_tot_exc, w_inc, tot = _weights(G + bh * N, rows, N, HAS_MASK, C)
+    W: tl.constexpr = BD * BDV + BD
+    if QUERIES:
+        _store_state(U + (bh * T + it) * W, x, w_tot_inc, yc, y, fd, fv, PREC, BD, BDV)
+        _store_state(U + ((BH + bh) * T + it) * W, x, w_exc, yc, y, fd, fv, PREC, BD, BDV)
+    else:
+        _store_state(U + (bh * T + it) * W, x, w_tot_exc, yc, y, fd, fv, PREC, BD, BDV)
+        _store_state(U + ((BH + bh) * T + it) * W, x, w_inc, yc, y, fd, fv, PREC, BD, BDV)
+        if HAS_MASK:
+            tl.store(TOT + bh * T + it, tot)
+
+
+@triton.jit
+def _affine(a1, b1, a2, b2):
+    """Composition of x -> a1 x + b1 then x -> a2 x + b2."""
+    return a1 * a2, b1 * a2 + b2
+
+
+@triton.jit
+def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr, TB: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    """Entering states S[s, bh, t] from the local terms U[s, bh, t] (both [NS, BH, T, W] fp32): states with
+    even s run left to right (S_{t+1} = exp(tot_t) S_t + U_t, S_0 = 0), odd s right to left.
+    Position p of the scan order holds S_p = d_{p-1} S_{p-1} + U_{p-1}: TB positions at a time form the affine
+    maps (d_{p-1}, U_{p-1}), compose them with a prefix scan and apply the result to the carried state."""
+    eb = tl.program_id(0)
+    bh = tl.program_id(1)
+    s = tl.program_id(2)
+    e = eb * BLOCK + tl.arange(0, BLOCK)
+    emask = e < W
+    r = tl.arange(0, TB)
+    base = (s * BH + bh) * T
+    carry = tl.zeros([BLOCK], dtype=tl.float32)
+    for p0 in range(0, T, TB):
+        p = p0 + r
+        prev = p - 1
+        valid = (prev >= 0) & (prev < T)
+        c_prev = prev if s % 2 == 0 else T - 1 - prev
+        u = tl.load(U + (base + c_prev)[:, None] * W + e[None, :], mask=valid[:, None] & emask[None, :], other=0.0).to(tl.float32)
+        if HAS_MASK:
+            d = tl.exp(tl.load(TOT + bh * T + c_prev, mask=valid, other=0.0))
+            a, acc = tl.associative_scan((tl.broadcast_to(d[:, None], (TB, BLOCK)), u), 0, _affine)
+            state = a * carry[None, :] + acc
+        else:
+            state = carry[None, :] + tl.cumsum(u, 0)
+        c = p if s % 2 == 0 else T - 1 - p
+        tl.store(S + (base + c)[:, None] * W + e[None, :], state.to(S.dtype.element_ty), mask=(p < T)[:, None] & emask[None, :])
+        carry = tl.sum(tl.where(r[:, None] == TB - 1, state, 0.0), 0)
+
+
+@triton.jit
+def _load_state(ptr, dt, fd, BD: tl.constexpr, BDV: tl.constexpr):
+    """One state at ptr: its [BD, BDV] matrix in the matmul dtype dt and its ones column [BD] in fp32."""
+    fv = tl.arange(0, BDV)
+    return tl.load(ptr + fd[:, None] * BDV + fv[None, :]).to(dt), tl.load(ptr + BD * BDV + fd).to(tl.float32)
+
+
+@triton.jit
+def _apply(x, st, z, w, PREC: tl.constexpr):
+    """Rows w_i x_i^T [state matrix | ones column]: ([C, BDV], [C]) in fp32."""
+    num = tl.dot(x, st, input_precision=PREC)
+    return w[:, None] * num, w * tl.sum(x.to(tl.float32) * z[None, :], 1)
+
+
+@triton.jit
+def _apply_t(y, yc, st, z, w, PREC: tl.constexpr):
+    """Rows w_i (state matrix y_i + yc_i ones column), the transposed use: [C, BD] in fp32."""
+    return w[:, None] * (tl.dot(y, tl.trans(st), input_precision=PREC) + yc[:, None] * z[None, :])
+
+
+@triton.jit
+def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                      HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                      C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    bh = tl.program_id(0)
+    """One chunk of one (b, h): num = intra-chunk block + exp(exc) q S_t + exp(tot - inc) q R_t (den alike)."""
+    it = tl.program_id(0)
+    bh = tl.program_id(1)
+    BH = tl.num_programs(1)
+    T = tl.num_programs(0)
     b = bh // H
     h = bh % H
-    q_ptr = Q + b * sqb + h * sqh
-    k_ptr = K + b * skb + h * skh
-    v_ptr = V + b * svb + h * svh
-    g_ptr = G + bh * N
-    scr_ptr = SCR + bh * N * DV
+    rows = it * C + tl.arange(0, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
-    n_chunks = tl.cdiv(N, C)
-    state = tl.zeros([BD, BDV], dtype=tl.float32)
-    z = tl.zeros([BD], dtype=tl.float32)
-    inc = tl.zeros([C], dtype=tl.float32)
-    exc = inc
-    for t in range(0, n_chunks):
-        rows = t * C + ar
-        q = _load_rows(q_ptr, rows, N, fd, D, sqn)
-        k = _load_rows(k_ptr, rows, N, fd, D, skn)
-        v = _load_rows(v_ptr, rows, N, fv, DV, svn)
-        if HAS_MASK:
-            inc, exc, tot = _gate_tile(g_ptr, rows, N)
-        num, den = _intra(q, k, v, v.dtype, inc, exc, HAS_MASK, PREC, C)
-        num += tl.exp(exc)[:, None] * tl.dot(q, state.to(q.dtype), input_precision=PREC)
-        den += tl.exp(exc) * tl.sum(q.to(tl.float32) * z[None, :], 1)
-        tl.store(scr_ptr + rows[:, None] * DV + fv[None, :], num, mask=(rows[:, None] < N) & (fv[None, :] < DV))
-        tl.store(DEN + bh * N + rows, den, mask=rows < N)
-        if HAS_MASK:
-            kw = k.to(tl.float32) * tl.exp(tot - exc)[:, None]
-            state = state * tl.exp(tot) + tl.dot(tl.trans(kw.to(k.dtype)), v, input_precision=PREC)
-            z = z * tl.exp(tot) + tl.sum(kw, 0)
-        else:
-            state += tl.dot(tl.trans(k), v, input_precision=PREC)
-            z += tl.sum(k.to(tl.float32), 0)
-    tl.debug_barrier()
-    state = tl.zeros([BD, BDV], dtype=tl.float32)
-    z = tl.zeros([BD], dtype=tl.float32)
-    for tt in range(0, n_chunks):
-        t = n_chunks - 1 - tt
-        rows = t * C + ar
-        rmask = rows < N
-        q = _load_rows(q_ptr, rows, N, fd, D, sqn)
-        k = _load_rows(k_ptr, rows, N, fd, D, skn)
-        v = _load_rows(v_ptr, rows, N, fv, DV, svn)
-        omask = (rows[:, None] < N) & (fv[None, :] < DV)
-        num = tl.load(scr_ptr + rows[:, None] * DV + fv[None, :], mask=omask, other=0.0)
-        den = tl.load(DEN + bh * N + rows, mask=rmask, other=0.0)
-        if HAS_MASK:
-            inc, exc, tot = _gate_tile(g_ptr, rows, N)
-            wq = tl.exp(tot - inc)
-        else:
-            wq = tl.full([C], 1.0, tl.float32)
-        num += wq[:, None] * tl.dot(q, state.to(q.dtype), input_precision=PREC)
-        den += wq * tl.sum(q.to(tl.float32) * z[None, :], 1)
-        if NORMALIZE:
-            num = num / (den + EPS)[:, None]
-        tl.store(OUT + bh * N * DV + rows[:, None] * DV + fv[None, :], num.to(OUT.dtype.element_ty), mask=omask)
-        tl.store(DEN + bh * N + rows, den, mask=rmask)
-        if HAS_MASK:
-            kw = k.to(tl.float32) * tl.exp(inc)[:, None]
-            state = state * tl.exp(tot) + tl.dot(tl.trans(kw.to(k.dtype)), v, input_precision=PREC)
-            z = z * tl.exp(tot) + tl.sum(kw, 0)
-        else:
-            state += tl.dot(tl.trans(k), v, input_precision=PREC)
-            z += tl.sum(k.to(tl.float32), 0)
+    q = _load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn)
+    k = _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn)
+    v = _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if HAS_MASK:
+        inc, exc, tot = _gate_tile(G + bh * N, rows, N)
+        s = s * tl.exp(_tile_log_mask(inc, exc, ar))
+    num = tl.dot(s.to(v.dtype), v, input_precision=PREC)
+    den = tl.sum(s, 1)
+    w_exc, w_tot_inc, _, _, _ = _weights(G + bh * N, rows, N, HAS_MASK, C)
+    W: tl.constexpr = BD * BDV + BD
+    st, z = _load_state(S + (bh * T + it) * W, q.dtype, fd, BD, BDV)
+    n_f, d_f = _apply(q, st, z, w_exc, PREC)
+    st, z = _load_state(S + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
+    n_b, d_b = _apply(q, st, z, w_tot_inc, PREC)
+    num += n_f + n_b
+    den += d_f + d_b
+    if NORMALIZE:
+        num = num / (den + EPS)[:, None]
+    omask = (rows[:, None] < N) & (fv[None, :] < DV)
+    tl.store(OUT + bh * N * DV + rows[:, None] * DV + fv[None, :], num.to(OUT.dtype.element_ty), mask=omask)
+    tl.store(DEN + bh * N + rows, den, mask=rows < N)
 
 
 @triton.jit
-def _scan_bwd_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, DK, DVO, SUMS, SCR, N, D, DV,
-                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
-                     HAS_MASK: tl.constexpr, PREC: tl.constexpr,
-                     C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """SCR: fp32 [B*H, N, BD + BD + BDV] holding the left sweep's dq | dk | dv; SUMS: fp32 [4, B*H, N]
-    = rL, rU, cL, cU."""
-    bh = tl.program_id(0)
+def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, DV,
+                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                      HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+                      C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dq, dk, dv of one chunk of one (b, h) and the row / column sums of W by triangle (SUMS: fp32
+    [4, B*H, N] = rL, rU, cL, cU). S: [4, B*H, T, W] entering states = key states S (left to right), R (right
+    to left), query states P (left to right: upper triangle), P (right to left: lower triangle)."""
+    it = tl.program_id(0)
+    bh = tl.program_id(1)
+    BH = tl.num_programs(1)
+    T = tl.num_programs(0)
     b = bh // H
     h = bh % H
-    q_ptr = Q + b * sqb + h * sqh
-    k_ptr = K + b * skb + h * skh
-    v_ptr = V + b * svb + h * svh
-    g_ptr = G + bh * N
-    do_ptr = DO + bh * N * DV
-    W: tl.constexpr = BD + BD + BDV
-    scr_ptr = SCR + bh * N * W
-    BHN = tl.num_programs(0) * N
+    rows = it * C + tl.arange(0, C)
+    rmask = rows < N
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
-    n_chunks = tl.cdiv(N, C)
-    kv = tl.zeros([BD, BDV], dtype=tl.float32)   # decayed sum k v^T of the keys already passed
-    kz = tl.zeros([BD], dtype=tl.float32)        # decayed sum k
-    qd = tl.zeros([BD, BDV], dtype=tl.float32)   # decayed sum q dnum^T of the queries already passed
-    qz = tl.zeros([BD], dtype=tl.float32)        # decayed sum q dden
-    inc = tl.zeros([C], dtype=tl.float32)
-    exc = inc
-    ones = tl.full([C], 1.0, tl.float32)
-    for sweep in tl.static_range(2):
-        for tt in range(0, n_chunks):
-            t = tt if sweep == 0 else n_chunks - 1 - tt
-            rows = t * C + ar
-            rmask = rows < N
-            q = _load_rows(q_ptr, rows, N, fd, D, sqn)
-            k = _load_rows(k_ptr, rows, N, fd, D, skn)
-            v = _load_rows(v_ptr, rows, N, fv, DV, svn)
-            zinv = tl.load(ZINV + bh * N + rows, mask=rmask, other=0.0)
-            dd = tl.load(DELTA + bh * N + rows, mask=rmask, other=0.0)
-            dn = (_load_rows(do_ptr, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)
-            if HAS_MASK:
-                inc, exc, tot = _gate_tile(g_ptr, rows, N)
-                decay = tl.exp(tot)
-                if sweep == 0:
-                    wq_in = tl.exp(exc)          # query reads the forward state
-                    wk_in = tl.exp(inc)          # key reads the earlier queries (upper triangle)
-                    w_out = tl.exp(tot - exc)    # key / query enters the forward-running states
-                    wq_out = tl.exp(tot - inc)
-                else:
-                    wq_in = tl.exp(tot - inc)
-                    wk_in = tl.exp(tot - exc)
-                    w_out = tl.exp(inc)
-                    wq_out = tl.exp(exc)
-            else:
-                decay = 1.0
-                wq_in = ones
-                wk_in = ones
-                w_out = ones
-                wq_out = ones
-            # state terms: dq from the keys passed, dk / dv from the queries passed
-            dq = wq_in[:, None] * (tl.dot(dn, tl.trans(kv.to(q.dtype)), input_precision=PREC) + dd[:, None] * kz[None, :])
-            dv = wk_in[:, None] * tl.dot(k, qd.to(q.dtype), input_precision=PREC)
-            dk = wk_in[:, None] * (tl.dot(v, tl.trans(qd.to(q.dtype)), input_precision=PREC) + qz[None, :])
-            r_state = tl.sum(q.to(tl.float32) * dq, 1)
-            c_state = tl.sum(k.to(tl.float32) * dk, 1)
-            smask = (rows[:, None] < N)
-            if sweep == 0:
-                # intra-chunk block, both triangles
-                s = tl.dot(q, tl.trans(k), input_precision=PREC)
-                da = tl.dot(dn, tl.trans(v), input_precision=PREC) + dd[:, None]
-                if HAS_MASK:
-                    lm = _tile_log_mask(inc, exc, ar)
-                    m = tl.exp(lm)
-                    a = s * m
-                    dp = da * m
-                    w = dp * s
-                    lower = ar[:, None] > ar[None, :]
-                    upper = ar[:, None] < ar[None, :]
-                    tl.store(SUMS + bh * N + rows, r_state + tl.sum(tl.where(lower, w, 0.0), 1), mask=rmask)
-                    tl.store(SUMS + BHN + bh * N + rows, tl.sum(tl.where(upper, w, 0.0), 1), mask=rmask)
-                    tl.store(SUMS + 2 * BHN + bh * N + rows, tl.sum(tl.where(lower, w, 0.0), 0), mask=rmask)
-                    tl.store(SUMS + 3 * BHN + bh * N + rows, c_state + tl.sum(tl.where(upper, w, 0.0), 0), mask=rmask)
-                else:
-                    a = s
-                    dp = da
-                dq += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
-                dk += tl.dot(tl.trans(dp.to(q.dtype)), q, input_precision=PREC)
-                dv += tl.dot(tl.trans(a.to(dn.dtype)), dn, input_precision=PREC)
-                tl.store(scr_ptr + rows[:, None] * W + fd[None, :], dq, mask=smask)
-                tl.store(scr_ptr + rows[:, None] * W + BD + fd[None, :], dk, mask=smask)
-                tl.store(scr_ptr + rows[:, None] * W + 2 * BD + fv[None, :], dv, mask=smask)
-            else:
-                dq += tl.load(scr_ptr + rows[:, None] * W + fd[None, :], mask=smask, other=0.0)
-                dk += tl.load(scr_ptr + rows[:, None] * W + BD + fd[None, :], mask=smask, other=0.0)
-                dv += tl.load(scr_ptr + rows[:, None] * W + 2 * BD + fv[None, :], mask=smask, other=0.0)
-                dmask = smask & (fd[None, :] < D)
-                tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty), mask=dmask)
-                tl.store(DK + bh * N * D + rows[:, None] * D + fd[None, :], dk.to(DK.dtype.element_ty), mask=dmask)
-                tl.store(DVO + bh * N * DV + rows[:, None] * DV + fv[None, :], dv.to(DVO.dtype.element_ty),
-                         mask=smask & (fv[None, :] < DV))
-                if HAS_MASK:
-                    ru = tl.load(SUMS + BHN + bh * N + rows, mask=rmask, other=0.0)
-                    cl = tl.load(SUMS + 2 * BHN + bh * N + rows, mask=rmask, other=0.0)
-                    tl.store(SUMS + BHN + bh * N + rows, ru + r_state, mask=rmask)
-                    tl.store(SUMS + 2 * BHN + bh * N + rows, cl + c_state, mask=rmask)
-            # the chunk enters the running states
-            kw = k.to(tl.float32) * w_out[:, None]
-            qw = q.to(tl.float32) * wq_out[:, None]
-            kv = kv * decay + tl.dot(tl.trans(kw.to(k.dtype)), v, input_precision=PREC)
-            kz = kz * decay + tl.sum(kw, 0)
-            qd = qd * decay + tl.dot(tl.trans(qw.to(q.dtype)), dn, input_precision=PREC)
-            qz = qz * decay + tl.sum(qw * dd[:, None], 0)
-        if sweep == 0:
-            tl.debug_barrier()
-            kv = tl.zeros([BD, BDV], dtype=tl.float32)
-            kz = tl.zeros([BD], dtype=tl.float32)
-            qd = tl.zeros([BD, BDV], dtype=tl.float32)
-            qz = tl.zeros([BD], dtype=tl.float32)
+    q = _load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn)
+    k = _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn)
+    v = _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn)
+    zinv = tl.load(ZINV + bh * N + rows, mask=rmask, other=0.0)
+    dd = tl.load(DELTA + bh * N + rows, mask=rmask, other=0.0)
+    dn = (_load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)
+    ones = rmask.to(tl.float32)
+    w_exc, w_tot_inc, w_tot_exc, w_inc, _ = _weights(G + bh * N, rows, N, HAS_MASK, C)
+    W: tl.constexpr = BD * BDV + BD
+    BHN = BH * N
+    dmask = rmask[:, None] & (fd[None, :] < D)
+    # intra-chunk block, both triangles; its W sums first, so that only the 16-bit A and dP stay live
+    s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    dp = tl.dot(dn, tl.trans(v), input_precision=PREC) + dd[:, None]
+    if HAS_MASK:
+        inc, exc, tot = _gate_tile(G + bh * N, rows, N)
+        m = tl.exp(_tile_log_mask(inc, exc, ar))
+        dp = dp * m
+        w = dp * s
+        s = s * m
+        lower = ar[:, None] > ar[None, :]
+        upper = ar[:, None] < ar[None, :]
+        r_lo = tl.sum(tl.where(lower, w, 0.0), 1)
+        r_up = tl.sum(tl.where(upper, w, 0.0), 1)
+        c_lo = tl.sum(tl.where(lower, w, 0.0), 0)
+        c_up = tl.sum(tl.where(upper, w, 0.0), 0)
+    a = s.to(dn.dtype)
+    dp = dp.to(q.dtype)
+    # dk, dv: intra block plus the query states (upper from P left to right, lower from P right to left)
+    dv = tl.dot(tl.trans(a), dn, input_precision=PREC)
+    dk = tl.dot(tl.trans(dp), q, input_precision=PREC)
+    st, z = _load_state(S + ((2 * BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
+    dk_up = _apply_t(v, ones, st, z, w_inc, PREC)
+    dv += w_inc[:, None] * tl.dot(k, st, input_precision=PREC)
+    st, z = _load_state(S + ((3 * BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
+    dk_lo = _apply_t(v, ones, st, z, w_tot_exc, PREC)
+    dv += w_tot_exc[:, None] * tl.dot(k, st, input_precision=PREC)
+    tl.store(DVO + bh * N * DV + rows[:, None] * DV + fv[None, :], dv.to(DVO.dtype.element_ty),
+             mask=rmask[:, None] & (fv[None, :] < DV))
+    tl.store(DK + bh * N * D + rows[:, None] * D + fd[None, :], (dk + dk_lo + dk_up).to(DK.dtype.element_ty),
+             mask=dmask)
+    if HAS_MASK:
+        kf = k.to(tl.float32)
+        tl.store(SUMS + 2 * BHN + bh * N + rows, c_lo + tl.sum(kf * dk_lo, 1), mask=rmask)
+        tl.store(SUMS + 3 * BHN + bh * N + rows, c_up + tl.sum(kf * dk_up, 1), mask=rmask)
+    # dq: intra block plus the key states (lower from S, upper from R)
+    dq = tl.dot(dp, k, input_precision=PREC)
+    st, z = _load_state(S + (bh * T + it) * W, q.dtype, fd, BD, BDV)
+    dq_lo = _apply_t(dn, dd, st, z, w_exc, PREC)
+    st, z = _load_state(S + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
+    dq_up = _apply_t(dn, dd, st, z, w_tot_inc, PREC)
+    tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], (dq + dq_lo + dq_up).to(DQ.dtype.element_ty),
+             mask=dmask)
+    if HAS_MASK:
+        qf = q.to(tl.float32)
+        tl.store(SUMS + bh * N + rows, r_lo + tl.sum(qf * dq_lo, 1), mask=rmask)
+        tl.store(SUMS + BHN + bh * N + rows, r_up + tl.sum(qf * dq_up, 1), mask=rmask)
 
 
-def scan_forward(q, k, v, g, normalize: bool, chunk: int = 64, num_warps: int = 4):
-    """Launch the scan forward. Shapes and returns as parallel.parallel_forward."""
+def _scan_states(local, tot, has_mask: bool, width: int, tb: int, block: int):
+    """Stage 2: entering states [NS, B*H, T, W] from the local terms of the same shape and dtype (scan steps of
+    tb chunks, at most the next power of two of T)."""
+    ns, bh, t, _ = local.shape
+    states = empty(local.shape, local.dtype, local.device)
+    tb = min(tb, max(2, triton.next_power_of_2(t)))
+    _chunk_scan_kernel[(triton.cdiv(width, block), bh, ns)](local, states, tot, t, bh, HAS_MASK=has_mask, W=width,
+                                                             TB=tb, BLOCK=block, num_warps=4)
+    return states
+
+
+def _key_states(q, k, v, g, chunk, meta, states: int, state_dtype):
+    """Stage 1 for the key states (S, R) into the first two of ``states`` slots [states, B*H, T, W]; returns
+    them with the chunk totals [B*H, T] and W."""
     B, H, N, D = q.shape
-    DV = v.shape[-1]
-    out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
-    den = empty((B, H, N), torch.float32, q.device)
-    scratch = empty((B, H, N, DV), torch.float32, q.device)
-    _scan_fwd_kernel[(B * H,)](q, k, v, g if g is not None else den, out, den, scratch, N, D, DV,
-                               *_strides(q, k, v), H, HAS_MASK=g is not None, NORMALIZE=normalize, C=chunk,
-                               num_warps=num_warps, **_meta(q, v))
-    return out, den
+    T = triton.cdiv(N, chunk)
+    width = meta["BD"] * meta["BDV"] + meta["BD"]
+    local = empty((states, B * H, T, width), state_dtype, q.device)
+    tot = empty((B * H, T), torch.float32, q.device)
+    _local_states_kernel[(T, B * H)](k, v, tot, tot, g if g is not None else tot, local, tot, N, D, v.shape[-1],
+                                     *_strides(k, v), H, HAS_MASK=g is not None, QUERIES=False, C=chunk,
+                                     num_warps=4, **meta)
+    return local, tot, width
 
 
-def scan_backward(q, k, v, g, do, zinv, delta, chunk: int = 64, num_warps: int = 8):
-    """Launch the scan backward. Arguments as parallel.parallel_backward; returns dq, dk, dv, dg (None for LIT)."""
+def _plan(q, chunk, tb, block, state_dtype):
+    """Launch sizes and state dtype: the arguments, or the module defaults (read at call time, so tests can
+    shrink them); states are fp32 for fp32 inputs, else bf16 (the range of fp32, the matmul operand width)."""
+    if state_dtype is None:
+        state_dtype = torch.float32 if q.dtype == torch.float32 else STATE_DTYPE_16
+    return chunk or CHUNK, tb or SCAN_CHUNKS, block or SCAN_BLOCK, state_dtype
+
+
+def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int | None = None,
+                 block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
+    """Launch the scan forward. Shapes and returns as parallel.parallel_forward."""
+    chunk, tb, block, state_dtype = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
     meta = _meta(q, v)
+    local, tot, width = _key_states(q, k, v, g, chunk, meta, 2, state_dtype)
+    states = _scan_states(local, tot, g is not None, width, tb, block)
+    out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
+    den = empty((B, H, N), torch.float32, q.device)
+    _scan_out_kernel[(triton.cdiv(N, chunk), B * H)](q, k, v, g if g is not None else den, states, out, den, N, D, DV,
+                                                     *_strides(q, k, v), H, HAS_MASK=g is not None,
+                                                     NORMALIZE=normalize, C=chunk, num_warps=num_warps, **meta)
+    return out, den
+
+
+def scan_backward(q, k, v, g, do, zinv, delta, chunk: int | None = None, tb: int | None = None,
+                  block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
+    """Launch the scan backward. Arguments as parallel.parallel_backward; returns dq, dk, dv, dg (None for LIT)."""
+    chunk, tb, block, state_dtype = _plan(q, chunk, tb, block, state_dtype)
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    meta = _meta(q, v)
+    has_mask = g is not None
+    local, tot, width = _key_states(q, k, v, g, chunk, meta, 4, state_dtype)
+    T = tot.shape[1]
+    _local_states_kernel[(T, B * H)](q, do, zinv, delta, g if has_mask else tot, local[2:], tot, N, D, DV,
+                                     *_strides(q, do), H, HAS_MASK=has_mask, QUERIES=True, C=chunk, num_warps=4,
+                                     **meta)
+    states = _scan_states(local, tot, has_mask, width, tb, block)
     dq = empty((B, H, N, D), q.dtype, q.device)
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
-    sums = empty((4, B, H, N), torch.float32, q.device)
-    scratch = empty((B, H, N, 2 * meta["BD"] + meta["BDV"]), torch.float32, q.device)
-    _scan_bwd_kernel[(B * H,)](q, k, v, g if g is not None else zinv, do, zinv, delta, dq, dk, dv, sums, scratch,
-                               N, D, DV, *_strides(q, k, v), H, HAS_MASK=g is not None, C=chunk,
-                               num_warps=num_warps, **meta)
-    dg = gate_grad(*sums) if g is not None else None
+    sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
+    _scan_grad_kernel[(T, B * H)](q, k, v, g if has_mask else zinv, do, zinv, delta, states, dq, dk, dv, sums,
+                                  N, D, DV, *_strides(q, k, v), H, HAS_MASK=has_mask, C=chunk,
+                                  num_warps=num_warps, **meta)
+    dg = gate_grad(sums) if has_mask else None
     return dq, dk, dv, dg

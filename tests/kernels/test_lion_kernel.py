@@ -127,6 +127,30 @@ def test_unnormalized_pair_and_tile_skip(form):
     assert num.dtype == den.dtype == torch.float32 and den.shape == (b, h, n)
 
 
+@pytest.mark.parametrize("mask", ["lit", "d", "s"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scan_across_many_chunks(monkeypatch, mask, dtype):
+    """The scan's cross-chunk stages with 16-token chunks and 2 chunks per scan step: N = 197 has 13 chunks
+    (a partial last one) over 7 scan steps, so every state path (local terms, carried scan, both directions,
+    the four backward states) is exercised; B = 1, H = 1, d != d_v."""
+    monkeypatch.setattr(lk.scan, "CHUNK", 16)
+    monkeypatch.setattr(lk.scan, "SCAN_CHUNKS", 2)
+    monkeypatch.setattr(lk.scan, "SCAN_BLOCK", 128)
+    b, h, n, d, dv = 1, 1, 197, 16, 32
+    q, k, v = _inputs(b, h, n, d, dv, dtype)
+    ld = _log_decay(mask, b, h, n, "weak", 1)
+    tensors = (q, k, v) if ld is None else (q, k, v, ld)
+
+    def fn(q, k, v, *ld, backend):
+        return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form="scan", backend=backend)
+
+    def fn_s(q, k, v, g, backend):
+        return lion_attention(q, k, v, mask="s", log_decay=g, form="scan", backend=backend)
+
+    scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, q, k, v, ld, ups)} if mask == "d" else None
+    _check(fn, tensors, dtype, scales=scales)
+
+
 @pytest.mark.parametrize("mask", ["d", "s"])
 def test_snake(mask):
     """Snake orders on a 3 x 5 grid with a cls token (the kernels run unnormalised per order)."""
@@ -158,13 +182,12 @@ def test_two_scan(per_token):
 
 
 def test_auto_form_and_fallback():
-    """form='auto' follows choose_form; fp64 inputs are not a kernel case (the reference runs)."""
-    assert lk.choose_form(1024, needs_grad=True) == "parallel" and lk.choose_form(1 << 16) == "scan"
-    assert lk.choose_form(196, needs_grad=False) == "parallel" and lk.choose_form(576, needs_grad=False) == "scan"
+    """form='auto' follows choose_form (by N and mask, the measured crossovers); fp64 inputs are not a kernel
+    case (the reference runs)."""
+    assert lk.choose_form(196, needs_grad=True) == "parallel" and lk.choose_form(1024) == "scan"
+    assert lk.choose_form(1 << 16, mask="d") == "scan" and lk.choose_form(576, mask="lit") == "parallel"
+    assert lk.choose_form(576, needs_grad=False) == "parallel" and lk.choose_form(1024, needs_grad=False) == "scan"
     assert lk.choose_form(1024, needs_grad=False, mask="lit") == "parallel"
-    # training at long N: the scan only with enough (b, h) pairs for the GPU (its backward is sequential per pair)
-    assert lk.choose_form(4096, pairs=72, sms=132) == "scan" and lk.choose_form(16384, pairs=18, sms=132) == "parallel"
-    assert lk.choose_form(65536, pairs=6, sms=132) == "parallel" and lk.choose_form(65536, needs_grad=False) == "scan"
     q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
 
