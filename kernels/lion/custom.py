@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .parallel import EPS, parallel_backward, parallel_forward
+from .parallel import parallel_backward, parallel_forward, row_grads
 from .scan import scan_backward, scan_forward
 
 
@@ -38,14 +38,14 @@ def _lion_fwd_fake(q, k, v, g, normalize, form):
 def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, out: torch.Tensor,
              den: torch.Tensor, dout: torch.Tensor, dden: torch.Tensor | None, normalize: bool,
              form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    dout = dout.contiguous()
     if normalize:
-        zinv = 1.0 / (den + EPS.value)
-        delta = -(dout.float() * out.float()).sum(-1) * zinv
+        zinv, delta = row_grads(dout, out, den)
     else:
         zinv = torch.ones_like(den)
         delta = torch.zeros_like(den) if dden is None else dden.float()
     bwd = parallel_backward if form == "parallel" else scan_backward
-    dq, dk, dv, dg = bwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout.contiguous(), zinv.contiguous(),
+    dq, dk, dv, dg = bwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout, zinv.contiguous(),
                          delta.contiguous())
     return dq, dk, dv, den.new_empty(0) if dg is None else dg
 

@@ -375,6 +375,32 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tile: int = 64, num_warps: in
 
 
 @triton.jit
+def _row_grad_kernel(DO, OUT, DEN, ZINV, DELTA, N, DV, BN: tl.constexpr, BDV: tl.constexpr):
+    """Rows of one (b, h): ZINV = 1 / (den + 1e-6) and DELTA = dL/d den = -(dY . Y) / Z (fp32 [B*H, N]);
+    DO, OUT contiguous [B*H, N, DV]."""
+    rows = tl.program_id(0) * BN + tl.arange(0, BN)
+    bh = tl.program_id(1)
+    fv = tl.arange(0, BDV)
+    ok = rows < N
+    do = _load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32)
+    y = _load_rows(OUT + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32)
+    zinv = 1.0 / (tl.load(DEN + bh * N + rows, mask=ok, other=0.0) + EPS)
+    tl.store(ZINV + bh * N + rows, zinv, mask=ok)
+    tl.store(DELTA + bh * N + rows, -tl.sum(do * y, 1) * zinv, mask=ok)
+
+
+def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1 / Z, dL/d den) [B, H, N] fp32 of Y = num / Z, Z = den + 1e-6, from dY and Y [B, H, N, d_v] (contiguous)."""
+    B, H, N, DV = out.shape
+    zinv = empty((B, H, N), torch.float32, out.device)
+    delta = empty((B, H, N), torch.float32, out.device)
+    bdv = max(16, triton.next_power_of_2(DV))
+    bn = max(16, min(128, 8192 // bdv))
+    _row_grad_kernel[(triton.cdiv(N, bn), B * H)](dout, out, den, zinv, delta, N, DV, BN=bn, BDV=bdv)
+    return zinv, delta
+
+
+@triton.jit
 def _gate_grad_kernel(SUMS, DG, N, BHN, BLOCK: tl.constexpr):
     """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums."""
     bh = tl.program_id(0)

@@ -227,9 +227,6 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     dn = (_load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)
     ones = rmask.to(tl.float32)
     w_exc, w_tot_inc, w_tot_exc, w_inc, _ = _weights(G + bh * N, rows, N, HAS_MASK, C)
-    W: tl.constexpr = BD * BDV + BD
-    BHN = BH * N
-    dmask = rmask[:, None] & (fd[None, :] < D)
     # intra-chunk block, both triangles; its W sums first, so that only the 16-bit A and dP stay live
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     dp = tl.dot(dn, tl.trans(v), input_precision=PREC) + dd[:, None]
@@ -245,9 +242,27 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
         r_up = tl.sum(tl.where(upper, w, 0.0), 1)
         c_lo = tl.sum(tl.where(lower, w, 0.0), 0)
         c_up = tl.sum(tl.where(upper, w, 0.0), 0)
+    else:
+        r_lo = ones  # the W sums are unused without a mask
+        r_up = ones
+        c_lo = ones
+        c_up = ones
     a = s.to(dn.dtype)
     dp = dp.to(q.dtype)
-    # dk, dv: intra block plus the query states (upper from P left to right, lower from P right to left)
+    # dk, dv from the query states (upper from P left to right, lower from P right to left), then dq from the
+    # key states (lower from S, upper from R)
+    _grad_keys(S, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
+               rows, rmask, fd, fv, HAS_MASK, PREC, BD, BDV)
+    _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask,
+                  fd, HAS_MASK, PREC, BD, BDV)
+
+
+@triton.jit
+def _grad_keys(S, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
+               rows, rmask, fd, fv, HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dk, dv of a chunk: its A^T dnum and dP^T q plus the two query states; stores them and cL, cU."""
+    W: tl.constexpr = BD * BDV + BD
+    BHN = BH * N
     dv = tl.dot(tl.trans(a), dn, input_precision=PREC)
     dk = tl.dot(tl.trans(dp), q, input_precision=PREC)
     st, z = _load_state(S + ((2 * BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
@@ -259,19 +274,26 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     tl.store(DVO + bh * N * DV + rows[:, None] * DV + fv[None, :], dv.to(DVO.dtype.element_ty),
              mask=rmask[:, None] & (fv[None, :] < DV))
     tl.store(DK + bh * N * D + rows[:, None] * D + fd[None, :], (dk + dk_lo + dk_up).to(DK.dtype.element_ty),
-             mask=dmask)
+             mask=rmask[:, None] & (fd[None, :] < D))
     if HAS_MASK:
         kf = k.to(tl.float32)
         tl.store(SUMS + 2 * BHN + bh * N + rows, c_lo + tl.sum(kf * dk_lo, 1), mask=rmask)
         tl.store(SUMS + 3 * BHN + bh * N + rows, c_up + tl.sum(kf * dk_up, 1), mask=rmask)
-    # dq: intra block plus the key states (lower from S, upper from R)
+
+
+@triton.jit
+def _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
+                  HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """dq of a chunk: its dP k plus the two key states; stores it and rL, rU."""
+    W: tl.constexpr = BD * BDV + BD
+    BHN = BH * N
     dq = tl.dot(dp, k, input_precision=PREC)
     st, z = _load_state(S + (bh * T + it) * W, q.dtype, fd, BD, BDV)
     dq_lo = _apply_t(dn, dd, st, z, w_exc, PREC)
     st, z = _load_state(S + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
     dq_up = _apply_t(dn, dd, st, z, w_tot_inc, PREC)
     tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], (dq + dq_lo + dq_up).to(DQ.dtype.element_ty),
-             mask=dmask)
+             mask=rmask[:, None] & (fd[None, :] < D))
     if HAS_MASK:
         qf = q.to(tl.float32)
         tl.store(SUMS + bh * N + rows, r_lo + tl.sum(qf * dq_lo, 1), mask=rmask)

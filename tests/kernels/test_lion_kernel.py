@@ -187,7 +187,7 @@ def test_auto_form_and_fallback():
     assert lk.choose_form(196, needs_grad=True) == "parallel" and lk.choose_form(1024) == "scan"
     assert lk.choose_form(1 << 16, mask="d") == "scan" and lk.choose_form(576, mask="lit") == "parallel"
     assert lk.choose_form(576, needs_grad=False) == "parallel" and lk.choose_form(1024, needs_grad=False) == "scan"
-    assert lk.choose_form(1024, needs_grad=False, mask="lit") == "parallel"
+    assert lk.choose_form(1024, needs_grad=False, mask="lit") == "scan" and lk.choose_form(512, mask="lit") == "parallel"
     q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
 
