@@ -19,7 +19,8 @@ over chunks, so the work spreads over the GPU at any N and batch (three launches
   2. _chunk_scan_kernel, one program per (block of state elements, b, h, state): the linear recurrences over
      the chunks, a first-order affine scan (tl.associative_scan over TB chunks at a time, a carry between);
   3. _scan_out_kernel, one program per (chunk, b, h): the intra-chunk block plus q against both states.
-Decays are fp32; states are fp32 and rounded to the input dtype only as matmul operands.
+Decays are fp32; states are stored in fp32 for fp32 inputs and in bf16 for 16-bit ones (the scan over chunks
+accumulates in fp32), and enter the matmuls in the input dtype.
 
 Backward (dnum = dY / Z, dden as in parallel.py, dA_ij = dnum_i . v_j + dden_i): dq_i = sum_j M_ij dA_ij k_j
 reads the same states S, R (recomputed, with [dnum_i, dden_i] against [v, 1]); dk, dv read the mirror states
@@ -58,7 +59,7 @@ def _weights(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
 
 @triton.jit
 def _store_state(ptr, x, w, yc, y, fd, fv, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """Write sum_rows w x [y, yc]^T at ptr: the [BD, BDV] matrix (fp32, row-major), then the BD-vector."""
+    """Write sum_rows w x [y, yc]^T at ptr in its dtype: the [BD, BDV] matrix (row-major), then the BD-vector."""
     xw = x.to(tl.float32) * w[:, None]
     m = tl.dot(tl.trans(xw.to(x.dtype)), y, input_precision=PREC)
     tl.store(ptr + fd[:, None] * BDV + fv[None, :], m.to(ptr.dtype.element_ty))
@@ -112,7 +113,7 @@ def _affine(a1, b1, a2, b2):
 @triton.jit
 def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr, TB: tl.constexpr,
                        BLOCK: tl.constexpr):
-    """Entering states S[s, bh, t] from the local terms U[s, bh, t] (both [NS, BH, T, W] fp32): states with
+    """Entering states S[s, bh, t] from the local terms U[s, bh, t] (both [NS, BH, T, W], fp32 sums): states with
     even s run left to right (S_{t+1} = exp(tot_t) S_t + U_t, S_0 = 0), odd s right to left.
     Position p of the scan order holds S_p = d_{p-1} S_{p-1} + U_{p-1}: TB positions at a time form the affine
     maps (d_{p-1}, U_{p-1}), compose them with a prefix scan and apply the result to the carried state."""
@@ -129,7 +130,8 @@ def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr
         prev = p - 1
         valid = (prev >= 0) & (prev < T)
         c_prev = prev if s % 2 == 0 else T - 1 - prev
-        u = tl.load(U + (base + c_prev)[:, None] * W + e[None, :], mask=valid[:, None] & emask[None, :], other=0.0).to(tl.float32)
+        u = tl.load(U + (base + c_prev)[:, None] * W + e[None, :], mask=valid[:, None] & emask[None, :], other=0.0)
+        u = u.to(tl.float32)
         if HAS_MASK:
             d = tl.exp(tl.load(TOT + bh * T + c_prev, mask=valid, other=0.0))
             a, acc = tl.associative_scan((tl.broadcast_to(d[:, None], (TB, BLOCK)), u), 0, _affine)
@@ -137,7 +139,8 @@ def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr
         else:
             state = carry[None, :] + tl.cumsum(u, 0)
         c = p if s % 2 == 0 else T - 1 - p
-        tl.store(S + (base + c)[:, None] * W + e[None, :], state.to(S.dtype.element_ty), mask=(p < T)[:, None] & emask[None, :])
+        tl.store(S + (base + c)[:, None] * W + e[None, :], state.to(S.dtype.element_ty),
+                 mask=(p < T)[:, None] & emask[None, :])
         carry = tl.sum(tl.where(r[:, None] == TB - 1, state, 0.0), 0)
 
 
