@@ -73,34 +73,32 @@ def register(add) -> None:
         add(op="lion_s", impl="fla", make=_make_fla)
 
 
+def _sweep_inputs(N: int, B: int, form: str):
+    """bf16 CUDA inputs of one sweep shape (H = 6, d = 64, S gates): q, k, v, g and the backward's dO, 1 / Z, dden."""
+    from .custom import lion_core
+
+    q, k, v = _features(B, 6, N, 64, torch.bfloat16, "cuda")
+    g = F.logsigmoid(torch.randn(B, 6, N, device="cuda") + 3.0)
+    y, den = lion_core(q, k, v, g, False, form)
+    return q, k, v, g, torch.randn_like(y).bfloat16(), torch.ones_like(den), torch.randn_like(den)
+
+
 def sweep(forms=("parallel", "scan")) -> None:
     """Time the kernels' launch configurations (bf16, H = 6, d = 64, S mask, fwd and bwd) and print them."""
     import triton
 
-    from .custom import lion_core
     from .parallel import parallel_backward, parallel_forward
     from .scan import scan_backward, scan_forward
 
-    dev = "cuda"
     for N, B in ((196, 256), (1024, 48), (4096, 12)) if "parallel" in forms else ():
-        q, k, v = _features(B, 6, N, 64, torch.bfloat16, dev)
-        g = F.logsigmoid(torch.randn(B, 6, N, device=dev) + 3.0)
-        y, den = lion_core(q, k, v, g, False, "parallel")
-        do = torch.randn_like(y).bfloat16()
-        zinv = torch.ones_like(den)
-        delta = torch.randn_like(den)
+        q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "parallel")
         for tile, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 8, 3), (64, 8, 2)):
             f = triton.testing.do_bench(lambda: parallel_forward(q, k, v, g, True, tile, warps, stages), return_mode="median")
             b = triton.testing.do_bench(lambda: parallel_backward(q, k, v, g, do, zinv, delta, tile, warps, stages),
                                         return_mode="median")
             print(f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms")
     for N, B in ((196, 256), (1024, 48), (4096, 12), (16384, 3), (65536, 1)) if "scan" in forms else ():
-        q, k, v = _features(B, 6, N, 64, torch.bfloat16, dev)
-        g = F.logsigmoid(torch.randn(B, 6, N, device=dev) + 3.0)
-        y, den = lion_core(q, k, v, g, False, "scan")
-        do = torch.randn_like(y).bfloat16()
-        zinv = torch.ones_like(den)
-        delta = torch.randn_like(den)
+        q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "scan")
         for chunk, tb, block, warps in ((64, 16, 512, 4), (64, 16, 1024, 4), (64, 32, 256, 4), (64, 8, 512, 4),
                                         (128, 16, 512, 8), (128, 16, 512, 4), (64, 16, 512, 8)):
             f = triton.testing.do_bench(lambda: scan_forward(q, k, v, g, True, chunk, tb, block, warps),

@@ -46,15 +46,25 @@ STATE_DTYPE_16 = torch.bfloat16  # stored states of 16-bit inputs
 
 
 @triton.jit
-def _weights(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
-    """The four per-row decay factors of a chunk (ones without a mask), fp32 [C] each, and the chunk total:
-    (exp(exc), exp(tot - inc), exp(tot - exc), exp(inc), tot)."""
+def _chunk_program(H, N, C: tl.constexpr):
+    """Indices of a program over (chunk, b * h): (t, bh, B*H, T, b, h, rows [C], rows < N)."""
+    it = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = it * C + tl.arange(0, C)
+    return it, bh, tl.num_programs(1), tl.num_programs(0), bh // H, bh % H, rows, rows < N
+
+
+@triton.jit
+def _chunk_gates(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
+    """The chunk's gate sums and the four per-row decay factors, fp32 [C] each (zeros / ones without a mask):
+    (inc, exc, tot, exp(exc), exp(tot - inc), exp(tot - exc), exp(inc))."""
     if HAS_MASK:
         inc, exc, tot = _gate_tile(g_ptr, rows, N)
-        return tl.exp(exc), tl.exp(tot - inc), tl.exp(tot - exc), tl.exp(inc), tot
+        return inc, exc, tot, tl.exp(exc), tl.exp(tot - inc), tl.exp(tot - exc), tl.exp(inc)
     else:
+        zero = tl.zeros([C], tl.float32)
         one = tl.full([C], 1.0, tl.float32)
-        return one, one, one, one, 0.0
+        return zero, zero, 0.0, one, one, one, one
 
 
 @triton.jit
@@ -74,14 +84,7 @@ def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, 
     Keys (QUERIES=False): X = k, Y = v, ones column 1; weights exp(tot - exc), exp(inc).
     Queries (QUERIES=True): X = q, Y = dO * YS (the row scale 1 / Z), ones column YC = dden;
     weights exp(tot - inc), exp(exc)."""
-    it = tl.program_id(0)
-    bh = tl.program_id(1)
-    BH = tl.num_programs(1)
-    T = tl.num_programs(0)
-    b = bh // H
-    h = bh % H
-    rows = it * C + tl.arange(0, C)
-    rmask = rows < N
+    it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     x = _load_rows(X + b * sxb + h * sxh, rows, N, fd, D, sxn)
@@ -92,7 +95,7 @@ def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, 
         yc = tl.load(YC + bh * N + rows, mask=rmask, other=0.0)
     else:
         yc = rmask.to(tl.float32)
-    w_exc, w_tot_inc, w_tot_exc, w_inc, tot = _weights(G + bh * N, rows, N, HAS_MASK, C)
+    _, _, tot, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
     W: tl.constexpr = BD * BDV + BD
     if QUERIES:
         _store_state(U + (bh * T + it) * W, x, w_tot_inc, yc, y, fd, fv, PREC, BD, BDV)
@@ -169,26 +172,19 @@ def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh,
                      HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                      C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One chunk of one (b, h): num = intra-chunk block + exp(exc) q S_t + exp(tot - inc) q R_t (den alike)."""
-    it = tl.program_id(0)
-    bh = tl.program_id(1)
-    BH = tl.num_programs(1)
-    T = tl.num_programs(0)
-    b = bh // H
-    h = bh % H
-    rows = it * C + tl.arange(0, C)
+    it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
     q = _load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn)
     k = _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn)
     v = _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn)
+    inc, exc, _, w_exc, w_tot_inc, _, _ = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
-        inc, exc, tot = _gate_tile(G + bh * N, rows, N)
         s = s * tl.exp(_tile_log_mask(inc, exc, ar))
     num = tl.dot(s.to(v.dtype), v, input_precision=PREC)
     den = tl.sum(s, 1)
-    w_exc, w_tot_inc, _, _, _ = _weights(G + bh * N, rows, N, HAS_MASK, C)
     W: tl.constexpr = BD * BDV + BD
     st, z = _load_state(S + (bh * T + it) * W, q.dtype, fd, BD, BDV)
     n_f, d_f = _apply(q, st, z, w_exc, PREC)
@@ -198,9 +194,9 @@ def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh,
     den += d_f + d_b
     if NORMALIZE:
         num = num / (den + EPS)[:, None]
-    omask = (rows[:, None] < N) & (fv[None, :] < DV)
+    omask = rmask[:, None] & (fv[None, :] < DV)
     tl.store(OUT + bh * N * DV + rows[:, None] * DV + fv[None, :], num.to(OUT.dtype.element_ty), mask=omask)
-    tl.store(DEN + bh * N + rows, den, mask=rows < N)
+    tl.store(DEN + bh * N + rows, den, mask=rmask)
 
 
 @triton.jit
@@ -211,14 +207,7 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     """dq, dk, dv of one chunk of one (b, h) and the row / column sums of W by triangle (SUMS: fp32
     [4, B*H, N] = rL, rU, cL, cU). S: [4, B*H, T, W] entering states = key states S (left to right), R (right
     to left), query states P (left to right: upper triangle), P (right to left: lower triangle)."""
-    it = tl.program_id(0)
-    bh = tl.program_id(1)
-    BH = tl.num_programs(1)
-    T = tl.num_programs(0)
-    b = bh // H
-    h = bh % H
-    rows = it * C + tl.arange(0, C)
-    rmask = rows < N
+    it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
@@ -229,12 +218,11 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     dd = tl.load(DELTA + bh * N + rows, mask=rmask, other=0.0)
     dn = (_load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)
     ones = rmask.to(tl.float32)
-    w_exc, w_tot_inc, w_tot_exc, w_inc, _ = _weights(G + bh * N, rows, N, HAS_MASK, C)
+    inc, exc, _, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
     # intra-chunk block, both triangles; its W sums first, so that only the 16-bit A and dP stay live
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     dp = tl.dot(dn, tl.trans(v), input_precision=PREC) + dd[:, None]
     if HAS_MASK:
-        inc, exc, tot = _gate_tile(G + bh * N, rows, N)
         m = tl.exp(_tile_log_mask(inc, exc, ar))
         dp = dp * m
         w = dp * s
