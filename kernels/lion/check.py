@@ -2,7 +2,7 @@
 
 Forward and every gradient (q, k, v, log-decay / gates) as relative L2 errors vs lightvision.ops in fp64 on
 upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. Cases: N in {50, 197, 577,
-1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1 and 2, H = 1 and 3, d = 64 and 48,
+1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1, 2 and 40, H = 1 and 3, d = 64 and 48,
 fp32 and bf16, LIT / D / S, weak (lambda ~ 0.98) and strong (lambda ~ 0.5) decay, both kernel forms;
 then snake orders on 13 x 17 + cls and the two-scan baseline. SPEC 2 tolerances; D's per-head decay
 gradient is measured against the summed magnitudes of its per-token terms (tests/kernels/test_lion_kernel.py).
@@ -80,8 +80,9 @@ def main(argv=None) -> int:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     _launch.POISON_OUTPUTS = True
     rows = []
-    cases = [(50, 0, 2, 3, 64), (197, 1, 1, 3, 64), (221, 0, 1, 1, 48), (577, 1, 2, 1, 64), (1024, 0, 1, 3, 64),
-             (4096, 0, 1, 1, 64)]
+    # (N, prefix, B, H, d); 40 x 3 pairs take the scan's sequential state pass (scan.SEQUENTIAL_MIN_PAIRS)
+    cases = [(50, 0, 2, 3, 64), (197, 1, 1, 3, 64), (221, 0, 1, 1, 48), (577, 1, 2, 1, 64), (577, 1, 40, 3, 64),
+             (1024, 0, 1, 3, 64), (4096, 0, 1, 1, 64)]
     for n, prefix, b, h, d in [c for c in cases if c[0] <= args.max_n]:
         for dtype in (torch.float32, torch.bfloat16):
             for mask in ("lit", "d", "s"):

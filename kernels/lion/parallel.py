@@ -13,7 +13,8 @@ and one running scalar: each program walks the key tiles outward from its own di
 of a tile is  near(row) + seg + far(col)  where near/far are in-tile partial sums and seg is the sum of the
 whole tiles in between, accumulated outward (a sum of non-positive numbers: no cancellation; the SPEC 2 trap
 of global cumsum differences does not arise). Because log-gates are <= 0, once seg < -110 every later tile
-has exp(log M) == 0 exactly in fp32, so those tiles are skipped (exact; a large speed-up for strong decay).
+has exp(log M) == 0 exactly in fp32, so those tiles are skipped (exact; a large speed-up for strong decay);
+how many tiles each side has before that is counted from prefix sums of the tile totals (tile_prefix).
 
 Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
     dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
@@ -24,6 +25,7 @@ dg_m = sum of W over the pairs whose segment contains m:
     upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
 where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
 The dq kernel produces rL, rU, the dk/dv kernel cL, cU; _gate_grad_kernel (fp64 running sums) finishes dg.
+Off the diagonal tile a side's sums need no extra matmul: sum_j W_ij = q_i . dq_i(side), sum_i W_ij = k_j . dk_j(side).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import triton.language as tl
 from .._launch import empty
 
 EPS = tl.constexpr(1e-6)
-# Below this running segment sum, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
+TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
+# Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
 
 
@@ -62,24 +65,51 @@ def _tile_log_mask(inc, exc, ar):
 
 
 @triton.jit
-def _span(g_ptr, tile, step, limit, n, T: tl.constexpr, HAS_MASK: tl.constexpr):
-    """Number of tiles to visit from `tile` + step in direction `step` (+1 / -1) before the running segment
-    sum of whole tiles drops below SKIP_LOG (all remaining tiles when there is no mask)."""
-    if HAS_MASK:
-        count = 0
-        seg = 0.0
-        t = tile + step
-        while (count < limit) & (seg > SKIP_LOG):
-            seg += tl.sum(tl.load(g_ptr + t * T + tl.arange(0, T), mask=t * T + tl.arange(0, T) < n, other=0.0), 0)
-            count += 1
-            t += step
-        return count
-    else:
-        return limit
+def _tile_prefix_kernel(G, CS, N, NT, T: tl.constexpr, TILES: tl.constexpr):
+    """One (b, h): CS[bh, u] = -(sum of the gates of tiles 0 .. u-1) for u = 0 .. NT (fp64 running sum, stored
+    fp32; non-decreasing, as gates are <= 0)."""
+    bh = tl.program_id(0)
+    r = tl.arange(0, TILES)
+    col = tl.arange(0, T)
+    carry = tl.zeros([1], dtype=tl.float64)
+    tl.store(CS + bh * (NT + 1) + r, tl.zeros([TILES], dtype=tl.float32), mask=r == 0)
+    for t0 in range(0, NT, TILES):
+        tok = (t0 + r)[:, None] * T + col[None, :]
+        tot = tl.sum(tl.load(G + bh * N + tok, mask=tok < N, other=0.0), 1).to(tl.float64)
+        tl.store(CS + bh * (NT + 1) + 1 + t0 + r, (-(carry + tl.cumsum(tot, 0))).to(tl.float32), mask=t0 + r < NT)
+        carry += tl.sum(tot, 0)
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, G, NUM, DEN, N, D, DV,
+def _span(CS, bh, tile, side: tl.constexpr, n_tiles, HAS_MASK: tl.constexpr):
+    """Off-diagonal tiles to visit from `tile` on `side` (0: left, 1: right), or every tile on that side when
+    there is no mask. A tile is visited while the whole tiles strictly in between sum to more than SKIP_LOG:
+    with c = CS[bh] that is c_{t+1} > c_tile + SKIP_LOG on the left, c_t < c_{tile+1} - SKIP_LOG on the right
+    (tile_prefix), so the count is a vector comparison over the side's tiles (an fp32 difference of prefix
+    sums decides only; SKIP_LOG keeps 6 units of margin over the fp32 underflow)."""
+    if HAS_MASK:
+        c_ptr = CS + bh * (n_tiles + 1)
+        if side == 0:
+            lo = 1
+            hi = tile + 1
+            ref = tl.load(c_ptr + tile) + SKIP_LOG
+        else:
+            lo = tile + 1
+            hi = n_tiles
+            ref = tl.load(c_ptr + tile + 1) - SKIP_LOG
+        count = 0
+        for u0 in range(lo, hi, 128):
+            u = u0 + tl.arange(0, 128)
+            c = tl.load(c_ptr + u, mask=u < hi, other=0.0)
+            hit = (c > ref) if side == 0 else (c < ref)
+            count += tl.sum((hit & (u < hi)).to(tl.int32), 0)
+        return count
+    else:
+        return tile if side == 0 else n_tiles - 1 - tile
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, G, CS, NUM, DEN, N, D, DV,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                 HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                 T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -114,10 +144,8 @@ def _fwd_kernel(Q, K, V, G, NUM, DEN, N, D, DV,
     # off-diagonal tiles: the mask is rank one, exp(row part) * exp(seg + column part); the row part is the
     # same for every tile on one side, so it scales the side's accumulators once at the end
     for side in tl.static_range(2):
-        if side == 0:  # key tiles before the query tile (lower triangle), walking left
-            n_side = _span(g_ptr, it, -1, it, N, T, HAS_MASK)
-        else:  # key tiles after it (upper triangle), walking right
-            n_side = _span(g_ptr, it, 1, n_tiles - 1 - it, N, T, HAS_MASK)
+        # side 0: key tiles before the query tile (lower triangle), walking left; 1: after it, walking right
+        n_side = _span(CS, bh, it, side, n_tiles, HAS_MASK)
         acc_s = tl.zeros([T, BDV], dtype=tl.float32)
         den_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
@@ -148,7 +176,7 @@ def _fwd_kernel(Q, K, V, G, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                    HAS_MASK: tl.constexpr, PREC: tl.constexpr,
                    T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -191,12 +219,8 @@ def _bwd_dq_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     dq += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
     n_tiles = tl.cdiv(N, T)
     for side in tl.static_range(2):  # as in _fwd_kernel: left (lower triangle), then right (upper)
-        if side == 0:
-            n_side = _span(g_ptr, it, -1, it, N, T, HAS_MASK)
-        else:
-            n_side = _span(g_ptr, it, 1, n_tiles - 1 - it, N, T, HAS_MASK)
+        n_side = _span(CS, bh, it, side, n_tiles, HAS_MASK)
         dq_s = tl.zeros([T, BD], dtype=tl.float32)
-        r_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
         for step in range(0, n_side):
             jt = it - 1 - step if side == 0 else it + 1 + step
@@ -205,19 +229,16 @@ def _bwd_dq_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
             v = _load_rows(v_ptr, cols, N, fv, DV, svn)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC) + delta[:, None]
             if HAS_MASK:
-                s = tl.dot(q, tl.trans(k), input_precision=PREC)
                 k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
                 dp = dp * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
                 seg += k_tot
-                r_s += tl.sum(dp * s, 1)
             dq_s += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
-        if HAS_MASK:
-            row = tl.exp(q_exc if side == 0 else q_tot - q_inc)
-            dq_s = dq_s * row[:, None]
+        if HAS_MASK:  # the side's W row sums: sum_j dP_ij q_i . k_j = q_i . dq_i(side)
+            dq_s = dq_s * tl.exp(q_exc if side == 0 else q_tot - q_inc)[:, None]
             if side == 0:
-                r_lo += r_s * row
+                r_lo += tl.sum(q.to(tl.float32) * dq_s, 1)
             else:
-                r_up += r_s * row
+                r_up += tl.sum(q.to(tl.float32) * dq_s, 1)
         dq += dq_s
     tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty),
              mask=(rows[:, None] < N) & (fd[None, :] < D))
@@ -227,7 +248,7 @@ def _bwd_dq_kernel(Q, K, V, G, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, G, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
+def _bwd_dkdv_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                      HAS_MASK: tl.constexpr, PREC: tl.constexpr,
                      T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -279,13 +300,9 @@ def _bwd_dkdv_kernel(Q, K, V, G, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
     # side 0: query tiles after the key tile (lower triangle i > j), walking right;
     # side 1: query tiles before it (upper triangle i < j), walking left. Rank-one masks as in _fwd_kernel.
     for side in tl.static_range(2):
-        if side == 0:
-            n_side = _span(g_ptr, jt, 1, n_tiles - 1 - jt, N, T, HAS_MASK)
-        else:
-            n_side = _span(g_ptr, jt, -1, jt, N, T, HAS_MASK)
+        n_side = _span(CS, bh, jt, 1 - side, n_tiles, HAS_MASK)
         dk_s = tl.zeros([T, BD], dtype=tl.float32)
         dv_s = tl.zeros([T, BDV], dtype=tl.float32)
-        c_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
         for step in range(0, n_side):
             it = jt + 1 + step if side == 0 else jt - 1 - step
@@ -301,18 +318,17 @@ def _bwd_dkdv_kernel(Q, K, V, G, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                 wq = tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
                 seg += q_tot
                 dpt = dpt * wq
-                c_s += tl.sum(dpt * at, 1)
                 at = at * wq
             dv_s += tl.dot(at.to(do.dtype), do, input_precision=PREC)
             dk_s += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
-        if HAS_MASK:
+        if HAS_MASK:  # the side's W column sums: k_j . dk_j(side), as the row sums in _bwd_dq_kernel
             col = tl.exp(k_tot - k_exc if side == 0 else k_inc)
             dk_s = dk_s * col[:, None]
             dv_s = dv_s * col[:, None]
             if side == 0:
-                c_lo += c_s * col
+                c_lo += tl.sum(k.to(tl.float32) * dk_s, 1)
             else:
-                c_up += c_s * col
+                c_up += tl.sum(k.to(tl.float32) * dk_s, 1)
         dk += dk_s
         dv += dv_s
     cmask = cols < N
@@ -339,26 +355,39 @@ def _strides(*ts: torch.Tensor) -> list[int]:
     return [s for t in ts for s in t.stride()[:3]]
 
 
-def parallel_forward(q, k, v, g, normalize: bool, tile: int = 64, num_warps: int = 4, num_stages: int = 2):
+def tile_prefix(g: torch.Tensor, tile: int) -> torch.Tensor:
+    """Negated prefix sums of the per-tile gate totals, fp32 [B*H, n_tiles + 1], from which the kernels count
+    the tiles they visit (_span). g: fp32 log-gates [B, H, N]."""
+    B, H, N = g.shape
+    nt = triton.cdiv(N, tile)
+    cs = empty((B * H, nt + 1), torch.float32, g.device)
+    _tile_prefix_kernel[(B * H,)](g, cs, N, nt, T=tile, TILES=max(2, min(64, triton.next_power_of_2(nt))))
+    return cs
+
+
+def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: [B, H, N] fp32 log-gates or None
     (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32, den [B, H, N] fp32)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
+    tile = tile or TILE
     out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     grid = (triton.cdiv(N, tile), B * H)
-    _fwd_kernel[grid](q, k, v, g if g is not None else den, out, den, N, D, DV, *_strides(q, k, v), H,
+    gs = (g, tile_prefix(g, tile)) if g is not None else (den, den)
+    _fwd_kernel[grid](q, k, v, *gs, out, den, N, D, DV, *_strides(q, k, v), H,
                       HAS_MASK=g is not None, NORMALIZE=normalize, T=tile, num_warps=num_warps,
                       num_stages=num_stages, **_meta(q, v))
     return out, den
 
 
-def parallel_backward(q, k, v, g, do, zinv, delta, tile: int = 64, num_warps: int = 4, num_stages: int = 2):
+def parallel_backward(q, k, v, g, do, zinv, delta, tile: int | None = None, num_warps: int = 4, num_stages: int = 2):
     """Launch the two backward kernels. do: [B, H, N, d_v] contiguous upstream gradient of num after scaling by
     zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den.
     Returns dq, dk, dv and dg [B, H, N] fp32 (None for LIT)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
+    tile = tile or TILE
     dq = empty((B, H, N, D), q.dtype, q.device)
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
@@ -367,9 +396,10 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tile: int = 64, num_warps: in
     r_lo, r_up, c_lo, c_up = sums
     grid = (triton.cdiv(N, tile), B * H)
     meta = dict(HAS_MASK=has_mask, T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
-    gg = g if has_mask else zinv
-    _bwd_dq_kernel[grid](q, k, v, gg, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, gg, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H, **meta)
+    gs = (g, tile_prefix(g, tile)) if has_mask else (zinv, zinv)
+    _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
+    _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H,
+                           **meta)
     dg = gate_grad(sums) if has_mask else None
     return dq, dk, dv, dg
 

@@ -13,12 +13,13 @@ exc_i = inc_i - g_i and the chunk total tot_t):
         R_{t-1} = exp(tot_t) R_t + L_t,   L_t = sum_{j in t} exp(inc_j) k_j [v_j, 1]^T
         row i reads exp(tot_t - inc_i) q_i^T R_t
 
-The "ones column" is the d-vector z of each state, stored after its d x d_v matrix. Every stage is parallel
-over chunks, so the work spreads over the GPU at any N and batch (three launches each way):
+The "ones column" is the d-vector z of each state, stored after its d x d_v matrix. Three stages each way:
   1. _local_states_kernel, one program per (chunk, b, h): the chunk's own terms U_t and L_t;
   2. _chunk_scan_kernel, one program per (block of state elements, b, h, state): the linear recurrences over
      the chunks, a first-order affine scan (tl.associative_scan over TB chunks at a time, a carry between);
   3. _scan_out_kernel, one program per (chunk, b, h): the intra-chunk block plus q against both states.
+Stages 1 and 2 are parallel over chunks, so they fill the GPU for few (b, h) pairs (long N); from
+SEQUENTIAL_MIN_PAIRS pairs on, _sequential_states_kernel does both in one pass per (b, h, direction) instead.
 Decays are fp32; states are stored in fp32 for fp32 inputs and in bf16 for 16-bit ones (the scan over chunks
 accumulates in fp32), and enter the matmuls in the input dtype.
 
@@ -43,6 +44,7 @@ CHUNK = 64          # tokens per chunk (C)
 SCAN_CHUNKS = 16    # chunks per step of the cross-chunk scan (TB)
 SCAN_BLOCK = 512    # state elements per scan program
 STATE_DTYPE_16 = torch.bfloat16  # stored states of 16-bit inputs
+SEQUENTIAL_MIN_PAIRS = 96  # from this many (b, h) pairs, stages 1 and 2 run as one sequential pass per pair
 
 
 @triton.jit
@@ -68,25 +70,13 @@ def _chunk_gates(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _store_state(ptr, x, w, yc, y, fd, fv, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """Write sum_rows w x [y, yc]^T at ptr in its dtype: the [BD, BDV] matrix (row-major), then the BD-vector."""
-    xw = x.to(tl.float32) * w[:, None]
-    m = tl.dot(tl.trans(xw.to(x.dtype)), y, input_precision=PREC)
-    tl.store(ptr + fd[:, None] * BDV + fv[None, :], m.to(ptr.dtype.element_ty))
-    tl.store(ptr + BD * BDV + fd, tl.sum(xw * yc[:, None], 0).to(ptr.dtype.element_ty))
-
-
-@triton.jit
-def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
-                         HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
-                         C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t, and TOT[bh, t] = tot_t.
+def _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv,
+                 HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, C: tl.constexpr):
+    """What one chunk adds to the states: (x [C, BD], y [C, BDV] in the input dtype, ones column yc [C], chunk
+    total, left-to-right weights [C], right-to-left weights [C]).
     Keys (QUERIES=False): X = k, Y = v, ones column 1; weights exp(tot - exc), exp(inc).
     Queries (QUERIES=True): X = q, Y = dO * YS (the row scale 1 / Z), ones column YC = dden;
     weights exp(tot - inc), exp(exc)."""
-    it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
-    fd = tl.arange(0, BD)
-    fv = tl.arange(0, BDV)
     x = _load_rows(X + b * sxb + h * sxh, rows, N, fd, D, sxn)
     y = _load_rows(Y + b * syb + h * syh, rows, N, fv, DV, syn)
     if QUERIES:
@@ -96,15 +86,73 @@ def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, 
     else:
         yc = rmask.to(tl.float32)
     _, _, tot, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
-    W: tl.constexpr = BD * BDV + BD
     if QUERIES:
-        _store_state(U + (bh * T + it) * W, x, w_tot_inc, yc, y, fd, fv, PREC, BD, BDV)
-        _store_state(U + ((BH + bh) * T + it) * W, x, w_exc, yc, y, fd, fv, PREC, BD, BDV)
+        return x, y, yc, tot, w_tot_inc, w_exc
     else:
-        _store_state(U + (bh * T + it) * W, x, w_tot_exc, yc, y, fd, fv, PREC, BD, BDV)
-        _store_state(U + ((BH + bh) * T + it) * W, x, w_inc, yc, y, fd, fv, PREC, BD, BDV)
-        if HAS_MASK:
-            tl.store(TOT + bh * T + it, tot)
+        return x, y, yc, tot, w_tot_exc, w_inc
+
+
+@triton.jit
+def _state_term(x, w, yc, y, PREC: tl.constexpr):
+    """sum over rows of w x [y, yc]^T: the [BD, BDV] matrix and the BD-vector of the ones column, fp32."""
+    xw = x.to(tl.float32) * w[:, None]
+    return tl.dot(tl.trans(xw.to(x.dtype)), y, input_precision=PREC), tl.sum(xw * yc[:, None], 0)
+
+
+@triton.jit
+def _store_state(ptr, m, z, fd, fv, BD: tl.constexpr, BDV: tl.constexpr):
+    """Write a state at ptr in its dtype: the [BD, BDV] matrix (row-major), then the BD-vector."""
+    tl.store(ptr + fd[:, None] * BDV + fv[None, :], m.to(ptr.dtype.element_ty))
+    tl.store(ptr + BD * BDV + fd, z.to(ptr.dtype.element_ty))
+
+
+@triton.jit
+def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
+                         HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
+                         C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and
+    TOT[bh, t] = tot_t."""
+    it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
+    fd = tl.arange(0, BD)
+    fv = tl.arange(0, BDV)
+    x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rmask, N, D, DV,
+                                                  sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C)
+    W: tl.constexpr = BD * BDV + BD
+    m, z = _state_term(x, w_right, yc, y, PREC)
+    _store_state(U + (bh * T + it) * W, m, z, fd, fv, BD, BDV)
+    m, z = _state_term(x, w_left, yc, y, PREC)
+    _store_state(U + ((BH + bh) * T + it) * W, m, z, fd, fv, BD, BDV)
+    if HAS_MASK:
+        tl.store(TOT + bh * T + it, tot)
+
+
+@triton.jit
+def _sequential_states_kernel(X, Y, YS, YC, G, S, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H, T,
+                              HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
+                              C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """Stages 1 and 2 in one pass, for many (b, h) pairs: one program per (b * h, direction s) walks the chunks
+    in order with the state in fp32 registers, writing the state entering each chunk, S[s, bh, t], then
+    folding the chunk in (S <- exp(tot_t) S + its term, _chunk_terms). The local terms never reach memory."""
+    bh = tl.program_id(0)
+    s = tl.program_id(1)
+    BH = tl.num_programs(0)
+    b = bh // H
+    h = bh % H
+    fd = tl.arange(0, BD)
+    fv = tl.arange(0, BDV)
+    W: tl.constexpr = BD * BDV + BD
+    acc = tl.zeros([BD, BDV], dtype=tl.float32)
+    z = tl.zeros([BD], dtype=tl.float32)
+    for step in range(0, T):
+        it = step if s == 0 else T - 1 - step
+        _store_state(S + ((s * BH + bh) * T + it) * W, acc, z, fd, fv, BD, BDV)
+        rows = it * C + tl.arange(0, C)
+        x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rows < N, N, D, DV,
+                                                      sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C)
+        m, zt = _state_term(x, tl.where(s == 0, w_right, w_left), yc, y, PREC)
+        decay = tl.exp(tot)
+        acc = acc * decay + m
+        z = z * decay + zt
 
 
 @triton.jit
@@ -291,76 +339,84 @@ def _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, b
         tl.store(SUMS + BHN + bh * N + rows, r_up + tl.sum(qf * dq_up, 1), mask=rmask)
 
 
-def _scan_states(local, tot, has_mask: bool, width: int, tb: int, block: int):
-    """Stage 2: entering states [NS, B*H, T, W] from the local terms of the same shape and dtype (scan steps of
-    tb chunks, at most the next power of two of T)."""
-    ns, bh, t, _ = local.shape
-    states = empty(local.shape, local.dtype, local.device)
-    tb = min(tb, max(2, triton.next_power_of_2(t)))
-    _chunk_scan_kernel[(triton.cdiv(width, block), bh, ns)](local, states, tot, t, bh, HAS_MASK=has_mask, W=width,
-                                                             TB=tb, BLOCK=block, num_warps=4)
+def _entering_states(q, k, v, g, grads, plan):
+    """Stages 1 and 2: the states entering each chunk, [NS, B*H, T, W] in plan's state dtype: the key states S
+    (left to right) and R (right to left), then with grads = (dO, 1 / Z, dden) the query states P (both
+    directions). One sequential pass per source from SEQUENTIAL_MIN_PAIRS (b, h) pairs on; else the local terms of
+    every chunk (stage 1) and the affine scan over the chunks (stage 2), which fill the GPU for few pairs."""
+    chunk, tb, block, state_dtype, sequential_pairs = plan
+    B, H, N, D = q.shape
+    DV = v.shape[-1]
+    T = triton.cdiv(N, chunk)
+    meta = _meta(q, v)
+    width = meta["BD"] * meta["BDV"] + meta["BD"]
+    tot = empty((B * H, T), torch.float32, q.device)
+    gates = g if g is not None else tot
+    sequential = B * H >= sequential_pairs
+    sources = [(k, v, tot, tot, False)] + ([(q, *grads, True)] if grads else [])
+    # the entering states themselves when sequential, else the local terms of stage 1
+    terms = empty((2 * len(sources), B * H, T, width), state_dtype, q.device)
+    for i, (x, y, ys, yc, queries) in enumerate(sources):
+        args = (x, y, ys, yc, gates, terms[2 * i:], N, D, DV, *_strides(x, y), H)
+        config = dict(HAS_MASK=g is not None, QUERIES=queries, C=chunk, num_warps=4, **meta)
+        if sequential:
+            _sequential_states_kernel[(B * H, 2)](*args, T, num_stages=3, **config)
+        else:
+            _local_states_kernel[(T, B * H)](*args[:6], tot, *args[6:], **config)
+    if sequential:
+        return terms
+    states = empty(terms.shape, state_dtype, q.device)
+    tb = min(tb, max(2, triton.next_power_of_2(T)))
+    _chunk_scan_kernel[(triton.cdiv(width, block), B * H, terms.shape[0])](
+        terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4)
     return states
 
 
-def _key_states(q, k, v, g, chunk, meta, states: int, state_dtype):
-    """Stage 1 for the key states (S, R) into the first two of ``states`` slots [states, B*H, T, W]; returns
-    them with the chunk totals [B*H, T] and W."""
-    B, H, N, D = q.shape
-    T = triton.cdiv(N, chunk)
-    width = meta["BD"] * meta["BDV"] + meta["BD"]
-    local = empty((states, B * H, T, width), state_dtype, q.device)
-    tot = empty((B * H, T), torch.float32, q.device)
-    _local_states_kernel[(T, B * H)](k, v, tot, tot, g if g is not None else tot, local, tot, N, D, v.shape[-1],
-                                     *_strides(k, v), H, HAS_MASK=g is not None, QUERIES=False, C=chunk,
-                                     num_warps=4, **meta)
-    return local, tot, width
-
-
 def _plan(q, chunk, tb, block, state_dtype):
-    """Launch sizes and state dtype: the arguments, or the module defaults (read at call time, so tests can
-    shrink them); states are fp32 for fp32 inputs, else bf16 (the range of fp32, the matmul operand width)."""
+    """Launch sizes, state dtype and the sequential threshold: the arguments, or the module defaults (read at
+    call time, so tests can change them); states are fp32 for fp32 inputs, else bf16 (the range of fp32, the
+    matmul operand width)."""
     if state_dtype is None:
         state_dtype = torch.float32 if q.dtype == torch.float32 else STATE_DTYPE_16
-    return chunk or CHUNK, tb or SCAN_CHUNKS, block or SCAN_BLOCK, state_dtype
+    return chunk or CHUNK, tb or SCAN_CHUNKS, block or SCAN_BLOCK, state_dtype, SEQUENTIAL_MIN_PAIRS
 
 
 def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int | None = None,
                  block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
     """Launch the scan forward. Shapes and returns as parallel.parallel_forward."""
-    chunk, tb, block, state_dtype = _plan(q, chunk, tb, block, state_dtype)
+    plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    meta = _meta(q, v)
-    local, tot, width = _key_states(q, k, v, g, chunk, meta, 2, state_dtype)
-    states = _scan_states(local, tot, g is not None, width, tb, block)
-    out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
+    states = _entering_states(q, k, v, g, None, plan)
+    # fp32 inputs normalise outside the kernel: on an H100 (Triton 3.6) the NORMALIZE=True build with fp32 states
+    # gave wrong Y for H = 1 (kernels/lion/check.py, session 8; the fp32 num / den it returns were right)
+    in_kernel = normalize and q.dtype != torch.float32
+    out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
-    _scan_out_kernel[(triton.cdiv(N, chunk), B * H)](q, k, v, g if g is not None else den, states, out, den, N, D, DV,
-                                                     *_strides(q, k, v), H, HAS_MASK=g is not None,
-                                                     NORMALIZE=normalize, C=chunk, num_warps=num_warps, **meta)
+    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, g if g is not None else den, states, out, den, N, D,
+                                                       DV, *_strides(q, k, v), H, HAS_MASK=g is not None,
+                                                       NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps,
+                                                       **_meta(q, v))
+    if normalize and not in_kernel:
+        out = out / (den + EPS.value)[..., None]
     return out, den
 
 
 def scan_backward(q, k, v, g, do, zinv, delta, chunk: int | None = None, tb: int | None = None,
                   block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
     """Launch the scan backward. Arguments as parallel.parallel_backward; returns dq, dk, dv, dg (None for LIT)."""
-    chunk, tb, block, state_dtype = _plan(q, chunk, tb, block, state_dtype)
+    plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    meta = _meta(q, v)
     has_mask = g is not None
-    local, tot, width = _key_states(q, k, v, g, chunk, meta, 4, state_dtype)
-    T = tot.shape[1]
-    _local_states_kernel[(T, B * H)](q, do, zinv, delta, g if has_mask else tot, local[2:], tot, N, D, DV,
-                                     *_strides(q, do), H, HAS_MASK=has_mask, QUERIES=True, C=chunk, num_warps=4,
-                                     **meta)
-    states = _scan_states(local, tot, has_mask, width, tb, block)
+    states = _entering_states(q, k, v, g, (do, zinv, delta), plan)
     dq = empty((B, H, N, D), q.dtype, q.device)
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
-    _scan_grad_kernel[(T, B * H)](q, k, v, g if has_mask else zinv, do, zinv, delta, states, dq, dk, dv, sums,
-                                  N, D, DV, *_strides(q, k, v), H, HAS_MASK=has_mask, C=chunk,
-                                  num_warps=num_warps, **meta)
+    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, g if has_mask else zinv, do, zinv, delta, states,
+                                                        dq, dk, dv, sums, N, D, DV, *_strides(q, k, v), H,
+                                                        HAS_MASK=has_mask, C=plan[0], num_warps=num_warps,
+                                                        **_meta(q, v))
     dg = gate_grad(sums) if has_mask else None
     return dq, dk, dv, dg

@@ -9,9 +9,12 @@ kernels run in the Triton interpreter (tests/kernels/conftest.py): shapes stay t
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import lightvision.kernels.lion as lk
 from lightvision.kernels import _launch
+from lightvision.kernels.lion.parallel import _span
 from lightvision.ops import get_kernel, lion_attention, lion_snake_attention, two_scan_attention
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,12 +130,16 @@ def test_unnormalized_pair_and_tile_skip(form):
     assert num.dtype == den.dtype == torch.float32 and den.shape == (b, h, n)
 
 
+@pytest.mark.parametrize("form,sequential", [("parallel", False), ("scan", False), ("scan", True)])
 @pytest.mark.parametrize("mask", ["lit", "d", "s"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_scan_across_many_chunks(monkeypatch, mask, dtype):
-    """The scan's cross-chunk stages with 16-token chunks and 2 chunks per scan step: N = 197 has 13 chunks
-    (a partial last one) over 7 scan steps, so every state path (local terms, carried scan, both directions,
-    the four backward states) is exercised; B = 1, H = 1, d != d_v."""
+def test_across_many_tiles(monkeypatch, form, sequential, mask, dtype):
+    """Both forms with 16-token tiles / chunks: N = 197 has 13 (a partial last one). The parallel kernels
+    walk up to 12 off-diagonal tiles each way. The scan builds its states either in one sequential pass or
+    from local terms and a cross-chunk scan of 2 chunks per step (7 steps), so every state path (local terms,
+    carried scan, both directions, the four backward states) is exercised; B = 1, H = 1, d != d_v."""
+    monkeypatch.setattr(lk.parallel, "TILE", 16)
+    monkeypatch.setattr(lk.scan, "SEQUENTIAL_MIN_PAIRS", 1 if sequential else 2)
     monkeypatch.setattr(lk.scan, "CHUNK", 16)
     monkeypatch.setattr(lk.scan, "SCAN_CHUNKS", 2)
     monkeypatch.setattr(lk.scan, "SCAN_BLOCK", 128)
@@ -142,13 +149,47 @@ def test_scan_across_many_chunks(monkeypatch, mask, dtype):
     tensors = (q, k, v) if ld is None else (q, k, v, ld)
 
     def fn(q, k, v, *ld, backend):
-        return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form="scan", backend=backend)
+        return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form, backend=backend)
 
     def fn_s(q, k, v, g, backend):
-        return lion_attention(q, k, v, mask="s", log_decay=g, form="scan", backend=backend)
+        return lion_attention(q, k, v, mask="s", log_decay=g, form=form, backend=backend)
 
     scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, q, k, v, ld, ups)} if mask == "d" else None
     _check(fn, tensors, dtype, scales=scales)
+
+
+@triton.jit
+def _span_probe(CS, OUT, NT):
+    """OUT[side, bh, t] = the number of tiles the parallel kernels visit from tile t on each side."""
+    t = tl.program_id(0)
+    bh = tl.program_id(1)
+    tl.store(OUT + bh * NT + t, _span(CS, bh, t, 0, NT, True))
+    tl.store(OUT + (tl.num_programs(1) + bh) * NT + t, _span(CS, bh, t, 1, NT, True))
+
+
+def test_tile_spans():
+    """The parallel kernels' per-tile skip counts against walking outward tile by tile until the whole tiles in
+    between sum below SKIP_LOG; gates from weak to strong so that counts range from none to all."""
+    tile, nt = 8, 26
+    g = F.logsigmoid(torch.randn(2, 3, 203, device=DEV) + torch.linspace(-4.0, 6.0, 203, device=DEV))
+    g[1, 2] = 0.0  # no decay: every tile is visited
+    cs = lk.parallel.tile_prefix(g, tile)
+    tot = F.pad(g, (0, nt * tile - 203)).view(6, nt, tile).sum(-1)
+    assert torch.allclose(cs, F.pad(-tot.double().cumsum(-1), (1, 0)).float(), rtol=1e-6, atol=1e-4)
+    spans = torch.full((2, 6, nt), -1, dtype=torch.int32, device=DEV)
+    _span_probe[(nt, 6)](cs, spans, nt)
+    skip = lk.parallel.SKIP_LOG.value
+    for bh in range(6):
+        for i in range(nt):
+            for side, step in ((0, -1), (1, 1)):
+                count, seg, t = 0, 0.0, i + step
+                while 0 <= t < nt and seg > skip:
+                    seg += tot[bh, t].item()
+                    count += 1
+                    t += step
+                assert spans[side, bh, i].item() == count, (side, bh, i)
+    assert spans[:, 5].tolist() == [list(range(nt)), list(range(nt - 1, -1, -1))]
+    assert 0 < spans.sum() < spans[:, 5].sum() * 6
 
 
 @pytest.mark.parametrize("mask", ["d", "s"])
@@ -186,7 +227,8 @@ def test_auto_form_and_fallback():
     case (the reference runs)."""
     assert lk.choose_form(196, needs_grad=True) == "parallel" and lk.choose_form(1024) == "scan"
     assert lk.choose_form(1 << 16, mask="d") == "scan" and lk.choose_form(576, mask="lit") == "parallel"
-    assert lk.choose_form(576, needs_grad=False) == "parallel" and lk.choose_form(1024, needs_grad=False) == "scan"
+    assert lk.choose_form(196, needs_grad=False) == "parallel" and lk.choose_form(576, needs_grad=False) == "scan"
+    assert lk.choose_form(576, needs_grad=False, mask="lit") == "parallel"
     assert lk.choose_form(1024, needs_grad=False, mask="lit") == "scan" and lk.choose_form(512, mask="lit") == "parallel"
     q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
