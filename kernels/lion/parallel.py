@@ -235,10 +235,11 @@ def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
             dq_s += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
         if HAS_MASK:  # the side's W row sums: sum_j dP_ij q_i . k_j = q_i . dq_i(side)
             dq_s = dq_s * tl.exp(q_exc if side == 0 else q_tot - q_inc)[:, None]
+            r_side = tl.sum(q.to(tl.float32) * dq_s, 1)
             if side == 0:
-                r_lo += tl.sum(q.to(tl.float32) * dq_s, 1)
+                r_lo += r_side
             else:
-                r_up += tl.sum(q.to(tl.float32) * dq_s, 1)
+                r_up += r_side
         dq += dq_s
     tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty),
              mask=(rows[:, None] < N) & (fd[None, :] < D))
@@ -325,10 +326,11 @@ def _bwd_dkdv_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, 
             col = tl.exp(k_tot - k_exc if side == 0 else k_inc)
             dk_s = dk_s * col[:, None]
             dv_s = dv_s * col[:, None]
+            c_side = tl.sum(k.to(tl.float32) * dk_s, 1)
             if side == 0:
-                c_lo += tl.sum(k.to(tl.float32) * dk_s, 1)
+                c_lo += c_side
             else:
-                c_up += tl.sum(k.to(tl.float32) * dk_s, 1)
+                c_up += c_side
         dk += dk_s
         dv += dv_s
     cmask = cols < N

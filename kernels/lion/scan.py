@@ -110,7 +110,7 @@ def _store_state(ptr, m, z, fd, fv, BD: tl.constexpr, BDV: tl.constexpr):
 def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
                          HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
                          C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and
+    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and (keys)
     TOT[bh, t] = tot_t."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
@@ -122,7 +122,7 @@ def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, 
     _store_state(U + (bh * T + it) * W, m, z, fd, fv, BD, BDV)
     m, z = _state_term(x, w_left, yc, y, PREC)
     _store_state(U + ((BH + bh) * T + it) * W, m, z, fd, fv, BD, BDV)
-    if HAS_MASK:
+    if HAS_MASK and not QUERIES:  # the same totals for both sources: the key pass writes them
         tl.store(TOT + bh * T + it, tot)
 
 
@@ -216,6 +216,14 @@ def _apply_t(y, yc, st, z, w, PREC: tl.constexpr):
 
 
 @triton.jit
+def _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, fd, fv):
+    """q, k [C, BD] and v [C, BDV] of one chunk of (b, h), zeros past N and past the head dims."""
+    return (_load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn),
+            _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn),
+            _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn))
+
+
+@triton.jit
 def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                      HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                      C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -224,9 +232,7 @@ def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh,
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
-    q = _load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn)
-    k = _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn)
-    v = _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn)
+    q, k, v = _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, fd, fv)
     inc, exc, _, w_exc, w_tot_inc, _, _ = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
@@ -259,9 +265,7 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
-    q = _load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn)
-    k = _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn)
-    v = _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn)
+    q, k, v = _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, fd, fv)
     zinv = tl.load(ZINV + bh * N + rows, mask=rmask, other=0.0)
     dd = tl.load(DELTA + bh * N + rows, mask=rmask, other=0.0)
     dn = (_load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)

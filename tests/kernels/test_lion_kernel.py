@@ -94,14 +94,9 @@ def _d_grad_mass(fn, q, k, v, ld, ups):
     return dg.abs().sum((0, 2)).norm().item()
 
 
-@pytest.mark.parametrize("form", ["parallel", "scan"])
-@pytest.mark.parametrize("mask", ["lit", "d", "s"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
-def test_lion_attention(form, mask, dtype, n, prefix, strength):
-    b, h, d, dv = 2, 3, 16, 24
-    q, k, v = _inputs(b, h, n, d, dv, dtype)
-    ld = _log_decay(mask, b, h, n, strength, prefix)
+def _check_lion(q, k, v, ld, mask, form, dtype):
+    """_check of lion_attention(mask, form) with log-decays ld (None for LIT); D's decay gradient against the
+    summed magnitudes of its per-token terms (_d_grad_mass)."""
     tensors = (q, k, v) if ld is None else (q, k, v, ld)
 
     def fn(q, k, v, *ld, backend):
@@ -112,6 +107,17 @@ def test_lion_attention(form, mask, dtype, n, prefix, strength):
 
     scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, q, k, v, ld, ups)} if mask == "d" else None
     _check(fn, tensors, dtype, scales=scales)
+
+
+@pytest.mark.parametrize("form", ["parallel", "scan"])
+@pytest.mark.parametrize("mask", ["lit", "d", "s"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
+def test_lion_attention(form, mask, dtype, n, prefix, strength):
+    b, h, d, dv = 2, 3, 16, 24
+    q, k, v = _inputs(b, h, n, d, dv, dtype)
+    ld = _log_decay(mask, b, h, n, strength, prefix)
+    _check_lion(q, k, v, ld, mask, form, dtype)
 
 
 @pytest.mark.parametrize("form", ["parallel", "scan"])
@@ -146,16 +152,7 @@ def test_across_many_tiles(monkeypatch, form, sequential, mask, dtype):
     b, h, n, d, dv = 1, 1, 197, 16, 32
     q, k, v = _inputs(b, h, n, d, dv, dtype)
     ld = _log_decay(mask, b, h, n, "weak", 1)
-    tensors = (q, k, v) if ld is None else (q, k, v, ld)
-
-    def fn(q, k, v, *ld, backend):
-        return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form, backend=backend)
-
-    def fn_s(q, k, v, g, backend):
-        return lion_attention(q, k, v, mask="s", log_decay=g, form=form, backend=backend)
-
-    scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, q, k, v, ld, ups)} if mask == "d" else None
-    _check(fn, tensors, dtype, scales=scales)
+    _check_lion(q, k, v, ld, mask, form, dtype)
 
 
 @triton.jit
