@@ -103,8 +103,9 @@ def sweep(forms=("parallel", "scan")) -> None:
                                         (128, 16, 512, 8), (128, 16, 512, 4), (64, 16, 512, 8)):
             f = triton.testing.do_bench(lambda: scan_forward(q, k, v, g, True, chunk, tb, block, warps),
                                         return_mode="median")
-            b = triton.testing.do_bench(lambda: scan_backward(q, k, v, g, do, zinv, delta, chunk, tb, block, warps),
-                                        return_mode="median")
+            ks = scan_forward(q, k, v, g, True, chunk, tb, block, warps)[2]
+            b = triton.testing.do_bench(
+                lambda: scan_backward(q, k, v, g, do, zinv, delta, ks, chunk, tb, block, warps), return_mode="median")
             print(f"scan     N={N:5d} B={B:3d} chunk={chunk:3d} tb={tb:2d} block={block:4d} warps={warps}: "
                   f"fwd {f:.3f} bwd {b:.3f} ms")
 

@@ -2,7 +2,7 @@
 
 Forward and every gradient (q, k, v, log-decay / gates) as relative L2 errors vs lightvision.ops in fp64 on
 upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. Cases: N in {50, 197, 577,
-1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1, 2 and 40, H = 1 and 3, d = 64 and 48,
+1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1 and 2, H = 1 and 3, d = 64 and 48,
 fp32 and bf16, LIT / D / S, weak (lambda ~ 0.98) and strong (lambda ~ 0.5) decay, both kernel forms;
 then snake orders on 13 x 17 + cls and the two-scan baseline. SPEC 2 tolerances; D's per-head decay
 gradient is measured against the summed magnitudes of its per-token terms (tests/kernels/test_lion_kernel.py).
@@ -22,6 +22,7 @@ from lightvision.ops import lion_attention, lion_snake_attention, two_scan_atten
 from lightvision.results import results_env
 
 from .. import _launch
+from . import scan
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -35,7 +36,8 @@ def _rel(a, b, scale=None):
 def _show(row: dict) -> None:
     """Print one case as soon as it is done (a run cut off by a time limit still reports what it did)."""
     errs = " ".join(f"{k}={v:.1e}" for k, v in row.items() if isinstance(v, float))
-    head = " ".join(f"{k}={row[k]}" for k in ("case", "N", "B", "H", "d", "dtype", "mask", "decay", "form"))
+    head = " ".join(f"{k}={row[k]}" for k in ("case", "N", "B", "H", "d", "dtype", "mask", "decay", "form")
+                    ) + (" sequential" if row.get("sequential") else "")
     print(f"{head} {errs} {'ok' if row['ok'] else 'FAIL'}", flush=True)
 
 
@@ -76,14 +78,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="")
     ap.add_argument("--max-n", type=int, default=1 << 30, help="only cases with N <= this (CPU smoke runs)")
+    ap.add_argument("--sizes", default="", help="comma list of N: only these LION cases (default: all); several "
+                    "processes with disjoint sizes share the Triton compile work of a fresh machine")
+    ap.add_argument("--no-extras", action="store_true", help="skip the snake-order and two-scan cases")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     _launch.POISON_OUTPUTS = True
+    default_pairs = scan.SEQUENTIAL_MIN_PAIRS
     rows = []
-    # (N, prefix, B, H, d); 40 x 3 pairs take the scan's sequential state pass (scan.SEQUENTIAL_MIN_PAIRS)
-    cases = [(50, 0, 2, 3, 64), (197, 1, 1, 3, 64), (221, 0, 1, 1, 48), (577, 1, 2, 1, 64), (577, 1, 40, 3, 64),
-             (1024, 0, 1, 3, 64), (4096, 0, 1, 1, 64)]
-    for n, prefix, b, h, d in [c for c in cases if c[0] <= args.max_n]:
+    # (N, prefix, B, H, d, sequential): the scan builds its states in one sequential pass from
+    # scan.SEQUENTIAL_MIN_PAIRS (b, h) pairs on; the cases marked sequential lower that to 1 so that small
+    # batches take that path too (the fp64 reference of a batch big enough to reach it is slow)
+    cases = [(50, 0, 2, 3, 64, False), (197, 1, 1, 3, 64, False), (221, 0, 1, 1, 48, False),
+             (577, 1, 2, 1, 64, False), (577, 1, 2, 3, 64, True), (1024, 0, 1, 3, 64, False),
+             (1024, 0, 1, 3, 64, True), (4096, 0, 1, 1, 64, False)]
+    sizes = {int(x) for x in args.sizes.split(",") if x}
+    for n, prefix, b, h, d, sequential in [c for c in cases if c[0] <= args.max_n and (not sizes or c[0] in sizes)]:
+        scan.SEQUENTIAL_MIN_PAIRS = 1 if sequential else default_pairs
         for dtype in (torch.float32, torch.bfloat16):
             for mask in ("lit", "d", "s"):
                 for strength in (("weak", "strong") if mask != "lit" else ("-",)):
@@ -108,11 +119,13 @@ def main(argv=None) -> int:
                         errs = _case(fn, tensors, mass)
                         ok = all(e < TOL[dtype] for e in errs.values())  # NaN fails
                         rows.append(dict(case="lion", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
-                                         mask=mask, decay=strength, form=form, **errs, ok=ok))
+                                         mask=mask, decay=strength, form=form, sequential=sequential and form == "scan",
+                                         **errs, ok=ok))
                         _show(rows[-1])
+    scan.SEQUENTIAL_MIN_PAIRS = default_pairs
     grid, prefix = (13, 17), 1
     n = grid[0] * grid[1] + prefix
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16) if not args.no_extras else ():
         for mask in ("d", "s"):
             q = F.normalize(F.silu(torch.randn(2, 3, n, 64, device=dev)) + 0.5, dim=-1).to(dtype)
             k = F.normalize(F.silu(torch.randn(2, 3, n, 64, device=dev)) + 0.5, dim=-1).to(dtype)
@@ -135,7 +148,7 @@ def main(argv=None) -> int:
                              decay="mixed", form="auto", **errs, ok=ok))
             _show(rows[-1])
     nt = min(1024, args.max_n)
-    for per_token in (False, True):
+    for per_token in (False, True) if not args.no_extras else ():
         q = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
         k = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
         v = torch.randn(1, 3, nt, 64, device=dev)

@@ -1,10 +1,12 @@
 """torch.library custom ops around the LION kernels, with autograd, so models torch.compile without graph breaks.
 
-    torch.ops.lightvision.lion_fwd(q, k, v, g, normalize, form) -> (out, den)
-        out: Y [B, H, N, d_v] in q.dtype (normalize) or num in fp32; den: A 1 [B, H, N] fp32
-    torch.ops.lightvision.lion_bwd(q, k, v, g, out, den, dout, dden, normalize, form) -> (dq, dk, dv, dg)
-        dg: [B, H, N] fp32, empty when g is None (LIT)
-g: per-token fp32 log-gates [B, H, N] or None; form: "parallel" (parallel.py) or "scan" (scan.py).
+    torch.ops.lightvision.lion_fwd(q, k, v, g, normalize, form) -> (out, den, saved)
+        out: Y [B, H, N, d_v] in q.dtype (normalize) or num in fp32; den: A 1 [B, H, N] fp32;
+        saved: what the backward reuses: the scan's key states (scan.scan_forward), empty for "parallel"
+    torch.ops.lightvision.lion_bwd(q, k, v, g, out, den, saved, dout, dden, normalize, form) -> (dq, dk, dv, dg)
+        dg: fp32 of g's shape, empty when g is None (LIT)
+g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "parallel" (parallel.py) or
+"scan" (scan.py).
 :func:`lion_core` is the differentiable entry point used by op.py.
 """
 
@@ -13,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .parallel import parallel_backward, parallel_forward, row_grads
-from .scan import scan_backward, scan_forward
+from .scan import key_states_like, scan_backward, scan_forward
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -22,21 +24,24 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("lightvision::lion_fwd", mutates_args=())
 def lion_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, normalize: bool,
-             form: str) -> tuple[torch.Tensor, torch.Tensor]:
-    fwd = parallel_forward if form == "parallel" else scan_forward
-    return fwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, normalize)
+             form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+    if form == "parallel":
+        return *parallel_forward(q, k, v, g, normalize), q.new_empty(0)
+    return scan_forward(q, k, v, g, normalize)
 
 
 @lion_fwd.register_fake
 def _lion_fwd_fake(q, k, v, g, normalize, form):
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[-1], dtype=q.dtype if normalize else torch.float32)
-    return out, q.new_empty(b, h, n, dtype=torch.float32)
+    saved = q.new_empty(0) if form == "parallel" else key_states_like(q, v)
+    return out, q.new_empty(b, h, n, dtype=torch.float32), saved
 
 
 @torch.library.custom_op("lightvision::lion_bwd", mutates_args=())
 def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, out: torch.Tensor,
-             den: torch.Tensor, dout: torch.Tensor, dden: torch.Tensor | None, normalize: bool,
+             den: torch.Tensor, saved: torch.Tensor, dout: torch.Tensor, dden: torch.Tensor | None, normalize: bool,
              form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dout = dout.contiguous()
     if normalize:
@@ -44,31 +49,30 @@ def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
     else:
         zinv = torch.ones_like(den)
         delta = torch.zeros_like(den) if dden is None else dden.float()
-    bwd = parallel_backward if form == "parallel" else scan_backward
-    dq, dk, dv, dg = bwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout, zinv.contiguous(),
-                         delta.contiguous())
+    args = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout, zinv.contiguous(), delta.contiguous())
+    dq, dk, dv, dg = parallel_backward(*args) if form == "parallel" else scan_backward(*args, saved)
     return dq, dk, dv, den.new_empty(0) if dg is None else dg
 
 
 @lion_bwd.register_fake
-def _lion_bwd_fake(q, k, v, g, out, den, dout, dden, normalize, form):
-    dg = den.new_empty(0) if g is None else torch.empty_like(den)
+def _lion_bwd_fake(q, k, v, g, out, den, saved, dout, dden, normalize, form):
+    dg = den.new_empty(0) if g is None else torch.empty_like(g)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, g, normalize, form = inputs
-    out, den = output
-    ctx.save_for_backward(q, k, v, g, out, den)
+    ctx.save_for_backward(q, k, v, g, *output)
     ctx.normalize = normalize
     ctx.form = form
 
 
-def _backward(ctx, dout, dden):
-    q, k, v, g, out, den = ctx.saved_tensors
+def _backward(ctx, dout, dden, _):
+    q, k, v, g, out, den, saved = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dg = lion_bwd(q, k, v, g, out, den, dout, None if ctx.normalize else dden, ctx.normalize, ctx.form)
+    dq, dk, dv, dg = lion_bwd(q, k, v, g, out, den, saved, dout, None if ctx.normalize else dden, ctx.normalize,
+                              ctx.form)
     return dq, dk, dv, (dg if g is not None else None), None, None
 
 
@@ -77,5 +81,5 @@ lion_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 def lion_core(q, k, v, g, normalize: bool, form: str):
     """Differentiable LION core: Y (normalize) or the fp32 pair (num, den); g, form as lion_fwd."""
-    out, den = lion_fwd(q, k, v, g, normalize, form)
+    out, den, _ = lion_fwd(q, k, v, g, normalize, form)
     return out if normalize else (out, den)

@@ -27,8 +27,8 @@ MAX_HEAD_DIM = 128
 # form="auto": the flash-style parallel kernel below these sequence lengths, the linear-time scan from them
 # on. Every stage of the scan is parallel over chunks, so the choice depends on N alone (not on the batch).
 # Crossovers measured on an H100, bf16, H = 6, d = 64, B * N ~ 50k (docs/kernels_lion.md,
-# benchmarks/results/lion_session8_h100.json).
-AUTO_SCAN_MIN_N_TRAIN = {"lit": 1024, "d": 512, "s": 512}
+# benchmarks/results/lion_session9_h100.json).
+AUTO_SCAN_MIN_N_TRAIN = {"lit": 512, "d": 512, "s": 512}
 AUTO_SCAN_MIN_N_INFER = {"lit": 1024, "d": 512, "s": 512}
 _FORMS = {"parallel": "parallel", "chunk": "parallel", "scan": "scan", "recurrent": "scan"}
 
@@ -54,14 +54,11 @@ def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
             and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
 
 
-def gates(mask: str, log_decay: torch.Tensor | None, shape: torch.Size) -> torch.Tensor | None:
-    """Per-token fp32 log-gates [B, H, N] of the kernels' mask (None for LIT). D: log lambda at every token
-    (autograd sums the gate gradient back to [H]); S: log a_m as given."""
-    b, h, n, _ = shape
+def gates(mask: str, log_decay: torch.Tensor | None) -> torch.Tensor | None:
+    """The kernels' fp32 log-gates (None for LIT): D: log lambda [H], which the kernels read at every token
+    (the gradient comes back as [H], no [B, H, N] copy either way); S: log a_m [B, H, N] as given."""
     if mask == "lit":
         return None
-    if mask == "d":
-        return log_decay.float()[None, :, None].expand(b, h, n).contiguous()
     return log_decay.float().contiguous()
 
 
@@ -70,7 +67,7 @@ def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chun
     if not supported(q, k, v):
         return NotImplemented
     kform = _kernel_form(form, q, mask, q, k, v, log_decay)
-    return lion_core(q, k, v, gates(mask, log_decay, q.shape), normalize, kform)
+    return lion_core(q, k, v, gates(mask, log_decay), normalize, kform)
 
 
 def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):
@@ -79,7 +76,7 @@ def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):
     if not supported(q, k, v):
         return NotImplemented
     mask = "d" if log_decay.dim() == 1 else "s"
-    num, _ = lion_core(q, k, v, gates(mask, log_decay, q.shape), False, "scan")
+    num, _ = lion_core(q, k, v, gates(mask, log_decay), False, "scan")
     return num.to(q.dtype)
 
 

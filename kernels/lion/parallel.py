@@ -5,8 +5,8 @@ Per (batch, head), with q, k: [N, d] (positive feature maps), v: [N, d_v], per-t
     M_ij = exp(sum_{m=j}^{i-1} g_m)   (i > j),   exp(sum_{m=i+1}^{j} g_m)   (i < j),   1   (i = j)
     A    = (q k^T) * M,     num = A v,     den = A 1,     Y = num / (den + 1e-6)
 
-LION-S passes g = log a (prefix / cls gates 0); LION-D passes g_m = log lambda for every m (then
-M_ij = lambda^|i-j|); LIT runs with HAS_MASK=False (M = 1).
+LION-S passes g = log a (prefix / cls gates 0); LION-D passes log lambda per head, [H], read as g_m at every
+m through a zero token stride (_gate_ptr; then M_ij = lambda^|i-j|); LIT runs with HAS_MASK=False (M = 1).
 
 Tiles of T query rows meet tiles of T key rows; the mask is built on the fly from the gates of the two tiles
 and one running scalar: each program walks the key tiles outward from its own diagonal tile, so the log-mask
@@ -49,9 +49,17 @@ def _load_rows(ptr, rows, n, cols, ncols, stride_n):
 
 
 @triton.jit
-def _gate_tile(g_ptr, rows, n):
-    """Gates of one tile: (inclusive local cumsum, exclusive local cumsum, tile total), fp32, zeros past n."""
-    g = tl.load(g_ptr + rows, mask=rows < n, other=0.0)
+def _gate_ptr(G, bh, h, N, sg):
+    """The gates of (b, h): per-token gates [B*H, N] (sg = 1), or one per head [H] (sg = 0: LION-D, read at every
+    token through the zero token stride sg, so no [B, H, N] copy is made)."""
+    return G + sg * bh * N + (1 - sg) * h
+
+
+@triton.jit
+def _gate_tile(g_ptr, rows, n, sg):
+    """Gates of one tile: (inclusive local cumsum, exclusive local cumsum, tile total), fp32, zeros past n;
+    sg: token stride (_gate_ptr)."""
+    g = tl.load(g_ptr + rows * sg, mask=rows < n, other=0.0)
     inc = tl.cumsum(g, 0)
     return inc, inc - g, tl.sum(g, 0)
 
@@ -65,9 +73,9 @@ def _tile_log_mask(inc, exc, ar):
 
 
 @triton.jit
-def _tile_prefix_kernel(G, CS, N, NT, T: tl.constexpr, TILES: tl.constexpr):
+def _tile_prefix_kernel(G, CS, N, sg, H, NT, T: tl.constexpr, TILES: tl.constexpr):
     """One (b, h): CS[bh, u] = -(sum of the gates of tiles 0 .. u-1) for u = 0 .. NT (fp64 running sum, stored
-    fp32; non-decreasing, as gates are <= 0)."""
+    fp32; non-decreasing, as gates are <= 0); G, sg as _gate_ptr."""
     bh = tl.program_id(0)
     r = tl.arange(0, TILES)
     col = tl.arange(0, T)
@@ -75,7 +83,8 @@ def _tile_prefix_kernel(G, CS, N, NT, T: tl.constexpr, TILES: tl.constexpr):
     tl.store(CS + bh * (NT + 1) + r, tl.zeros([TILES], dtype=tl.float32), mask=r == 0)
     for t0 in range(0, NT, TILES):
         tok = (t0 + r)[:, None] * T + col[None, :]
-        tot = tl.sum(tl.load(G + bh * N + tok, mask=tok < N, other=0.0), 1).to(tl.float64)
+        tot = tl.sum(tl.load(_gate_ptr(G, bh, bh % H, N, sg) + tok * sg, mask=tok < N, other=0.0), 1)
+        tot = tot.to(tl.float64)
         tl.store(CS + bh * (NT + 1) + 1 + t0 + r, (-(carry + tl.cumsum(tot, 0))).to(tl.float32), mask=t0 + r < NT)
         carry += tl.sum(tot, 0)
 
@@ -109,7 +118,7 @@ def _span(CS, bh, tile, side: tl.constexpr, n_tiles, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, G, CS, NUM, DEN, N, D, DV,
+def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                 HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                 T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -121,7 +130,7 @@ def _fwd_kernel(Q, K, V, G, CS, NUM, DEN, N, D, DV,
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    g_ptr = G + bh * N
+    g_ptr = _gate_ptr(G, bh, h, N, sg)
     rows = it * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -130,7 +139,7 @@ def _fwd_kernel(Q, K, V, G, CS, NUM, DEN, N, D, DV,
     acc = tl.zeros([T, BDV], dtype=tl.float32)
     den = tl.zeros([T], dtype=tl.float32)
     if HAS_MASK:
-        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N)
+        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
     # diagonal tile: both triangles, invalid side zeroed before exp
     k = _load_rows(k_ptr, rows, N, fd, D, skn)
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
@@ -156,7 +165,7 @@ def _fwd_kernel(Q, K, V, G, CS, NUM, DEN, N, D, DV,
             v = _load_rows(v_ptr, cols, N, fv, DV, svn)
             s = tl.dot(q, tl.trans(k), input_precision=PREC)
             if HAS_MASK:
-                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
+                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
                 s = s * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
                 seg += k_tot
             den_s += tl.sum(s, 1)
@@ -176,7 +185,7 @@ def _fwd_kernel(Q, K, V, G, CS, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                    HAS_MASK: tl.constexpr, PREC: tl.constexpr,
                    T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -188,7 +197,7 @@ def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    g_ptr = G + bh * N
+    g_ptr = _gate_ptr(G, bh, h, N, sg)
     rows = it * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -202,7 +211,7 @@ def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     r_lo = tl.zeros([T], dtype=tl.float32)
     r_up = tl.zeros([T], dtype=tl.float32)
     if HAS_MASK:
-        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N)
+        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
     k = _load_rows(k_ptr, rows, N, fd, D, skn)
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -229,7 +238,7 @@ def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
             v = _load_rows(v_ptr, cols, N, fv, DV, svn)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC) + delta[:, None]
             if HAS_MASK:
-                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
+                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
                 dp = dp * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
                 seg += k_tot
             dq_s += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
@@ -249,7 +258,7 @@ def _bwd_dq_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
+def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                      HAS_MASK: tl.constexpr, PREC: tl.constexpr,
                      T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -262,7 +271,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, 
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    g_ptr = G + bh * N
+    g_ptr = _gate_ptr(G, bh, h, N, sg)
     do_ptr = DO + bh * N * DV
     cols = jt * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
@@ -275,7 +284,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, 
     c_lo = tl.zeros([T], dtype=tl.float32)
     c_up = tl.zeros([T], dtype=tl.float32)
     if HAS_MASK:
-        k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N)
+        k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
     # diagonal tile; transposed index: row a = key, column c = query
     q = _load_rows(q_ptr, cols, N, fd, D, sqn)
     zinv = tl.load(ZINV + bh * N + cols, mask=cols < N, other=0.0)
@@ -315,7 +324,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, 
             at = tl.dot(k, tl.trans(q), input_precision=PREC)
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
             if HAS_MASK:
-                q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N)
+                q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
                 wq = tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
                 seg += q_tot
                 dpt = dpt * wq
@@ -357,26 +366,33 @@ def _strides(*ts: torch.Tensor) -> list[int]:
     return [s for t in ts for s in t.stride()[:3]]
 
 
-def tile_prefix(g: torch.Tensor, tile: int) -> torch.Tensor:
+def gate_stride(g: torch.Tensor) -> int:
+    """The kernels' gate token stride (_gate_ptr): 1 for per-token gates [B, H, N], 0 for per-head ones [H]."""
+    return 1 if g.dim() == 3 else 0
+
+
+def tile_prefix(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
     """Negated prefix sums of the per-tile gate totals, fp32 [B*H, n_tiles + 1], from which the kernels count
-    the tiles they visit (_span). g: fp32 log-gates [B, H, N]."""
-    B, H, N = g.shape
+    the tiles they visit (_span). g: fp32 log-gates [B, H, N] or [H]; shape: q's [B, H, N, d]."""
+    B, H, N, _ = shape
     nt = triton.cdiv(N, tile)
     cs = empty((B * H, nt + 1), torch.float32, g.device)
-    _tile_prefix_kernel[(B * H,)](g, cs, N, nt, T=tile, TILES=max(2, min(64, triton.next_power_of_2(nt))))
+    _tile_prefix_kernel[(B * H,)](g, cs, N, gate_stride(g), H, nt, T=tile,
+                                  TILES=max(2, min(64, triton.next_power_of_2(nt))))
     return cs
 
 
 def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3):
-    """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: [B, H, N] fp32 log-gates or None
-    (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32, den [B, H, N] fp32)."""
+    """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
+    [H] (per head) or None (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
+    den [B, H, N] fp32)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
     out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     grid = (triton.cdiv(N, tile), B * H)
-    gs = (g, tile_prefix(g, tile)) if g is not None else (den, den)
+    gs = (g, gate_stride(g), tile_prefix(g, q.shape, tile)) if g is not None else (den, 1, den)
     _fwd_kernel[grid](q, k, v, *gs, out, den, N, D, DV, *_strides(q, k, v), H,
                       HAS_MASK=g is not None, NORMALIZE=normalize, T=tile, num_warps=num_warps,
                       num_stages=num_stages, **_meta(q, v))
@@ -386,7 +402,7 @@ def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_w
 def parallel_backward(q, k, v, g, do, zinv, delta, tile: int | None = None, num_warps: int = 4, num_stages: int = 2):
     """Launch the two backward kernels. do: [B, H, N, d_v] contiguous upstream gradient of num after scaling by
     zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den.
-    Returns dq, dk, dv and dg [B, H, N] fp32 (None for LIT)."""
+    Returns dq, dk, dv and dg fp32 of g's shape (None for LIT)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
@@ -398,11 +414,11 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tile: int | None = None, num_
     r_lo, r_up, c_lo, c_up = sums
     grid = (triton.cdiv(N, tile), B * H)
     meta = dict(HAS_MASK=has_mask, T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
-    gs = (g, tile_prefix(g, tile)) if has_mask else (zinv, zinv)
+    gs = (g, gate_stride(g), tile_prefix(g, q.shape, tile)) if has_mask else (zinv, 1, zinv)
     _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
     _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H,
                            **meta)
-    dg = gate_grad(sums) if has_mask else None
+    dg = gate_grad(sums, g.dim() == 1) if has_mask else None
     return dq, dk, dv, dg
 
 
@@ -433,10 +449,12 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
 
 
 @triton.jit
-def _gate_grad_kernel(SUMS, DG, N, BHN, BLOCK: tl.constexpr):
-    """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums."""
+def _gate_grad_kernel(SUMS, DG, N, BHN, PER_HEAD: tl.constexpr, BLOCK: tl.constexpr):
+    """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums; with PER_HEAD
+    only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token)."""
     bh = tl.program_id(0)
     carry = tl.zeros([1], dtype=tl.float64)
+    total = tl.zeros([1], dtype=tl.float64)
     for n0 in range(0, N, BLOCK):
         cols = n0 + tl.arange(0, BLOCK)
         ok = cols < N
@@ -447,14 +465,21 @@ def _gate_grad_kernel(SUMS, DG, N, BHN, BLOCK: tl.constexpr):
         c_up = tl.load(ptr + 3 * BHN, mask=ok, other=0.0).to(tl.float64)
         up = r_up - c_up
         x = c_lo - r_lo + up
-        tl.store(DG + bh * N + cols, (carry + tl.cumsum(x, 0) - up).to(tl.float32), mask=ok)
+        dg = carry + tl.cumsum(x, 0) - up
+        if PER_HEAD:
+            total += tl.sum(tl.where(ok, dg, 0.0), 0)
+        else:
+            tl.store(DG + bh * N + cols, dg.to(tl.float32), mask=ok)
         carry += tl.sum(x, 0)
+    if PER_HEAD:
+        tl.store(DG + bh + tl.arange(0, 1), total.to(tl.float32))
 
 
-def gate_grad(sums: torch.Tensor) -> torch.Tensor:
-    """dg_m = cumsum(cL - rL)_m + excl_cumsum(rU - cU)_m over the sequence (fp64 prefix sums), as fp32 [B, H, N].
-    sums: fp32 [4, B, H, N] = rL, rU, cL, cU."""
+def gate_grad(sums: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+    """dg_m = cumsum(cL - rL)_m + excl_cumsum(rU - cU)_m over the sequence (fp64 prefix sums), as fp32 [B, H, N];
+    per_head: summed over the batch and the sequence instead, [H]. sums: fp32 [4, B, H, N] = rL, rU, cL, cU."""
     _, B, H, N = sums.shape
-    dg = empty((B, H, N), torch.float32, sums.device)
-    _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, BLOCK=min(1024, max(16, triton.next_power_of_2(N))))
-    return dg
+    dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
+    _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, PER_HEAD=per_head,
+                                BLOCK=min(1024, max(16, triton.next_power_of_2(N))))
+    return dg.sum(0) if per_head else dg

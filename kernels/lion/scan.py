@@ -24,11 +24,12 @@ Decays are fp32; states are stored in fp32 for fp32 inputs and in bf16 for 16-bi
 accumulates in fp32), and enter the matmuls in the input dtype.
 
 Backward (dnum = dY / Z, dden as in parallel.py, dA_ij = dnum_i . v_j + dden_i): dq_i = sum_j M_ij dA_ij k_j
-reads the same states S, R (recomputed, with [dnum_i, dden_i] against [v, 1]); dk, dv read the mirror states
-of the queries, P = sum_i M_ij q_i [dnum_i, dden_i]^T, run left to right for the upper triangle (local weight
-exp(tot - inc_i), read by key j with exp(inc_j)) and right to left for the lower one (exp(exc_i), read with
-exp(tot - exc_j)): dk_j = P [v_j, 1], dv_j = P^T k_j. The gate gradient needs the row / column sums of
-W = dA * A split by triangle (parallel.py); for a state term they are q_i . dq_i(term) and k_j . dk_j(term).
+reads the same states S, R (kept from the forward: 2 W / C values per token and head, 130 for d = d_v = C = 64,
+in bf16 for 16-bit inputs), with [dnum_i, dden_i] against [v, 1]; dk, dv read the
+mirror states of the queries, P = sum_i M_ij q_i [dnum_i, dden_i]^T, run left to right for the upper triangle
+(local weight exp(tot - inc_i), read by key j with exp(inc_j)) and right to left for the lower one (exp(exc_i),
+read with exp(tot - exc_j)): dk_j = P [v_j, 1], dv_j = P^T k_j. The gate gradient needs the row / column sums
+of W = dA * A split by triangle (parallel.py); for a state term they are q_i . dq_i(term) and k_j . dk_j(term).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .._launch import empty
-from .parallel import EPS, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad
+from .parallel import EPS, _gate_ptr, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad, gate_stride
 
 CHUNK = 64          # tokens per chunk (C)
 SCAN_CHUNKS = 16    # chunks per step of the cross-chunk scan (TB)
@@ -57,11 +58,12 @@ def _chunk_program(H, N, C: tl.constexpr):
 
 
 @triton.jit
-def _chunk_gates(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
+def _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
     """The chunk's gate sums and the four per-row decay factors, fp32 [C] each (zeros / ones without a mask):
-    (inc, exc, tot, exp(exc), exp(tot - inc), exp(tot - exc), exp(inc))."""
+    (inc, exc, tot, exp(exc), exp(tot - inc), exp(tot - exc), exp(inc)). G, sg: gates and their token stride
+    (parallel._gate_ptr)."""
     if HAS_MASK:
-        inc, exc, tot = _gate_tile(g_ptr, rows, N)
+        inc, exc, tot = _gate_tile(_gate_ptr(G, bh, h, N, sg), rows, N, sg)
         return inc, exc, tot, tl.exp(exc), tl.exp(tot - inc), tl.exp(tot - exc), tl.exp(inc)
     else:
         zero = tl.zeros([C], tl.float32)
@@ -70,7 +72,7 @@ def _chunk_gates(g_ptr, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv,
+def _chunk_terms(X, Y, YS, YC, G, sg, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv,
                  HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, C: tl.constexpr):
     """What one chunk adds to the states: (x [C, BD], y [C, BDV] in the input dtype, ones column yc [C], chunk
     total, left-to-right weights [C], right-to-left weights [C]).
@@ -85,7 +87,7 @@ def _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn
         yc = tl.load(YC + bh * N + rows, mask=rmask, other=0.0)
     else:
         yc = rmask.to(tl.float32)
-    _, _, tot, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
+    _, _, tot, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK, C)
     if QUERIES:
         return x, y, yc, tot, w_tot_inc, w_exc
     else:
@@ -107,27 +109,27 @@ def _store_state(ptr, m, z, fd, fv, BD: tl.constexpr, BDV: tl.constexpr):
 
 
 @triton.jit
-def _local_states_kernel(X, Y, YS, YC, G, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
+def _local_states_kernel(X, Y, YS, YC, G, sg, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
                          HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
                          C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and (keys)
+    """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and
     TOT[bh, t] = tot_t."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
-    x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rmask, N, D, DV,
+    x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, sg, b, h, bh, rows, rmask, N, D, DV,
                                                   sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C)
     W: tl.constexpr = BD * BDV + BD
     m, z = _state_term(x, w_right, yc, y, PREC)
     _store_state(U + (bh * T + it) * W, m, z, fd, fv, BD, BDV)
     m, z = _state_term(x, w_left, yc, y, PREC)
     _store_state(U + ((BH + bh) * T + it) * W, m, z, fd, fv, BD, BDV)
-    if HAS_MASK and not QUERIES:  # the same totals for both sources: the key pass writes them
+    if HAS_MASK:
         tl.store(TOT + bh * T + it, tot)
 
 
 @triton.jit
-def _sequential_states_kernel(X, Y, YS, YC, G, S, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H, T,
+def _sequential_states_kernel(X, Y, YS, YC, G, sg, S, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H, T,
                               HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
                               C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """Stages 1 and 2 in one pass, for many (b, h) pairs: one program per (b * h, direction s) walks the chunks
@@ -147,7 +149,7 @@ def _sequential_states_kernel(X, Y, YS, YC, G, S, N, D, DV, sxb, sxh, sxn, syb, 
         it = step if s == 0 else T - 1 - step
         _store_state(S + ((s * BH + bh) * T + it) * W, acc, z, fd, fv, BD, BDV)
         rows = it * C + tl.arange(0, C)
-        x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, b, h, bh, rows, rows < N, N, D, DV,
+        x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, sg, b, h, bh, rows, rows < N, N, D, DV,
                                                       sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C)
         m, zt = _state_term(x, tl.where(s == 0, w_right, w_left), yc, y, PREC)
         decay = tl.exp(tot)
@@ -164,8 +166,8 @@ def _affine(a1, b1, a2, b2):
 @triton.jit
 def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr, TB: tl.constexpr,
                        BLOCK: tl.constexpr):
-    """Entering states S[s, bh, t] from the local terms U[s, bh, t] (both [NS, BH, T, W], fp32 sums): states with
-    even s run left to right (S_{t+1} = exp(tot_t) S_t + U_t, S_0 = 0), odd s right to left.
+    """Entering states S[s, bh, t] from the local terms U[s, bh, t] (both [2, BH, T, W], fp32 sums): s = 0 runs
+    left to right (S_{t+1} = exp(tot_t) S_t + U_t, S_0 = 0), s = 1 right to left.
     Position p of the scan order holds S_p = d_{p-1} S_{p-1} + U_{p-1}: TB positions at a time form the affine
     maps (d_{p-1}, U_{p-1}), compose them with a prefix scan and apply the result to the carried state."""
     eb = tl.program_id(0)
@@ -180,7 +182,7 @@ def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr
         p = p0 + r
         prev = p - 1
         valid = (prev >= 0) & (prev < T)
-        c_prev = prev if s % 2 == 0 else T - 1 - prev
+        c_prev = prev if s == 0 else T - 1 - prev
         u = tl.load(U + (base + c_prev)[:, None] * W + e[None, :], mask=valid[:, None] & emask[None, :], other=0.0)
         u = u.to(tl.float32)
         if HAS_MASK:
@@ -189,7 +191,7 @@ def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr
             state = a * carry[None, :] + acc
         else:
             state = carry[None, :] + tl.cumsum(u, 0)
-        c = p if s % 2 == 0 else T - 1 - p
+        c = p if s == 0 else T - 1 - p
         tl.store(S + (base + c)[:, None] * W + e[None, :], state.to(S.dtype.element_ty),
                  mask=(p < T)[:, None] & emask[None, :])
         carry = tl.sum(tl.where(r[:, None] == TB - 1, state, 0.0), 0)
@@ -224,7 +226,7 @@ def _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb,
 
 
 @triton.jit
-def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+def _scan_out_kernel(Q, K, V, G, sg, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                      HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                      C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One chunk of one (b, h): num = intra-chunk block + exp(exc) q S_t + exp(tot - inc) q R_t (den alike)."""
@@ -233,7 +235,7 @@ def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh,
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, C)
     q, k, v = _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, fd, fv)
-    inc, exc, _, w_exc, w_tot_inc, _, _ = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
+    inc, exc, _, w_exc, w_tot_inc, _, _ = _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK, C)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
         s = s * tl.exp(_tile_log_mask(inc, exc, ar))
@@ -254,13 +256,13 @@ def _scan_out_kernel(Q, K, V, G, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh,
 
 
 @triton.jit
-def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, DV,
+def _scan_grad_kernel(Q, K, V, G, sg, DO, ZINV, DELTA, S, P, DQ, DK, DVO, SUMS, N, D, DV,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
                       HAS_MASK: tl.constexpr, PREC: tl.constexpr,
                       C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dq, dk, dv of one chunk of one (b, h) and the row / column sums of W by triangle (SUMS: fp32
-    [4, B*H, N] = rL, rU, cL, cU). S: [4, B*H, T, W] entering states = key states S (left to right), R (right
-    to left), query states P (left to right: upper triangle), P (right to left: lower triangle)."""
+    [4, B*H, N] = rL, rU, cL, cU). Entering states [2, B*H, T, W]: S = the key states S (left to right), R (right
+    to left); P = the query states P (left to right: upper triangle), P (right to left: lower triangle)."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -270,7 +272,7 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     dd = tl.load(DELTA + bh * N + rows, mask=rmask, other=0.0)
     dn = (_load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)
     ones = rmask.to(tl.float32)
-    inc, exc, _, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G + bh * N, rows, N, HAS_MASK, C)
+    inc, exc, _, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK, C)
     # intra-chunk block, both triangles; its W sums first, so that only the 16-bit A and dP stay live
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     dp = tl.dot(dn, tl.trans(v), input_precision=PREC) + dd[:, None]
@@ -294,24 +296,24 @@ def _scan_grad_kernel(Q, K, V, G, DO, ZINV, DELTA, S, DQ, DK, DVO, SUMS, N, D, D
     dp = dp.to(q.dtype)
     # dk, dv from the query states (upper from P left to right, lower from P right to left), then dq from the
     # key states (lower from S, upper from R)
-    _grad_keys(S, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
+    _grad_keys(P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
                rows, rmask, fd, fv, HAS_MASK, PREC, BD, BDV)
     _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask,
                   fd, HAS_MASK, PREC, BD, BDV)
 
 
 @triton.jit
-def _grad_keys(S, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
+def _grad_keys(P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
                rows, rmask, fd, fv, HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """dk, dv of a chunk: its A^T dnum and dP^T q plus the two query states; stores them and cL, cU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
     dv = tl.dot(tl.trans(a), dn, input_precision=PREC)
     dk = tl.dot(tl.trans(dp), q, input_precision=PREC)
-    st, z = _load_state(S + ((2 * BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
+    st, z = _load_state(P + (bh * T + it) * W, q.dtype, fd, BD, BDV)
     dk_up = _apply_t(v, ones, st, z, w_inc, PREC)
     dv += w_inc[:, None] * tl.dot(k, st, input_precision=PREC)
-    st, z = _load_state(S + ((3 * BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
+    st, z = _load_state(P + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
     dk_lo = _apply_t(v, ones, st, z, w_tot_exc, PREC)
     dv += w_tot_exc[:, None] * tl.dot(k, st, input_precision=PREC)
     tl.store(DVO + bh * N * DV + rows[:, None] * DV + fv[None, :], dv.to(DVO.dtype.element_ty),
@@ -343,35 +345,32 @@ def _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, b
         tl.store(SUMS + BHN + bh * N + rows, r_up + tl.sum(qf * dq_up, 1), mask=rmask)
 
 
-def _entering_states(q, k, v, g, grads, plan):
-    """Stages 1 and 2: the states entering each chunk, [NS, B*H, T, W] in plan's state dtype: the key states S
-    (left to right) and R (right to left), then with grads = (dO, 1 / Z, dden) the query states P (both
-    directions). One sequential pass per source from SEQUENTIAL_MIN_PAIRS (b, h) pairs on; else the local terms of
-    every chunk (stage 1) and the affine scan over the chunks (stage 2), which fill the GPU for few pairs."""
+def _entering_states(x, y, ys, yc, g, queries: bool, plan):
+    """Stages 1 and 2 for one source: the states entering each chunk, [2, B*H, T, W] in plan's state dtype, left
+    to right then right to left. Keys: x = k, y = v (ys, yc unused), the states S and R; queries: x = q, y = dO,
+    ys = 1 / Z, yc = dden, the states P. One sequential pass from SEQUENTIAL_MIN_PAIRS (b, h) pairs on; else
+    the local terms of every chunk (stage 1) and the affine scan over the chunks (stage 2), which fill the GPU
+    for few pairs."""
     chunk, tb, block, state_dtype, sequential_pairs = plan
-    B, H, N, D = q.shape
-    DV = v.shape[-1]
+    B, H, N, D = x.shape
+    DV = y.shape[-1]
     T = triton.cdiv(N, chunk)
-    meta = _meta(q, v)
+    meta = _meta(x, y)
     width = meta["BD"] * meta["BDV"] + meta["BD"]
-    tot = empty((B * H, T), torch.float32, q.device)
-    gates = g if g is not None else tot
-    sequential = B * H >= sequential_pairs
-    sources = [(k, v, tot, tot, False)] + ([(q, *grads, True)] if grads else [])
+    tot = empty((B * H, T), torch.float32, x.device)
+    gates = (g, gate_stride(g)) if g is not None else (tot, 1)
+    ys, yc = (ys, yc) if queries else (tot, tot)
     # the entering states themselves when sequential, else the local terms of stage 1
-    terms = empty((2 * len(sources), B * H, T, width), state_dtype, q.device)
-    for i, (x, y, ys, yc, queries) in enumerate(sources):
-        args = (x, y, ys, yc, gates, terms[2 * i:], N, D, DV, *_strides(x, y), H)
-        config = dict(HAS_MASK=g is not None, QUERIES=queries, C=chunk, num_warps=4, **meta)
-        if sequential:
-            _sequential_states_kernel[(B * H, 2)](*args, T, num_stages=3, **config)
-        else:
-            _local_states_kernel[(T, B * H)](*args[:6], tot, *args[6:], **config)
-    if sequential:
+    terms = empty((2, B * H, T, width), state_dtype, x.device)
+    args = (x, y, ys, yc, *gates, terms, N, D, DV, *_strides(x, y), H)
+    config = dict(HAS_MASK=g is not None, QUERIES=queries, C=chunk, num_warps=4, **meta)
+    if B * H >= sequential_pairs:
+        _sequential_states_kernel[(B * H, 2)](*args, T, num_stages=3, **config)
         return terms
-    states = empty(terms.shape, state_dtype, q.device)
+    _local_states_kernel[(T, B * H)](*args[:7], tot, *args[7:], **config)
+    states = empty(terms.shape, state_dtype, x.device)
     tb = min(tb, max(2, triton.next_power_of_2(T)))
-    _chunk_scan_kernel[(triton.cdiv(width, block), B * H, terms.shape[0])](
+    _chunk_scan_kernel[(triton.cdiv(width, block), B * H, 2)](
         terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4)
     return states
 
@@ -385,42 +384,54 @@ def _plan(q, chunk, tb, block, state_dtype):
     return chunk or CHUNK, tb or SCAN_CHUNKS, block or SCAN_BLOCK, state_dtype, SEQUENTIAL_MIN_PAIRS
 
 
+def key_states_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of the key states' shape and dtype under the defaults, [2, B*H, T, W] (for fake tensors)."""
+    B, H, N, _ = q.shape
+    chunk, _, _, state_dtype, _ = _plan(q, None, None, None, None)
+    meta = _meta(q, v)
+    return q.new_empty(2, B * H, triton.cdiv(N, chunk), meta["BD"] * meta["BDV"] + meta["BD"], dtype=state_dtype)
+
+
 def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int | None = None,
                  block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
-    """Launch the scan forward. Shapes and returns as parallel.parallel_forward."""
+    """Launch the scan forward. Shapes as parallel.parallel_forward; returns (out, den, key states), the states
+    [2, B*H, T, W] kept for scan_backward (it reuses them instead of a second pass over k and v)."""
     plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
-    states = _entering_states(q, k, v, g, None, plan)
+    states = _entering_states(k, v, None, None, g, False, plan)
     # fp32 inputs normalise outside the kernel: on an H100 (Triton 3.6) the NORMALIZE=True build with fp32 states
     # gave wrong Y for H = 1 (kernels/lion/check.py, session 8; the fp32 num / den it returns were right)
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
-    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, g if g is not None else den, states, out, den, N, D,
-                                                       DV, *_strides(q, k, v), H, HAS_MASK=g is not None,
+    gates = (g, gate_stride(g)) if g is not None else (den, 1)
+    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gates, states, out, den, N, D, DV,
+                                                       *_strides(q, k, v), H, HAS_MASK=g is not None,
                                                        NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps,
                                                        **_meta(q, v))
     if normalize and not in_kernel:
         out = out / (den + EPS.value)[..., None]
-    return out, den
+    return out, den, states
 
 
-def scan_backward(q, k, v, g, do, zinv, delta, chunk: int | None = None, tb: int | None = None,
+def scan_backward(q, k, v, g, do, zinv, delta, key_states, chunk: int | None = None, tb: int | None = None,
                   block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
-    """Launch the scan backward. Arguments as parallel.parallel_backward; returns dq, dk, dv, dg (None for LIT)."""
+    """Launch the scan backward. Arguments as parallel.parallel_backward, plus the forward's key states (same
+    chunk and state dtype); returns dq, dk, dv, dg (None for LIT)."""
     plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
     has_mask = g is not None
-    states = _entering_states(q, k, v, g, (do, zinv, delta), plan)
+    query_states = _entering_states(q, do, zinv, delta, g, True, plan)
     dq = empty((B, H, N, D), q.dtype, q.device)
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
-    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, g if has_mask else zinv, do, zinv, delta, states,
-                                                        dq, dk, dv, sums, N, D, DV, *_strides(q, k, v), H,
-                                                        HAS_MASK=has_mask, C=plan[0], num_warps=num_warps,
-                                                        **_meta(q, v))
-    dg = gate_grad(sums) if has_mask else None
+    gates = (g, gate_stride(g)) if has_mask else (zinv, 1)
+    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gates, do, zinv, delta,
+                                                        key_states, query_states, dq, dk, dv, sums, N, D, DV,
+                                                        *_strides(q, k, v), H, HAS_MASK=has_mask, C=plan[0],
+                                                        num_warps=num_warps, **_meta(q, v))
+    dg = gate_grad(sums, g.dim() == 1) if has_mask else None
     return dq, dk, dv, dg

@@ -170,7 +170,7 @@ def test_tile_spans():
     tile, nt = 8, 26
     g = F.logsigmoid(torch.randn(2, 3, 203, device=DEV) + torch.linspace(-4.0, 6.0, 203, device=DEV))
     g[1, 2] = 0.0  # no decay: every tile is visited
-    cs = lk.parallel.tile_prefix(g, tile)
+    cs = lk.parallel.tile_prefix(g, (2, 3, 203, 16), tile)
     tot = F.pad(g, (0, nt * tile - 203)).view(6, nt, tile).sum(-1)
     assert torch.allclose(cs, F.pad(-tot.double().cumsum(-1), (1, 0)).float(), rtol=1e-6, atol=1e-4)
     spans = torch.full((2, 6, nt), -1, dtype=torch.int32, device=DEV)
@@ -187,6 +187,19 @@ def test_tile_spans():
                 assert spans[side, bh, i].item() == count, (side, bh, i)
     assert spans[:, 5].tolist() == [list(range(nt)), list(range(nt - 1, -1, -1))]
     assert 0 < spans.sum() < spans[:, 5].sum() * 6
+
+
+def test_per_head_gates():
+    """LION-D's gates stay [H] in the kernels (zero token stride): tile sums and the summed gate gradient equal
+    those of the same gates expanded to every token."""
+    b, h, n, tile = 2, 3, 203, 8
+    lam = F.logsigmoid(torch.randn(h, device=DEV))
+    per_token = lam[None, :, None].expand(b, h, n).contiguous()
+    shape = (b, h, n, 16)
+    assert torch.equal(lk.parallel.tile_prefix(lam, shape, tile), lk.parallel.tile_prefix(per_token, shape, tile))
+    sums = torch.randn(4, b, h, n, device=DEV)
+    want = lk.parallel.gate_grad(sums).double().sum((0, 2))
+    assert torch.allclose(lk.parallel.gate_grad(sums, per_head=True).double(), want, rtol=1e-5, atol=1e-3)
 
 
 @pytest.mark.parametrize("mask", ["d", "s"])
@@ -223,10 +236,10 @@ def test_auto_form_and_fallback():
     """form='auto' follows choose_form (by N and mask, the measured crossovers); fp64 inputs are not a kernel
     case (the reference runs)."""
     assert lk.choose_form(196, needs_grad=True) == "parallel" and lk.choose_form(1024) == "scan"
-    assert lk.choose_form(1 << 16, mask="d") == "scan" and lk.choose_form(576, mask="lit") == "parallel"
+    assert lk.choose_form(1 << 16, mask="d") == "scan" and lk.choose_form(576, mask="lit") == "scan"
     assert lk.choose_form(196, needs_grad=False) == "parallel" and lk.choose_form(576, needs_grad=False) == "scan"
     assert lk.choose_form(576, needs_grad=False, mask="lit") == "parallel"
-    assert lk.choose_form(1024, needs_grad=False, mask="lit") == "scan" and lk.choose_form(512, mask="lit") == "parallel"
+    assert lk.choose_form(1024, needs_grad=False, mask="lit") == "scan" and lk.choose_form(511, mask="lit") == "parallel"
     q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
 
