@@ -25,7 +25,10 @@ dg_m = sum of W over the pairs whose segment contains m:
     upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
 where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
 The dq kernel produces rL, rU, the dk/dv kernel cL, cU; _gate_grad_kernel (fp64 running sums) finishes dg.
-Off the diagonal tile a side's sums need no extra matmul: sum_j W_ij = q_i . dq_i(side), sum_i W_ij = k_j . dk_j(side).
+The sums come from the fp32 tiles (the dq kernel forms q k^T for them, a third matmul per tile). Session 8 took
+them as q_i . dq_i(side) and k_j . dk_j(side) instead, with no extra matmul, but dq and dk are sums of the
+bf16-rounded dP, and the gate gradient (differences of prefix sums) amplified that rounding: bf16 gate-gradient
+errors reached 1-1.5e-2 at N >= 1024 (2-3e-3 with the fp32 tiles).
 """
 
 from __future__ import annotations
@@ -230,6 +233,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     for side in tl.static_range(2):  # as in _fwd_kernel: left (lower triangle), then right (upper)
         n_side = _span(CS, bh, it, side, n_tiles, HAS_MASK)
         dq_s = tl.zeros([T, BD], dtype=tl.float32)
+        r_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
         for step in range(0, n_side):
             jt = it - 1 - step if side == 0 else it + 1 + step
@@ -241,14 +245,15 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                 k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
                 dp = dp * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
                 seg += k_tot
+                r_s += tl.sum(dp * tl.dot(q, tl.trans(k), input_precision=PREC), 1)
             dq_s += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
-        if HAS_MASK:  # the side's W row sums: sum_j dP_ij q_i . k_j = q_i . dq_i(side)
-            dq_s = dq_s * tl.exp(q_exc if side == 0 else q_tot - q_inc)[:, None]
-            r_side = tl.sum(q.to(tl.float32) * dq_s, 1)
+        if HAS_MASK:  # the side's W row sums, from the fp32 tiles (see the module docstring)
+            row = tl.exp(q_exc if side == 0 else q_tot - q_inc)
+            dq_s = dq_s * row[:, None]
             if side == 0:
-                r_lo += r_side
+                r_lo += r_s * row
             else:
-                r_up += r_side
+                r_up += r_s * row
         dq += dq_s
     tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty),
              mask=(rows[:, None] < N) & (fd[None, :] < D))
@@ -313,6 +318,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
         n_side = _span(CS, bh, jt, 1 - side, n_tiles, HAS_MASK)
         dk_s = tl.zeros([T, BD], dtype=tl.float32)
         dv_s = tl.zeros([T, BDV], dtype=tl.float32)
+        c_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
         for step in range(0, n_side):
             it = jt + 1 + step if side == 0 else jt - 1 - step
@@ -328,18 +334,18 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
                 wq = tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
                 seg += q_tot
                 dpt = dpt * wq
+                c_s += tl.sum(dpt * at, 1)
                 at = at * wq
             dv_s += tl.dot(at.to(do.dtype), do, input_precision=PREC)
             dk_s += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
-        if HAS_MASK:  # the side's W column sums: k_j . dk_j(side), as the row sums in _bwd_dq_kernel
+        if HAS_MASK:  # the side's W column sums, from the fp32 tiles (module docstring)
             col = tl.exp(k_tot - k_exc if side == 0 else k_inc)
             dk_s = dk_s * col[:, None]
             dv_s = dv_s * col[:, None]
-            c_side = tl.sum(k.to(tl.float32) * dk_s, 1)
             if side == 0:
-                c_lo += c_side
+                c_lo += c_s * col
             else:
-                c_up += c_side
+                c_up += c_s * col
         dk += dk_s
         dv += dv_s
     cmask = cols < N
