@@ -24,12 +24,12 @@ Decays are fp32; states are stored in fp32 for fp32 inputs and in bf16 for 16-bi
 accumulates in fp32), and enter the matmuls in the input dtype.
 
 Backward (dnum = dY / Z, dden as in parallel.py, dA_ij = dnum_i . v_j + dden_i): dq_i = sum_j M_ij dA_ij k_j
-reads the same states S, R (kept from the forward: 2 W / C values per token and head, 130 for d = d_v = C = 64,
-in bf16 for 16-bit inputs), with [dnum_i, dden_i] against [v, 1]; dk, dv read the
-mirror states of the queries, P = sum_i M_ij q_i [dnum_i, dden_i]^T, run left to right for the upper triangle
-(local weight exp(tot - inc_i), read by key j with exp(inc_j)) and right to left for the lower one (exp(exc_i),
-read with exp(tot - exc_j)): dk_j = P [v_j, 1], dv_j = P^T k_j. The gate gradient needs the row / column sums
-of W = dA * A split by triangle (parallel.py); for a state term they are q_i . dq_i(term) and k_j . dk_j(term).
+reads the same states S, R with [dnum_i, dden_i] against [v, 1] (the forward keeps them for the backward: 2 W / C
+values per token and head, 130 for d = d_v = C = 64, bf16 for 16-bit inputs); dk, dv read the mirror states of
+the queries, P = sum_i M_ij q_i [dnum_i, dden_i]^T, run left to right for the upper triangle (local weight
+exp(tot - inc_i), read by key j with exp(inc_j)) and right to left for the lower one (exp(exc_i), read with
+exp(tot - exc_j)): dk_j = P [v_j, 1], dv_j = P^T k_j. The gate gradient needs the row / column sums of
+W = dA * A split by triangle (parallel.py); for a state term they are q_i . dq_i(term) and k_j . dk_j(term).
 """
 
 from __future__ import annotations
