@@ -2,7 +2,8 @@
 
     torch.ops.lightvision.lion_fwd(q, k, v, g, normalize, form) -> (out, den, saved)
         out: Y [B, H, N, d_v] in q.dtype (normalize) or num in fp32; den: A 1 [B, H, N] fp32;
-        saved: what the backward reuses: the scan's key states (scan.scan_forward), empty for "parallel"
+        saved: what the backward reuses: the masked form's tile prefix sums (parallel.tile_prefix; empty for
+        LIT) or the scan's key states (scan.scan_forward)
     torch.ops.lightvision.lion_bwd(q, k, v, g, out, den, saved, dout, dden, normalize, form) -> (dq, dk, dv, dg)
         dg: fp32 of g's shape, empty when g is None (LIT)
 g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "parallel" (parallel.py) or
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .parallel import parallel_backward, parallel_forward, row_grads
+from .parallel import parallel_backward, parallel_forward, row_grads, tile_prefix_like
 from .scan import key_states_like, scan_backward, scan_forward
 
 
@@ -25,17 +26,15 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("lightvision::lion_fwd", mutates_args=())
 def lion_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, normalize: bool,
              form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
-    if form == "parallel":
-        return *parallel_forward(q, k, v, g, normalize), q.new_empty(0)
-    return scan_forward(q, k, v, g, normalize)
+    fwd = parallel_forward if form == "parallel" else scan_forward
+    return fwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, normalize)
 
 
 @lion_fwd.register_fake
 def _lion_fwd_fake(q, k, v, g, normalize, form):
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[-1], dtype=q.dtype if normalize else torch.float32)
-    saved = q.new_empty(0) if form == "parallel" else key_states_like(q, v)
+    saved = tile_prefix_like(q, g) if form == "parallel" else key_states_like(q, v)
     return out, q.new_empty(b, h, n, dtype=torch.float32), saved
 
 
@@ -50,7 +49,8 @@ def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
         zinv = torch.ones_like(den)
         delta = torch.zeros_like(den) if dden is None else dden.float()
     args = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout, zinv.contiguous(), delta.contiguous())
-    dq, dk, dv, dg = parallel_backward(*args) if form == "parallel" else scan_backward(*args, saved)
+    bwd = parallel_backward if form == "parallel" else scan_backward
+    dq, dk, dv, dg = bwd(*args, saved)
     return dq, dk, dv, den.new_empty(0) if dg is None else dg
 
 

@@ -377,6 +377,11 @@ def gate_stride(g: torch.Tensor) -> int:
     return 1 if g.dim() == 3 else 0
 
 
+def gate_args(g: torch.Tensor | None, fill: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The kernels' (G, sg) arguments: the gates and their token stride, or an unread placeholder for LIT."""
+    return (g, gate_stride(g)) if g is not None else (fill, 1)
+
+
 def tile_prefix(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
     """Negated prefix sums of the per-tile gate totals, fp32 [B*H, n_tiles + 1], from which the kernels count
     the tiles they visit (_span). g: fp32 log-gates [B, H, N] or [H]; shape: q's [B, H, N, d]."""
@@ -388,26 +393,34 @@ def tile_prefix(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
     return cs
 
 
+def tile_prefix_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """An empty tensor shaped as parallel_forward's saved prefix sums under the default tile (for fake tensors)."""
+    B, H, N, _ = q.shape
+    return q.new_empty(0) if g is None else q.new_empty(B * H, triton.cdiv(N, TILE) + 1, dtype=torch.float32)
+
+
 def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
     [H] (per head) or None (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
-    den [B, H, N] fp32)."""
+    den [B, H, N] fp32, the tile prefix sums that parallel_backward reuses (tile_prefix; empty for LIT))."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
     out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     grid = (triton.cdiv(N, tile), B * H)
-    gs = (g, gate_stride(g), tile_prefix(g, q.shape, tile)) if g is not None else (den, 1, den)
-    _fwd_kernel[grid](q, k, v, *gs, out, den, N, D, DV, *_strides(q, k, v), H,
-                      HAS_MASK=g is not None, NORMALIZE=normalize, T=tile, num_warps=num_warps,
-                      num_stages=num_stages, **_meta(q, v))
-    return out, den
+    cs = tile_prefix(g, q.shape, tile) if g is not None else den.new_empty(0)
+    _fwd_kernel[grid](q, k, v, *gate_args(g, den), cs if g is not None else den, out, den, N, D, DV,
+                      *_strides(q, k, v), H, HAS_MASK=g is not None, NORMALIZE=normalize, T=tile,
+                      num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
+    return out, den, cs
 
 
-def parallel_backward(q, k, v, g, do, zinv, delta, tile: int | None = None, num_warps: int = 4, num_stages: int = 2):
+def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, num_warps: int = 4,
+                      num_stages: int = 2):
     """Launch the two backward kernels. do: [B, H, N, d_v] contiguous upstream gradient of num after scaling by
-    zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den.
+    zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the forward's
+    tile prefix sums (same tile).
     Returns dq, dk, dv and dg fp32 of g's shape (None for LIT)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -420,7 +433,7 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tile: int | None = None, num_
     r_lo, r_up, c_lo, c_up = sums
     grid = (triton.cdiv(N, tile), B * H)
     meta = dict(HAS_MASK=has_mask, T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
-    gs = (g, gate_stride(g), tile_prefix(g, q.shape, tile)) if has_mask else (zinv, 1, zinv)
+    gs = (*gate_args(g, zinv), cs if has_mask else zinv)
     _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
     _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H,
                            **meta)

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from .._launch import empty
-from .parallel import EPS, _gate_ptr, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_grad, gate_stride
+from .parallel import EPS, _gate_ptr, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_args, gate_grad
 
 CHUNK = 64          # tokens per chunk (C)
 SCAN_CHUNKS = 16    # chunks per step of the cross-chunk scan (TB)
@@ -354,21 +354,20 @@ def _entering_states(x, y, ys, yc, g, queries: bool, plan):
     chunk, tb, block, state_dtype, sequential_pairs = plan
     B, H, N, D = x.shape
     DV = y.shape[-1]
-    T = triton.cdiv(N, chunk)
+    shape = _states_shape(x, y, chunk)
+    _, _, T, width = shape
     meta = _meta(x, y)
-    width = meta["BD"] * meta["BDV"] + meta["BD"]
     tot = empty((B * H, T), torch.float32, x.device)
-    gates = (g, gate_stride(g)) if g is not None else (tot, 1)
     ys, yc = (ys, yc) if queries else (tot, tot)
     # the entering states themselves when sequential, else the local terms of stage 1
-    terms = empty((2, B * H, T, width), state_dtype, x.device)
-    args = (x, y, ys, yc, *gates, terms, N, D, DV, *_strides(x, y), H)
+    terms = empty(shape, state_dtype, x.device)
+    args = (x, y, ys, yc, *gate_args(g, tot), terms, N, D, DV, *_strides(x, y), H)
     config = dict(HAS_MASK=g is not None, QUERIES=queries, C=chunk, num_warps=4, **meta)
     if B * H >= sequential_pairs:
         _sequential_states_kernel[(B * H, 2)](*args, T, num_stages=3, **config)
         return terms
     _local_states_kernel[(T, B * H)](*args[:7], tot, *args[7:], **config)
-    states = empty(terms.shape, state_dtype, x.device)
+    states = empty(shape, state_dtype, x.device)
     tb = min(tb, max(2, triton.next_power_of_2(T)))
     _chunk_scan_kernel[(triton.cdiv(width, block), B * H, 2)](
         terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4)
@@ -384,12 +383,17 @@ def _plan(q, chunk, tb, block, state_dtype):
     return chunk or CHUNK, tb or SCAN_CHUNKS, block or SCAN_BLOCK, state_dtype, SEQUENTIAL_MIN_PAIRS
 
 
+def _states_shape(x: torch.Tensor, y: torch.Tensor, chunk: int) -> tuple[int, int, int, int]:
+    """[2, B*H, T, W]: both directions' state entering each of the T chunks, W = BD * BDV + BD values each."""
+    B, H, N, _ = x.shape
+    meta = _meta(x, y)
+    return 2, B * H, triton.cdiv(N, chunk), meta["BD"] * meta["BDV"] + meta["BD"]
+
+
 def key_states_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """An empty tensor of the key states' shape and dtype under the defaults, [2, B*H, T, W] (for fake tensors)."""
-    B, H, N, _ = q.shape
+    """An empty tensor of the key states' shape and dtype under the defaults (for fake tensors)."""
     chunk, _, _, state_dtype, _ = _plan(q, None, None, None, None)
-    meta = _meta(q, v)
-    return q.new_empty(2, B * H, triton.cdiv(N, chunk), meta["BD"] * meta["BDV"] + meta["BD"], dtype=state_dtype)
+    return q.new_empty(_states_shape(q, v, chunk), dtype=state_dtype)
 
 
 def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int | None = None,
@@ -405,8 +409,7 @@ def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int 
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
-    gates = (g, gate_stride(g)) if g is not None else (den, 1)
-    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gates, states, out, den, N, D, DV,
+    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gate_args(g, den), states, out, den, N, D, DV,
                                                        *_strides(q, k, v), H, HAS_MASK=g is not None,
                                                        NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps,
                                                        **_meta(q, v))
@@ -417,8 +420,8 @@ def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int 
 
 def scan_backward(q, k, v, g, do, zinv, delta, key_states, chunk: int | None = None, tb: int | None = None,
                   block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
-    """Launch the scan backward. Arguments as parallel.parallel_backward, plus the forward's key states (same
-    chunk and state dtype); returns dq, dk, dv, dg (None for LIT)."""
+    """Launch the scan backward. Arguments as parallel.parallel_backward, with the forward's key states (same chunk
+    and state dtype) in place of its prefix sums; returns dq, dk, dv, dg (None for LIT)."""
     plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -428,8 +431,7 @@ def scan_backward(q, k, v, g, do, zinv, delta, key_states, chunk: int | None = N
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
-    gates = (g, gate_stride(g)) if has_mask else (zinv, 1)
-    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gates, do, zinv, delta,
+    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gate_args(g, zinv), do, zinv, delta,
                                                         key_states, query_states, dq, dk, dv, sums, N, D, DV,
                                                         *_strides(q, k, v), H, HAS_MASK=has_mask, C=plan[0],
                                                         num_warps=num_warps, **_meta(q, v))
