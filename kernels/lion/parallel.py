@@ -25,6 +25,8 @@ dg_m = sum of W over the pairs whose segment contains m:
     upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
 where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
 The dq kernel produces rL, rU, the dk/dv kernel cL, cU; _gate_grad_kernel (fp64 running sums) finishes dg.
+LION-D's gate is one log lambda per head (log M_ij = |i - j| log lambda), so dlog lambda = sum_ij W_ij |i - j|: the
+dk/dv kernel alone sums each key's W column weighted by the distance, and the dq kernel skips W (no q k^T there).
 The sums come from the fp32 tiles (the dq kernel forms q k^T for them, a third matmul per tile). Session 8 took
 them as q_i . dq_i(side) and k_j . dk_j(side) instead, with no extra matmul, but dq and dk are sums of the
 bf16-rounded dP, and the gate gradient (differences of prefix sums) amplified that rounding: bf16 gate-gradient
@@ -41,6 +43,9 @@ from .._launch import empty
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
+# The backward kernels pipeline 3 key / query tiles from this N on, 2 below it (H100: 1-5% faster for N >= 576,
+# 2-5% slower at N = 196; benchmarks/results/lion_parallel_stages_session10_h100.json).
+BWD_STAGES_3_MIN_N = 512
 # Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
 
@@ -190,9 +195,10 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
-                   HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+                   HAS_MASK: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
                    T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A."""
+    """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
+    only: PER_HEAD gates take their gradient from the dk/dv kernel alone)."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -223,9 +229,10 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
         lm = _tile_log_mask(q_inc, q_exc, ar)
         m = tl.exp(lm)
         dp = da * m
-        w = dp * s
-        r_lo += tl.sum(tl.where(ar[:, None] > ar[None, :], w, 0.0), 1)
-        r_up += tl.sum(tl.where(ar[:, None] < ar[None, :], w, 0.0), 1)
+        if not PER_HEAD:
+            w = dp * s
+            r_lo += tl.sum(tl.where(ar[:, None] > ar[None, :], w, 0.0), 1)
+            r_up += tl.sum(tl.where(ar[:, None] < ar[None, :], w, 0.0), 1)
     else:
         dp = da
     dq += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
@@ -245,19 +252,21 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                 k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
                 dp = dp * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
                 seg += k_tot
-                r_s += tl.sum(dp * tl.dot(q, tl.trans(k), input_precision=PREC), 1)
+                if not PER_HEAD:
+                    r_s += tl.sum(dp * tl.dot(q, tl.trans(k), input_precision=PREC), 1)
             dq_s += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
         if HAS_MASK:  # the side's W row sums, from the fp32 tiles (see the module docstring)
             row = tl.exp(q_exc if side == 0 else q_tot - q_inc)
             dq_s = dq_s * row[:, None]
-            if side == 0:
-                r_lo += r_s * row
-            else:
-                r_up += r_s * row
+            if not PER_HEAD:
+                if side == 0:
+                    r_lo += r_s * row
+                else:
+                    r_up += r_s * row
         dq += dq_s
     tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty),
              mask=(rows[:, None] < N) & (fd[None, :] < D))
-    if HAS_MASK:
+    if HAS_MASK and not PER_HEAD:
         tl.store(RL + bh * N + rows, r_lo, mask=rows < N)
         tl.store(RU + bh * N + rows, r_up, mask=rows < N)
 
@@ -265,10 +274,10 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
-                     HAS_MASK: tl.constexpr, PREC: tl.constexpr,
+                     HAS_MASK: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
                      T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W.
-    Works on transposed tiles [keys, queries]."""
+    """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
+    PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries]."""
     jt = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -304,8 +313,11 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
         at = st * m
         dpt = dat * m
         w = dpt * st
-        c_lo += tl.sum(tl.where(ar[None, :] > ar[:, None], w, 0.0), 1)
-        c_up += tl.sum(tl.where(ar[None, :] < ar[:, None], w, 0.0), 1)
+        if PER_HEAD:
+            c_lo += tl.sum(w * tl.abs(ar[None, :] - ar[:, None]).to(tl.float32), 1)
+        else:
+            c_lo += tl.sum(tl.where(ar[None, :] > ar[:, None], w, 0.0), 1)
+            c_up += tl.sum(tl.where(ar[None, :] < ar[:, None], w, 0.0), 1)
     else:
         at = st
         dpt = dat
@@ -313,13 +325,17 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
     n_tiles = tl.cdiv(N, T)
     # side 0: query tiles after the key tile (lower triangle i > j), walking right;
-    # side 1: query tiles before it (upper triangle i < j), walking left. Rank-one masks as in _fwd_kernel.
+    # side 1: query tiles before it (upper triangle i < j), walking left. The mask of a tile is rank one,
+    # col(key) * wq(query): both scale the fp32 tiles, so dk, dv need no side accumulators (fewer live registers).
     for side in tl.static_range(2):
         n_side = _span(CS, bh, jt, 1 - side, n_tiles, HAS_MASK)
-        dk_s = tl.zeros([T, BD], dtype=tl.float32)
-        dv_s = tl.zeros([T, BDV], dtype=tl.float32)
-        c_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
+        if HAS_MASK:
+            col = tl.exp(k_tot - k_exc if side == 0 else k_inc)[:, None]
+        # PER_HEAD: |i - j| = (step + 1) T - sgn a + sgn c with sgn = 1 below the diagonal (side 0), -1 above it;
+        # sum_c W_ac |i - j| from the two row sums of W and of W c (no [T, T] distance tile is kept live)
+        sgn = 1.0 if side == 0 else -1.0
+        off = ar.to(tl.float32)
         for step in range(0, n_side):
             it = jt + 1 + step if side == 0 else jt - 1 - step
             rows = it * T + ar
@@ -331,23 +347,19 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
             if HAS_MASK:
                 q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
-                wq = tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
+                m = col * tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
                 seg += q_tot
-                dpt = dpt * wq
-                c_s += tl.sum(dpt * at, 1)
-                at = at * wq
-            dv_s += tl.dot(at.to(do.dtype), do, input_precision=PREC)
-            dk_s += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
-        if HAS_MASK:  # the side's W column sums, from the fp32 tiles (module docstring)
-            col = tl.exp(k_tot - k_exc if side == 0 else k_inc)
-            dk_s = dk_s * col[:, None]
-            dv_s = dv_s * col[:, None]
-            if side == 0:
-                c_lo += c_s * col
-            else:
-                c_up += c_s * col
-        dk += dk_s
-        dv += dv_s
+                dpt = dpt * m
+                w = dpt * at  # W, from the fp32 tiles (module docstring)
+                if PER_HEAD:
+                    c_lo += ((step + 1) * T - sgn * off) * tl.sum(w, 1) + sgn * tl.sum(w * off[None, :], 1)
+                elif side == 0:
+                    c_lo += tl.sum(w, 1)
+                else:
+                    c_up += tl.sum(w, 1)
+                at = at * m
+            dv += tl.dot(at.to(do.dtype), do, input_precision=PREC)
+            dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
     cmask = cols < N
     tl.store(DK + bh * N * D + cols[:, None] * D + fd[None, :], dk.to(DK.dtype.element_ty),
              mask=cmask[:, None] & (fd[None, :] < D))
@@ -355,7 +367,8 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
              mask=cmask[:, None] & (fv[None, :] < DV))
     if HAS_MASK:
         tl.store(CL + bh * N + cols, c_lo, mask=cmask)
-        tl.store(CU + bh * N + cols, c_up, mask=cmask)
+        if not PER_HEAD:
+            tl.store(CU + bh * N + cols, c_up, mask=cmask)
 
 
 def _meta(q: torch.Tensor, v: torch.Tensor) -> dict:
@@ -417,27 +430,34 @@ def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_w
 
 
 def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, num_warps: int = 4,
-                      num_stages: int = 2):
+                      num_stages: int | None = None):
     """Launch the two backward kernels. do: [B, H, N, d_v] contiguous upstream gradient of num after scaling by
     zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the forward's
-    tile prefix sums (same tile).
+    tile prefix sums (same tile); num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
     Returns dq, dk, dv and dg fp32 of g's shape (None for LIT)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
+    num_stages = num_stages or (3 if N >= BWD_STAGES_3_MIN_N else 2)
     dq = empty((B, H, N, D), q.dtype, q.device)
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     has_mask = g is not None
-    sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
-    r_lo, r_up, c_lo, c_up = sums
+    per_head = has_mask and g.dim() == 1
+    # W row / column sums rL, rU, cL, cU (gate_grad); per-head gates: one distance-weighted sum per key (in cL)
+    sums = empty((1 if per_head else 4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(1, 1)
+    r_lo, r_up, c_lo, c_up = sums if len(sums) == 4 else sums.expand(4, *sums.shape[1:])
     grid = (triton.cdiv(N, tile), B * H)
-    meta = dict(HAS_MASK=has_mask, T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
+    meta = dict(HAS_MASK=has_mask, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
+                **_meta(q, v))
     gs = (*gate_args(g, zinv), cs if has_mask else zinv)
     _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
     _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H,
                            **meta)
-    dg = gate_grad(sums, g.dim() == 1) if has_mask else None
+    if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
+        dg = c_lo.sum((0, 2), dtype=torch.float64).float()
+    else:
+        dg = gate_grad(sums) if has_mask else None
     return dq, dk, dv, dg
 
 

@@ -261,18 +261,20 @@ def test_auto_form_and_fallback():
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
 
 
-def test_torch_compile_fullgraph():
-    """The kernels sit behind torch.library custom ops: a model using them compiles without graph breaks and
-    gives the eager values and gradients."""
+@pytest.mark.parametrize("form", ["parallel", "scan"])
+def test_torch_compile_fullgraph(form):
+    """The kernels sit behind torch.library custom ops: a model using them compiles without graph breaks (inductor
+    on a GPU, aot_eager under the CPU interpreter) and gives the eager values and gradients."""
     q, k, v = _inputs(1, 2, 20, 16, 16, torch.float32)
     a = torch.randn(2, device=DEV)
 
     def f(q, k, v, a):
-        y = lion_attention(q, k, v, mask="d", log_decay=F.logsigmoid(a), form="parallel", backend="triton")
+        y = lion_attention(q, k, v, mask="d", log_decay=F.logsigmoid(a), form=form, backend="triton")
         return (y * y).sum()
 
     leaves = [t.requires_grad_() for t in (q, k, v, a)]
     eager = torch.autograd.grad(f(*leaves), leaves)
-    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(*leaves), leaves)
+    backend = "inductor" if DEV == "cuda" else "aot_eager"
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(*leaves), leaves)
     for x, y in zip(eager, compiled):
         torch.testing.assert_close(x, y)
