@@ -332,10 +332,11 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
         seg = 0.0
         if HAS_MASK:
             col = tl.exp(k_tot - k_exc if side == 0 else k_inc)[:, None]
-        # PER_HEAD: |i - j| = (step + 1) T - sgn a + sgn c with sgn = 1 below the diagonal (side 0), -1 above it;
-        # sum_c W_ac |i - j| from the two row sums of W and of W c (no [T, T] distance tile is kept live)
-        sgn = 1.0 if side == 0 else -1.0
-        off = ar.to(tl.float32)
+        if PER_HEAD:
+            # |i - j| = (step + 1) T - sgn a + sgn c, sgn = 1 below the diagonal (side 0), -1 above it:
+            # sum_c W_ac |i - j| from the row sums of W and of W c (no [T, T] distance tile is kept live)
+            sgn = 1.0 if side == 0 else -1.0
+            off = ar.to(tl.float32)
         for step in range(0, n_side):
             it = jt + 1 + step if side == 0 else jt - 1 - step
             rows = it * T + ar
