@@ -25,12 +25,12 @@ dg_m = sum of W over the pairs whose segment contains m:
     upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
 where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
 The dq kernel produces rL, rU, the dk/dv kernel cL, cU; _gate_grad_kernel (fp64 running sums) finishes dg.
-LION-D's gate is one log lambda per head (log M_ij = |i - j| log lambda), so dlog lambda = sum_ij W_ij |i - j|: the
-dk/dv kernel alone sums each key's W column weighted by the distance, and the dq kernel skips W (no q k^T there).
 The sums come from the fp32 tiles (the dq kernel forms q k^T for them, a third matmul per tile). Session 8 took
 them as q_i . dq_i(side) and k_j . dk_j(side) instead, with no extra matmul, but dq and dk are sums of the
 bf16-rounded dP, and the gate gradient (differences of prefix sums) amplified that rounding: bf16 gate-gradient
 errors reached 1-1.5e-2 at N >= 1024 (2-3e-3 with the fp32 tiles).
+LION-D's gate is one log lambda per head (log M_ij = |i - j| log lambda), so dlog lambda = sum_ij W_ij |i - j|: the
+dk/dv kernel alone sums each key's W column weighted by the distance, and the dq kernel skips W (no q k^T there).
 """
 
 from __future__ import annotations
@@ -445,9 +445,12 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
     dv = empty((B, H, N, DV), v.dtype, q.device)
     has_mask = g is not None
     per_head = has_mask and g.dim() == 1
-    # W row / column sums rL, rU, cL, cU (gate_grad); per-head gates: one distance-weighted sum per key (in cL)
-    sums = empty((1 if per_head else 4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(1, 1)
-    r_lo, r_up, c_lo, c_up = sums if len(sums) == 4 else sums.expand(4, *sums.shape[1:])
+    if per_head:  # one distance-weighted W sum per key, in cL (the kernels write no rL, rU, cU)
+        sums = empty((1, B, H, N), torch.float32, q.device)
+        r_lo = r_up = c_lo = c_up = sums[0]
+    else:  # the W row / column sums rL, rU, cL, cU of gate_grad (unread placeholders for LIT)
+        sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
+        r_lo, r_up, c_lo, c_up = sums
     grid = (triton.cdiv(N, tile), B * H)
     meta = dict(HAS_MASK=has_mask, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
                 **_meta(q, v))
