@@ -239,7 +239,8 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
 
 # --sweep: launch-plan variants of the Triton LightNet kernel (keyword knobs of kernels.lightnet.op._plan)
 SWEEP = [dict(block_n=32, num_warps=4), dict(block_n=32, num_warps=2), dict(block_n=64, num_warps=4),
-         dict(block_n=64, num_warps=8), dict(block_n=128, num_warps=8), dict(programs_per_sm=2), dict(programs_per_sm=8)]
+         dict(block_n=64, num_warps=8), dict(block_n=128, num_warps=8),
+         dict(splits=2), dict(splits=3), dict(splits=4), dict(splits=8)]
 
 
 def sweep(shapes, dtype, device, peak_gbs) -> list[dict]:

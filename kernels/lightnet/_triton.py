@@ -46,6 +46,14 @@ def _dot(a, b, LOWP: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _sigmoid(x):
+    """sigma(x) = 1 / (1 + exp(-x)) with an approximate (2 ulp) reciprocal instead of the IEEE division of
+    ``tl.sigmoid``: the forward's output pass 5-12% faster (H100, session 11). The backward's dq pass keeps
+    ``tl.sigmoid``: there the shorter code spilled more registers and ran 2-3% slower."""
+    return tl.fdiv(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp2(-x * LOG2E), ieee_rounding=False)
+
+
+@triton.jit
 def _raw_tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
     """Load a [len(rows), len(cols)] tile in its own dtype (a matrix-product operand only), zero outside the masks."""
     return tl.load(ptr + rows[:, None] * s_n + cols[None, :] * s_f, mask=rmask[:, None] & cmask[None, :], other=0.0)
@@ -177,7 +185,7 @@ def _out_loop(
         rows = n0 + offs_n
         nmask = rows < hi
         qt = _tile(q_base, rows, offs_d, s_qn, s_qd, nmask, dmask)
-        qh = qt * tl.sigmoid(qt)
+        qh = qt * _sigmoid(qt)
         if LRPE:
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
             st = _tile(sin_ptr, rows, offs_d, D, 1, nmask, dmask)

@@ -40,6 +40,7 @@ The custom ops ``lightvision::lightnet_attn_fwd`` / ``lightvision::lightnet_attn
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple, Optional
 
 import torch
@@ -54,6 +55,7 @@ from . import _triton as K
 
 HEAD_DIMS = (16, 24, 32, 48, 64, 128)
 COMBINE_ROWS = 16  # feature rows per combine program (split plan)
+SPLIT_COST = 4  # token tiles' worth of time per extra split (``_split_cost``; fitted to the H100 sweep, session 11)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -73,15 +75,26 @@ def _rotation(grid, num_prefix_tokens, d, dtype, device):
     return _tables(grid, num_prefix_tokens, d, device, torch.float32 if dtype == torch.float32 else torch.float16)
 
 
+def _split_cost(tiles: int, splits: int, bh: int, resident: int) -> float:
+    """Predicted time of splitting ``tiles`` token tiles ``splits`` ways (rounded to whole tiles per split), in
+    units of one program's tile: the tiles plus SPLIT_COST per split (per-program setup, the partials and their
+    combine), divided by how full the launch's waves are (B*H*splits programs, ``resident`` at a time)."""
+    splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
+    waves = bh * splits / resident
+    return (tiles + SPLIT_COST * splits) * math.ceil(waves) / waves
+
+
 @functools.lru_cache(maxsize=256)
 def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
-          block_n: int | None = None, programs_per_sm: int = 4, num_warps: int | None = None) -> dict:
+          block_n: int | None = None, num_warps: int | None = None, splits: int | None = None) -> dict:
     """Launch plan: token tile BN, padded feature blocks, warps / pipeline stages, and the split of N.
 
-    With at least two (b, h) per SM, or a single split, the fused plan runs (one program per (b, h), one
-    launch each way) for d, d_v <= 64. Fewer (b, h) are split over N so that B*H*splits fills the GPU
-    (about ``programs_per_sm`` programs per SM) while each program keeps at least two tiles, so the small
-    fp32 S / dS partials stay cheap next to the token traffic. Head dim 128 holds two 128 x d_v matrices
+    The split count minimises ``_split_cost`` over 1 .. tiles / 2 (each program keeps at least two tiles, so the
+    small fp32 S / dS partials stay cheap next to the token traffic), with 2 programs resident per SM (255
+    registers; taken as 1 for head dim 128, 8 warps: as fast or faster than the old rule at N = 1024 and 4096). One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one
+    launch each way). Waves count: at N = 1024, B*H = 288 (1.09 waves of 264 programs on an H100) the fused plan
+    ran 0.424 ms fwd+bwd, 2 splits 0.349, 3 splits 0.338; at N = 4096, B*H = 72, 3 splits (one wave of 216)
+    0.318 against 0.352 for 8 (session 11, docs/kernels_lightnet.md). Head dim 128 holds two 128 x d_v matrices
     per program: 8 warps, fewer stages, and for fp32 16-token tiles keep the matrix-product operands inside
     shared memory (16-bit: 64-token tiles, 0.536 ms fwd+bwd against 0.603 with 32 at d = 128, N = 1024, B*H = 96,
     H100, session 6), and it always takes the split plan (the fused backward would hold S and dS, four such
@@ -89,8 +102,8 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with 32-token tiles removes the
     register spills ptxas reports for the backward programs (~950 bytes per thread, sm_90a, bf16) but
     ran 1.7x slower (docs/kernels_lightnet.md, round 2). Pipeline stages: 3, except the fused backward
-    (2: 0.250 against 0.279 ms at N = 196, H100, session 5). The keyword knobs override the defaults
-    (``scripts/bench_attention.py --sweep`` times them)."""
+    (2: 0.250 against 0.279 ms at N = 196, H100, session 5). The keyword knobs override the defaults (``splits``
+    forces the split count; ``scripts/bench_attention.py --sweep`` times them)."""
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     wide = max(bd, bdv) >= 128
     if block_n is not None:
@@ -100,12 +113,10 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     else:
         bn = 16 if wide and fp32 else 64
     tiles = triton.cdiv(n, bn)
-    sms = num_sms(device)
-    if bh >= 2 * sms:
-        splits = 1
-    else:
-        want = triton.cdiv(programs_per_sm * sms, bh)
-        splits = max(1, min(want, tiles // 2 if device.type == "cuda" else tiles))
+    if splits is None:
+        resident = num_sms(device) * (1 if wide else 2)
+        most = max(1, tiles // 2 if device.type == "cuda" else tiles)
+        splits = min(range(1, most + 1), key=lambda s: _split_cost(tiles, s, bh, resident))
     per = triton.cdiv(tiles, splits)
     splits = triton.cdiv(tiles, per)
     warps = num_warps or (8 if wide else 4)
