@@ -1,5 +1,6 @@
-"""Triton programs of the fused pointwise ops (math in ``op``). Tensors are contiguous: rows of C for the
-norm, flat for SiLU x mul. Offsets are int64 so that tensors past 2^31 elements stay addressable."""
+"""Triton programs of the fused pointwise ops (math in ``op``, ``adaln`` and ``feature_map``). Tensors are
+contiguous: rows of C for the norms, flat for SiLU x mul; the LION feature map reads [B, H, N, d] views through
+their strides. Offsets are int64 so that tensors past 2^31 elements stay addressable."""
 
 import triton
 import triton.language as tl
@@ -174,3 +175,47 @@ def _gated_residual_bwd_kernel(DOUT, GATE, Y, DY, DGATE, N, C, sv_gate, per, BM:
         dgate += tl.sum(dout * y, axis=0)
         tl.store(DY + offs, (dout * gate[None, :]).to(DY.dtype.element_ty), mask=mask)
     tl.store(DGATE + (b * tl.num_programs(1) + p).to(tl.int64) * C + cols, dgate, mask=cols < C)
+
+
+@triton.jit
+def _head_rows_tile(pid, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.constexpr):
+    """Rows pid*BM ... of the [B, H, N] row space: (input offsets through the strides, contiguous offsets, mask)."""
+    rows = pid.to(tl.int64) * BM + tl.arange(0, BM)
+    cols = tl.arange(0, BD)
+    b = rows // (H * N)
+    h = (rows // N) % H
+    n = rows % N
+    strided = (b * s_b + h * s_h + n * s_n)[:, None] + cols[None, :]
+    mask = (rows < R)[:, None] & (cols < D)[None, :]
+    return strided, rows[:, None] * D + cols[None, :], mask
+
+
+@triton.jit
+def _feature_map_fwd_kernel(X, Y, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.constexpr,
+                            SILU_NORM: tl.constexpr):
+    strided, dense, mask = _head_rows_tile(tl.program_id(0), R, H, N, D, s_b, s_h, s_n, BM, BD)
+    x = tl.load(X + strided, mask=mask, other=0.0).to(tl.float32)
+    if SILU_NORM:
+        u = tl.where(mask, x * tl.sigmoid(x) + 0.5, 0.0)
+        y = u / tl.maximum(tl.sqrt(tl.sum(u * u, axis=1)), 1e-12)[:, None]
+    else:
+        y = tl.where(x > 0, x + 1.0, tl.exp(x))
+    tl.store(Y + dense, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _feature_map_bwd_kernel(X, DY, DX, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.constexpr,
+                            SILU_NORM: tl.constexpr):
+    strided, dense, mask = _head_rows_tile(tl.program_id(0), R, H, N, D, s_b, s_h, s_n, BM, BD)
+    x = tl.load(X + strided, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(DY + dense, mask=mask, other=0.0).to(tl.float32)
+    if SILU_NORM:
+        s = tl.sigmoid(x)
+        u = tl.where(mask, x * s + 0.5, 0.0)
+        inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(u * u, axis=1)), 1e-12)
+        y = u * inv[:, None]
+        du = (dy - y * tl.sum(y * dy, axis=1)[:, None]) * inv[:, None]
+        dx = du * s * (1.0 + x * (1.0 - s))
+    else:
+        dx = tl.where(x > 0, dy, dy * tl.exp(x))
+    tl.store(DX + dense, dx.to(DX.dtype.element_ty), mask=mask)

@@ -14,6 +14,7 @@ from ..ops import (
     lightnet_attention,
     lightnet_attention_qkvpacked,
     lion_attention,
+    lion_feature_map,
     lion_snake_attention,
     merge_heads,
     softmax_attention,
@@ -112,7 +113,8 @@ class LightNetAttention(_QKV):
 class LionAttention(_QKV):
     """LION attention layer (LION Sec. 4; SPEC 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y W_o.
 
-    phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32.
+    phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32
+    (``lightvision.ops.lion_feature_map``: one fused Triton pass each way on CUDA).
     mask "d": one learnable a per head (per order when snake), lambda = sigmoid(a), log lambda = logsigmoid(a)
     in fp32; initialised with lambda evenly spread over [0.9, 0.99] across heads.
     mask "s": a_m = sigmoid(-(w^T x_m + b)) per head (a Linear(dim, num_heads) per order), log a_m =
@@ -142,9 +144,7 @@ class LionAttention(_QKV):
         self.proj = nn.Linear(dim, dim)
 
     def _phi(self, x: torch.Tensor) -> torch.Tensor:
-        xf = _at_least_fp32(x)
-        y = F.elu(xf) + 1 if self.mask == "lit" else F.normalize(F.silu(xf) + 0.5, dim=-1)
-        return y.to(x.dtype)
+        return lion_feature_map(x, "elu" if self.mask == "lit" else "silu_norm", backend=self.backend)
 
     def _log_decays(self, x: torch.Tensor, num_prefix_tokens: int) -> list[torch.Tensor | None]:
         """One log-decay per order: [H] for "d", [B, H, N] for "s", None for "lit"."""

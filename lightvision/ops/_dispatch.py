@@ -33,6 +33,7 @@ _FAMILY = {
     "silu_mul": "lightvision.kernels.fused",
     "modulated_layer_norm": "lightvision.kernels.fused",
     "gated_residual": "lightvision.kernels.fused",
+    "lion_feature_map": "lightvision.kernels.fused",
 }
 _IMPORTED: set[str] = set()
 _IMPORT_ERRORS: dict[str, str] = {}

@@ -20,9 +20,26 @@ from ._dispatch import dispatch
 from ._scan import bidirectional_scan, segsum
 
 MASKS = ("lit", "d", "s")
+FEATURE_MAPS = ("elu", "silu_norm")
 FORMS = ("parallel", "chunk", "recurrent", "scan", "auto")
 AUTO_PARALLEL_MAX_N = 1024  # form="auto": parallel (materialised mask) up to this N, the linear-time scan beyond
 EPS = 1e-6
+
+
+def lion_feature_map(x: torch.Tensor, kind: str = "silu_norm", *, backend: str = "auto") -> torch.Tensor:
+    """LION's positive feature map phi over the last (head) dim (LION Sec. 4; SPEC 1.5), applied to q and k.
+
+    "silu_norm" (LION-D / S): normalize(SiLU(x) + 0.5) in L2, so q . k lies in (0, 1];  "elu" (LIT): elu(x) + 1.
+    x [..., d] -> phi(x), same shape and dtype, computed in fp32 (fp64 inputs stay fp64). ``backend``: see
+    :mod:`lightvision.ops._dispatch` (the Triton kernel reads strided [B, H, N, d] views in place).
+    """
+    check_choice(kind, FEATURE_MAPS, "LION feature map")
+    out = dispatch("lion_feature_map", backend, x.device, (x,), dict(kind=kind))
+    if out is not NotImplemented:
+        return out
+    xf = x.to(compute_dtype(x))
+    y = F.elu(xf) + 1 if kind == "elu" else F.normalize(F.silu(xf) + 0.5, dim=-1)
+    return y.to(x.dtype)
 
 
 def lion_attention(

@@ -1,5 +1,5 @@
-"""The fused Triton RMSNorm (x sigmoid gate), SiLU x mul, modulated LayerNorm and gated residual against their
-plain references in ``lightvision.ops.norm`` / ``.adaln``: forward and every gradient vs fp64, odd row counts and
+"""The fused Triton RMSNorm (x sigmoid gate), SiLU x mul, modulated LayerNorm, gated residual and LION feature
+map against their plain references in ``lightvision.ops.norm`` / ``.adaln`` / ``.lion``: forward and every gradient vs fp64, odd row counts and
 widths, fp32 / bf16 / fp16, fp32 parameters with 16-bit activations (autocast), NaN-poisoned outputs; custom ops
 under opcheck and torch.compile. On CPU the kernels run in the Triton interpreter."""
 
@@ -9,9 +9,11 @@ import torch
 import lightvision.kernels.fused  # noqa: F401  (registers the kernels)
 from lightvision.kernels import _launch
 from lightvision.kernels.fused import adaln as aop
+from lightvision.kernels.fused import feature_map as fmap
 from lightvision.kernels.fused import op as fop
 from lightvision.layers import GLU, ModulatedLayerNorm, RMSNorm
-from lightvision.ops import gated_residual, modulated_layer_norm, rms_norm, silu_mul
+from lightvision.ops import gated_residual, lion_feature_map, modulated_layer_norm, rms_norm, silu_mul
+from lightvision.ops.heads import split_heads
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}  # SPEC 2, relative L2 vs fp64
@@ -263,3 +265,71 @@ def test_adaln_compiles_without_graph_breaks(monkeypatch):
     torch.testing.assert_close(compiled, eager)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
+
+
+# ---- LION feature map phi ----
+
+def _qk_view(b, n, h, d, dtype, scale=2.0):
+    """q of a fused qkv projection: a strided [B, H, N, d] view, as LionAttention gets it."""
+    qkv = (torch.randn(b, n, 3 * h * d, device=DEV) * scale).to(dtype)
+    return split_heads(qkv, h)[0]
+
+
+@pytest.mark.parametrize("kind", ["silu_norm", "elu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("make", [
+    lambda dtype: _qk_view(2, 197, 3, 64, dtype),  # strided view, N = 197 (cls + 14 x 14)
+    lambda dtype: _qk_view(1, 5, 1, 24, dtype),  # B = H = 1, d = 24 (padded to 32)
+    lambda dtype: (torch.randn(3, 50, 48, device=DEV) * 3).to(dtype),  # 3-D, contiguous
+    lambda dtype: (torch.randn(2, 1, 9, 128, device=DEV)).to(dtype).transpose(1, 2),  # [2, 9, 1, 128] view
+])
+def test_lion_feature_map_matches_reference(kind, dtype, make):
+    x = make(dtype)
+    _grads_vs_fp64(lambda x_, backend: lion_feature_map(x_, kind, backend=backend), [x], TOL[dtype])
+
+
+def test_lion_feature_map_values_and_fallbacks():
+    x = _qk_view(2, 7, 2, 16, torch.float32)
+    y = lion_feature_map(x, "silu_norm", backend="triton")
+    torch.testing.assert_close(y.norm(dim=-1), torch.ones(2, 2, 7, device=DEV))  # unit rows: q . k in (0, 1]
+    assert (y > 0).all() and y.is_contiguous() and not x.is_contiguous()
+    assert (lion_feature_map(x, "elu", backend="triton") > 0).all()
+    wide = torch.randn(3, fmap.MAX_D + 8, device=DEV)
+    assert fmap.lion_feature_map_triton(wide, kind="elu") is NotImplemented
+    with pytest.raises(ValueError, match="LION feature map"):
+        lion_feature_map(x, "relu")
+
+
+def test_lion_feature_map_custom_ops_and_compile(monkeypatch):
+    """opcheck, and a LION-S layer's feature maps under torch.compile(fullgraph=True) through the custom ops:
+    same values and gradients as eager, both through the kernels."""
+    from lightvision.layers.attention import LionAttention
+
+    x = _qk_view(1, 6, 2, 16, torch.float32).detach().requires_grad_()
+    torch.library.opcheck(fmap.lion_feature_map_fwd, (x, "silu_norm"))
+    torch.library.opcheck(fmap.lion_feature_map_fwd, (x, "elu"))
+    launches = []
+    for name in ("feature_map_fwd_launch", "feature_map_bwd_launch"):
+        real = getattr(fmap, name)
+        monkeypatch.setattr(fmap, name, lambda *a, _r=real, _n=name: launches.append(_n) or _r(*a))
+    torch.manual_seed(0)
+    layer = LionAttention(32, 2, mask="s", backend="triton").to(DEV)
+    tokens = torch.randn(2, 10, 32, device=DEV)
+
+    def f(t):
+        q, k, _ = layer.split(t)
+        return (layer._phi(q) * layer._phi(k)).sum(-1).square().mean()
+
+    eager = f(tokens)
+    eager.backward()
+    ref = layer.qkv.weight.grad.clone()
+    assert sorted(launches) == ["feature_map_bwd_launch"] * 2 + ["feature_map_fwd_launch"] * 2
+    launches.clear()
+    layer.qkv.weight.grad = None
+    torch._dynamo.reset()
+    with torch.device(DEV):
+        compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(tokens)
+    compiled.backward()
+    assert sorted(launches) == ["feature_map_bwd_launch"] * 2 + ["feature_map_fwd_launch"] * 2
+    torch.testing.assert_close(compiled, eager)
+    torch.testing.assert_close(layer.qkv.weight.grad, ref)

@@ -1,0 +1,123 @@
+"""Fused LION feature map phi (LION Sec. 4; SPEC 1.5): launchers, Triton programs, torch custom ops and autograd.
+
+Per row x [d] of q or k (fp32 inside):
+
+    "silu_norm" (LION-D / S):  u = SiLU(x) + 0.5,  y = u / max(|u|, 1e-12)     (L2 over the head dim)
+                               du = (dy - y (y . dy)) / |u|,  dx = du sigma(x) (1 + x (1 - sigma(x)))
+    "elu" (LIT):               y = elu(x) + 1 = x + 1 (x > 0), exp(x) (x <= 0);  dx = dy (x > 0), dy exp(x)
+
+Every element of u is at least 0.5 - 0.279 (the minimum of SiLU), so |u| >= 0.22 sqrt(d) and the 1e-12 clamp of
+``F.normalize`` never binds on real rows; the programs keep it so that the masked rows past the end stay finite.
+Traffic: the forward reads x and writes y, the backward reads x and dy and writes dx; nothing is saved but x.
+The PyTorch form (fp32 casts, SiLU, add, norm, clamp, divide, cast back, and their gradients) takes about ten
+passes each way in fp32. Inputs are read through the strides of a [B, H, N, d] view (the q / k slices of a fused
+qkv projection, unit feature stride); outputs are contiguous [B, H, N, d].
+Custom ops ``lightvision::lion_feature_map_fwd`` / ``_bwd`` carry fake implementations and autograd
+(torch.compile without graph breaks); eager calls use a ``torch.autograd.Function`` over the same launchers.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from .._launch import empty, interpreting
+from . import _triton as K
+from .op import DTYPES
+
+KINDS = ("elu", "silu_norm")
+MAX_D = 256  # widest head the programs hold in registers; wider heads run the reference
+_ROWS = 4096  # elements per program tile (rows x padded head dim)
+
+
+def _as_heads(x: torch.Tensor) -> torch.Tensor:
+    """x as a [B, H, N, d] view with unit feature stride (a copy only when no such view exists)."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if x.dim() == 4:
+        return x
+    return x.reshape(1, 1, -1, x.shape[-1])
+
+
+def _launch(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor) -> None:
+    x4 = _as_heads(x)
+    b, h, n, d = x4.shape
+    bd = triton.next_power_of_2(d)
+    bm = 4 if interpreting() else max(1, _ROWS // bd)
+    kernel[(triton.cdiv(b * h * n, bm),)](x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3], BM=bm, BD=bd,
+                                         SILU_NORM=kind == "silu_norm", num_warps=4)
+
+
+def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """y = phi(x), contiguous, shaped like x, in x's dtype."""
+    y = empty(x.shape, x.dtype, x.device)
+    _launch(K._feature_map_fwd_kernel, x, kind, y)
+    return y
+
+
+def feature_map_bwd_launch(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
+    """dx (contiguous, shaped like x, x's dtype) from dy = dL/dphi(x)."""
+    dx = empty(x.shape, x.dtype, x.device)
+    _launch(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx)
+    return dx
+
+
+@torch.library.custom_op("lightvision::lion_feature_map_fwd", mutates_args=())
+def lion_feature_map_fwd(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """phi(x); see the module docstring."""
+    return feature_map_fwd_launch(x, kind)
+
+
+@lion_feature_map_fwd.register_fake
+def _(x, kind):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("lightvision::lion_feature_map_bwd", mutates_args=())
+def lion_feature_map_bwd(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
+    """dL/dx of phi(x)."""
+    return feature_map_bwd_launch(dy, x, kind)
+
+
+@lion_feature_map_bwd.register_fake
+def _(dy, x, kind):
+    return x.new_empty(x.shape)
+
+
+def _setup(ctx, inputs, output):
+    x, kind = inputs
+    ctx.save_for_backward(x)
+    ctx.kind = kind
+
+
+def _backward(ctx, dy):
+    (x,) = ctx.saved_tensors
+    return lion_feature_map_bwd(dy, x, ctx.kind), None
+
+
+lion_feature_map_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+class _FeatureMapEager(torch.autograd.Function):
+    """The same launchers without the custom-op dispatch (less host time per call)."""
+
+    @staticmethod
+    def forward(ctx, x, kind):
+        ctx.save_for_backward(x)
+        ctx.kind = kind
+        return feature_map_fwd_launch(x, kind)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x,) = ctx.saved_tensors
+        return feature_map_bwd_launch(dy, x, ctx.kind), None
+
+
+def lion_feature_map_triton(x: torch.Tensor, *, kind: str):
+    """Kernel entry of ``lightvision.ops.lion_feature_map``; NotImplemented (the reference runs) for empty inputs,
+    heads wider than MAX_D, or dtypes outside fp32 / bf16 / fp16."""
+    if x.numel() == 0 or x.dim() < 2 or x.shape[-1] > MAX_D or x.dtype not in DTYPES or kind not in KINDS:
+        return NotImplemented
+    if torch.compiler.is_compiling():
+        return lion_feature_map_fwd(x, kind)
+    return _FeatureMapEager.apply(x, kind)
