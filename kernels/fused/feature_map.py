@@ -39,7 +39,8 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, 1, -1, x.shape[-1])
 
 
-def _launch(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor) -> None:
+def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor) -> None:
+    """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given output tensors."""
     x4 = _as_heads(x)
     b, h, n, d = x4.shape
     bd = triton.next_power_of_2(d)
@@ -51,14 +52,14 @@ def _launch(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor) -> None:
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
     """y = phi(x), contiguous, shaped like x, in x's dtype."""
     y = empty(x.shape, x.dtype, x.device)
-    _launch(K._feature_map_fwd_kernel, x, kind, y)
+    _run(K._feature_map_fwd_kernel, x, kind, y)
     return y
 
 
 def feature_map_bwd_launch(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     """dx (contiguous, shaped like x, x's dtype) from dy = dL/dphi(x)."""
     dx = empty(x.shape, x.dtype, x.device)
-    _launch(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx)
+    _run(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx)
     return dx
 
 
