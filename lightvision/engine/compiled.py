@@ -10,10 +10,16 @@ def compile_model(model: nn.Module) -> nn.Module:
     """``torch.compile(model)`` with Inductor's coalescing tiling analysis turned off.
 
     On torch 2.11 that analysis raises a TypeError (CantSplit) on the MD-TPE graph. It only chooses tilings, so turning
-    it off changes no results. The lightvision kernels are custom ops, so they stay in the graph without a break.
+    it off changes no results. The lightvision kernels are custom ops, so they stay in the graph without a break; their
+    families are imported first (``lightvision.ops.preload_kernels``), since the lazy import of a first call is not
+    traceable.
     Checkpoints stay free of ``_orig_mod.`` prefixes (:func:`lightvision.engine.unwrap_model`).
     """
     import torch._inductor.config as inductor_config
+
+    from lightvision.ops import preload_kernels
+
+    preload_kernels()  # a kernel family's lazy import inside the traced code would break the graph
 
     if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
         inductor_config.triton.coalesce_tiling_analysis = False

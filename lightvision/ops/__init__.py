@@ -6,7 +6,7 @@ registered (see :mod:`lightvision.ops._dispatch`: ``register_kernel`` / ``get_ke
 
 from ._checks import check_grid
 from .adaln import gated_residual, modulated_layer_norm
-from ._dispatch import get_kernel, register_kernel
+from ._dispatch import get_kernel, preload_kernels, register_kernel
 from .heads import merge_heads, split_heads
 from .lightnet import lightnet_attention, lightnet_attention_qkvpacked
 from .lion import lion_attention, lion_feature_map, lion_snake_attention, snake_permutation
@@ -31,6 +31,7 @@ __all__ = [
     "md_tpe",
     "merge_heads",
     "modulated_layer_norm",
+    "preload_kernels",
     "register_kernel",
     "rms_norm",
     "silu_mul",

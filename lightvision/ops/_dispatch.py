@@ -8,8 +8,8 @@ function returns. A kernel may return
 ``NotImplemented`` for a configuration it does not cover: with ``backend="auto"`` the reference then
 runs, with ``backend="triton"`` a RuntimeError is raised.
 
-Families are imported lazily, once, the first time an op asks for a kernel; an ImportError (no Triton,
-no GPU build) just means "no kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are
+Families are imported lazily, once, the first time an op asks for a kernel (or all at once by
+``preload_kernels``, before torch.compile); an ImportError (no Triton, no GPU build) just means "no kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are
 on CUDA and one is registered, else reference; "triton" = kernel required (any device; the kernel
 decides what it supports).
 """
@@ -47,17 +47,29 @@ def register_kernel(op_name: str, fn: Callable) -> None:
     _KERNELS[op_name] = fn
 
 
-def get_kernel(op_name: str) -> Callable | None:
-    """The registered kernel for ``op_name``, importing its kernel family on first use; None when absent."""
-    check_choice(op_name, tuple(_FAMILY), "op name")
-    family = _FAMILY[op_name]
-    if op_name not in _KERNELS and family not in _IMPORTED:
+def _import_family(family: str) -> None:
+    """Import a kernel family once; an ImportError is kept (for error messages) and means "no kernel"."""
+    if family not in _IMPORTED:
         _IMPORTED.add(family)
         try:
             importlib.import_module(family)
         except ImportError as err:
             _IMPORT_ERRORS[family] = f"{type(err).__name__}: {err}"
+
+
+def get_kernel(op_name: str) -> Callable | None:
+    """The registered kernel for ``op_name``, importing its kernel family on first use; None when absent."""
+    check_choice(op_name, tuple(_FAMILY), "op name")
+    if op_name not in _KERNELS:
+        _import_family(_FAMILY[op_name])
     return _KERNELS.get(op_name)
+
+
+def preload_kernels() -> None:
+    """Import every kernel family now. ``torch.compile`` cannot trace the lazy import of a first call (each one was a
+    graph break), so ``lightvision.engine.compile_model`` calls this before compiling."""
+    for family in dict.fromkeys(_FAMILY.values()):
+        _import_family(family)
 
 
 def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwargs: dict):

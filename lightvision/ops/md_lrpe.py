@@ -45,9 +45,10 @@ def lrpe_angles(
     coords = torch.stack(
         torch.meshgrid(*[torch.arange(g, dtype=torch.float64, device=device) for g in grid], indexing="ij"), -1
     ).reshape(-1, len(grid))  # [prod(grid), num_axes], row-major
-    axis_of = torch.repeat_interleave(
-        torch.arange(len(grid), device=device), torch.tensor(lrpe_group_sizes(dim, len(grid)), device=device)
-    )
+    # axis of every feature, built from Python ints (a repeat_interleave with tensor repeats has a data-dependent
+    # shape, which broke torch.compile graphs once per layer)
+    axis_of = torch.tensor([a for a, size in enumerate(lrpe_group_sizes(dim, len(grid))) for _ in range(size)],
+                           device=device)
     angles = coords[:, axis_of] * theta  # [prod(grid), dim]
     prefix = angles.new_zeros(num_prefix_tokens, dim)
     return torch.cat([prefix, angles], 0).to(dtype)

@@ -168,3 +168,12 @@ def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path, attention):
     torch.testing.assert_close(ft.patch_embed.proj.weight, source.patch_embed.proj.weight)
     if attention == "softmax":
         assert ft.pos_embed.shape == (1, 1 + 64, 32)
+
+
+@pytest.mark.parametrize("attention", ["lightnet", "lion_s_snake"])
+def test_traces_as_one_graph(attention):
+    # torch.compile sees the whole model as one graph on the reference path (the MD-LRPE angles once broke it
+    # at every layer: a repeat_interleave with tensor repeats has a data-dependent shape)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(tiny(attention).eval())(torch.randn(1, 3, 16, 16))
+    assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]

@@ -252,3 +252,39 @@ def test_qkvpacked_custom_ops_and_compile():
     torch.testing.assert_close(g, g_eager)
     assert get_kernel("lightnet_attention_qkvpacked") is lk.lightnet_attention_qkvpacked_triton
     assert lk.lightnet_attention_qkvpacked_triton(qkv[..., :90], 2) is NotImplemented  # d = 15
+
+
+_KERNEL_PATH_GRAPHS = """
+import os, sys
+os.environ["TRITON_INTERPRET"] = "1"
+import torch, timm
+import lightvision  # noqa: F401  (the models; no kernel family imported yet)
+from lightvision.ops import _dispatch, preload_kernels
+real = _dispatch.dispatch
+for mod in ("lightnet", "norm", "md_tpe", "lion"):
+    m = sys.modules.get("lightvision.ops." + mod)
+    if m is not None and hasattr(m, "dispatch"):
+        m.dispatch = lambda op, backend, *a: real(op, "triton" if backend == "auto" else backend, *a)
+if sys.argv[1] == "preload":
+    preload_kernels()
+model = timm.create_model("lightnet_deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
+                          num_heads=2, num_classes=7).eval()
+print(torch._dynamo.explain(model)(torch.randn(1, 3, 16, 16)).graph_break_count)
+"""
+
+
+def test_model_kernel_path_traces_as_one_graph_after_preload():
+    # in a fresh process (no kernel family imported; CPU tensors, the kernels forced and run in the Triton interpreter):
+    # the lazy family import of a first call is not traceable (a graph break per op);
+    # lightvision.engine.compile_model calls preload_kernels first
+    import subprocess
+    import sys
+
+    def breaks(mode):
+        run = subprocess.run([sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode], capture_output=True, text=True,
+                             timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        return int(run.stdout.strip().splitlines()[-1])
+
+    assert breaks("preload") == 0
+    assert breaks("lazy") > 0
