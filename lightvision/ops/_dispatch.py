@@ -9,9 +9,9 @@ function returns. A kernel may return
 runs, with ``backend="triton"`` a RuntimeError is raised.
 
 Families are imported lazily, once, the first time an op asks for a kernel (or all at once by
-``preload_kernels``, before torch.compile); an ImportError (no Triton, no GPU build) just means "no kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are
-on CUDA and one is registered, else reference; "triton" = kernel required (any device; the kernel
-decides what it supports).
+``preload_kernels``, before torch.compile); an ImportError (no Triton, no GPU build) just means "no
+kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are on CUDA and one is
+registered, else reference; "triton" = kernel required (any device; the kernel decides what it supports).
 """
 
 from __future__ import annotations
