@@ -21,13 +21,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from .._launch import empty, interpreting
+from .._launch import empty
 from . import _triton as K
-from .op import DTYPES
+from .op import DTYPES, row_tile
 
-KINDS = ("elu", "silu_norm")
 MAX_D = 256  # widest head the programs hold in registers; wider heads run the reference
-_ROWS = 4096  # elements per program tile (rows x padded head dim)
 
 
 def _as_heads(x: torch.Tensor) -> torch.Tensor:
@@ -43,10 +41,10 @@ def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor) -> None:
     """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given output tensors."""
     x4 = _as_heads(x)
     b, h, n, d = x4.shape
-    bd = triton.next_power_of_2(d)
-    bm = 4 if interpreting() else max(1, _ROWS // bd)
-    kernel[(triton.cdiv(b * h * n, bm),)](x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3], BM=bm, BD=bd,
-                                         SILU_NORM=kind == "silu_norm", num_warps=4)
+    tile = row_tile(d, max_rows=64)  # heads are short rows: 64 of them per program at d = 64 (the timed tile)
+    kernel[(triton.cdiv(b * h * n, tile["BM"]),)](x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3], BM=tile["BM"],
+                                                 BD=tile["BC"], SILU_NORM=kind == "silu_norm",
+                                                 num_warps=tile["warps"])
 
 
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -117,7 +115,7 @@ class _FeatureMapEager(torch.autograd.Function):
 def lion_feature_map_triton(x: torch.Tensor, *, kind: str):
     """Kernel entry of ``lightvision.ops.lion_feature_map``; NotImplemented (the reference runs) for empty inputs,
     heads wider than MAX_D, or dtypes outside fp32 / bf16 / fp16."""
-    if x.numel() == 0 or x.dim() < 2 or x.shape[-1] > MAX_D or x.dtype not in DTYPES or kind not in KINDS:
+    if x.numel() == 0 or x.dim() < 2 or x.shape[-1] > MAX_D or x.dtype not in DTYPES:
         return NotImplemented
     if torch.compiler.is_compiling():
         return lion_feature_map_fwd(x, kind)

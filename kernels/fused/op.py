@@ -43,11 +43,11 @@ def _norm_plan(m: int, c: int, device: torch.device) -> dict:
     return dict(**tile, tiles=tiles, bwd_progs=triton.cdiv(tiles, per), bwd_per=per)
 
 
-def row_tile(c: int) -> dict:
+def row_tile(c: int, max_rows: int = 16) -> dict:
     """Tile of rows of width c for the row-wise programs: BM x BC (BC = c padded to a power of two, about 4k
-    elements in all) and the warps that hold it."""
+    elements in all, at most ``max_rows`` rows) and the warps that hold it."""
     bc = triton.next_power_of_2(c)
-    bm = max(1, min(16, 4096 // bc)) if not interpreting() else 4
+    bm = max(1, min(max_rows, 4096 // bc)) if not interpreting() else 4
     return dict(BM=bm, BC=bc, warps=4 if bc <= 1024 else 8)
 
 

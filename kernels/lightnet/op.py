@@ -75,11 +75,17 @@ def _rotation(grid, num_prefix_tokens, d, dtype, device):
     return _tables(grid, num_prefix_tokens, d, device, torch.float32 if dtype == torch.float32 else torch.float16)
 
 
+def _tiles_per_split(tiles: int, splits: int) -> tuple[int, int]:
+    """(tiles per split, the split count that remains once every split holds that many whole tiles)."""
+    per = triton.cdiv(tiles, splits)
+    return per, triton.cdiv(tiles, per)
+
+
 def _split_cost(tiles: int, splits: int, bh: int, resident: int) -> float:
-    """Predicted time of splitting ``tiles`` token tiles ``splits`` ways (rounded to whole tiles per split), in
-    units of one program's tile: the tiles plus SPLIT_COST per split (per-program setup, the partials and their
-    combine), divided by how full the launch's waves are (B*H*splits programs, ``resident`` at a time)."""
-    splits = triton.cdiv(tiles, triton.cdiv(tiles, splits))
+    """Predicted time of splitting ``tiles`` token tiles ``splits`` ways (``_tiles_per_split``), in units of one
+    program's tile: the tiles plus SPLIT_COST per split (per-program setup, the partials and their combine),
+    divided by how full the launch's waves are (B*H*splits programs, ``resident`` at a time)."""
+    _, splits = _tiles_per_split(tiles, splits)
     waves = bh * splits / resident
     return (tiles + SPLIT_COST * splits) * math.ceil(waves) / waves
 
@@ -117,8 +123,7 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
         resident = num_sms(device) * (1 if wide else 2)
         most = max(1, tiles // 2 if device.type == "cuda" else tiles)
         splits = min(range(1, most + 1), key=lambda s: _split_cost(tiles, s, bh, resident))
-    per = triton.cdiv(tiles, splits)
-    splits = triton.cdiv(tiles, per)
+    per, splits = _tiles_per_split(tiles, splits)
     warps = num_warps or (8 if wide else 4)
     fused = splits == 1 and not wide
     stages = (1 if fp32 else 2) if wide else 3
