@@ -56,8 +56,9 @@ def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
 
 @lion_bwd.register_fake
 def _lion_bwd_fake(q, k, v, g, out, den, saved, dout, dden, normalize, form):
-    dg = den.new_empty(0) if g is None else torch.empty_like(g)
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dg
+    # contiguous, as the kernels allocate them, whatever the strides of q, k, v, g (views of a qkv projection)
+    dg = den.new_empty(0) if g is None else g.new_empty(g.shape)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dg
 
 
 def _setup_context(ctx, inputs, output):

@@ -278,3 +278,18 @@ def test_torch_compile_fullgraph(form):
     compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(*leaves), leaves)
     for x, y in zip(eager, compiled):
         torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("form", ["parallel", "scan"])
+def test_custom_op_fakes_match_strided_views(form):
+    """The fake kernels give the real outputs' shapes and strides when q, k, v, g are views of a qkv projection
+    ([B, N, H, d] memory): Inductor asserts those strides, so a wrong fake failed compiled LION-S training."""
+    b, n, h, d = 1, 9, 2, 16
+    q, k, v = (t.transpose(1, 2) for t in torch.randn(b, n, 3, h, d, device=DEV).unbind(2))
+    q, k = (F.normalize(F.silu(t) + 0.5, dim=-1) for t in (q, k))
+    g = F.logsigmoid(torch.randn(b, n, h, device=DEV) + 2).transpose(1, 2)
+    checks = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.lightvision.lion_fwd.default, (q, k, v, g, True, form), test_utils=checks)
+    out, den, saved = torch.ops.lightvision.lion_fwd(q, k, v, g, True, form)
+    args = (q, k, v, g, out, den, saved, torch.randn_like(out), None, True, form)
+    torch.library.opcheck(torch.ops.lightvision.lion_bwd.default, args, test_utils=checks)
