@@ -131,7 +131,8 @@ def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int
 
 def bench_one(family: str, attention: str, size: str, img_size: int, batch: int, args) -> list[dict]:
     """Records for one (model, attention, resolution); an OOM becomes ``oom: true`` records."""
-    base = {"model": f"{family}_{size}", "attention": attention, "img_size": img_size, "batch": batch}
+    base = {"model": f"{family}_{size}", "attention": attention, "img_size": img_size, "batch": batch,
+            **({"compile": args.compile} if args.compile else {})}
     try:
         if family == "deit":
             model = build_deit(attention, img_size)
@@ -151,7 +152,7 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
 
             loss_of = lambda out: out.float().square().mean()  # noqa: E731
         if args.compile:
-            model = compile_model(model)
+            model = compile_model(model, mode=args.compile)
         measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch)
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:
@@ -226,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dit-sizes", nargs="*", default=["b", "xl"], choices=("s", "b", "l", "xl"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--compile", action="store_true", help="torch.compile each model (custom ops stay in the graph)")
+    parser.add_argument("--compile", nargs="?", const="default", choices=("default", "reduce-overhead", "max-autotune"),
+                        help="torch.compile each model (custom ops stay in the graph) in this mode (default: "
+                             "'default'); 'reduce-overhead' replays the steps as CUDA graphs")
     parser.add_argument("--memory-batch", type=int, default=0,
                         help="also record inference peak memory at this fixed batch at every size (mode infer_memory)")
     parser.add_argument("--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it")

@@ -2,9 +2,10 @@
 
 Importing this package registers ``lightnet_attention_triton`` with the ops dispatch, so
 ``lightvision.ops.lightnet_attention(..., backend="auto")`` runs it on CUDA inputs.
-Custom ops: ``torch.ops.lightvision.lightnet_attn_fwd`` (q, k, v, grid, num_prefix_tokens, lrpe) -> (o, S, lse)
+Custom ops: ``torch.ops.lightvision.lightnet_attn_fwd`` (q, k, v, cos, sin, lrpe) -> (o, S, lse)
 and ``torch.ops.lightvision.lightnet_attn_bwd``, and their packed-qkv twins ``lightnet_attn_packed_fwd`` / ``_bwd``
-(``lightvision.ops.lightnet_attention_qkvpacked``); see ``op`` for the math and the derivation of the backward.
+(``lightvision.ops.lightnet_attention_qkvpacked``); cos / sin are ``op.rotation_tables``. See ``op`` for the math
+and the derivation of the backward.
 """
 
 from lightvision.ops._dispatch import register_kernel

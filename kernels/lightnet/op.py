@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 import triton
@@ -59,20 +59,28 @@ SPLIT_COST = 4  # token tiles' worth of time per extra split (``_split_cost``; f
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@functools.lru_cache(maxsize=64)
-def _tables(grid: tuple[int, ...], num_prefix_tokens: int, dim: int, device: torch.device, dtype: torch.dtype):
-    """(cos Theta, sin Theta), each [N, dim] contiguous in ``dtype``; angles from ``lrpe_angles``.
-
-    fp32 for fp32 inputs; fp16 for 16-bit inputs (|cos|, |sin| <= 1: rounding 2^-11, under the inputs' own)."""
-    ang = lrpe_angles(grid, dim, num_prefix_tokens, device=device)
-    return torch.cos(ang).to(dtype).contiguous(), torch.sin(ang).to(dtype).contiguous()
-
-
-def _rotation(grid, num_prefix_tokens, d, dtype, device):
-    """Rotation tables for the kernels (``lrpe`` requires a grid)."""
+def rotation_tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos Theta, sin Theta) for the kernels, each [N, group * d] contiguous: a program's ``group`` heads of d
+    features side by side (``head_group``); angles from ``lrpe_angles``. fp32 for fp32 inputs, fp16 for 16-bit
+    inputs (|cos|, |sin| <= 1: rounding 2^-11, under the inputs' own). ``grid`` None (no MD-LRPE): a 1-element
+    stand-in that the programs never read."""
     if grid is None:
-        raise ValueError("lightnet kernel: lrpe=True needs the token grid")
-    return _tables(grid, num_prefix_tokens, d, device, torch.float32 if dtype == torch.float32 else torch.float16)
+        return (torch.zeros(1, device=device),) * 2
+    ang = lrpe_angles(grid, d, num_prefix_tokens, device=device)
+    table_dtype = torch.float32 if dtype == torch.float32 else torch.float16
+    return torch.cos(ang).to(table_dtype).repeat(1, group), torch.sin(ang).to(table_dtype).repeat(1, group)
+
+
+_cached_rotation_tables = functools.lru_cache(maxsize=64)(rotation_tables)
+
+
+def _tables(grid, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype, device: torch.device):
+    """``rotation_tables``: cached per shape in eager mode; recomputed by the graph under torch.compile, so that
+    they are the graph's own tensors (tables cached during a CUDA-graph warm-up would stay in the graph's memory
+    pool, owned by no output, and ``mode="reduce-overhead"`` refuses that)."""
+    build = rotation_tables if torch.compiler.is_compiling() else _cached_rotation_tables
+    return build(grid and tuple(grid), num_prefix_tokens, d, group, dtype, device)
 
 
 def _tiles_per_split(tiles: int, splits: int) -> tuple[int, int]:
@@ -144,8 +152,6 @@ class _Config(NamedTuple):
     fused: bool
     splits: int
     per: int  # token tiles per split
-    cos: torch.Tensor  # rotation tables; without LRPE, a 1-element stand-in the programs never read
-    sin: torch.Tensor
     grid_bh: tuple  # launch grid of the fused programs
     grid_rows: tuple  # launch grid of the combine programs: (b, h) x blocks of COMBINE_ROWS feature rows
     grid_split: tuple  # launch grid of the split programs
@@ -165,67 +171,63 @@ def head_group(num_heads: int, d: int) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-def _config(n, bh, d, dv, device, dtype, grid, num_prefix_tokens, lrpe, group=1) -> _Config:
+def _config(n, bh, d, dv, device, dtype, lrpe, group=1) -> _Config:
     """Launch configuration for B*H = bh programs' heads of width d / dv; ``group`` heads of d / group features
     side by side per program (``head_group``)."""
     p = _plan(n, bh, d, dv, device, dtype == torch.float32)
-    if lrpe:
-        cos, sin = (t.repeat(1, group) for t in _rotation(grid, num_prefix_tokens, d // group, dtype, device))
-    else:
-        cos = sin = torch.zeros(1, device=device, dtype=torch.float32)
     blocks = dict(HD=d // group, HDV=dv // group) if group > 1 else dict(HD=0, HDV=0)
     tiled = dict(BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=_lowp(dtype), num_warps=p["warps"],
                  num_stages=p["stages"], **blocks)
     return _Config(
-        R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"], cos=cos, sin=sin,
+        R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"],
         grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, COMBINE_ROWS)), grid_split=(bh, p["splits"]),
         tiled=tiled, tiled_bwd=dict(tiled, num_stages=p["stages_bwd"]),
         small=dict(BR=COMBINE_ROWS, BDV=p["BDV"], LRPE=lrpe, num_warps=2),
     )
 
 
-def lightnet_fwd(q, k, v, grid, num_prefix_tokens: int, lrpe: bool, o: torch.Tensor | None = None, group: int = 1):
-    """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides) -> o [B, H, N, e] in q's dtype
+def lightnet_fwd(q, k, v, cos, sin, lrpe: bool, o: torch.Tensor | None = None, group: int = 1):
+    """Launch the forward. q, k [B, H, N, d], v [B, H, N, e] (any strides), cos / sin ``rotation_tables``
+    -> o [B, H, N, e] in q's dtype
     (contiguous, or written into the given ``o`` view with unit feature stride), S [B, H, R, e] in q's dtype
     (normalised, R = 2d with LRPE else d), lse fp32 [B, H, d]. ``group`` > 1: each of these H heads is that many
     real heads side by side (``head_group``)."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
-    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe, group)
+    c = _config(N, B * H, D, DV, dev, q.dtype, lrpe, group)
     o = empty((B, H, N, DV), q.dtype, dev) if o is None else o
     s = empty((B, H, c.R, DV), q.dtype, dev)
     lse = empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
-            q, k, v, c.cos, c.sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3],
+            q, k, v, cos, sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3],
             **c.tiled)
         return o, s, lse
     pm = empty((B * H, c.splits, D), torch.float32, dev)
     pz = empty((B * H, c.splits, D), torch.float32, dev)
     ps = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     K._fwd_reduce_kernel[c.grid_split](
-        k, v, c.cos, c.sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
+        k, v, cos, sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
     K._fwd_combine_kernel[c.grid_rows](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
-    K._fwd_out_kernel[c.grid_split](q, c.cos, c.sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
+    K._fwd_out_kernel[c.grid_split](q, cos, sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
     return o, s, lse
 
 
-def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, grads: tuple | None = None,
-                 group: int = 1):
+def lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe: bool, grads: tuple | None = None, group: int = 1):
     """Launch the backward: (dq, dk, dv) shaped like q, k, v in the input dtype: contiguous, or written into
     the given ``grads`` views (unit feature stride); ``group`` as in ``lightnet_fwd``."""
     B, H, N, D = q.shape
     DV = v.shape[3]
     dev = q.device
-    c = _config(N, B * H, D, DV, dev, q.dtype, grid and tuple(grid), num_prefix_tokens, lrpe, group)
+    c = _config(N, B * H, D, DV, dev, q.dtype, lrpe, group)
     if grads is None:
         grads = (empty((B, H, N, D), q.dtype, dev), empty((B, H, N, D), q.dtype, dev),
                  empty((B, H, N, DV), q.dtype, dev))
     dq, dk, dv = grads
     if c.fused:
         K._bwd_fused_kernel[c.grid_bh](
-            q, k, v, do, c.cos, c.sin, s, lse, dq, dk, dv, H, N, D, DV,
+            q, k, v, do, cos, sin, s, lse, dq, dk, dv, H, N, D, DV,
             *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride()[:3], *dk.stride()[:3],
             *dv.stride()[:3], **c.tiled_bwd)
         return dq, dk, dv
@@ -233,24 +235,24 @@ def lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens: int, lrpe: bool, 
     ds = empty((B * H, c.R, DV), torch.float32, dev)
     corr = empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
-        q, do, c.cos, c.sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd)
+        q, do, cos, sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd)
     K._bwd_combine_kernel[c.grid_rows](pds, s, ds, corr, D, DV, c.splits, **c.small)
     K._bwd_dkdv_kernel[c.grid_split](
-        k, v, c.cos, c.sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(),
+        k, v, cos, sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(),
         *dk.stride()[:3], *dv.stride()[:3], **c.tiled_bwd)
     return dq, dk, dv
 
 
 @torch.library.custom_op("lightvision::lightnet_attn_fwd", mutates_args=())
 def lightnet_attn_fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lrpe: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, S, lse) of the one-scan forward; see the module docstring."""
-    return lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe)
+    return lightnet_fwd(q, k, v, cos, sin, lrpe)
 
 
 @lightnet_attn_fwd.register_fake
-def _(q, k, v, grid, num_prefix_tokens, lrpe):
+def _(q, k, v, cos, sin, lrpe):
     B, H, N, D = q.shape
     DV = v.shape[-1]
     return (
@@ -263,27 +265,26 @@ def _(q, k, v, grid, num_prefix_tokens, lrpe):
 @torch.library.custom_op("lightvision::lightnet_attn_bwd", mutates_args=())
 def lightnet_attn_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, lse: torch.Tensor,
-    grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool,
+    cos: torch.Tensor, sin: torch.Tensor, lrpe: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the one-scan attention; see the module docstring."""
-    return lightnet_bwd(do, q, k, v, s, lse, grid, num_prefix_tokens, lrpe)
+    return lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe)
 
 
 @lightnet_attn_bwd.register_fake
-def _(do, q, k, v, s, lse, grid, num_prefix_tokens, lrpe):
+def _(do, q, k, v, s, lse, cos, sin, lrpe):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, grid, num_prefix_tokens, lrpe = inputs
+    q, k, v, cos, sin, lrpe = inputs
     _, s, lse = output
-    ctx.save_for_backward(q, k, v, s, lse)
-    ctx.grid, ctx.num_prefix_tokens, ctx.lrpe = grid, num_prefix_tokens, lrpe
+    ctx.save_for_backward(q, k, v, s, lse, cos, sin)
+    ctx.lrpe = lrpe
 
 
 def _backward(ctx, do, _ds, _dlse):
-    q, k, v, s, lse = ctx.saved_tensors
-    dq, dk, dv = lightnet_attn_bwd(do, q, k, v, s, lse, ctx.grid, ctx.num_prefix_tokens, ctx.lrpe)
+    dq, dk, dv = lightnet_attn_bwd(do, *ctx.saved_tensors, ctx.lrpe)
     return dq, dk, dv, None, None, None
 
 
@@ -295,16 +296,15 @@ class _LightNetEager(torch.autograd.Function):
     per call, which at ViT sizes is longer than the kernels); used outside torch.compile tracing."""
 
     @staticmethod
-    def forward(ctx, q, k, v, grid, num_prefix_tokens, lrpe):
-        o, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe)
-        ctx.save_for_backward(q, k, v, s, lse)
-        ctx.grid, ctx.num_prefix_tokens, ctx.lrpe = grid, num_prefix_tokens, lrpe
+    def forward(ctx, q, k, v, cos, sin, lrpe):
+        o, s, lse = lightnet_fwd(q, k, v, cos, sin, lrpe)
+        ctx.save_for_backward(q, k, v, s, lse, cos, sin)
+        ctx.lrpe = lrpe
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, s, lse = ctx.saved_tensors
-        dq, dk, dv = lightnet_bwd(do, q, k, v, s, lse, ctx.grid, ctx.num_prefix_tokens, ctx.lrpe)
+        dq, dk, dv = lightnet_bwd(do, *ctx.saved_tensors, ctx.lrpe)
         return dq, dk, dv, None, None, None
 
 
@@ -314,36 +314,36 @@ def _packed_heads(qkv, num_heads: int):
     return group, split_heads(qkv, num_heads // group)
 
 
-def lightnet_packed_fwd(qkv, num_heads: int, grid, num_prefix_tokens: int, lrpe: bool):
+def lightnet_packed_fwd(qkv, num_heads: int, cos, sin, lrpe: bool):
     """qkv [B, N, 3 * H * d] -> (o [B, N, H * d] written in that layout, S, lse) (see ``lightnet_fwd``; S and lse
     per program head: [B, H / G, 2 G d, G d], [B, H / G, G d] with G = ``head_group``)."""
     group, (q, k, v) = _packed_heads(qkv, num_heads)
     B, H, N, D = q.shape
     o = empty((B, N, H, D), qkv.dtype, qkv.device)
-    _, s, lse = lightnet_fwd(q, k, v, grid, num_prefix_tokens, lrpe, o=o.transpose(1, 2), group=group)
+    _, s, lse = lightnet_fwd(q, k, v, cos, sin, lrpe, o=o.transpose(1, 2), group=group)
     return o.view(B, N, H * D), s, lse
 
 
-def lightnet_packed_bwd(do, qkv, s, lse, num_heads: int, grid, num_prefix_tokens: int, lrpe: bool):
+def lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads: int, lrpe: bool):
     """dqkv [B, N, 3 * H * d], written by the backward programs in place (see ``lightnet_bwd``)."""
     group, (q, k, v) = _packed_heads(qkv, num_heads)
     B, H, N, D = q.shape
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
-    lightnet_bwd(do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, grid, num_prefix_tokens, lrpe,
-                 grads=split_heads(dqkv, H), group=group)
+    lightnet_bwd(do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, cos, sin, lrpe, grads=split_heads(dqkv, H),
+                 group=group)
     return dqkv
 
 
 @torch.library.custom_op("lightvision::lightnet_attn_packed_fwd", mutates_args=())
 def lightnet_attn_packed_fwd(
-    qkv: torch.Tensor, num_heads: int, grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool
+    qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor, lrpe: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o [B, N, H * d], S, lse) of the one-scan forward on a packed qkv."""
-    return lightnet_packed_fwd(qkv, num_heads, grid, num_prefix_tokens, lrpe)
+    return lightnet_packed_fwd(qkv, num_heads, cos, sin, lrpe)
 
 
 @lightnet_attn_packed_fwd.register_fake
-def _(qkv, num_heads, grid, num_prefix_tokens, lrpe):
+def _(qkv, num_heads, cos, sin, lrpe):
     B, N, C3 = qkv.shape
     g = head_group(num_heads, C3 // (3 * num_heads))
     H, D = num_heads // g, C3 // (3 * num_heads) * g
@@ -356,28 +356,27 @@ def _(qkv, num_heads, grid, num_prefix_tokens, lrpe):
 
 @torch.library.custom_op("lightvision::lightnet_attn_packed_bwd", mutates_args=())
 def lightnet_attn_packed_bwd(
-    do: torch.Tensor, qkv: torch.Tensor, s: torch.Tensor, lse: torch.Tensor, num_heads: int,
-    grid: Optional[list[int]], num_prefix_tokens: int, lrpe: bool,
+    do: torch.Tensor, qkv: torch.Tensor, s: torch.Tensor, lse: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+    num_heads: int, lrpe: bool,
 ) -> torch.Tensor:
     """dqkv of the one-scan attention on a packed qkv."""
-    return lightnet_packed_bwd(do, qkv, s, lse, num_heads, grid, num_prefix_tokens, lrpe)
+    return lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads, lrpe)
 
 
 @lightnet_attn_packed_bwd.register_fake
-def _(do, qkv, s, lse, num_heads, grid, num_prefix_tokens, lrpe):
+def _(do, qkv, s, lse, cos, sin, num_heads, lrpe):
     return qkv.new_empty(qkv.shape)
 
 
 def _packed_setup_context(ctx, inputs, output):
-    qkv, num_heads, grid, num_prefix_tokens, lrpe = inputs
+    qkv, num_heads, cos, sin, lrpe = inputs
     _, s, lse = output
-    ctx.save_for_backward(qkv, s, lse)
-    ctx.args = (num_heads, grid, num_prefix_tokens, lrpe)
+    ctx.save_for_backward(qkv, s, lse, cos, sin)
+    ctx.args = (num_heads, lrpe)
 
 
 def _packed_backward(ctx, do, _ds, _dlse):
-    qkv, s, lse = ctx.saved_tensors
-    return lightnet_attn_packed_bwd(do, qkv, s, lse, *ctx.args), None, None, None, None
+    return lightnet_attn_packed_bwd(do, *ctx.saved_tensors, *ctx.args), None, None, None, None
 
 
 lightnet_attn_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
@@ -387,16 +386,15 @@ class _LightNetPackedEager(torch.autograd.Function):
     """Eager twin of the packed custom ops (see ``_LightNetEager``)."""
 
     @staticmethod
-    def forward(ctx, qkv, num_heads, grid, num_prefix_tokens, lrpe):
-        o, s, lse = lightnet_packed_fwd(qkv, num_heads, grid, num_prefix_tokens, lrpe)
-        ctx.save_for_backward(qkv, s, lse)
-        ctx.args = (num_heads, grid, num_prefix_tokens, lrpe)
+    def forward(ctx, qkv, num_heads, cos, sin, lrpe):
+        o, s, lse = lightnet_packed_fwd(qkv, num_heads, cos, sin, lrpe)
+        ctx.save_for_backward(qkv, s, lse, cos, sin)
+        ctx.args = (num_heads, lrpe)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        qkv, s, lse = ctx.saved_tensors
-        return lightnet_packed_bwd(do, qkv, s, lse, *ctx.args), None, None, None, None
+        return lightnet_packed_bwd(do, *ctx.saved_tensors, *ctx.args), None, None, None, None
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -426,9 +424,10 @@ def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe=T
     if causal or not key_softmax or not supports(q, k, v):
         return NotImplemented
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
+    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], 1, q.dtype, q.device)
     if torch.compiler.is_compiling():
-        return lightnet_attn_fwd(q, k, v, grid and list(grid), num_prefix_tokens, grid is not None)[0]
-    return _LightNetEager.apply(q, k, v, grid, num_prefix_tokens, grid is not None)
+        return lightnet_attn_fwd(q, k, v, cos, sin, grid is not None)[0]
+    return _LightNetEager.apply(q, k, v, cos, sin, grid is not None)
 
 
 def lightnet_attention_qkvpacked_triton(qkv, num_heads, *, grid=None, num_prefix_tokens=0, lrpe=True):
@@ -438,9 +437,10 @@ def lightnet_attention_qkvpacked_triton(qkv, num_heads, *, grid=None, num_prefix
     if not supports(q, k, v):
         return NotImplemented
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
+    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], head_group(num_heads, q.shape[3]), q.dtype, q.device)
     if torch.compiler.is_compiling():
-        return lightnet_attn_packed_fwd(qkv, num_heads, grid and list(grid), num_prefix_tokens, grid is not None)[0]
-    return _LightNetPackedEager.apply(qkv, num_heads, grid, num_prefix_tokens, grid is not None)
+        return lightnet_attn_packed_fwd(qkv, num_heads, cos, sin, grid is not None)[0]
+    return _LightNetPackedEager.apply(qkv, num_heads, cos, sin, grid is not None)
 
 
 __all__ = [
@@ -451,5 +451,6 @@ __all__ = [
     "lightnet_attn_fwd",
     "lightnet_attn_packed_bwd",
     "lightnet_attn_packed_fwd",
+    "rotation_tables",
     "supports",
 ]

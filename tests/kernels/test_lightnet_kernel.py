@@ -148,7 +148,7 @@ def test_saved_state_is_the_normalised_reduction():
     # S = k~^T v with k~ = MD-LRPE(softmax_N(k)), lse = logsumexp_N(k): the only state kept for backward
     b, h, grid, d, dv = 1, 2, (3, 5), 16, 24
     q, k, v = _inputs(b, h, 16, d, dv, torch.float32)
-    o, s, lse = lk.lightnet_attn_fwd(q, k, v, list(grid), 1, True)
+    o, s, lse = lk.lightnet_attn_fwd(q, k, v, *lop.rotation_tables(grid, 1, d, 1, q.dtype, q.device), True)
     ang = lrpe_angles(grid, d, 1, device=DEV).double()
     kh = torch.softmax(k.double(), dim=2)
     kt = torch.cat([kh * torch.cos(ang), kh * torch.sin(ang)], -1)
@@ -173,7 +173,7 @@ def test_dispatch_registration_and_fallbacks():
 def test_custom_op_opcheck():
     # schema, fake (meta) kernels and autograd registration of lightvision::lightnet_attn_fwd / _bwd
     q, k, v = _inputs(1, 2, 10, 16, 16, torch.float32)
-    args = [t.requires_grad_() for t in (q, k, v)] + [[3, 3], 1, True]
+    args = [t.requires_grad_() for t in (q, k, v)] + [*lop.rotation_tables((3, 3), 1, 16, 1, q.dtype, q.device), True]
     torch.library.opcheck(torch.ops.lightvision.lightnet_attn_fwd.default, args,
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
     # the custom op's own autograd formula (the path torch.compile takes) agrees with the eager path
@@ -240,14 +240,19 @@ def test_qkvpacked_custom_ops_and_compile():
     from lightvision.ops import lightnet_attention_qkvpacked
 
     qkv = torch.randn(2, 10, 3 * 2 * 16, device=DEV, requires_grad=True)
-    torch.library.opcheck(torch.ops.lightvision.lightnet_attn_packed_fwd.default, [qkv, 2, [3, 3], 1, True],
+    tables = lop.rotation_tables((3, 3), 1, 16, lop.head_group(2, 16), qkv.dtype, qkv.device)  # two heads a program
+    torch.library.opcheck(torch.ops.lightvision.lightnet_attn_packed_fwd.default, [qkv, 2, *tables, True],
                           test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
 
     def f(t):
         return lightnet_attention_qkvpacked(t, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton").square().sum()
 
     torch._dynamo.reset()
+    lop._cached_rotation_tables.cache_clear()
     (g,) = torch.autograd.grad(torch.compile(f, backend="aot_eager", fullgraph=True)(qkv), qkv)
+    # compiled, the rotation tables are computed by the graph: a cached table made during a CUDA-graph warm-up
+    # (mode="reduce-overhead") would stay in the graph's memory pool, owned by no output
+    assert lop._cached_rotation_tables.cache_info().currsize == 0
     (g_eager,) = torch.autograd.grad(f(qkv), qkv)
     torch.testing.assert_close(g, g_eager)
     assert get_kernel("lightnet_attention_qkvpacked") is lk.lightnet_attention_qkvpacked_triton
@@ -256,7 +261,8 @@ def test_qkvpacked_custom_ops_and_compile():
 
 _KERNEL_PATH_GRAPHS = """
 import os, sys
-os.environ["TRITON_INTERPRET"] = "1"
+if sys.argv[2] == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
 import torch, timm
 import lightvision  # noqa: F401  (the models; no kernel family imported yet)
 from lightvision.ops import _dispatch, preload_kernels
@@ -268,20 +274,20 @@ for mod in ("lightnet", "norm", "md_tpe", "lion"):
 if sys.argv[1] == "preload":
     preload_kernels()
 model = timm.create_model("lightnet_deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
-                          num_heads=2, num_classes=7).eval()
-print(torch._dynamo.explain(model)(torch.randn(1, 3, 16, 16)).graph_break_count)
+                          num_heads=2, num_classes=7).eval().to(sys.argv[2])
+print(torch._dynamo.explain(model)(torch.randn(1, 3, 16, 16, device=sys.argv[2])).graph_break_count)
 """
 
 
 def test_model_kernel_path_traces_as_one_graph_after_preload():
-    # in a fresh process (no kernel family imported; CPU tensors, the kernels forced and run in the Triton interpreter):
+    # in a fresh process (no kernel family imported; the kernels forced, on CPU in the Triton interpreter):
     # the lazy family import of a first call is not traceable (a graph break per op);
     # lightvision.engine.compile_model calls preload_kernels first
     import subprocess
     import sys
 
     def breaks(mode):
-        run = subprocess.run([sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode], capture_output=True, text=True,
+        run = subprocess.run([sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode, DEV], capture_output=True, text=True,
                              timeout=600)
         assert run.returncode == 0, run.stderr[-2000:]
         return int(run.stdout.strip().splitlines()[-1])
