@@ -9,14 +9,13 @@ from torch import nn
 def compile_model(model: nn.Module, mode: str | None = None) -> nn.Module:
     """``torch.compile(model, mode=mode)`` with Inductor's coalescing tiling analysis turned off.
 
-    ``mode="reduce-overhead"`` replays the forward and the backward as CUDA graphs: one launch per graph instead of
-    one per kernel, which takes the host's launch time out of small steps (the lightvision kernels are captured
-    like any other; their cached launch data holds no GPU memory).
-
     On torch 2.11 that analysis raises a TypeError (CantSplit) on the MD-TPE graph. It only chooses tilings, so turning
     it off changes no results. The lightvision kernels are custom ops, so they stay in the graph without a break; their
     families are imported first (``lightvision.ops.preload_kernels``), since the lazy import of a first call is not
     traceable.
+    ``mode="reduce-overhead"`` replays the forward and the backward as CUDA graphs: one launch per graph instead of
+    one per kernel, which takes the host's launch time out of small steps. The kernels keep no GPU tensors between
+    calls under compile (the LightNet rotation tables are computed by the graph), so the graphs own all their memory.
     Checkpoints stay free of ``_orig_mod.`` prefixes (:func:`lightvision.engine.unwrap_model`).
     """
     import torch._inductor.config as inductor_config
