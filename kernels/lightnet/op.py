@@ -75,12 +75,13 @@ def rotation_tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int
 _cached_rotation_tables = functools.lru_cache(maxsize=64)(rotation_tables)
 
 
-def _tables(grid, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype, device: torch.device):
-    """``rotation_tables``: cached per shape in eager mode; recomputed by the graph under torch.compile, so that
-    they are the graph's own tensors (tables cached during a CUDA-graph warm-up would stay in the graph's memory
-    pool, owned by no output, and ``mode="reduce-overhead"`` refuses that)."""
+def _tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype,
+            device: torch.device):
+    """``rotation_tables`` for a checked grid (``_rotation_grid``): cached per shape in eager mode; recomputed by the
+    graph under torch.compile, so that they are the graph's own tensors (tables cached during a CUDA-graph warm-up
+    would stay in the graph's memory pool, owned by no output, and ``mode="reduce-overhead"`` refuses that)."""
     build = rotation_tables if torch.compiler.is_compiling() else _cached_rotation_tables
-    return build(grid and tuple(grid), num_prefix_tokens, d, group, dtype, device)
+    return build(grid, num_prefix_tokens, d, group, dtype, device)
 
 
 def _tiles_per_split(tiles: int, splits: int) -> tuple[int, int]:
