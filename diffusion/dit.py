@@ -133,11 +133,14 @@ class DiT(ModelMixin, ConfigMixin):
         """DiT init on the layers this class owns (attention layers keep their own init): xavier for the FFN and the
         patch projection, N(0, 0.02) for the embeddings, zeros for every modulation and the output head (adaLN-Zero)."""
         for block in self.blocks:
-            for m in block.ffn.modules():
-                if isinstance(m, nn.Linear):
-                    nn.init.xavier_uniform_(m.weight)
-                    if m.bias is not None:
-                        nn.init.zeros_(m.bias)
+            if isinstance(block.ffn, GLU):
+                block.ffn.xavier_init_()
+            else:
+                for m in block.ffn.modules():
+                    if isinstance(m, nn.Linear):
+                        nn.init.xavier_uniform_(m.weight)
+                        if m.bias is not None:
+                            nn.init.zeros_(m.bias)
             if block.adaln == "block":
                 nn.init.zeros_(block.modulation[1].weight)
                 nn.init.zeros_(block.modulation[1].bias)

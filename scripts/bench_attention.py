@@ -62,7 +62,7 @@ _TWO = (torch.float32, torch.bfloat16)
 CHECK_CASES = [((7, 7), 1, 64, _ALL), ((14, 14), 1, 64, _ALL), ((24, 24), 1, 64, _ALL), ((32, 32), 0, 64, _TWO),
                ((64, 64), 0, 64, _ALL), ((13, 17), 0, 64, _TWO), ((256, 256), 0, 64, _TWO),
                ((13, 17), 1, 48, _TWO), ((14, 14), 1, 24, _TWO), ((24, 24), 1, 128, _TWO),
-               ((7, 7), 1, 16, _TWO), ((24, 24), 1, 32, _TWO)]
+               ((7, 7), 1, 16, _TWO), ((24, 24), 1, 32, _TWO), ((16, 16), 0, 72, _TWO), ((64, 64), 0, 72, _TWO)]
 
 
 def add(op: str, impl: str, make) -> None:
@@ -301,11 +301,13 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", default="", help="comma list of NxB: also time the SWEEP plan variants there")
     ap.add_argument("--head-dim", type=int, default=D,
                     help="d of the timed shapes, with H = 384 / d heads (default 64: SPEC 5; LightNet-DeiT-S: 24)")
+    ap.add_argument("--heads", type=int, default=0,
+                    help="H of the timed shapes (default 384 / d; LightNet-DiT-XL/2: --head-dim 72 --heads 16)")
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
-    if 384 % args.head_dim:
-        ap.error(f"--head-dim must divide 384, got {args.head_dim}")
-    H, D = 384 // args.head_dim, args.head_dim
+    if not args.heads and 384 % args.head_dim:
+        ap.error(f"--head-dim must divide 384 unless --heads is given, got {args.head_dim}")
+    H, D = args.heads or 384 // args.head_dim, args.head_dim
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA device", file=sys.stderr)
         return 2

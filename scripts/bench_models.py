@@ -17,7 +17,8 @@ on random labels; DiT: MSE on its noise/variance output for random t, y). Infere
 under ``torch.inference_mode``. Each measurement: warm-up steps, then the median over timed steps with
 CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset; ``--memory-batch B`` adds the
 inference peak memory at the fixed batch B at every size (``mode: infer_memory``: memory against token count). Out-of-memory is
-recorded as ``oom: true``. Output: JSON (``{"env": ..., "records": [...]}``), a markdown table and a
+recorded as ``oom: true``. With ``--compile MODE`` each model is compiled fresh (``torch._dynamo.reset()`` first), as in a process of
+its own. Output: JSON (``{"env": ..., "records": [...]}``), a markdown table and a
 PNG per family (images/s and peak memory against resolution), the table printed last.
 """
 
@@ -152,6 +153,7 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
 
             loss_of = lambda out: out.float().square().mean()  # noqa: E731
         if args.compile:
+            torch._dynamo.reset()  # each model compiles fresh, as in its own process (no shared cache entries)
             model = compile_model(model, mode=args.compile)
         measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch)
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]

@@ -1,6 +1,6 @@
 """Triton programs of the fused pointwise ops (math in ``op``, ``adaln`` and ``feature_map``). Tensors are
-contiguous: rows of C for the norms, flat for SiLU x mul; the LION feature map reads [B, H, N, d] views through
-their strides. Offsets are int64 so that tensors past 2^31 elements stay addressable."""
+contiguous: rows of C for the norms, rows of C or the two halves of rows of 2C for SiLU x mul; the LION feature
+map reads [B, H, N, d] views through their strides. Offsets are int64 so that tensors past 2^31 elements stay addressable."""
 
 import triton
 import triton.language as tl
@@ -62,24 +62,33 @@ def _rms_norm_bwd_kernel(DY, X, W, G, RSTD, DX, DG, DW, M, C, per,
 
 
 @triton.jit
-def _silu_mul_fwd_kernel(A, B, Y, numel, BLOCK: tl.constexpr):
+def _silu_mul_offsets(C, s_in, BLOCK: tl.constexpr):
+    """Elements pid*BLOCK ... of the [rows, C] output: (flat output offsets, input offsets with row stride s_in)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return offs, (offs // C) * s_in + offs % C
+
+
+@triton.jit
+def _silu_mul_fwd_kernel(A, B, Y, numel, C, s_in, BLOCK: tl.constexpr):
+    """y = SiLU(a) * b; a and b rows s_in apart (C apart, or 2C for the halves of one packed tensor)."""
+    offs, offs_in = _silu_mul_offsets(C, s_in, BLOCK)
     mask = offs < numel
-    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + offs_in, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs_in, mask=mask, other=0.0).to(tl.float32)
     tl.store(Y + offs, (a * tl.sigmoid(a) * b).to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _silu_mul_bwd_kernel(DY, A, B, DA, DB, numel, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _silu_mul_bwd_kernel(DY, A, B, DA, DB, numel, C, s_in, BLOCK: tl.constexpr):
+    """da, db laid out as a, b (rows s_in apart)."""
+    offs, offs_in = _silu_mul_offsets(C, s_in, BLOCK)
     mask = offs < numel
     dy = tl.load(DY + offs, mask=mask, other=0.0).to(tl.float32)
-    a = tl.load(A + offs, mask=mask, other=0.0).to(tl.float32)
-    b = tl.load(B + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(A + offs_in, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(B + offs_in, mask=mask, other=0.0).to(tl.float32)
     s = tl.sigmoid(a)
-    tl.store(DB + offs, (dy * a * s).to(DB.dtype.element_ty), mask=mask)
-    tl.store(DA + offs, (dy * b * s * (1.0 + a * (1.0 - s))).to(DA.dtype.element_ty), mask=mask)
+    tl.store(DB + offs_in, (dy * a * s).to(DB.dtype.element_ty), mask=mask)
+    tl.store(DA + offs_in, (dy * b * s * (1.0 + a * (1.0 - s))).to(DA.dtype.element_ty), mask=mask)
 
 
 # ---- adaLN (DiT): [B*N, C] rows, per-sample vectors [B, C] with row stride ``sv``; program (b, p) owns the row

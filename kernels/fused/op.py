@@ -6,7 +6,9 @@ RMSNorm with gate, per row x [C] (fp32 inside), r = 1 / sqrt(mean(x^2) + eps), x
     dg  = dy * x^ * w * s (1 - s)              dn = dy * s   (dn = dy without a gate)
     dw  = sum over rows of dn * x^             dx = r (dn w - x^ mean_c(dn w x^))
 
-SiLU x mul, elementwise, sigma = sigmoid(a): y = a sigma b, db = dy a sigma, da = dy b sigma (1 + a (1 - sigma)).
+SiLU x mul, elementwise, sigma = sigmoid(a): y = a sigma b, db = dy a sigma, da = dy b sigma (1 + a (1 - sigma));
+in the packed form a and b are the halves of one [..., 2C] tensor (GLU's fused W_1 | W_2 output), and da, db are
+written into the halves of one [..., 2C] gradient.
 
 Traffic: the norm reads x (and g) and writes y forward, reads dy, x (g) and writes dx (dg) backward, with
 only rstd (fp32, one per row) saved between; SiLU x mul reads a, b and writes y, then reads dy, a, b and
@@ -83,20 +85,34 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
     return dx.view(x.shape), dw.sum(0).to(weight.dtype), dg.view(gate.shape) if gate is not None else dg
 
 
+def _silu_mul_operands(a, b):
+    """(a, b, C, row stride) for the programs: two contiguous [..., C] tensors (rows C apart), or, with b None,
+    the halves of one contiguous packed [..., 2C] tensor read in place (rows 2C apart)."""
+    if b is not None:
+        a, b = a.contiguous(), b.contiguous()
+        return a, b, a.shape[-1], a.shape[-1]
+    a = a.contiguous()
+    c = a.shape[-1] // 2
+    return a, a[..., c:], c, 2 * c
+
+
 def silu_mul_fwd_launch(a, b):
-    a, b = a.contiguous(), b.contiguous()
-    y = empty(a.shape, a.dtype, a.device)
-    K._silu_mul_fwd_kernel[(triton.cdiv(a.numel(), _SILU_BLOCK),)](a, b, y, a.numel(), BLOCK=_SILU_BLOCK)
+    """SiLU(a) * b, or of the halves of a packed [..., 2C] a when b is None: [..., C] in a's dtype."""
+    a, b, c, s_in = _silu_mul_operands(a, b)
+    y = empty((*a.shape[:-1], c), a.dtype, a.device)
+    K._silu_mul_fwd_kernel[(triton.cdiv(y.numel(), _SILU_BLOCK),)](a, b, y, y.numel(), c, s_in, BLOCK=_SILU_BLOCK)
     return y
 
 
 def silu_mul_bwd_launch(dy, a, b):
-    a, b = a.contiguous(), b.contiguous()
+    """(da, db) shaped like a and b; packed (b None): (the [..., 2C] gradient of a, an empty tensor)."""
+    packed = b is None
+    a, b, c, s_in = _silu_mul_operands(a, b)
     da = empty(a.shape, a.dtype, a.device)
-    db = empty(b.shape, b.dtype, b.device)
-    K._silu_mul_bwd_kernel[(triton.cdiv(a.numel(), _SILU_BLOCK),)](
-        dy.contiguous(), a, b, da, db, a.numel(), BLOCK=_SILU_BLOCK)
-    return da, db
+    db = da[..., c:] if packed else empty(b.shape, b.dtype, b.device)
+    K._silu_mul_bwd_kernel[(triton.cdiv(dy.numel(), _SILU_BLOCK),)](
+        dy.contiguous(), a, b, da, db, dy.numel(), c, s_in, BLOCK=_SILU_BLOCK)
+    return da, a.new_empty(0) if packed else db
 
 
 # ---- custom ops (torch.compile) ----
@@ -140,25 +156,25 @@ rms_norm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
 
 
 @torch.library.custom_op("lightvision::silu_mul_fwd", mutates_args=())
-def silu_mul_fwd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """SiLU(a) * b."""
+def silu_mul_fwd(a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+    """SiLU(a) * b, or of the halves of a packed a when b is None."""
     return silu_mul_fwd_launch(a, b)
 
 
 @silu_mul_fwd.register_fake
 def _(a, b):
-    return a.new_empty(a.shape)
+    return a.new_empty(a.shape if b is not None else (*a.shape[:-1], a.shape[-1] // 2))
 
 
 @torch.library.custom_op("lightvision::silu_mul_bwd", mutates_args=())
-def silu_mul_bwd(dy: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(da, db) of SiLU(a) * b."""
+def silu_mul_bwd(dy: torch.Tensor, a: torch.Tensor, b: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, db) of SiLU(a) * b; packed (b None): (da of the packed a, an empty tensor)."""
     return silu_mul_bwd_launch(dy, a, b)
 
 
 @silu_mul_bwd.register_fake
 def _(dy, a, b):
-    return a.new_empty(a.shape), b.new_empty(b.shape)
+    return a.new_empty(a.shape), b.new_empty(b.shape) if b is not None else a.new_empty(0)
 
 
 def _silu_setup(ctx, inputs, output):
@@ -166,7 +182,9 @@ def _silu_setup(ctx, inputs, output):
 
 
 def _silu_backward(ctx, dy):
-    return silu_mul_bwd(dy, *ctx.saved_tensors)
+    a, b = ctx.saved_tensors
+    da, db = silu_mul_bwd(dy, a, b)
+    return da, db if b is not None else None
 
 
 silu_mul_fwd.register_autograd(_silu_backward, setup_context=_silu_setup)
@@ -196,7 +214,9 @@ class _SiLUMulEager(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return silu_mul_bwd_launch(dy, *ctx.saved_tensors)
+        a, b = ctx.saved_tensors
+        da, db = silu_mul_bwd_launch(dy, a, b)
+        return da, db if b is not None else None
 
 
 # ---- dispatch entries ----
@@ -219,7 +239,7 @@ def rms_norm_triton(x, weight, gate, *, eps, out_dtype):
 
 def silu_mul_triton(a, b):
     """Kernel entry of ``lightvision.ops.silu_mul``; NotImplemented for mixed or unsupported dtypes, empty inputs."""
-    if a.dtype not in DTYPES or a.dtype != b.dtype or a.numel() == 0:
+    if a.dtype not in DTYPES or (b is not None and a.dtype != b.dtype) or a.numel() == 0:
         return NotImplemented
     if torch.compiler.is_compiling():
         return silu_mul_fwd(a, b)

@@ -53,7 +53,7 @@ from lightvision.ops.md_lrpe import lrpe_angles
 from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
-HEAD_DIMS = (16, 24, 32, 48, 64, 128)
+HEAD_DIMS = tuple(range(16, 129, 8))  # multiples of 8 up to 128: 72 is LightNet-DiT-XL/2's (1152 / 16 heads)
 COMBINE_ROWS = 16  # feature rows per combine program (split plan)
 SPLIT_COST = 4  # token tiles' worth of time per extra split (``_split_cost``; fitted to the H100 sweep, session 11)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -72,7 +72,13 @@ def rotation_tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int
     return torch.cos(ang).to(table_dtype).repeat(1, group), torch.sin(ang).to(table_dtype).repeat(1, group)
 
 
-_cached_rotation_tables = functools.lru_cache(maxsize=64)(rotation_tables)
+@functools.lru_cache(maxsize=64)
+def _cached_rotation_tables(*key) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotation_tables(*key)``, built outside inference mode: tables first built under ``torch.inference_mode()``
+    (an evaluation before training) would be inference tensors, which a later training step cannot save for its
+    backward."""
+    with torch.inference_mode(False):
+        return rotation_tables(*key)
 
 
 def _tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype,

@@ -9,14 +9,32 @@ from ..ops import silu_mul
 
 
 class GLU(nn.Module):
-    """GLU(x) = W_3 (SiLU(x W_1) * (x W_2)), no biases; x [..., dim] -> [..., dim] (the gated product is
-    ``lightvision.ops.silu_mul``: one fused Triton kernel each way on CUDA)."""
+    """GLU(x) = W_3 (SiLU(x W_1) * (x W_2)), no biases; x [..., dim] -> [..., dim].
+
+    W_1 and W_2 are one Linear ``w12`` (weight [W_1; W_2], [2 * hidden, dim]): one matmul reads x once, and the
+    gated product (``lightvision.ops.silu_mul`` in its packed form, one fused Triton kernel each way on CUDA) reads
+    the two halves of its output in place. State dicts with separate ``w1`` / ``w2`` (saved before the fusion)
+    load into ``w12``.
+    """
 
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden_dim, bias=False)
-        self.w2 = nn.Linear(dim, hidden_dim, bias=False)
+        self.hidden_dim = hidden_dim
+        self.w12 = nn.Linear(dim, 2 * hidden_dim, bias=False)
         self.w3 = nn.Linear(hidden_dim, dim, bias=False)
+        self._register_load_state_dict_pre_hook(self._join_w1_w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w3(silu_mul(self.w1(x), self.w2(x)))
+        return self.w3(silu_mul(self.w12(x)))
+
+    def xavier_init_(self) -> None:
+        """Xavier-uniform init of W_1, W_2 and W_3 as three separate matrices (DiT's FFN init)."""
+        for w in (*self.w12.weight.data.chunk(2), self.w3.weight.data):
+            nn.init.xavier_uniform_(w)
+
+    @staticmethod
+    def _join_w1_w2(state_dict, prefix, *args) -> None:
+        """Load hook: ``w1.weight`` and ``w2.weight`` of an older checkpoint become ``w12.weight``."""
+        w1, w2 = prefix + "w1.weight", prefix + "w2.weight"
+        if w1 in state_dict and w2 in state_dict and prefix + "w12.weight" not in state_dict:
+            state_dict[prefix + "w12.weight"] = torch.cat([state_dict.pop(w1), state_dict.pop(w2)])

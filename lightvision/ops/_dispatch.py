@@ -8,6 +8,11 @@ function returns. A kernel may return
 ``NotImplemented`` for a configuration it does not cover: with ``backend="auto"`` the reference then
 runs, with ``backend="triton"`` a RuntimeError is raised.
 
+Under ``torch.compile``, "auto" runs the reference of the ops in ``INDUCTOR_FUSES`` (RMSNorm, SiLU x mul): Inductor
+fuses it with the residual adds and casts around it, which the opaque kernel cannot (one H100, DeiT-S training
+under reduce-overhead, LightNet 4-6% more images/s at 224-1024 px: benchmarks/results/pointwise_ab_session13_h100.json);
+"triton" still takes the kernel's custom op. The other fused kernels stay faster than Inductor's code there.
+
 Families are imported lazily, once, the first time an op asks for a kernel (or all at once by
 ``preload_kernels``, before torch.compile); an ImportError (no Triton, no GPU build) just means "no
 kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are on CUDA and one is
@@ -35,6 +40,7 @@ _FAMILY = {
     "gated_residual": "lightvision.kernels.fused",
     "lion_feature_map": "lightvision.kernels.fused",
 }
+INDUCTOR_FUSES = frozenset({"rms_norm", "silu_mul"})
 _IMPORTED: set[str] = set()
 _IMPORT_ERRORS: dict[str, str] = {}
 
@@ -75,7 +81,8 @@ def preload_kernels() -> None:
 def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwargs: dict):
     """Run the kernel chosen by ``backend`` and return its result, or NotImplemented to run the reference."""
     check_choice(backend, BACKENDS, "backend")
-    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+    if backend == "torch" or (backend == "auto" and (
+            device.type != "cuda" or (op_name in INDUCTOR_FUSES and torch.compiler.is_compiling()))):
         return NotImplemented
     fn = get_kernel(op_name)
     if fn is None:

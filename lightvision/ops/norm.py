@@ -37,13 +37,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
     return y.to(out_dtype)
 
 
-def silu_mul(a: torch.Tensor, b: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    """SiLU(a) * b, the gated product of GLU (SPEC 1.4): a, b [...] of one shape -> a's dtype, computed in fp32."""
-    if a.shape != b.shape or a.device != b.device:
+def silu_mul(a: torch.Tensor, b: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
+    """SiLU(a) * b, the gated product of GLU (SPEC 1.4), computed in fp32, returned in a's dtype.
+
+    a, b [..., C] of one shape -> [..., C]. Packed form (b None): a [..., 2C] holds the two halves [a | b] side by
+    side (the output of GLU's one W_1 | W_2 projection) -> [..., C]; the kernel reads the halves in place and its
+    backward writes one [..., 2C] gradient, so no slice copies either way.
+    """
+    if b is None:
+        if a.dim() == 0 or a.shape[-1] % 2:
+            raise ValueError(f"silu_mul: the packed input must be [..., 2C] (an even last dim), got {tuple(a.shape)}")
+    elif a.shape != b.shape or a.device != b.device:
         raise ValueError(f"silu_mul: a and b must have one shape and device, got {tuple(a.shape)} on {a.device} "
                          f"and {tuple(b.shape)} on {b.device}")
     out = dispatch("silu_mul", backend, a.device, (a, b), {})
     if out is not NotImplemented:
         return out
+    if b is None:
+        a, b = a.chunk(2, dim=-1)
     dt = compute_dtype(a, b)
     return (F.silu(a.to(dt)) * b.to(dt)).to(a.dtype)

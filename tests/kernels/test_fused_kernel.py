@@ -29,11 +29,11 @@ def _rel(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-def _grads_vs_fp64(fn, inputs, tol, out_dtype=None):
+def _grads_vs_fp64(fn, inputs, tol, out_dtype=None, out_shape=None):
     """fn(*inputs, backend="triton") vs fn on fp64 copies (backend="torch"): output and every input grad."""
     leaves = [t.detach().requires_grad_() for t in inputs]
     y = fn(*leaves, backend="triton")
-    assert y.dtype == (out_dtype or inputs[0].dtype) and y.shape == inputs[0].shape
+    assert y.dtype == (out_dtype or inputs[0].dtype) and y.shape == (out_shape or inputs[0].shape)
     dy = torch.randn_like(y)
     grads = torch.autograd.grad(y, leaves, dy)
     ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
@@ -94,12 +94,26 @@ def test_silu_mul_matches_reference(shape, dtype):
     _grads_vs_fp64(lambda a_, b_, backend: silu_mul(a_, b_, backend=backend), [a, b], TOL[dtype])
 
 
+@pytest.mark.parametrize("shape", [(1, 197, 2 * 1024), (3, 5, 2 * 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_silu_mul_packed_matches_reference(shape, dtype):
+    """Packed [..., 2C] input (GLU's fused W_1 | W_2 output): y [..., C], and one [..., 2C] gradient whose both
+    halves are written (NaN-poisoned beforehand)."""
+    h = (torch.randn(shape, device=DEV) * 4).to(dtype)
+    _grads_vs_fp64(lambda h_, backend: silu_mul(h_, backend=backend), [h], TOL[dtype],
+                   out_shape=(*shape[:-1], shape[-1] // 2))
+    a, b = h.chunk(2, dim=-1)
+    torch.testing.assert_close(silu_mul(h, backend="triton"), silu_mul(a, b, backend="triton"), rtol=0, atol=0)
+
+
 def test_non_contiguous_inputs():
     x = torch.randn(4, 48, 10, device=DEV).transpose(1, 2)  # [4, 10, 48] view, last dim strided
     w = torch.randn(48, device=DEV)
     torch.testing.assert_close(rms_norm(x, w, backend="triton"), rms_norm(x, w, backend="torch"))
     a, b = torch.randn(2, 6, 9, device=DEV).unbind(0)
     torch.testing.assert_close(silu_mul(a.t(), b.t(), backend="triton"), silu_mul(a.t(), b.t(), backend="torch"))
+    h = torch.randn(10, 6, device=DEV).t()  # packed [6, 10] view
+    torch.testing.assert_close(silu_mul(h, backend="triton"), silu_mul(h, backend="torch"))
 
 
 def test_bad_inputs_named():
@@ -110,6 +124,8 @@ def test_bad_inputs_named():
         rms_norm(x, torch.ones(8), torch.ones(2, 7))
     with pytest.raises(ValueError, match="one shape"):
         silu_mul(x, torch.ones(2, 7))
+    with pytest.raises(ValueError, match="even last dim"):
+        silu_mul(torch.ones(2, 7))
 
 
 def test_wide_rows_fall_back_to_reference():
@@ -124,6 +140,7 @@ def test_custom_ops_opcheck():
     torch.library.opcheck(fop.rms_norm_fwd, (x, w, g, 1e-6, torch.float32))
     torch.library.opcheck(fop.rms_norm_fwd, (x, w, None, 1e-6, torch.bfloat16))
     torch.library.opcheck(fop.silu_mul_fwd, (x, g))
+    torch.library.opcheck(fop.silu_mul_fwd, (x, None))
 
 
 def test_layers_compile_without_graph_breaks(monkeypatch):

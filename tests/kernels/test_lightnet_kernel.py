@@ -88,6 +88,9 @@ CASES = [
     (2, 3, (5, 7), 1, 24, 16, torch.bfloat16, "fused"),
     (1, 4, (6, 6), 2, 48, 32, torch.float16, "fused"),
     (1, 1, (3, 3), 1, 128, 64, torch.float32, "split"),  # d = 128: the split plan even with one split
+    (1, 1, (3, 5), 0, 72, 72, torch.float32, "split"),  # d = 72 (LightNet-DiT-XL/2): padded to 128, split plan
+    (1, 2, (2, 5), 1, 72, 72, torch.bfloat16, "split"),
+    (2, 1, (3, 4), 1, 40, 40, torch.float32, "fused"),  # d = 40: padded to 64
 ]
 
 
@@ -214,6 +217,7 @@ def test_compiles_without_graph_breaks():
     (2, 8, (3, 5), 1, 16, torch.bfloat16, 4, "fused"),
     (1, 4, (4, 9), 0, 32, torch.float32, 2, "split"),
     (4, 1, (3, 3), 1, 48, torch.float16, 1, "fused"),
+    (1, 2, (3, 5), 0, 72, torch.bfloat16, 1, "split"),  # LightNet-DiT-XL/2's head dim
 ])
 def test_qkvpacked_matches_reference(b, h, grid, prefix, d, dtype, group, path):
     """The packed entry (o written as [B, N, H, d], dqkv written in place) vs the fp64 reference on the same
@@ -294,3 +298,21 @@ def test_model_kernel_path_traces_as_one_graph_after_preload():
 
     assert breaks("preload") == 0
     assert breaks("lazy") > 0
+
+
+def test_tables_cached_in_inference_mode_serve_a_training_step():
+    """Evaluate under torch.inference_mode(), then train: the cached rotation tables are saved for the backward, so
+    they must not be inference tensors (a LightNet model's first training step after an evaluation failed so)."""
+    from lightvision.ops import lightnet_attention_qkvpacked
+
+    lop._cached_rotation_tables.cache_clear()
+    qkv = torch.randn(1, 10, 3 * 2 * 16, device=DEV)
+    with torch.inference_mode():
+        lightnet_attention_qkvpacked(qkv, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton")
+        lightnet_attention(*_inputs(1, 2, 10, 16, 16, torch.float32), grid=(3, 3), num_prefix_tokens=1,
+                           backend="triton")
+    x = qkv.clone().requires_grad_()
+    lightnet_attention_qkvpacked(x, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton").sum().backward()
+    leaves = [t.requires_grad_() for t in _inputs(1, 2, 10, 16, 16, torch.float32)]
+    lightnet_attention(*leaves, grid=(3, 3), num_prefix_tokens=1, backend="triton").sum().backward()
+    assert torch.isfinite(x.grad).all() and all(torch.isfinite(t.grad).all() for t in leaves)

@@ -148,5 +148,19 @@ def test_rmsnorm_and_glu():
     torch.testing.assert_close(norm(x), x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt() * norm.weight)
     assert norm.float()(x.bfloat16()).dtype == torch.bfloat16
     glu = GLU(6, 10).double()
-    torch.testing.assert_close(glu(x), glu.w3(F.silu(glu.w1(x)) * glu.w2(x)))
+    w1, w2 = glu.w12.weight.chunk(2)
+    torch.testing.assert_close(glu(x), glu.w3(F.silu(x @ w1.T) * (x @ w2.T)))
     assert sum(p.numel() for p in glu.parameters()) == 3 * 6 * 10
+
+
+def test_glu_loads_separate_w1_w2():
+    """A state dict from before the fused W_1 | W_2 projection (keys w1, w2) loads into w12, same function."""
+    glu = GLU(6, 10)
+    w1, w2 = glu.w12.weight.detach().chunk(2)
+    old = {"w1.weight": w1.clone(), "w2.weight": w2.clone(), "w3.weight": glu.w3.weight.detach().clone()}
+    fresh = GLU(6, 10)
+    fresh.load_state_dict(old)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(fresh(x), glu(x))
+    with pytest.raises(RuntimeError, match="w12.weight"):
+        GLU(6, 10).load_state_dict({"w3.weight": old["w3.weight"]})

@@ -46,6 +46,23 @@ def test_registered_kernel_dispatch(empty_registry):
         register_kernel("lightnet", fake)
 
 
+def test_auto_under_compile_leaves_fusable_pointwise_to_inductor(empty_registry, monkeypatch):
+    """Under torch.compile, "auto" on CUDA runs the reference of RMSNorm / SiLU x mul (Inductor fuses it with the
+    residual adds around it) and the kernel of the other ops; "triton" always runs the kernel."""
+    calls = []
+    for name in ("rms_norm", "silu_mul", "modulated_layer_norm"):
+        register_kernel(name, lambda *a, _n=name, **kw: calls.append(_n) or "kernel")
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _dispatch.dispatch("rms_norm", "auto", cuda, (), {}) is NotImplemented
+    assert _dispatch.dispatch("silu_mul", "auto", cuda, (), {}) is NotImplemented
+    assert _dispatch.dispatch("modulated_layer_norm", "auto", cuda, (), {}) == "kernel"
+    assert _dispatch.dispatch("rms_norm", "triton", cuda, (), {}) == "kernel"
+    assert calls == ["modulated_layer_norm", "rms_norm"]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    assert _dispatch.dispatch("rms_norm", "auto", cuda, (), {}) == "kernel"
+
+
 @pytest.mark.parametrize("b,h,n", [(1, 1, 197), (2, 3, 10)])
 def test_softmax_attention(b, h, n, rel):
     q, k, v = (torch.randn(b, h, n, 8, dtype=torch.float64) for _ in range(3))
