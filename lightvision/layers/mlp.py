@@ -19,10 +19,9 @@ class GLU(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
-        self.hidden_dim = hidden_dim
         self.w12 = nn.Linear(dim, 2 * hidden_dim, bias=False)
         self.w3 = nn.Linear(hidden_dim, dim, bias=False)
-        self._register_load_state_dict_pre_hook(self._join_w1_w2)
+        self.register_load_state_dict_pre_hook(self._join_w1_w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w3(silu_mul(self.w12(x)))
@@ -33,7 +32,7 @@ class GLU(nn.Module):
             nn.init.xavier_uniform_(w)
 
     @staticmethod
-    def _join_w1_w2(state_dict, prefix, *args) -> None:
+    def _join_w1_w2(module, state_dict, prefix, *args) -> None:
         """Load hook: ``w1.weight`` and ``w2.weight`` of an older checkpoint become ``w12.weight``."""
         w1, w2 = prefix + "w1.weight", prefix + "w2.weight"
         if w1 in state_dict and w2 in state_dict and prefix + "w12.weight" not in state_dict:
