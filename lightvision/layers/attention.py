@@ -20,7 +20,7 @@ from ..ops import (
     softmax_attention,
     split_heads,
 )
-from ..ops._checks import BACKENDS, check_choice
+from ..ops._checks import BACKENDS, check_choice, compute_dtype
 from ..ops.lion import FORMS
 from .norm import RMSNorm
 
@@ -32,10 +32,6 @@ def _check_tokens(x: torch.Tensor, grid: Sequence[int] | None, num_prefix_tokens
     if x.dim() != 3 or x.shape[-1] != dim:
         raise ValueError(f"{name}: x must be [B, N, {dim}], got shape {tuple(x.shape)}")
     return check_grid(grid, x.shape[1], num_prefix_tokens)
-
-
-def _at_least_fp32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 class _QKV(nn.Module):
@@ -151,9 +147,10 @@ class LionAttention(_QKV):
         if self.mask == "lit":
             return [None]
         if self.mask == "d":
-            return list(F.logsigmoid(_at_least_fp32(self.decay)).unbind(0))
+            return list(F.logsigmoid(self.decay.to(compute_dtype(self.decay))).unbind(0))
         b, n, _ = x.shape
-        z = _at_least_fp32(self.gate(x)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
+        z = self.gate(x)
+        z = z.to(compute_dtype(z)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
         la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]
         prefix = torch.arange(n, device=x.device) < num_prefix_tokens
         return list(la.masked_fill(prefix, 0.0).unbind(0))
