@@ -33,7 +33,10 @@ products use), all indexed by ``pid_bh = b * H + h``.
 import triton
 import triton.language as tl
 
+from .._launch import interpreting
+
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+INTERPRETED = tl.constexpr(interpreting())  # the CPU interpreter runs no PTX: _exp2 / _rcp fall back to tl ops
 
 
 @triton.jit
@@ -46,11 +49,31 @@ def _dot(a, b, LOWP: tl.constexpr, DT: tl.constexpr):
 
 
 @triton.jit
+def _exp2(x):
+    """2^x for fp32 x as one MUFU.EX2 (PTX ex2.approx.ftz: 2 ulp, subnormal inputs and results flush to 0).
+    ``tl.exp2`` lowers to ex2.approx without ftz, which adds a range test and two scalings per element."""
+    if INTERPRETED:
+        return tl.exp2(x)
+    else:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
+def _rcp(x):
+    """1 / x for fp32 x as one MUFU.RCP (PTX rcp.approx.ftz: 1 ulp; 1 / inf = 0)."""
+    if INTERPRETED:
+        return 1.0 / x
+    else:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
+@triton.jit
 def _sigmoid(x):
-    """sigma(x) = 1 / (1 + exp(-x)) with an approximate (2 ulp) reciprocal instead of the IEEE division of
-    ``tl.sigmoid``: the forward's output pass 5-12% faster (H100, session 11). The backward's dq pass keeps
-    ``tl.sigmoid``: there the shorter code spilled more registers and ran 2-3% slower."""
-    return tl.fdiv(tl.full(x.shape, 1.0, tl.float32), 1.0 + tl.exp2(-x * LOG2E), ieee_rounding=False)
+    """sigma(x) = 1 / (1 + exp(-x)) in two MUFU operations and no range tests (``_exp2``, ``_rcp``): exact limits
+    0 and 1 for large |x| (exp(-x) = inf or 0). ``tl.sigmoid`` adds range tests and scalings around both."""
+    return _rcp(1.0 + _exp2(-x * LOG2E))
 
 
 @triton.jit
@@ -119,7 +142,7 @@ def _col_max(k_base, lo, hi, D, s_kn, s_kd, BN: tl.constexpr, BD: tl.constexpr):
     offs_d = tl.arange(0, BD)
     dmask = offs_d < D
     mt = tl.full([BN, BD], float("-inf"), tl.float32)
-    for n0 in range(lo, hi, BN):
+    for n0 in tl.range(lo, hi, BN, num_stages=3):  # the loads pipelined (cp.async) as in the loops with products
         rows = n0 + offs_n
         nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
@@ -154,7 +177,7 @@ def _reduce_loop(
         rows = n0 + offs_n
         nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
-        p = tl.where(nmask[:, None], tl.exp2(kt * LOG2E - mlog[None, :]), 0.0)
+        p = tl.where(nmask[:, None], _exp2(kt * LOG2E - mlog[None, :]), 0.0)
         zt += p
         vt = _raw_tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
         if LRPE:
@@ -221,7 +244,7 @@ def _dq_loop(
         nmask = rows < hi
         qt = _tile(q_base, rows, offs_d, s_qn, s_qd, nmask, dmask)
         gt = _raw_tile(g_base, rows, offs_e, s_gn, s_gd, nmask, emask)
-        sig = tl.sigmoid(qt)
+        sig = _sigmoid(qt)
         qh = qt * sig
         if LRPE:
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
@@ -255,12 +278,13 @@ def _dkdv_loop(
     offs_e = tl.arange(0, BDV)
     dmask = offs_d < D
     emask = offs_e < DV
+    lse2 = lse * LOG2E
     for n0 in range(lo, hi, BN):
         rows = n0 + offs_n
         nmask = rows < hi
         kt = _tile(k_base, rows, offs_d, s_kn, s_kd, nmask, dmask)
         vt = _tile(v_base, rows, offs_e, s_vn, s_vd, nmask, emask)
-        kh = tl.exp(kt - lse[None, :])
+        kh = _exp2(kt * LOG2E - lse2[None, :])
         if LRPE:
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
             st = _tile(sin_ptr, rows, offs_d, D, 1, nmask, dmask)
@@ -290,7 +314,7 @@ def _correction(ds_c, ds_s, s_ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.co
 @triton.jit
 def _fwd_fused_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, o_ptr,
-    H, N, D, DV,
+    H, N, D: tl.constexpr, DV: tl.constexpr,
     s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_ob, s_oh, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     HD: tl.constexpr, HDV: tl.constexpr,
@@ -319,7 +343,7 @@ def _fwd_fused_kernel(
 @triton.jit
 def _fwd_reduce_kernel(
     k_ptr, v_ptr, cos_ptr, sin_ptr, pm_ptr, pz_ptr, ps_ptr,
-    H, N, D, DV, tiles_per_split,
+    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split,
     s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     HD: tl.constexpr, HDV: tl.constexpr,
@@ -344,32 +368,52 @@ def _fwd_reduce_kernel(
 
 
 @triton.jit
+def _load_partials(ptr, rows, smask, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
+    """Feature rows ``offs_r`` (< d) of the two halves of the [R, e] partials (fp32) of the splits whose rows in the
+    partial buffers are ``rows`` (``smask``: real splits), as two [len(rows), len(offs_r), BDV] tiles (0 outside)."""
+    offs_e = tl.arange(0, BDV)
+    R = 2 * D if LRPE else D
+    off = rows[:, None, None] * R * DV + offs_r[None, :, None] * DV + offs_e[None, None, :]
+    mask = smask[:, None, None] & (offs_r < D)[None, :, None] & (offs_e < DV)[None, None, :]
+    a = tl.load(ptr + off, mask=mask, other=0.0)
+    b = a
+    if LRPE:
+        b = tl.load(ptr + D * DV + off, mask=mask, other=0.0)
+    return a, b
+
+
+@triton.jit
 def _fwd_combine_kernel(
-    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr, D, DV, nsplit,
-    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr, D: tl.constexpr, DV: tl.constexpr, nsplit,
+    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, SB: tl.constexpr,
 ):
     """Merge the split partials of one (b, h), feature rows [BR * program_id(1), + BR): M = max_s m_s,
     w_s = exp(m_s - M), Z = sum_s w_s z_s, S = sum_s w_s A_s / Z (per feature row f, both halves),
-    lse = M + log Z. Rows are independent, so the (b, h) is spread over d / BR programs."""
+    lse = M + log Z. Rows are independent, so the (b, h) is spread over d / BR programs; the splits are read SB at
+    a time, as one tile each (a loop of one split per step waited on each load in turn: 41 us at N = 65536)."""
     pid_bh = tl.program_id(0)
     offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
+    offs_s = tl.arange(0, SB)
     rmask = offs_r < D
     R = 2 * D if LRPE else D
     m = tl.full([BR], float("-inf"), tl.float32)
     z = tl.zeros([BR], tl.float32)
     acc_c = tl.zeros([BR, BDV], tl.float32)
     acc_s = tl.zeros([BR, BDV], tl.float32)
-    for s in range(0, nsplit):
-        row = pid_bh * nsplit + s
-        m_s = tl.load(pm_ptr + row * D + offs_r, mask=rmask, other=0.0)
-        z_s = tl.load(pz_ptr + row * D + offs_r, mask=rmask, other=1.0)
-        m_new = tl.maximum(m, m_s)
+    for s0 in range(0, nsplit, SB):
+        smask = s0 + offs_s < nsplit
+        rows = pid_bh * nsplit + s0 + offs_s
+        off = rows[:, None] * D + offs_r[None, :]
+        mask = smask[:, None] & rmask[None, :]
+        m_s = tl.where(smask[:, None], tl.load(pm_ptr + off, mask=mask, other=0.0), float("-inf"))
+        z_s = tl.load(pz_ptr + off, mask=mask, other=1.0)  # padded rows: z = 1, not 1 / 0 (masked splits: w = 0)
+        m_new = tl.maximum(m, tl.max(m_s, axis=0))
         alpha = tl.exp(m - m_new)
-        w = tl.exp(m_s - m_new)
-        z = z * alpha + z_s * w
-        part_c, part_s = _load_pair(ps_ptr + row * R * DV, offs_r, D, DV, BDV, LRPE)
-        acc_c = acc_c * alpha[:, None] + part_c * w[:, None]
-        acc_s = acc_s * alpha[:, None] + part_s * w[:, None]
+        w = tl.exp(m_s - m_new[None, :])
+        z = z * alpha + tl.sum(w * z_s, axis=0)
+        part_c, part_s = _load_partials(ps_ptr, rows, smask, offs_r, D, DV, BDV, LRPE)
+        acc_c = acc_c * alpha[:, None] + tl.sum(w[:, :, None] * part_c, axis=0)
+        acc_s = acc_s * alpha[:, None] + tl.sum(w[:, :, None] * part_s, axis=0)
         m = m_new
     inv = 1.0 / z
     tl.store(lse_ptr + pid_bh * D + offs_r, m + tl.log(z), mask=rmask)
@@ -379,7 +423,7 @@ def _fwd_combine_kernel(
 @triton.jit
 def _fwd_out_kernel(
     q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr,
-    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on,
+    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     HD: tl.constexpr, HDV: tl.constexpr,
 ):
@@ -401,7 +445,7 @@ def _fwd_out_kernel(
 @triton.jit
 def _bwd_fused_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
-    H, N, D, DV,
+    H, N, D: tl.constexpr, DV: tl.constexpr,
     s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_gb, s_gh, s_gn, s_gd,
     s_dqb, s_dqh, s_dqn, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
@@ -432,7 +476,7 @@ def _bwd_fused_kernel(
 @triton.jit
 def _bwd_dq_kernel(
     q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr,
-    H, N, D, DV, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
+    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     HD: tl.constexpr, HDV: tl.constexpr,
 ):
@@ -455,20 +499,22 @@ def _bwd_dq_kernel(
 
 @triton.jit
 def _bwd_combine_kernel(
-    pds_ptr, s_ptr, ds_ptr, c_ptr, D, DV, nsplit,
-    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr,
+    pds_ptr, s_ptr, ds_ptr, c_ptr, D: tl.constexpr, DV: tl.constexpr, nsplit,
+    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, SB: tl.constexpr,
 ):
-    """dS = sum_s dS_s over the splits of one (b, h) and the correction c (``_correction``), feature rows
-    [BR * program_id(1), + BR)."""
+    """dS = sum_s dS_s over the splits of one (b, h) (SB at a time, as in ``_fwd_combine_kernel``) and the
+    correction c (``_correction``), feature rows [BR * program_id(1), + BR)."""
     pid_bh = tl.program_id(0)
     offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
+    offs_s = tl.arange(0, SB)
     R = 2 * D if LRPE else D
     ds_c = tl.zeros([BR, BDV], tl.float32)
     ds_s = tl.zeros([BR, BDV], tl.float32)
-    for s in range(0, nsplit):
-        part_c, part_s = _load_pair(pds_ptr + (pid_bh * nsplit + s) * R * DV, offs_r, D, DV, BDV, LRPE)
-        ds_c += part_c
-        ds_s += part_s
+    for s0 in range(0, nsplit, SB):
+        part_c, part_s = _load_partials(pds_ptr, pid_bh * nsplit + s0 + offs_s, s0 + offs_s < nsplit, offs_r,
+                                        D, DV, BDV, LRPE)
+        ds_c += tl.sum(part_c, axis=0)
+        ds_s += tl.sum(part_s, axis=0)
     _store_pair(ds_ptr + pid_bh * R * DV, offs_r, ds_c, ds_s, D, DV, BDV, LRPE)
     corr = _correction(ds_c, ds_s, s_ptr + pid_bh * R * DV, offs_r, D, DV, BDV, LRPE)
     tl.store(c_ptr + pid_bh * D + offs_r, corr, mask=offs_r < D)
@@ -477,7 +523,7 @@ def _bwd_combine_kernel(
 @triton.jit
 def _bwd_dkdv_kernel(
     k_ptr, v_ptr, cos_ptr, sin_ptr, lse_ptr, ds_ptr, c_ptr, dk_ptr, dv_ptr,
-    H, N, D, DV, tiles_per_split, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
     s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
     BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
     HD: tl.constexpr, HDV: tl.constexpr,

@@ -54,7 +54,9 @@ from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
 HEAD_DIMS = tuple(range(16, 129, 8))  # multiples of 8 up to 128: 72 is LightNet-DiT-XL/2's (1152 / 16 heads)
-COMBINE_ROWS = 16  # feature rows per combine program (split plan)
+COMBINE_ROWS = 16  # most feature rows per combine program (split plan; ``_combine_blocks``)
+COMBINE_SPLITS = 16  # most split partials a combine program reads at once, as one tile
+COMBINE_PROGRAMS_PER_SM = 4  # the combine grid's rows shrink until it has this many programs per SM
 SPLIT_COST = 4  # token tiles' worth of time per extra split (``_split_cost``; fitted to the H100 sweep, session 11)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -160,7 +162,7 @@ class _Config(NamedTuple):
     splits: int
     per: int  # token tiles per split
     grid_bh: tuple  # launch grid of the fused programs
-    grid_rows: tuple  # launch grid of the combine programs: (b, h) x blocks of COMBINE_ROWS feature rows
+    grid_rows: tuple  # launch grid of the combine programs: (b, h) x blocks of feature rows (``_combine_blocks``)
     grid_split: tuple  # launch grid of the split programs
     tiled: dict  # constexprs and launch options of the forward token-loop programs
     tiled_bwd: dict  # those of the backward token-loop programs
@@ -177,19 +179,33 @@ def head_group(num_heads: int, d: int) -> int:
     return g
 
 
+def _combine_blocks(bh: int, d: int, splits: int, device: torch.device) -> tuple[int, int]:
+    """(feature rows BR, splits per step SB) of the combine programs. BR halves from COMBINE_ROWS down to 2 until
+    the (b, h) x row-block grid has COMBINE_PROGRAMS_PER_SM programs per SM; SB * BR <= 32 keeps a step's
+    [SB, BR, e] tiles small.
+    H100, bf16, d = 64 (session 14): at N = 65536 (6 heads, 43 splits) one split per step over 16-row blocks took
+    41 + 22 us (forward + backward combine), 16 per step over 2-row blocks 9 + 8; at N = 1024 (288 heads, 2
+    splits) 2-row blocks were slower than 16-row ones (fwd+bwd 0.354 against 0.338 ms)."""
+    rows = COMBINE_ROWS
+    while rows > 2 and bh * triton.cdiv(d, rows) < COMBINE_PROGRAMS_PER_SM * num_sms(device):
+        rows //= 2
+    return rows, min(COMBINE_SPLITS, 32 // rows, triton.next_power_of_2(splits))
+
+
 @functools.lru_cache(maxsize=256)
 def _config(n, bh, d, dv, device, dtype, lrpe, group=1) -> _Config:
     """Launch configuration for B*H = bh programs' heads of width d / dv; ``group`` heads of d / group features
     side by side per program (``head_group``)."""
     p = _plan(n, bh, d, dv, device, dtype == torch.float32)
     blocks = dict(HD=d // group, HDV=dv // group) if group > 1 else dict(HD=0, HDV=0)
+    rows, per_step = _combine_blocks(bh, d, p["splits"], device)
     tiled = dict(BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=_lowp(dtype), num_warps=p["warps"],
                  num_stages=p["stages"], **blocks)
     return _Config(
         R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"],
-        grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, COMBINE_ROWS)), grid_split=(bh, p["splits"]),
+        grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, rows)), grid_split=(bh, p["splits"]),
         tiled=tiled, tiled_bwd=dict(tiled, num_stages=p["stages_bwd"]),
-        small=dict(BR=COMBINE_ROWS, BDV=p["BDV"], LRPE=lrpe, num_warps=2),
+        small=dict(BR=rows, BDV=p["BDV"], LRPE=lrpe, SB=per_step, num_warps=4),
     )
 
 

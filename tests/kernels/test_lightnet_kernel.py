@@ -121,6 +121,22 @@ def test_large_keys_across_tiles(b, path):
     _check(q, k, v, torch.float32, grid=(5, 8), num_prefix_tokens=1)
 
 
+def test_combine_reads_the_splits_in_chunks(monkeypatch):
+    # The combine programs read COMBINE_SPLITS split partials per step: 7 splits in steps of 2 (the last one half
+    # empty), with +100 key offsets in the first and last splits, so a chunk's max, the rescale between chunks and
+    # the masked split slots all count; the backward combine sums the dS partials the same way.
+    monkeypatch.setattr(lop, "COMBINE_SPLITS", 2)
+    monkeypatch.setattr(lop, "_plan", functools.lru_cache(functools.partial(lop._plan.__wrapped__, splits=7)))
+    lop._config.cache_clear()
+    n = 7 * 64  # 7 tiles or more on either device (64-token tiles on the GPU, 16 in the interpreter)
+    config = lop._config(n, 2, 16, 16, torch.device(DEV), torch.float32, True)
+    assert config.splits == 7 and config.small["SB"] == 2
+    q, k, v = _inputs(1, 2, n, 16, 16, torch.float32, k_scale=1.0)
+    k[:, :, :64, :8] += 100.0
+    k[:, :, -64:, 8:] += 100.0
+    _check(q, k, v, torch.float32, grid=(n - 1,), num_prefix_tokens=1)
+
+
 @pytest.mark.parametrize("b,h,path", [(1, 2, "split"), (2, 2, "fused")])
 def test_fused_qkv_strided_views(b, h, path):
     # q, k, v as slices of one projection: [B, N, 3, H, d] permuted, neither contiguous nor copied
