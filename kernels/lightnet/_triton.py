@@ -92,7 +92,8 @@ def _tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
 @triton.jit
 def _load_pair(ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.constexpr):
     """Rows ``offs_r`` (< d) of the two d x e halves (rows f and d + f) of one [R, e] matrix (S in the input
-    dtype, dS and the partials in fp32), as stored; the second is the first again without LRPE."""
+    dtype, dS in fp32), as stored; the second is the first again without LRPE. The split partials are read many
+    splits at a time by ``_load_partials``."""
     offs_e = tl.arange(0, BDV)
     off = offs_r[:, None] * DV + offs_e[None, :]
     mask = (offs_r < D)[:, None] & (offs_e < DV)[None, :]
