@@ -78,6 +78,15 @@ def _sigmoid(x):
 
 
 @triton.jit
+def _pin_layout(x, anchor):
+    """x + 0 * anchor: x (exactly, for a finite anchor) in the register layout of ``anchor``, a matrix-product
+    result. In the dq loop q^ feeds both the dS product (through shared memory) and dq (beside the dq~ product);
+    left to itself the compiler keeps q, the tables and the sigmoid in two register layouts and computes them twice
+    (the dq loop's 64-token tile: 1116 instructions, 843 with the pin; sm_90a, bf16, d = 64)."""
+    return x + anchor * 0.0
+
+
+@triton.jit
 def _raw_tile(ptr, rows, cols, s_n, s_f, rmask, cmask):
     """Load a [len(rows), len(cols)] tile in its own dtype (a matrix-product operand only), zero outside the masks."""
     return tl.load(ptr + rows[:, None] * s_n + cols[None, :] * s_f, mask=rmask[:, None] & cmask[None, :], other=0.0)
@@ -247,16 +256,16 @@ def _dq_loop(
         qt = _tile(q_base, rows, offs_d, s_qn, s_qd, nmask, dmask)
         gt = _raw_tile(g_base, rows, offs_e, s_gn, s_gd, nmask, emask)
         sig = _sigmoid(qt)
-        qh = qt * sig
         if LRPE:
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
             st = _tile(sin_ptr, rows, offs_d, D, 1, nmask, dmask)
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT) * ct + _dot(gt, tl.trans(s_s), LOWP, DT) * st
+            qh = _pin_layout(qt * sig, dqh)
             ds_c += _dot(tl.trans(gt), qh * ct, LOWP, DT)
             ds_s += _dot(tl.trans(gt), qh * st, LOWP, DT)
         else:
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT)
-            ds_c += _dot(tl.trans(gt), qh, LOWP, DT)
+            ds_c += _dot(tl.trans(gt), _pin_layout(qt * sig, dqh), LOWP, DT)
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
         tl.store(dq_base + rows[:, None] * s_dqn + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
