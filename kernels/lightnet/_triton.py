@@ -78,12 +78,15 @@ def _sigmoid(x):
 
 
 @triton.jit
-def _pin_layout(x, anchor):
+def _pin_layout(x, anchor, BD: tl.constexpr, BDV: tl.constexpr):
     """x + 0 * anchor: x (exactly, for a finite anchor) in the register layout of ``anchor``, a matrix-product
     result. In the dq loop q^ feeds both the dS product (through shared memory) and dq (beside the dq~ product);
     left to itself the compiler keeps q, the tables and the sigmoid in two register layouts and computes them twice
-    (the dq loop's 64-token tile: 1116 instructions, 843 with the pin; sm_90a, bf16, d = 64)."""
-    return x + anchor * 0.0
+    (the dq loop's 64-token tile: 1116 instructions, 843 with the pin; sm_90a, bf16, d = 64). Only for feature blocks
+    up to 64: with 128 (8 warps) the pinned loop spilled 1452 bytes against 396 and ran 1.5x slower (H100)."""
+    if BD <= 64 and BDV <= 64:
+        x = x + anchor * 0.0
+    return x
 
 
 @triton.jit
@@ -260,12 +263,12 @@ def _dq_loop(
             ct = _tile(cos_ptr, rows, offs_d, D, 1, nmask, dmask)
             st = _tile(sin_ptr, rows, offs_d, D, 1, nmask, dmask)
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT) * ct + _dot(gt, tl.trans(s_s), LOWP, DT) * st
-            qh = _pin_layout(qt * sig, dqh)
+            qh = _pin_layout(qt * sig, dqh, BD, BDV)
             ds_c += _dot(tl.trans(gt), qh * ct, LOWP, DT)
             ds_s += _dot(tl.trans(gt), qh * st, LOWP, DT)
         else:
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT)
-            ds_c += _dot(tl.trans(gt), _pin_layout(qt * sig, dqh), LOWP, DT)
+            ds_c += _dot(tl.trans(gt), _pin_layout(qt * sig, dqh, BD, BDV), LOWP, DT)
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
         tl.store(dq_base + rows[:, None] * s_dqn + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
                  mask=nmask[:, None] & dmask[None, :])
