@@ -58,17 +58,17 @@ def profile_step(model_name: str, attention: str, img_size: int, batch: int, war
         torch.cuda.synchronize()
     events = prof.key_averages()
     # GPU time appears twice: on the kernel rows and on the CPU-side op rows that launched them; the total comes from
-    # the kernels, the table from the ops (aten ops, autograd functions) for readable names
+    # the kernels, one table from the ops (aten ops, autograd functions: readable names), one from the kernels
     total = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e3 / steps
-    rows = [(e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in events
-            if e.device_type != DeviceType.CUDA and e.self_device_time_total > 0]
-    rows.sort(key=lambda r: -r[1])
-    kernels = sorted(((e.key, e.self_device_time_total / 1e3 / steps, e.count // steps) for e in events
-                      if e.device_type == DeviceType.CUDA and e.self_device_time_total > 0), key=lambda r: -r[1])
+
+    def table(key: str, on_device: bool) -> list[dict]:
+        rows = [{key: e.key, "ms": e.self_device_time_total / 1e3 / steps, "calls": e.count // steps} for e in events
+                if (e.device_type == DeviceType.CUDA) == on_device and e.self_device_time_total > 0]
+        rows.sort(key=lambda r: -r["ms"])
+        return [{**r, "share": r["ms"] / total} for r in rows[:top]]
+
     return {"model": model_name, "attention": attention, "img_size": img_size, "batch": batch, "compile": compile_mode,
-            "cuda_ms_per_step": total,
-            "ops": [{"op": name, "ms": ms, "share": ms / total, "calls": calls} for name, ms, calls in rows[:top]],
-            "kernels": [{"kernel": name, "ms": ms, "share": ms / total, "calls": calls} for name, ms, calls in kernels[:top]]}
+            "cuda_ms_per_step": total, "ops": table("op", False), "kernels": table("kernel", True)}
 
 
 def main(argv: list[str] | None = None) -> int:

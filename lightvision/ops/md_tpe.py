@@ -47,19 +47,18 @@ def md_tpe(
         raise ValueError(f"md_tpe: log_lambda must be [num_axes, e] = {(len(grid), coeffs.shape[2])}, got {tuple(log_lambda.shape)}")
     dt = compute_dtype(x, coeffs, log_lambda)
     xg = x[:, num_prefix_tokens:].to(dt).reshape(b, *grid, c)
+    coeffs, log_lambda = coeffs.to(dt), log_lambda.to(dt)
     if impl == "dense" and len(grid) <= 2:
-        kernels = [toeplitz_kernel(coeffs[j].to(dt), log_lambda[j].to(dt), length, causal)
-                   for j, length in enumerate(grid)]
-        y = _dense_channel_first(xg, kernels)
+        y = _dense_channel_first(xg, [toeplitz_kernel(coeffs[j], log_lambda[j], length, causal)
+                                      for j, length in enumerate(grid)])
     else:
         y = torch.zeros_like(xg)
         for j, length in enumerate(grid):
             xt = xg.movedim(j + 1, -2)  # [..., L, C]
-            cj, lj = coeffs[j].to(dt), log_lambda[j].to(dt)
             if impl == "dense":
-                yt = torch.einsum("cab,...bc->...ac", toeplitz_kernel(cj, lj, length, causal), xt)
+                yt = torch.einsum("cab,...bc->...ac", toeplitz_kernel(coeffs[j], log_lambda[j], length, causal), xt)
             else:
-                yt = _axis_scan(xt, cj, lj, causal)
+                yt = _axis_scan(xt, coeffs[j], log_lambda[j], causal)
             y = y + yt.movedim(-2, j + 1)
     out = torch.cat([y.new_zeros(b, num_prefix_tokens, c), y.reshape(b, -1, c)], 1)
     return out.to(x.dtype)
