@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -14,10 +15,14 @@ def _pair(x: int | tuple[int, int], name: str) -> tuple[int, int]:
 
 
 class PatchEmbed(nn.Module):
-    """Conv patchify: image [B, in_chans, H, W] -> (tokens [B, (H/p_h)*(W/p_w), embed_dim], grid (H/p_h, W/p_w)).
+    """Patchify: image [B, in_chans, H, W] -> (tokens [B, (H/p_h)*(W/p_w), embed_dim], grid (H/p_h, W/p_w)).
 
     ``img_size`` is the nominal size (sets ``grid_size`` / ``num_patches`` for positional tables); any input
     whose height and width are divisible by the patch is accepted, non-square included. Row-major tokens.
+    The parameters are those of a stride = kernel ``nn.Conv2d`` (``proj``, timm / DiT checkpoints load as they
+    are), but the product runs as one Linear on the patches ([B, N, in_chans * p_h * p_w], (c, i, j) order):
+    on an H100 cuDNN's convolution took about 2.5 ms of a 33 ms DeiT-S training step at 224 px (batch 256),
+    mostly its weight gradient (``implicit_convolve_sgemm``) and layout changes.
     """
 
     def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int | tuple[int, int] = 16,
@@ -39,5 +44,10 @@ class PatchEmbed(nn.Module):
         ph, pw = self.patch_size
         if h % ph or w % pw:
             raise ValueError(f"image size {(h, w)} is not divisible by patch size {(ph, pw)}")
-        tokens = self.proj(x).flatten(2).transpose(1, 2)
-        return tokens, (h // ph, w // pw)
+        gh, gw = h // ph, w // pw
+        if torch.is_autocast_enabled(x.device.type):  # cast before the patch copy: half the bytes moved
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+        patches = x.reshape(x.shape[0], self.in_chans, gh, ph, gw, pw).permute(0, 2, 4, 1, 3, 5)
+        patches = patches.reshape(x.shape[0], gh * gw, -1)
+        tokens = F.linear(patches, self.proj.weight.flatten(1), self.proj.bias)
+        return tokens, (gh, gw)

@@ -39,6 +39,7 @@ _FAMILY = {
     "modulated_layer_norm": "lightvision.kernels.fused",
     "gated_residual": "lightvision.kernels.fused",
     "lion_feature_map": "lightvision.kernels.fused",
+    "md_tpe": "lightvision.kernels.fused",
 }
 INDUCTOR_FUSES = frozenset({"rms_norm", "silu_mul"})
 _IMPORTED: set[str] = set()

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from ._checks import check_choice, check_grid, compute_dtype
+from ._dispatch import dispatch
 
 IMPLS = ("dense", "scan")
 
@@ -20,6 +21,7 @@ def md_tpe(
     num_prefix_tokens: int = 0,
     causal: bool = False,
     impl: str = "dense",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Per-axis Toeplitz token mixing, summed over axes: x [B, N, C] -> y [B, N, C].
 
@@ -33,6 +35,8 @@ def md_tpe(
     channel-batched products, ``_dense_channel_first``);
     impl "scan": forward (and backward) first-order recurrences h_a = lambda h_{a-1} + x_a per axis,
     y = coeffs . (h_fwd + h_bwd - x), O(L) per line. Computed in fp32, returns x's dtype.
+    ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`); the kernel
+    (``lightvision.kernels.fused.md_tpe``) runs the dense form of 2-D grids on their [B, N, C] layout.
     """
     if x.dim() != 3:
         raise ValueError(f"md_tpe: x must be [B, N, C], got shape {tuple(x.shape)}")
@@ -45,6 +49,10 @@ def md_tpe(
         raise ValueError(f"md_tpe: coeffs must be [num_axes={len(grid)}, C={c}, e], got {tuple(coeffs.shape)}")
     if tuple(log_lambda.shape) != (len(grid), coeffs.shape[2]):
         raise ValueError(f"md_tpe: log_lambda must be [num_axes, e] = {(len(grid), coeffs.shape[2])}, got {tuple(log_lambda.shape)}")
+    out = dispatch("md_tpe", backend, x.device, (x, coeffs, log_lambda),
+                   dict(grid=grid, num_prefix_tokens=num_prefix_tokens, causal=causal, impl=impl))
+    if out is not NotImplemented:
+        return out
     dt = compute_dtype(x, coeffs, log_lambda)
     xg = x[:, num_prefix_tokens:].to(dt).reshape(b, *grid, c)
     coeffs, log_lambda = coeffs.to(dt), log_lambda.to(dt)

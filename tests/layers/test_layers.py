@@ -51,9 +51,11 @@ def test_decay_and_gate_get_gradients(kind):
         assert (attn.gate.bias.grad.abs() > 0).all()
 
 
-def test_lion_layer_composition():
+@pytest.mark.parametrize("qkv_bias", [True, False])
+def test_lion_layer_composition(qkv_bias):
+    """The layer against the composition of its parts (feature maps, gate, LION core, projection)."""
     torch.manual_seed(0)
-    attn = LionAttention(12, 3, mask="s", form="scan").double()
+    attn = LionAttention(12, 3, mask="s", form="scan", qkv_bias=qkv_bias).double()
     x = torch.randn(2, 21, 12, dtype=torch.float64)
     q, k, v = attn.qkv(x).view(2, 21, 3, 3, 4).permute(2, 0, 3, 1, 4)
     phi = lambda t: F.normalize(F.silu(t) + 0.5, dim=-1)  # noqa: E731
@@ -134,6 +136,16 @@ def test_patch_embed():
     img = torch.randn(1, 3, 32, 48)
     tokens, _ = pe(img)
     torch.testing.assert_close(tokens[0, 4], pe.proj(img[..., 16:32, 16:32]).flatten())  # row-major (1, 1)
+    # the Linear on patches is the stride = kernel convolution of its Conv2d parameters, gradients included
+    lin = PatchEmbed(224, (4, 8), 5, 12).double()
+    img = torch.randn(3, 5, 12, 40, dtype=torch.float64)
+    tokens, grid = lin(img)
+    conv = lin.proj(img).flatten(2).transpose(1, 2)
+    torch.testing.assert_close(tokens, conv)
+    g = torch.randn_like(tokens)
+    grads = torch.autograd.grad(tokens, [lin.proj.weight, lin.proj.bias], g)
+    for a, b in zip(grads, torch.autograd.grad(conv, [lin.proj.weight, lin.proj.bias], g)):
+        torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match=r"image size \(100, 176\) is not divisible by patch size \(16, 16\)"):
         pe(torch.randn(1, 3, 100, 176))
     with pytest.raises(ValueError, match="expects images"):
