@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lightvision.ops.md_tpe import toeplitz_kernel
+
 from .._launch import empty, num_sms
 from .op import DTYPES
 
@@ -172,8 +174,6 @@ def md_tpe_triton(x: torch.Tensor, coeffs: torch.Tensor, log_lambda: torch.Tenso
                   causal: bool, impl: str):
     """Kernel entry of ``lightvision.ops.md_tpe``: the dense form on 2-D grids up to MAX_AXIS per axis, fp32 / bf16 /
     fp16; NotImplemented (the reference runs) otherwise."""
-    from lightvision.ops.md_tpe import toeplitz_kernel
-
     if (impl != "dense" or len(grid) != 2 or max(grid) > MAX_AXIS or x.dtype not in DTYPES
             or coeffs.dtype == torch.float64 or x.numel() == 0):
         return NotImplemented
