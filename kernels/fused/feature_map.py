@@ -9,6 +9,7 @@ Per row x [d] of q or k (fp32 inside):
 Every element of u is at least 0.5 - 0.279 (the minimum of SiLU), so |u| >= 0.22 sqrt(d) and the 1e-12 clamp of
 ``F.normalize`` never binds on real rows; the programs keep it so that the masked rows past the end stay finite.
 Traffic: the forward reads x and writes y, the backward reads x and dy and writes dx; nothing is saved but x.
+``feature_map_bwd_inplace`` turns dy into dx in place in a tensor laid out as x (the packed LION core's dqkv).
 The PyTorch form (fp32 casts, SiLU, add, norm, clamp, divide, cast back, and their gradients) takes about ten
 passes each way in fp32. Inputs are read through the strides of a [B, H, N, d] view (the q / k slices of a fused
 qkv projection, unit feature stride); outputs are contiguous [B, H, N, d].
@@ -37,14 +38,14 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, 1, -1, x.shape[-1])
 
 
-def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor) -> None:
+def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor, **meta) -> None:
     """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given output tensors."""
     x4 = _as_heads(x)
     b, h, n, d = x4.shape
     tile = row_tile(d, max_rows=64)  # heads are short rows: 64 of them per program at d = 64 (the timed tile)
     kernel[(triton.cdiv(b * h * n, tile["BM"]),)](x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3], BM=tile["BM"],
                                                  BD=tile["BC"], SILU_NORM=kind == "silu_norm",
-                                                 num_warps=tile["warps"])
+                                                 num_warps=tile["warps"], **meta)
 
 
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -57,8 +58,17 @@ def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
 def feature_map_bwd_launch(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     """dx (contiguous, shaped like x, x's dtype) from dy = dL/dphi(x)."""
     dx = empty(x.shape, x.dtype, x.device)
-    _run(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx)
+    _run(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx, GRAD_STRIDED=False)
     return dx
+
+
+def feature_map_bwd_inplace(x: torch.Tensor, grad: torch.Tensor, kind: str) -> None:
+    """grad <- dL/dx from grad = dL/dphi(x), in place; x, grad: [B, H, N, d] views with the same strides (unit
+    feature stride), e.g. the q / k slices of a qkv projection and of its gradient."""
+    if x.dim() != 4 or x.stride() != grad.stride() or x.shape != grad.shape or x.stride(-1) != 1:
+        raise ValueError(f"feature_map_bwd_inplace: x and grad must be [B, H, N, d] views with the same strides, got "
+                         f"{tuple(x.shape)} / {x.stride()} and {tuple(grad.shape)} / {grad.stride()}")
+    _run(K._feature_map_bwd_kernel, x, kind, grad, grad, GRAD_STRIDED=True)
 
 
 @torch.library.custom_op("lightvision::lion_feature_map_fwd", mutates_args=())

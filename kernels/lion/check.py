@@ -4,7 +4,8 @@ Forward and every gradient (q, k, v, log-decay / gates) as relative L2 errors vs
 upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. Cases: N in {50, 197, 577,
 1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1 and 2, H = 1 and 3, d = 64 and 48,
 fp32 and bf16, LIT / D / S, weak (lambda ~ 0.98) and strong (lambda ~ 0.5) decay, both kernel forms;
-then snake orders on 13 x 17 + cls and the two-scan baseline. SPEC 2 tolerances; D's per-head decay
+then the packed layer core (lion_attention_qkvpacked from raw qkv, phi inside; N in {50, 197, 577}, H = 6, d = 64,
+both forms), snake orders on 13 x 17 + cls and the two-scan baseline. SPEC 2 tolerances; D's per-head decay
 gradient is measured against the summed magnitudes of its per-token terms (tests/kernels/test_lion_kernel.py).
 Writes JSON with --out; exit status 1 when a case fails.
 """
@@ -18,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from lightvision.ops import lion_attention, lion_snake_attention, two_scan_attention
+from lightvision.ops import lion_attention, lion_attention_qkvpacked, lion_snake_attention, two_scan_attention
 from lightvision.results import results_env
 
 from .. import _launch
@@ -41,8 +42,9 @@ def _show(row: dict) -> None:
     print(f"{head} {errs} {'ok' if row['ok'] else 'FAIL'}", flush=True)
 
 
-def _case(fn, tensors, d_mass_fn=None):
-    """Errors of fn(*tensors, backend='triton') vs fn in fp64 (backend='torch'): outputs and all grads."""
+def _case(fn, tensors, d_mass_fn=None, names=("y", "dq", "dk", "dv", "dlog", "dlog2")):
+    """Errors of fn(*tensors, backend='triton') vs fn in fp64 (backend='torch'): outputs and all grads, named by
+    names; the one named "dlog" is measured against d_mass_fn(upstream) when given (D's per-head gradient)."""
     leaves = [t.detach().requires_grad_() for t in tensors]
     out = fn(*leaves, backend="triton")
     ups = torch.randn_like(out)
@@ -50,10 +52,9 @@ def _case(fn, tensors, d_mass_fn=None):
     ref_leaves = [t.detach().double().requires_grad_() for t in tensors]
     ref = fn(*ref_leaves, backend="torch")
     ref_grads = torch.autograd.grad(ref, ref_leaves, ups.double())
-    names = ("y", "dq", "dk", "dv", "dlog", "dlog2")
     errs = {}
-    for i, (n, a, b) in enumerate(zip(names, (out, *grads), (ref, *ref_grads))):
-        scale = d_mass_fn(ups) if (i == 4 and d_mass_fn is not None) else None
+    for n, a, b in zip(names, (out, *grads), (ref, *ref_grads)):
+        scale = d_mass_fn(ups) if (n == "dlog" and d_mass_fn is not None) else None
         errs[n] = _rel(a, b, scale)
     return errs
 
@@ -64,6 +65,47 @@ def _d_mass(q, k, v, ld, ups):
     y = lion_attention(q.double(), k.double(), v.double(), mask="s", log_decay=g, backend="torch")
     (dg,) = torch.autograd.grad(y, g, ups.double())
     return dg.abs().sum((0, 2)).norm()
+
+
+def _d_mass_packed(qkv, num_heads, ld, ups):
+    """_d_mass for the packed layer core (qkv [B, N, 3 * H * d])."""
+    g = ld.detach().double()[None, :, None].expand(qkv.shape[0], num_heads, qkv.shape[1]).clone().requires_grad_()
+    y = lion_attention_qkvpacked(qkv.double(), num_heads, mask="s", log_decay=g, backend="torch")
+    (dg,) = torch.autograd.grad(y, g, ups.double())
+    return dg.abs().sum((0, 2)).norm()
+
+
+def _packed_cases(dev: str, max_n: int) -> list[dict]:
+    """The packed layer core on raw qkv against phi + lion_attention + merge_heads in fp64."""
+    rows = []
+    for n, prefix, b in ((50, 0, 2), (197, 1, 2), (577, 1, 1)):
+        if n > max_n:
+            continue
+        h, d = 6, 64
+        for dtype in (torch.float32, torch.bfloat16):
+            for mask in ("lit", "d", "s"):
+                for strength in (("weak", "strong") if mask != "lit" else ("-",)):
+                    for form in ("parallel", "scan"):
+                        shift = 4.0 if strength == "weak" else 0.0
+                        qkv = torch.randn(b, n, 3 * h * d, device=dev).to(dtype)
+                        ld = None
+                        if mask == "d":
+                            ld = F.logsigmoid(0.5 * torch.randn(h, device=dev) + shift)
+                        elif mask == "s":
+                            ld = F.logsigmoid(torch.randn(b, h, n, device=dev) + shift)
+                            ld[..., :prefix] = 0.0
+
+                        def fn(qkv, *ld, backend, mask=mask, form=form):
+                            return lion_attention_qkvpacked(qkv, h, mask=mask, log_decay=ld[0] if ld else None,
+                                                            form=form, backend=backend)
+
+                        mass = (lambda ups, qkv=qkv, ld=ld: _d_mass_packed(qkv, h, ld, ups)) if mask == "d" else None
+                        errs = _case(fn, (qkv,) if ld is None else (qkv, ld), mass, names=("y", "dqkv", "dlog"))
+                        ok = all(e < TOL[dtype] for e in errs.values())
+                        rows.append(dict(case="packed", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
+                                         mask=mask, decay=strength, form=form, **errs, ok=ok))
+                        _show(rows[-1])
+    return rows
 
 
 def _d_mass_two_scan(q, k, v, ld, ups):
@@ -81,6 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="", help="comma list of N: only these LION cases (default: all); several "
                     "processes with disjoint sizes share the Triton compile work of a fresh machine")
     ap.add_argument("--no-extras", action="store_true", help="skip the snake-order and two-scan cases")
+    ap.add_argument("--packed-only", action="store_true", help="only the packed layer-core cases")
     args = ap.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     _launch.POISON_OUTPUTS = True
@@ -93,6 +136,9 @@ def main(argv=None) -> int:
              (577, 1, 2, 1, 64, False), (577, 1, 2, 3, 64, True), (1024, 0, 1, 3, 64, False),
              (1024, 0, 1, 3, 64, True), (4096, 0, 1, 1, 64, False)]
     sizes = {int(x) for x in args.sizes.split(",") if x}
+    rows += _packed_cases(dev, args.max_n)
+    if args.packed_only:
+        cases, args.no_extras = [], True
     for n, prefix, b, h, d, sequential in [c for c in cases if c[0] <= args.max_n and (not sizes or c[0] in sizes)]:
         scan.SEQUENTIAL_MIN_PAIRS = 1 if sequential else default_pairs
         for dtype in (torch.float32, torch.bfloat16):
@@ -170,12 +216,13 @@ def main(argv=None) -> int:
         w["n"] += 1
         w["fail"] += not r["ok"]
         for kk, e in r.items():
-            if kk in ("y", "dq", "dk", "dv", "dlog", "dlog_row", "dlog_col"):
+            if kk in ("y", "dq", "dk", "dv", "dqkv", "dlog", "dlog_row", "dlog_col"):
                 w[kk] = max(w.get(kk, 0.0), e) if e == e else float("nan")
     print("worst relative L2 error per (case, dtype, form):")
     for key, w in worst.items():
         print(f"  {key[0]:8s} {key[1]:8s} {key[2]:8s} cases={w['n']:3d} fail={w['fail']:2d} "
-              + " ".join(f"{kk}={w[kk]:.1e}" for kk in ("y", "dq", "dk", "dv", "dlog", "dlog_row", "dlog_col") if kk in w))
+              + " ".join(f"{kk}={w[kk]:.1e}" for kk in ("y", "dq", "dk", "dv", "dqkv", "dlog", "dlog_row", "dlog_col")
+                         if kk in w))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(env=results_env(" ".join(["python -m lightvision.kernels.lion.check", *sys.argv[1:]])), checks=rows), f, indent=1)

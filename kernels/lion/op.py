@@ -3,6 +3,7 @@
     lion_attention(q, k, v, *, mask, log_decay, form, chunk_size, normalize)
         -> Y [B, H, N, d_v] (q.dtype), or (num [B, H, N, d_v], den [B, H, N]) in fp32 when normalize=False
     two_scan_attention(q, k, v, *, log_decay, chunk_size) -> A V (no normaliser), q.dtype
+    lion_attention_qkvpacked(qkv, num_heads, *, mask, log_decay, form) -> Y [B, N, H * d], q.dtype
 
 Kernel forms: "parallel" and "chunk" run the flash-style masked kernel (parallel.py: tiles of keys, O(N)
 memory); "scan" and "recurrent" run the linear-time bidirectional chunked scan (scan.py); "auto" picks by
@@ -19,7 +20,10 @@ import os
 
 import torch
 
-from .custom import lion_core
+from lightvision.ops.heads import merge_heads, split_heads
+from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map
+
+from .custom import lion_core, lion_packed
 from .parallel import EPS
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -70,6 +74,21 @@ def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chun
     return lion_core(q, k, v, gates(mask, log_decay), normalize, kform)
 
 
+def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, form="parallel"):
+    """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: the masked form is one packed
+    op (custom.lion_packed: phi and its gradient inside, Y and dqkv in the projections' layouts); the scan form runs
+    the feature-map kernel, the scan and a head merge."""
+    q, k, v = split_heads(qkv, num_heads)
+    if not supported(q, k, v):
+        return NotImplemented
+    kind = MASK_FEATURE_MAP[mask]
+    g = gates(mask, log_decay)
+    if _kernel_form(form, q, mask, qkv, log_decay) == "parallel":
+        return lion_packed(qkv, g, num_heads, kind)
+    fq, fk = (lion_feature_map(t, kind, backend="triton") for t in (q, k))
+    return merge_heads(lion_core(fq, fk, v, g, True, "scan"))
+
+
 def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):
     """Kernel implementation of :func:`lightvision.ops.two_scan.two_scan_attention`: the scan kernel's
     numerator A V (D mask for [H] decays, S for [B, H, N] gates)."""
@@ -80,4 +99,4 @@ def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):
     return num.to(q.dtype)
 
 
-__all__ = ["lion_attention", "two_scan_attention", "choose_form"]
+__all__ = ["lion_attention", "lion_attention_qkvpacked", "two_scan_attention", "choose_form"]

@@ -127,7 +127,7 @@ def _span(CS, bh, tile, side: tl.constexpr, n_tiles, HAS_MASK: tl.constexpr):
 
 @triton.jit
 def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
-                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
                 HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                 T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
@@ -184,7 +184,7 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
             den_s = den_s * row
         acc += acc_s
         den += den_s
-    out_ptr = NUM + bh * N * DV + rows[:, None] * DV + fv[None, :]
+    out_ptr = NUM + b * sob + h * soh + rows[:, None] * son + fv[None, :]
     out_mask = (rows[:, None] < N) & (fv[None, :] < DV)
     if NORMALIZE:
         acc = acc / (den + EPS)[:, None]
@@ -194,11 +194,11 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
 
 @triton.jit
 def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
-                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sgb, sgh, sgn, H,
                    HAS_MASK: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
                    T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
-    only: PER_HEAD gates take their gradient from the dk/dv kernel alone)."""
+    only: PER_HEAD gates take their gradient from the dk/dv kernel alone). DO and DQ go through their strides."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -214,7 +214,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     q = _load_rows(q_ptr, rows, N, fd, D, sqn)
     zinv = tl.load(ZINV + bh * N + rows, mask=rows < N, other=0.0)
     delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
-    do = _load_rows(DO + bh * N * DV, rows, N, fv, DV, DV)
+    do = _load_rows(DO + b * sdb + h * sdh, rows, N, fv, DV, sdn)
     do = (do.to(tl.float32) * zinv[:, None]).to(q.dtype)
     dq = tl.zeros([T, BD], dtype=tl.float32)
     r_lo = tl.zeros([T], dtype=tl.float32)
@@ -264,7 +264,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                 else:
                     r_up += r_s * row
         dq += dq_s
-    tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :], dq.to(DQ.dtype.element_ty),
              mask=(rows[:, None] < N) & (fd[None, :] < D))
     if HAS_MASK and not PER_HEAD:
         tl.store(RL + bh * N + rows, r_lo, mask=rows < N)
@@ -273,11 +273,13 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
 
 @triton.jit
 def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
-                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
+                     svgb, svgh, svgn, H,
                      HAS_MASK: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
                      T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
-    PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries]."""
+    PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
+    DO, DK, DV_OUT go through their strides."""
     jt = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -286,7 +288,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
     g_ptr = _gate_ptr(G, bh, h, N, sg)
-    do_ptr = DO + bh * N * DV
+    do_ptr = DO + b * sdb + h * sdh
     cols = jt * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -303,7 +305,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     q = _load_rows(q_ptr, cols, N, fd, D, sqn)
     zinv = tl.load(ZINV + bh * N + cols, mask=cols < N, other=0.0)
     delta = tl.load(DELTA + bh * N + cols, mask=cols < N, other=0.0)
-    do = (_load_rows(do_ptr, cols, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(k.dtype)
+    do = (_load_rows(do_ptr, cols, N, fv, DV, sdn).to(tl.float32) * zinv[:, None]).to(k.dtype)
     st = tl.dot(k, tl.trans(q), input_precision=PREC)
     dat = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
     if HAS_MASK:
@@ -343,7 +345,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
             q = _load_rows(q_ptr, rows, N, fd, D, sqn)
             zinv = tl.load(ZINV + bh * N + rows, mask=rows < N, other=0.0)
             delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
-            do = (_load_rows(do_ptr, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(k.dtype)
+            do = (_load_rows(do_ptr, rows, N, fv, DV, sdn).to(tl.float32) * zinv[:, None]).to(k.dtype)
             at = tl.dot(k, tl.trans(q), input_precision=PREC)
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
             if HAS_MASK:
@@ -362,9 +364,9 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
             dv += tl.dot(at.to(do.dtype), do, input_precision=PREC)
             dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
     cmask = cols < N
-    tl.store(DK + bh * N * D + cols[:, None] * D + fd[None, :], dk.to(DK.dtype.element_ty),
+    tl.store(DK + b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :], dk.to(DK.dtype.element_ty),
              mask=cmask[:, None] & (fd[None, :] < D))
-    tl.store(DV_OUT + bh * N * DV + cols[:, None] * DV + fv[None, :], dv.to(DV_OUT.dtype.element_ty),
+    tl.store(DV_OUT + b * svgb + h * svgh + cols[:, None] * svgn + fv[None, :], dv.to(DV_OUT.dtype.element_ty),
              mask=cmask[:, None] & (fv[None, :] < DV))
     if HAS_MASK:
         tl.store(CL + bh * N + cols, c_lo, mask=cmask)
@@ -413,36 +415,41 @@ def tile_prefix_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     return q.new_empty(0) if g is None else q.new_empty(B * H, triton.cdiv(N, TILE) + 1, dtype=torch.float32)
 
 
-def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3):
+def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3,
+                     *, out: torch.Tensor | None = None):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
     [H] (per head) or None (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
-    den [B, H, N] fp32, the tile prefix sums that parallel_backward reuses (tile_prefix; empty for LIT))."""
+    den [B, H, N] fp32, the tile prefix sums that parallel_backward reuses (tile_prefix; empty for LIT)).
+    out: where to write Y, any [B, H, N, d_v] view with unit feature stride (e.g. of a [B, N, H, d_v] tensor)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
-    out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
+    if out is None:
+        out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     grid = (triton.cdiv(N, tile), B * H)
     cs = tile_prefix(g, q.shape, tile) if g is not None else den.new_empty(0)
     _fwd_kernel[grid](q, k, v, *gate_args(g, den), cs if g is not None else den, out, den, N, D, DV,
-                      *_strides(q, k, v), H, HAS_MASK=g is not None, NORMALIZE=normalize, T=tile,
+                      *_strides(q, k, v, out), H, HAS_MASK=g is not None, NORMALIZE=normalize, T=tile,
                       num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
     return out, den, cs
 
 
 def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, num_warps: int = 4,
-                      num_stages: int | None = None):
-    """Launch the two backward kernels. do: [B, H, N, d_v] contiguous upstream gradient of num after scaling by
-    zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the forward's
-    tile prefix sums (same tile); num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
+                      num_stages: int | None = None, *, grads: tuple | None = None):
+    """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
+    scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the
+    forward's tile prefix sums (same tile); num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
+    grads: (dq, dk, dv) views to write into (e.g. of one [B, N, 3, H, d] tensor), else new contiguous tensors.
     Returns dq, dk, dv and dg fp32 of g's shape (None for LIT)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
     num_stages = num_stages or (3 if N >= BWD_STAGES_3_MIN_N else 2)
-    dq = empty((B, H, N, D), q.dtype, q.device)
-    dk = empty(dq.shape, q.dtype, q.device)
-    dv = empty((B, H, N, DV), v.dtype, q.device)
+    if grads is None:
+        grads = (empty((B, H, N, D), q.dtype, q.device), empty((B, H, N, D), q.dtype, q.device),
+                 empty((B, H, N, DV), v.dtype, q.device))
+    dq, dk, dv = grads
     has_mask = g is not None
     per_head = has_mask and g.dim() == 1
     if per_head:  # one distance-weighted W sum per key, in cL (the kernels write no rL, rU, cU)
@@ -455,9 +462,10 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
     meta = dict(HAS_MASK=has_mask, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
                 **_meta(q, v))
     gs = (*gate_args(g, zinv), cs if has_mask else zinv)
-    _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v), H, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV, *_strides(q, k, v), H,
-                           **meta)
+    _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v, do, dq), H,
+                         **meta)
+    _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
+                           *_strides(q, k, v, do, dk, dv), H, **meta)
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()
     else:
@@ -466,28 +474,33 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
 
 
 @triton.jit
-def _row_grad_kernel(DO, OUT, DEN, ZINV, DELTA, N, DV, BN: tl.constexpr, BDV: tl.constexpr):
+def _row_grad_kernel(DO, OUT, DEN, ZINV, DELTA, N, DV, sdb, sdh, sdn, sob, soh, son, H,
+                     BN: tl.constexpr, BDV: tl.constexpr):
     """Rows of one (b, h): ZINV = 1 / (den + 1e-6) and DELTA = dL/d den = -(dY . Y) / Z (fp32 [B*H, N]);
-    DO, OUT contiguous [B*H, N, DV]."""
+    DO, OUT: [B, H, N, DV] read through their (batch, head, row) strides."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
     fv = tl.arange(0, BDV)
     ok = rows < N
-    do = _load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32)
-    y = _load_rows(OUT + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32)
+    do = _load_rows(DO + b * sdb + h * sdh, rows, N, fv, DV, sdn).to(tl.float32)
+    y = _load_rows(OUT + b * sob + h * soh, rows, N, fv, DV, son).to(tl.float32)
     zinv = 1.0 / (tl.load(DEN + bh * N + rows, mask=ok, other=0.0) + EPS)
     tl.store(ZINV + bh * N + rows, zinv, mask=ok)
     tl.store(DELTA + bh * N + rows, -tl.sum(do * y, 1) * zinv, mask=ok)
 
 
 def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1 / Z, dL/d den) [B, H, N] fp32 of Y = num / Z, Z = den + 1e-6, from dY and Y [B, H, N, d_v] (contiguous)."""
+    """(1 / Z, dL/d den) [B, H, N] fp32 of Y = num / Z, Z = den + 1e-6, from dY and Y [B, H, N, d_v] (any strides
+    with a unit feature stride)."""
     B, H, N, DV = out.shape
     zinv = empty((B, H, N), torch.float32, out.device)
     delta = empty((B, H, N), torch.float32, out.device)
     bdv = max(16, triton.next_power_of_2(DV))
     bn = max(16, min(128, 8192 // bdv))
-    _row_grad_kernel[(triton.cdiv(N, bn), B * H)](dout, out, den, zinv, delta, N, DV, BN=bn, BDV=bdv)
+    _row_grad_kernel[(triton.cdiv(N, bn), B * H)](dout, out, den, zinv, delta, N, DV, *_strides(dout, out), H,
+                                                  BN=bn, BDV=bdv)
     return zinv, delta
 
 

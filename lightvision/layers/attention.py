@@ -13,7 +13,7 @@ from ..ops import (
     check_grid,
     lightnet_attention,
     lightnet_attention_qkvpacked,
-    lion_attention,
+    lion_attention_qkvpacked,
     lion_feature_map,
     lion_snake_attention,
     merge_heads,
@@ -21,7 +21,7 @@ from ..ops import (
     split_heads,
 )
 from ..ops._checks import BACKENDS, check_choice, compute_dtype
-from ..ops.lion import FORMS
+from ..ops.lion import FORMS, MASK_FEATURE_MAP, gate_log_decays
 from .norm import RMSNorm
 
 ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
@@ -109,8 +109,9 @@ class LightNetAttention(_QKV):
 class LionAttention(_QKV):
     """LION attention layer (LION Sec. 4; SPEC 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y W_o.
 
-    phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32
-    (``lightvision.ops.lion_feature_map``: one fused Triton pass each way on CUDA).
+    phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32. Without snake the
+    layer runs ``lightvision.ops.lion_attention_qkvpacked`` on the qkv Linear's output (phi inside; its masked
+    kernel fuses phi's gradient and the head layouts); with snake, ``lion_feature_map`` then the snake core.
     mask "d": one learnable a per head (per order when snake), lambda = sigmoid(a), log lambda = logsigmoid(a)
     in fp32; initialised with lambda evenly spread over [0.9, 0.99] across heads.
     mask "s": a_m = sigmoid(-(w^T x_m + b)) per head (a Linear(dim, num_heads) per order), log a_m =
@@ -140,33 +141,29 @@ class LionAttention(_QKV):
         self.proj = nn.Linear(dim, dim)
 
     def _phi(self, x: torch.Tensor) -> torch.Tensor:
-        return lion_feature_map(x, "elu" if self.mask == "lit" else "silu_norm", backend=self.backend)
+        return lion_feature_map(x, MASK_FEATURE_MAP[self.mask], backend=self.backend)
 
     def _log_decays(self, x: torch.Tensor, num_prefix_tokens: int) -> list[torch.Tensor | None]:
-        """One log-decay per order: [H] for "d", [B, H, N] for "s", None for "lit"."""
+        """One log-decay per order: [H] for "d", [B, H, N] for "s" (gate_log_decays), None for "lit"."""
         if self.mask == "lit":
             return [None]
         if self.mask == "d":
             return list(F.logsigmoid(self.decay.to(compute_dtype(self.decay))).unbind(0))
-        b, n, _ = x.shape
-        z = self.gate(x)
-        z = z.to(compute_dtype(z)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
-        la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]
-        prefix = torch.arange(n, device=x.device) < num_prefix_tokens
-        return list(la.masked_fill(prefix, 0.0).unbind(0))
+        z = self.gate(x).unflatten(-1, (-1, self.num_heads))  # [B, N, orders, H]
+        return [gate_log_decays(z[:, :, o], num_prefix_tokens) for o in range(z.shape[2])]
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
+        lds = self._log_decays(x, num_prefix_tokens)
+        if not self.snake:  # phi inside the packed core (its kernel writes Y and dqkv in the projections' layouts)
+            return self.proj(lion_attention_qkvpacked(self.qkv(x), self.num_heads, mask=self.mask, log_decay=lds[0],
+                                                      form=self.form, backend=self.backend))
+        if grid is None or len(grid) != 2:
+            raise ValueError(f"LionAttention(snake=True) needs a 2-D grid (h, w), got {grid}")
         q, k, v = self.split(x)
         q, k = self._phi(q), self._phi(k)
-        lds = self._log_decays(x, num_prefix_tokens)
-        if self.snake:
-            if grid is None or len(grid) != 2:
-                raise ValueError(f"LionAttention(snake=True) needs a 2-D grid (h, w), got {grid}")
-            o = lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, mask=self.mask,
-                                     log_decay_row=lds[0], log_decay_col=lds[1], form=self.form, backend=self.backend)
-        else:
-            o = lion_attention(q, k, v, mask=self.mask, log_decay=lds[0], form=self.form, backend=self.backend)
+        o = lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, mask=self.mask,
+                                 log_decay_row=lds[0], log_decay_col=lds[1], form=self.form, backend=self.backend)
         return self.proj(self.merge(o))
 
 

@@ -9,7 +9,7 @@ from .adaln import gated_residual, modulated_layer_norm
 from ._dispatch import get_kernel, preload_kernels, register_kernel
 from .heads import merge_heads, split_heads
 from .lightnet import lightnet_attention, lightnet_attention_qkvpacked
-from .lion import lion_attention, lion_feature_map, lion_snake_attention, snake_permutation
+from .lion import lion_attention, lion_attention_qkvpacked, lion_feature_map, lion_snake_attention, snake_permutation
 from .md_lrpe import lrpe_angles, lrpe_group_sizes, md_lrpe
 from .md_tpe import md_tpe, toeplitz_kernel
 from .norm import rms_norm, silu_mul
@@ -23,6 +23,7 @@ __all__ = [
     "lightnet_attention",
     "lightnet_attention_qkvpacked",
     "lion_attention",
+    "lion_attention_qkvpacked",
     "lion_feature_map",
     "lion_snake_attention",
     "lrpe_angles",

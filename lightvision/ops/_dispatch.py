@@ -33,6 +33,7 @@ _FAMILY = {
     "lightnet_attention": "lightvision.kernels.lightnet",
     "lightnet_attention_qkvpacked": "lightvision.kernels.lightnet",
     "lion_attention": "lightvision.kernels.lion",
+    "lion_attention_qkvpacked": "lightvision.kernels.lion",
     "two_scan_attention": "lightvision.kernels.lion",
     "rms_norm": "lightvision.kernels.fused",
     "silu_mul": "lightvision.kernels.fused",

@@ -17,10 +17,12 @@ import torch.nn.functional as F
 
 from ._checks import check_choice, check_grid, check_qkv, compute_dtype
 from ._dispatch import dispatch
+from .heads import merge_heads, split_heads
 from ._scan import bidirectional_scan, segsum
 
 MASKS = ("lit", "d", "s")
 FEATURE_MAPS = ("elu", "silu_norm")
+MASK_FEATURE_MAP = {"lit": "elu", "d": "silu_norm", "s": "silu_norm"}  # phi of each mask's layer (LION Sec. 4)
 FORMS = ("parallel", "chunk", "recurrent", "scan", "auto")
 AUTO_PARALLEL_MAX_N = 1024  # form="auto": parallel (materialised mask) up to this N, the linear-time scan beyond
 EPS = 1e-6
@@ -100,6 +102,46 @@ def lion_attention(
     if not normalize:
         return num, den
     return (num / (den[..., None] + EPS)).to(q.dtype)
+
+
+def gate_log_decays(z: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
+    """LION-S gates from the layer's gate logits (LION Sec. 4): z [B, N, H] -> log a = logsigmoid(-z) [B, H, N] in
+    the fp32 compute dtype, with log a = 0 (a = 1) for the first num_prefix_tokens tokens (cls / prefix)."""
+    la = F.logsigmoid(-z.to(compute_dtype(z))).transpose(1, 2)
+    prefix = torch.arange(z.shape[1], device=z.device) < num_prefix_tokens
+    return la.masked_fill(prefix, 0.0)
+
+
+def lion_attention_qkvpacked(
+    qkv: torch.Tensor,
+    num_heads: int,
+    *,
+    mask: str = "lit",
+    log_decay: torch.Tensor | None = None,
+    form: str = "parallel",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """LION layer core on a fused projection: qkv [B, N, 3 * H * d] -> Y [B, N, H * d] (qkv's dtype).
+
+    The same math as ``merge_heads(lion_attention(phi(q), phi(k), v, ...))`` with q, k, v = ``split_heads(qkv)``
+    and phi = ``lion_feature_map`` of the mask's kind (MASK_FEATURE_MAP: LIT elu(x) + 1, D / S normalize(SiLU(x) +
+    0.5)). ``log_decay`` ([H] or [B, H, N] of the split heads) and ``form`` as :func:`lion_attention`. The masked
+    Triton kernel reads q, k, v in place, writes Y in the [B, N, H, d] layout of the output projection and the
+    gradient straight into one [B, N, 3 * H * d] tensor (no stack of dq, dk, dv, no transposing copies).
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+    q, k, v = split_heads(qkv, num_heads)
+    check_choice(mask, MASKS, "mask")
+    check_choice(form, FORMS, "form")
+    check_log_decay(mask, log_decay, q, "lion_attention_qkvpacked")
+    kwargs = dict(mask=mask, log_decay=log_decay, form=form)
+    out = dispatch("lion_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
+    if out is not NotImplemented:
+        return out
+    kind = MASK_FEATURE_MAP[mask]
+    fq, fk = (lion_feature_map(t, kind, backend=backend) for t in (q, k))
+    return merge_heads(lion_attention(fq, fk, v, backend=backend, **kwargs))
 
 
 def lion_snake_attention(

@@ -16,7 +16,8 @@ import lightvision.kernels.lion as lk
 from lightvision.kernels import _launch
 from lightvision.kernels.lion.check import _case
 from lightvision.kernels.lion.parallel import _span
-from lightvision.ops import get_kernel, lion_attention, lion_snake_attention, two_scan_attention
+from lightvision.ops import (get_kernel, lion_attention, lion_attention_qkvpacked, lion_snake_attention,
+                             two_scan_attention)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # SPEC 2, relative L2 vs fp64
@@ -54,9 +55,9 @@ def _log_decay(mask, b, h, n, strength, prefix):
     return la
 
 
-def _check(fn, tensors, dtype, normalize=True, scales=None):
-    """fn(*tensors) on Triton vs fn in fp64 on the reference: outputs and all gradients under random
-    upstream gradients. ``scales`` maps an output name to a function of the upstream gradients giving the
+def _check(fn, tensors, dtype, normalize=True, scales=None, grad_names=("dq", "dk", "dv", "dlog_decay")):
+    """fn(*tensors) on Triton vs fn in fp64 on the reference: outputs and all gradients (named grad_names) under
+    random upstream gradients. ``scales`` maps an output name to a function of the upstream gradients giving the
     norm its error is measured against instead of the reference's own norm (reductions that cancel)."""
     leaves = [t.detach().requires_grad_() for t in tensors]
     out = fn(*leaves, backend="triton")
@@ -70,7 +71,7 @@ def _check(fn, tensors, dtype, normalize=True, scales=None):
     tol = TOL[dtype]
     if normalize:
         assert outs[0].dtype == dtype
-    names = [f"out{i}" for i in range(len(outs))] + ["dq", "dk", "dv", "dlog_decay"][: len(leaves)]
+    names = [f"out{i}" for i in range(len(outs))] + list(grad_names[: len(leaves)])
     errs = {n: _rel(a, b) for n, a, b in zip(names, (*outs, *grads), (*refs, *ref_grads))}
     for n, scale in (scales or {}).items():
         errs[n] = errs[n] * ref_grads[names.index(n) - len(outs)].norm().item() / scale(ups)
@@ -81,15 +82,17 @@ def _check(fn, tensors, dtype, normalize=True, scales=None):
 def test_registered():
     assert get_kernel("lion_attention") is lk.lion_attention
     assert get_kernel("two_scan_attention") is lk.two_scan_attention
+    assert get_kernel("lion_attention_qkvpacked") is lk.lion_attention_qkvpacked
 
 
-def _d_grad_mass(fn, q, k, v, ld, ups):
+def _d_grad_mass(fn, tensors, ld, ups):
     """D's per-head gradient is a sum over B * N tokens that cancels: its error is measured against the
     norm over heads of the summed magnitudes of the per-token terms (the gradient of the same mask run as
-    S with constant gates, through the reference fn(q, k, v, gates)), the conditioning-aware version of
-    SPEC 2's relative error."""
-    leaves = [t.detach().double() for t in (q, k, v)]
-    g = ld.detach().double()[None, :, None].expand(*q.shape[:3]).clone().requires_grad_()
+    S with constant gates [B, H, N], through the reference fn(*tensors, gates); B, N from tensors[0], which is
+    q [B, H, N, d] or qkv [B, N, 3 * H * d]), the conditioning-aware version of SPEC 2's relative error."""
+    leaves = [t.detach().double() for t in tensors]
+    b, n = tensors[0].shape[0], tensors[0].shape[-2]
+    g = ld.detach().double()[None, :, None].expand(b, ld.shape[0], n).clone().requires_grad_()
     y = fn(*leaves, g, backend="torch")
     (dg,) = torch.autograd.grad(y, g, ups[0].double())
     return dg.abs().sum((0, 2)).norm().item()
@@ -106,7 +109,7 @@ def _check_lion(q, k, v, ld, mask, form, dtype):
     def fn_s(q, k, v, g, backend):
         return lion_attention(q, k, v, mask="s", log_decay=g, form=form, backend=backend)
 
-    scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, q, k, v, ld, ups)} if mask == "d" else None
+    scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, (q, k, v), ld, ups)} if mask == "d" else None
     _check(fn, tensors, dtype, scales=scales)
 
 
@@ -119,6 +122,42 @@ def test_lion_attention(form, mask, dtype, n, prefix, strength):
     q, k, v = _inputs(b, h, n, d, dv, dtype)
     ld = _log_decay(mask, b, h, n, strength, prefix)
     _check_lion(q, k, v, ld, mask, form, dtype)
+
+
+def _check_packed(b, n, h, d, mask, form, dtype, strength, prefix):
+    """_check of lion_attention_qkvpacked on a raw (un-feature-mapped) qkv [B, N, 3 * H * d]: Y and the gradients
+    of qkv and the log-decays; D's decay gradient as in _check_lion."""
+    qkv = torch.randn(b, n, 3 * h * d, device=DEV).to(dtype)
+    ld = _log_decay(mask, b, h, n, strength, prefix)
+    tensors = (qkv,) if ld is None else (qkv, ld)
+
+    def fn(qkv, *ld, backend, mask=mask):
+        return lion_attention_qkvpacked(qkv, h, mask=mask, log_decay=ld[0] if ld else None, form=form, backend=backend)
+
+    def fn_s(qkv, g, backend):
+        return fn(qkv, g, backend=backend, mask="s")
+
+    scales = {"dlog_decay": lambda ups: _d_grad_mass(fn_s, (qkv,), ld, ups)} if mask == "d" else None
+    _check(fn, tensors, dtype, scales=scales, grad_names=("dqkv", "dlog_decay"))
+
+
+@pytest.mark.parametrize("mask", ["lit", "d", "s"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
+def test_qkvpacked(mask, dtype, n, prefix, strength):
+    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked kernels and
+    the in-place feature-map pass) against phi + lion_attention + merge_heads in fp64, from raw qkv."""
+    _check_packed(2, n, 3, 16, mask, "parallel", dtype, strength, prefix)
+
+
+@pytest.mark.parametrize("mask", ["lit", "d", "s"])
+def test_qkvpacked_many_tiles_and_scan(monkeypatch, mask):
+    """The packed masked kernels over 13 tiles of 16 (N = 197, B = 1, H = 1, bf16), and the packed op's scan
+    form (feature-map kernel, scan, head merge) on the same shape in fp32."""
+    monkeypatch.setattr(lk.parallel, "TILE", 16)
+    _check_packed(1, 197, 1, 16, mask, "parallel", torch.bfloat16, "weak", 1)
+    monkeypatch.setattr(lk.scan, "CHUNK", 16)
+    _check_packed(1, 197, 1, 16, mask, "scan", torch.float32, "weak", 1)
 
 
 @pytest.mark.parametrize("form", ["parallel", "scan"])
@@ -245,7 +284,7 @@ def test_two_scan(per_token):
     def fn(q, k, v, ld, backend):
         return two_scan_attention(q, k, v, ld, backend=backend)
 
-    scales = None if per_token else {"dlog_decay": lambda ups: _d_grad_mass(fn, q, k, v, ld, ups)}
+    scales = None if per_token else {"dlog_decay": lambda ups: _d_grad_mass(fn, (q, k, v), ld, ups)}
     _check(fn, (q, k, v, ld), torch.float32, scales=scales)
 
 
@@ -293,3 +332,30 @@ def test_custom_op_fakes_match_strided_views(form):
     out, den, saved = torch.ops.lightvision.lion_fwd(q, k, v, g, True, form)
     args = (q, k, v, g, out, den, saved, torch.randn_like(out), None, True, form)
     torch.library.opcheck(torch.ops.lightvision.lion_bwd.default, args, test_utils=checks)
+
+
+def test_packed_custom_op_fakes():
+    """The packed ops' fakes give the real outputs' shapes and strides (Y [B, N, H * d], [phi(q), phi(k)] as
+    [B, 2H, N, d], dqkv like qkv, every element written), and the packed op compiles without graph breaks with the eager values and gradients."""
+    b, n, h, d = 1, 9, 2, 16
+    qkv = torch.randn(b, n, 3 * h * d, device=DEV)
+    g = F.logsigmoid(torch.randn(b, n, h, device=DEV) + 2).transpose(1, 2)
+    checks = ("test_schema", "test_faketensor")
+    torch.library.opcheck(torch.ops.lightvision.lion_packed_fwd.default, (qkv, g, h, "silu_norm"), test_utils=checks)
+    y, fqk, den, cs = torch.ops.lightvision.lion_packed_fwd(qkv, g, h, "silu_norm")
+    args = (qkv, g, fqk, y, den, cs, torch.randn_like(y), h, "silu_norm")
+    torch.library.opcheck(torch.ops.lightvision.lion_packed_bwd.default, args, test_utils=checks)
+    dqkv, _ = torch.ops.lightvision.lion_packed_bwd(*args)
+    assert torch.isfinite(dqkv).all()  # every element written (outputs are NaN-poisoned)
+
+    def f(qkv, a):
+        y = lion_attention_qkvpacked(qkv, h, mask="s", log_decay=F.logsigmoid(a), backend="triton")
+        return (y * y).sum()
+
+    a = torch.randn(b, h, n, device=DEV) + 2
+    leaves = [t.requires_grad_() for t in (qkv, a)]
+    eager = torch.autograd.grad(f(*leaves), leaves)
+    backend = "inductor" if DEV == "cuda" else "aot_eager"
+    compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(*leaves), leaves)
+    for x, y in zip(eager, compiled):
+        torch.testing.assert_close(x, y)
