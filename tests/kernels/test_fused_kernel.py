@@ -458,3 +458,15 @@ def test_md_tpe_custom_op_and_layer_compile(monkeypatch):
     torch.testing.assert_close(compiled, eager)
     for p, g in zip(layer.parameters(), grads):
         torch.testing.assert_close(p.grad, g)
+
+
+def test_feature_map_bwd_inplace_checks_layouts():
+    """The in-place backward (the packed LION core's dqkv) turns dy into dx where it lies, and refuses a gradient
+    laid out differently from x."""
+    x = torch.randn(2, 5, 3, 16, device=DEV).transpose(1, 2)  # [B, H, N, d] view of [B, N, H, d]
+    dy = torch.randn(2, 5, 3, 16, device=DEV).transpose(1, 2)
+    want = fmap.feature_map_bwd_launch(dy, x, "silu_norm")
+    fmap.feature_map_bwd_inplace(x, dy, "silu_norm")
+    torch.testing.assert_close(dy, want)
+    with pytest.raises(ValueError, match="same strides"):
+        fmap.feature_map_bwd_inplace(x, torch.randn(2, 3, 5, 16, device=DEV), "elu")
