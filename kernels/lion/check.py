@@ -59,20 +59,24 @@ def _case(fn, tensors, d_mass_fn=None, names=("y", "dq", "dk", "dv", "dlog", "dl
     return errs
 
 
-def _d_mass(q, k, v, ld, ups):
-    """Norm over heads of the summed |per-token gradient| of D run as S with constant gates (fp64)."""
-    g = ld.detach().double()[None, :, None].expand(*q.shape[:3]).clone().requires_grad_()
-    y = lion_attention(q.double(), k.double(), v.double(), mask="s", log_decay=g, backend="torch")
-    (dg,) = torch.autograd.grad(y, g, ups.double())
+def _d_mass(run, ld, b, n, ups):
+    """Norm over heads of the summed |per-token gradient| of D run as S with constant gates (fp64): run(g) is the
+    reference output for per-token gates g [B, H, N] (here ld [H] expanded)."""
+    g = ld.detach().double()[None, :, None].expand(b, ld.shape[0], n).clone().requires_grad_()
+    (dg,) = torch.autograd.grad(run(g), g, ups.double())
     return dg.abs().sum((0, 2)).norm()
 
 
-def _d_mass_packed(qkv, num_heads, ld, ups):
-    """_d_mass for the packed layer core (qkv [B, N, 3 * H * d])."""
-    g = ld.detach().double()[None, :, None].expand(qkv.shape[0], num_heads, qkv.shape[1]).clone().requires_grad_()
-    y = lion_attention_qkvpacked(qkv.double(), num_heads, mask="s", log_decay=g, backend="torch")
-    (dg,) = torch.autograd.grad(y, g, ups.double())
-    return dg.abs().sum((0, 2)).norm()
+def _log_decay(mask, strength, b, h, n, prefix, dev):
+    """Random log-decays: None (LIT), [H] (D) or [B, H, N] (S, prefix gates 1); weak lambda ~ 0.98, strong ~ 0.5."""
+    shift = 4.0 if strength == "weak" else 0.0
+    if mask == "d":
+        return F.logsigmoid(0.5 * torch.randn(h, device=dev) + shift)
+    if mask == "s":
+        ld = F.logsigmoid(torch.randn(b, h, n, device=dev) + shift)
+        ld[..., :prefix] = 0.0
+        return ld
+    return None
 
 
 def _packed_cases(dev: str, max_n: int) -> list[dict]:
@@ -86,34 +90,22 @@ def _packed_cases(dev: str, max_n: int) -> list[dict]:
             for mask in ("lit", "d", "s"):
                 for strength in (("weak", "strong") if mask != "lit" else ("-",)):
                     for form in ("parallel", "scan"):
-                        shift = 4.0 if strength == "weak" else 0.0
                         qkv = torch.randn(b, n, 3 * h * d, device=dev).to(dtype)
-                        ld = None
-                        if mask == "d":
-                            ld = F.logsigmoid(0.5 * torch.randn(h, device=dev) + shift)
-                        elif mask == "s":
-                            ld = F.logsigmoid(torch.randn(b, h, n, device=dev) + shift)
-                            ld[..., :prefix] = 0.0
+                        ld = _log_decay(mask, strength, b, h, n, prefix, dev)
 
                         def fn(qkv, *ld, backend, mask=mask, form=form):
                             return lion_attention_qkvpacked(qkv, h, mask=mask, log_decay=ld[0] if ld else None,
                                                             form=form, backend=backend)
 
-                        mass = (lambda ups, qkv=qkv, ld=ld: _d_mass_packed(qkv, h, ld, ups)) if mask == "d" else None
+                        run = (lambda g, qkv=qkv: lion_attention_qkvpacked(qkv.double(), h, mask="s", log_decay=g,
+                                                                          backend="torch"))
+                        mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, (qkv,) if ld is None else (qkv, ld), mass, names=("y", "dqkv", "dlog"))
                         ok = all(e < TOL[dtype] for e in errs.values())
                         rows.append(dict(case="packed", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
                                          mask=mask, decay=strength, form=form, **errs, ok=ok))
                         _show(rows[-1])
     return rows
-
-
-def _d_mass_two_scan(q, k, v, ld, ups):
-    """_d_mass for the two-scan baseline."""
-    g = ld.detach().double()[None, :, None].expand(*q.shape[:3]).clone().requires_grad_()
-    y = two_scan_attention(q.double(), k.double(), v.double(), g, backend="torch")
-    (dg,) = torch.autograd.grad(y, g, ups.double())
-    return dg.abs().sum((0, 2)).norm()
 
 
 def main(argv=None) -> int:
@@ -148,20 +140,16 @@ def main(argv=None) -> int:
                         q = F.normalize(F.silu(torch.randn(b, h, n, d, device=dev)) + 0.5, dim=-1).to(dtype)
                         k = F.normalize(F.silu(torch.randn(b, h, n, d, device=dev)) + 0.5, dim=-1).to(dtype)
                         v = torch.randn(b, h, n, d, device=dev).to(dtype)
-                        shift = 4.0 if strength == "weak" else 0.0
-                        ld = None
-                        if mask == "d":
-                            ld = F.logsigmoid(0.5 * torch.randn(h, device=dev) + shift)
-                        elif mask == "s":
-                            ld = F.logsigmoid(torch.randn(b, h, n, device=dev) + shift)
-                            ld[..., :prefix] = 0.0
+                        ld = _log_decay(mask, strength, b, h, n, prefix, dev)
 
                         def fn(q, k, v, *ld, backend, mask=mask, form=form):
                             return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form,
                                                   backend=backend)
 
                         tensors = (q, k, v) if ld is None else (q, k, v, ld)
-                        mass = (lambda ups, q=q, k=k, v=v, ld=ld: _d_mass(q, k, v, ld, ups)) if mask == "d" else None
+                        run = (lambda g, q=q, k=k, v=v: lion_attention(q.double(), k.double(), v.double(), mask="s",
+                                                                      log_decay=g, backend="torch"))
+                        mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, tensors, mass)
                         ok = all(e < TOL[dtype] for e in errs.values())  # NaN fails
                         rows.append(dict(case="lion", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
@@ -203,7 +191,8 @@ def main(argv=None) -> int:
         def two(q, k, v, ld, backend):
             return two_scan_attention(q, k, v, ld, backend=backend)
 
-        mass = None if per_token else (lambda ups, q=q, k=k, v=v, ld=ld: _d_mass_two_scan(q, k, v, ld, ups))
+        run = (lambda g, q=q, k=k, v=v: two_scan_attention(q.double(), k.double(), v.double(), g, backend="torch"))
+        mass = None if per_token else (lambda ups, run=run, ld=ld: _d_mass(run, ld, 1, nt, ups))
         errs = _case(two, (q, k, v, ld), mass)
         rows.append(dict(case="two_scan", N=nt, prefix=0, B=1, H=3, d=64, dtype="float32", mask="s" if per_token else "d",
                          decay="medium", form="scan", **errs, ok=all(e < 1e-5 for e in errs.values())))

@@ -21,7 +21,7 @@ from ..ops import (
     split_heads,
 )
 from ..ops._checks import BACKENDS, check_choice, compute_dtype
-from ..ops.lion import FORMS, MASK_FEATURE_MAP, gate_log_decays
+from ..ops.lion import FORMS, MASK_FEATURE_MAP
 from .norm import RMSNorm
 
 ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
@@ -144,13 +144,17 @@ class LionAttention(_QKV):
         return lion_feature_map(x, MASK_FEATURE_MAP[self.mask], backend=self.backend)
 
     def _log_decays(self, x: torch.Tensor, num_prefix_tokens: int) -> list[torch.Tensor | None]:
-        """One log-decay per order: [H] for "d", [B, H, N] for "s" (gate_log_decays), None for "lit"."""
+        """One log-decay per order: [H] for "d", [B, H, N] for "s", None for "lit"."""
         if self.mask == "lit":
             return [None]
         if self.mask == "d":
             return list(F.logsigmoid(self.decay.to(compute_dtype(self.decay))).unbind(0))
-        z = self.gate(x).unflatten(-1, (-1, self.num_heads))  # [B, N, orders, H]
-        return [gate_log_decays(z[:, :, o], num_prefix_tokens) for o in range(z.shape[2])]
+        b, n, _ = x.shape
+        z = self.gate(x)
+        z = z.to(compute_dtype(z)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
+        la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]
+        prefix = torch.arange(n, device=x.device) < num_prefix_tokens
+        return list(la.masked_fill(prefix, 0.0).unbind(0))
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)

@@ -104,14 +104,6 @@ def lion_attention(
     return (num / (den[..., None] + EPS)).to(q.dtype)
 
 
-def gate_log_decays(z: torch.Tensor, num_prefix_tokens: int = 0) -> torch.Tensor:
-    """LION-S gates from the layer's gate logits (LION Sec. 4): z [B, N, H] -> log a = logsigmoid(-z) [B, H, N] in
-    the fp32 compute dtype, with log a = 0 (a = 1) for the first num_prefix_tokens tokens (cls / prefix)."""
-    la = F.logsigmoid(-z.to(compute_dtype(z))).transpose(1, 2)
-    prefix = torch.arange(z.shape[1], device=z.device) < num_prefix_tokens
-    return la.masked_fill(prefix, 0.0)
-
-
 def lion_attention_qkvpacked(
     qkv: torch.Tensor,
     num_heads: int,

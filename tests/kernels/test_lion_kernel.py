@@ -14,7 +14,7 @@ import triton.language as tl
 
 import lightvision.kernels.lion as lk
 from lightvision.kernels import _launch
-from lightvision.kernels.lion.check import _case
+from lightvision.kernels.lion.check import _case, _d_mass
 from lightvision.kernels.lion.parallel import _span
 from lightvision.ops import (get_kernel, lion_attention, lion_attention_qkvpacked, lion_snake_attention,
                              two_scan_attention)
@@ -91,11 +91,8 @@ def _d_grad_mass(fn, tensors, ld, ups):
     S with constant gates [B, H, N], through the reference fn(*tensors, gates); B, N from tensors[0], which is
     q [B, H, N, d] or qkv [B, N, 3 * H * d]), the conditioning-aware version of SPEC 2's relative error."""
     leaves = [t.detach().double() for t in tensors]
-    b, n = tensors[0].shape[0], tensors[0].shape[-2]
-    g = ld.detach().double()[None, :, None].expand(b, ld.shape[0], n).clone().requires_grad_()
-    y = fn(*leaves, g, backend="torch")
-    (dg,) = torch.autograd.grad(y, g, ups[0].double())
-    return dg.abs().sum((0, 2)).norm().item()
+    return _d_mass(lambda g: fn(*leaves, g, backend="torch"), ld, tensors[0].shape[0], tensors[0].shape[-2],
+                   ups[0]).item()
 
 
 def _check_lion(q, k, v, ld, mask, form, dtype):
