@@ -3,7 +3,7 @@
     torch.ops.lightvision.lion_fwd(q, k, v, g, normalize, form) -> (out, den, saved)
         out: Y [B, H, N, d_v] in q.dtype (normalize) or num in fp32; den: A 1 [B, H, N] fp32;
         saved: what the backward reuses: the masked form's tile prefix sums (parallel.tile_prefix; empty for
-        LIT) or the scan's key states (scan.scan_forward)
+        LIT and below parallel.SKIP_MIN_TILES tiles) or the scan's key states (scan.scan_forward)
     torch.ops.lightvision.lion_bwd(q, k, v, g, out, den, saved, dout, dden, normalize, form) -> (dq, dk, dv, dg)
         dg: fp32 of g's shape, empty when g is None (LIT)
 g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "parallel" (parallel.py) or
@@ -56,14 +56,17 @@ def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
              den: torch.Tensor, saved: torch.Tensor, dout: torch.Tensor, dden: torch.Tensor | None, normalize: bool,
              form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dout = dout.contiguous()
-    if normalize:
-        zinv, delta = row_grads(dout, out, den)
+    qkv = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout)
+    if normalize and form == "parallel":  # the dq kernel derives 1 / Z and dL/d den itself
+        dq, dk, dv, dg = parallel_backward(*qkv, None, None, saved, out_den=(out, den))
     else:
-        zinv = torch.ones_like(den)
-        delta = torch.zeros_like(den) if dden is None else dden.float()
-    args = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout, zinv.contiguous(), delta.contiguous())
-    bwd = parallel_backward if form == "parallel" else scan_backward
-    dq, dk, dv, dg = bwd(*args, saved)
+        if normalize:
+            zinv, delta = row_grads(dout, out, den)
+        else:
+            zinv = torch.ones_like(den)
+            delta = torch.zeros_like(den) if dden is None else dden.float()
+        bwd = parallel_backward if form == "parallel" else scan_backward
+        dq, dk, dv, dg = bwd(*qkv, zinv.contiguous(), delta.contiguous(), saved)
     return dq, dk, dv, den.new_empty(0) if dg is None else dg
 
 
@@ -134,11 +137,11 @@ def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor
                     den: torch.Tensor, cs: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
-    zinv, delta = row_grads(do, out, den)
     qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
     fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv, num_heads)[2]
-    _, _, _, dg = parallel_backward(fq, fk, v, g, do, zinv, delta, cs, grads=split_heads(dqkv, num_heads))
+    _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, cs, grads=split_heads(dqkv, num_heads),
+                                    out_den=(out, den))
     feature_map_bwd_inplace(_qk_heads(qkv, num_heads), _qk_heads(dqkv, num_heads), kind)
     return dqkv, den.new_empty(0) if dg is None else dg
 

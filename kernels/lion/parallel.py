@@ -14,7 +14,8 @@ of a tile is  near(row) + seg + far(col)  where near/far are in-tile partial sum
 whole tiles in between, accumulated outward (a sum of non-positive numbers: no cancellation; the SPEC 2 trap
 of global cumsum differences does not arise). Because log-gates are <= 0, once seg < -110 every later tile
 has exp(log M) == 0 exactly in fp32, so those tiles are skipped (exact; a large speed-up for strong decay);
-how many tiles each side has before that is counted from prefix sums of the tile totals (tile_prefix).
+how many tiles each side has before that is counted from prefix sums of the tile totals (tile_prefix), from
+SKIP_MIN_TILES tiles on (shorter sequences visit every tile).
 
 Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
     dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
@@ -48,6 +49,10 @@ TILE = 64  # query / key rows per tile (read at call time, so tests can shrink i
 BWD_STAGES_3_MIN_N = 512
 # Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
+# From this many tiles on, the kernels count the tiles they can skip (tile_prefix, _span); below it they visit
+# every tile (exact too: a skipped tile's mask is 0). Short sequences gain little from skipping and pay the
+# count's dependent loads and the prefix-sum launch.
+SKIP_MIN_TILES = 5
 
 
 @triton.jit
@@ -98,13 +103,14 @@ def _tile_prefix_kernel(G, CS, N, sg, H, NT, T: tl.constexpr, TILES: tl.constexp
 
 
 @triton.jit
-def _span(CS, bh, tile, side: tl.constexpr, n_tiles, HAS_MASK: tl.constexpr):
-    """Off-diagonal tiles to visit from `tile` on `side` (0: left, 1: right), or every tile on that side when
-    there is no mask. A tile is visited while the whole tiles strictly in between sum to more than SKIP_LOG:
-    with c = CS[bh] that is c_{t+1} > c_tile + SKIP_LOG on the left, c_t < c_{tile+1} - SKIP_LOG on the right
-    (tile_prefix), so the count is a vector comparison over the side's tiles (an fp32 difference of prefix
-    sums decides only; SKIP_LOG keeps 6 units of margin over the fp32 underflow)."""
-    if HAS_MASK:
+def _span(CS, bh, tile, side: tl.constexpr, n_tiles, SKIP: tl.constexpr):
+    """Off-diagonal tiles to visit from `tile` on `side` (0: left, 1: right), or every tile on that side without
+    SKIP (no mask, or fewer than SKIP_MIN_TILES tiles). A tile is visited while the whole tiles strictly in
+    between sum to more than SKIP_LOG: with c = CS[bh] that is c_{t+1} > c_tile + SKIP_LOG on the left,
+    c_t < c_{tile+1} - SKIP_LOG on the right (tile_prefix), so the count is a vector comparison over the side's
+    tiles (an fp32 difference of prefix sums decides only; SKIP_LOG keeps 6 units of margin over the fp32
+    underflow)."""
+    if SKIP:
         c_ptr = CS + bh * (n_tiles + 1)
         if side == 0:
             lo = 1
@@ -126,9 +132,18 @@ def _span(CS, bh, tile, side: tl.constexpr, n_tiles, HAS_MASK: tl.constexpr):
 
 
 @triton.jit
+def _row_grad_tile(do, out_ptr, den_ptr, rows, n, fv, dv, son):
+    """1 / Z and dL/d den = -(dY . Y) / Z of Y = num / Z, Z = den + 1e-6, for one tile of rows; do: the tile's
+    fp32 dY; out_ptr, den_ptr: Y and den of its (b, h)."""
+    y = _load_rows(out_ptr, rows, n, fv, dv, son).to(tl.float32)
+    zinv = 1.0 / (tl.load(den_ptr + rows, mask=rows < n, other=0.0) + EPS)
+    return zinv, -tl.sum(do * y, 1) * zinv
+
+
+@triton.jit
 def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
-                HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
+                HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                 T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
     it = tl.program_id(0)
@@ -162,7 +177,7 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
     # same for every tile on one side, so it scales the side's accumulators once at the end
     for side in tl.static_range(2):
         # side 0: key tiles before the query tile (lower triangle), walking left; 1: after it, walking right
-        n_side = _span(CS, bh, it, side, n_tiles, HAS_MASK)
+        n_side = _span(CS, bh, it, side, n_tiles, SKIP)
         acc_s = tl.zeros([T, BDV], dtype=tl.float32)
         den_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
@@ -193,12 +208,14 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
-                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sgb, sgh, sgn, H,
-                   HAS_MASK: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
-                   T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
+                   HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr,
+                   PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
-    only: PER_HEAD gates take their gradient from the dk/dv kernel alone). DO and DQ go through their strides."""
+    only: PER_HEAD gates take their gradient from the dk/dv kernel alone). ROW_GRADS: the tile's 1 / Z and
+    dL/d den come from Y (OUT) and DEN here and are stored in ZINV / DELTA for the dk/dv kernel (_row_grad_kernel's
+    work); else they are read from there. DO, OUT and DQ go through their strides."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -212,10 +229,15 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, T)
     q = _load_rows(q_ptr, rows, N, fd, D, sqn)
-    zinv = tl.load(ZINV + bh * N + rows, mask=rows < N, other=0.0)
-    delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
-    do = _load_rows(DO + b * sdb + h * sdh, rows, N, fv, DV, sdn)
-    do = (do.to(tl.float32) * zinv[:, None]).to(q.dtype)
+    do = _load_rows(DO + b * sdb + h * sdh, rows, N, fv, DV, sdn).to(tl.float32)
+    if ROW_GRADS:
+        zinv, delta = _row_grad_tile(do, OUT + b * sob + h * soh, DEN + bh * N, rows, N, fv, DV, son)
+        tl.store(ZINV + bh * N + rows, zinv, mask=rows < N)
+        tl.store(DELTA + bh * N + rows, delta, mask=rows < N)
+    else:
+        zinv = tl.load(ZINV + bh * N + rows, mask=rows < N, other=0.0)
+        delta = tl.load(DELTA + bh * N + rows, mask=rows < N, other=0.0)
+    do = (do * zinv[:, None]).to(q.dtype)
     dq = tl.zeros([T, BD], dtype=tl.float32)
     r_lo = tl.zeros([T], dtype=tl.float32)
     r_up = tl.zeros([T], dtype=tl.float32)
@@ -238,7 +260,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
     dq += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
     n_tiles = tl.cdiv(N, T)
     for side in tl.static_range(2):  # as in _fwd_kernel: left (lower triangle), then right (upper)
-        n_side = _span(CS, bh, it, side, n_tiles, HAS_MASK)
+        n_side = _span(CS, bh, it, side, n_tiles, SKIP)
         dq_s = tl.zeros([T, BD], dtype=tl.float32)
         r_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
@@ -275,7 +297,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DQ, RL, RU, N, D, DV,
 def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
                      svgb, svgh, svgn, H,
-                     HAS_MASK: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
+                     HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
                      T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
     PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
@@ -330,7 +352,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     # side 1: query tiles before it (upper triangle i < j), walking left. The mask of a tile is rank one,
     # col(key) * wq(query): both scale the fp32 tiles, so dk, dv need no side accumulators (fewer live registers).
     for side in tl.static_range(2):
-        n_side = _span(CS, bh, jt, 1 - side, n_tiles, HAS_MASK)
+        n_side = _span(CS, bh, jt, 1 - side, n_tiles, SKIP)
         seg = 0.0
         if HAS_MASK:
             col = tl.exp(k_tot - k_exc if side == 0 else k_inc)[:, None]
@@ -409,10 +431,15 @@ def tile_prefix(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
     return cs
 
 
+def _skips(g: torch.Tensor | None, n: int, tile: int) -> bool:
+    """Whether the kernels count skippable tiles (SKIP_MIN_TILES; only a decaying mask has any)."""
+    return g is not None and triton.cdiv(n, tile) >= SKIP_MIN_TILES
+
+
 def tile_prefix_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     """An empty tensor shaped as parallel_forward's saved prefix sums under the default tile (for fake tensors)."""
     B, H, N, _ = q.shape
-    return q.new_empty(0) if g is None else q.new_empty(B * H, triton.cdiv(N, TILE) + 1, dtype=torch.float32)
+    return q.new_empty(B * H, triton.cdiv(N, TILE) + 1, dtype=torch.float32) if _skips(g, N, TILE) else q.new_empty(0)
 
 
 def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3,
@@ -428,18 +455,21 @@ def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_w
         out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     grid = (triton.cdiv(N, tile), B * H)
-    cs = tile_prefix(g, q.shape, tile) if g is not None else den.new_empty(0)
-    _fwd_kernel[grid](q, k, v, *gate_args(g, den), cs if g is not None else den, out, den, N, D, DV,
-                      *_strides(q, k, v, out), H, HAS_MASK=g is not None, NORMALIZE=normalize, T=tile,
+    skip = _skips(g, N, tile)
+    cs = tile_prefix(g, q.shape, tile) if skip else den.new_empty(0)
+    _fwd_kernel[grid](q, k, v, *gate_args(g, den), cs if skip else den, out, den, N, D, DV,
+                      *_strides(q, k, v, out), H, HAS_MASK=g is not None, SKIP=skip, NORMALIZE=normalize, T=tile,
                       num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
     return out, den, cs
 
 
 def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, num_warps: int = 4,
-                      num_stages: int | None = None, *, grads: tuple | None = None):
+                      num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None):
     """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
     scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the
     forward's tile prefix sums (same tile); num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
+    out_den: (Y [B, H, N, d_v], den) of a normalised forward, with zinv = delta = None: the dq kernel then derives
+    them from dY = do (row_grads' work, without its launch).
     grads: (dq, dk, dv) views to write into (e.g. of one [B, N, 3, H, d] tensor), else new contiguous tensors.
     Returns dq, dk, dv and dg fp32 of g's shape (None for LIT)."""
     B, H, N, D = q.shape
@@ -450,6 +480,11 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
         grads = (empty((B, H, N, D), q.dtype, q.device), empty((B, H, N, D), q.dtype, q.device),
                  empty((B, H, N, DV), v.dtype, q.device))
     dq, dk, dv = grads
+    if out_den is not None:
+        out, den = out_den
+        zinv, delta = empty((B, H, N), torch.float32, q.device), empty((B, H, N), torch.float32, q.device)
+    else:
+        out, den = do, zinv  # unread
     has_mask = g is not None
     per_head = has_mask and g.dim() == 1
     if per_head:  # one distance-weighted W sum per key, in cL (the kernels write no rL, rU, cU)
@@ -458,12 +493,13 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
     else:  # the W row / column sums rL, rU, cL, cU of gate_grad (unread placeholders for LIT)
         sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
         r_lo, r_up, c_lo, c_up = sums
+    skip = _skips(g, N, tile)
     grid = (triton.cdiv(N, tile), B * H)
-    meta = dict(HAS_MASK=has_mask, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
+    meta = dict(HAS_MASK=has_mask, SKIP=skip, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
                 **_meta(q, v))
-    gs = (*gate_args(g, zinv), cs if has_mask else zinv)
-    _bwd_dq_kernel[grid](q, k, v, *gs, do, zinv, delta, dq, r_lo, r_up, N, D, DV, *_strides(q, k, v, do, dq), H,
-                         **meta)
+    gs = (*gate_args(g, zinv), cs if skip else zinv)
+    _bwd_dq_kernel[grid](q, k, v, *gs, do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
+                         *_strides(q, k, v, do, out, dq), H, ROW_GRADS=out_den is not None, **meta)
     _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
                            *_strides(q, k, v, do, dk, dv), H, **meta)
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
@@ -485,10 +521,9 @@ def _row_grad_kernel(DO, OUT, DEN, ZINV, DELTA, N, DV, sdb, sdh, sdn, sob, soh, 
     fv = tl.arange(0, BDV)
     ok = rows < N
     do = _load_rows(DO + b * sdb + h * sdh, rows, N, fv, DV, sdn).to(tl.float32)
-    y = _load_rows(OUT + b * sob + h * soh, rows, N, fv, DV, son).to(tl.float32)
-    zinv = 1.0 / (tl.load(DEN + bh * N + rows, mask=ok, other=0.0) + EPS)
+    zinv, delta = _row_grad_tile(do, OUT + b * sob + h * soh, DEN + bh * N, rows, N, fv, DV, son)
     tl.store(ZINV + bh * N + rows, zinv, mask=ok)
-    tl.store(DELTA + bh * N + rows, -tl.sum(do * y, 1) * zinv, mask=ok)
+    tl.store(DELTA + bh * N + rows, delta, mask=ok)
 
 
 def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

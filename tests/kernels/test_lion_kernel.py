@@ -157,10 +157,13 @@ def test_qkvpacked_many_tiles_and_scan(monkeypatch, mask):
     _check_packed(1, 197, 1, 16, mask, "scan", torch.float32, "weak", 1)
 
 
-@pytest.mark.parametrize("form", ["parallel", "scan"])
-def test_unnormalized_pair_and_tile_skip(form):
-    """normalize=False returns fp32 (A V, A 1) with gradients through both; N = 150 over 3 tiles with strong
-    S gates makes the parallel kernel skip tiles (exact: their mask is 0 in fp32)."""
+@pytest.mark.parametrize("form,tile", [("parallel", 64), ("parallel", 32), ("scan", 64)])
+def test_unnormalized_pair_and_tile_skip(monkeypatch, form, tile):
+    """normalize=False returns fp32 (A V, A 1) with gradients through both. Strong S gates over N = 150: in 3
+    tiles of 64 the parallel kernels visit every tile (below SKIP_MIN_TILES), some with a mask that is 0 in
+    fp32; in 5 tiles of 32 they skip those (exact)."""
+    monkeypatch.setattr(lk.parallel, "TILE", tile)
+    assert lk.parallel._skips(torch.zeros(1), 150, tile) == (tile == 32)
     b, h, n, d = 1, 2, 150, 16
     q, k, v = _inputs(b, h, n, d, d, torch.float32)
     ld = F.logsigmoid(torch.randn(b, h, n, device=DEV) - 3.0)

@@ -53,7 +53,8 @@ def test_decay_and_gate_get_gradients(kind):
 
 @pytest.mark.parametrize("qkv_bias", [True, False])
 def test_lion_layer_composition(qkv_bias):
-    """The layer against the composition of its parts (feature maps, gate, LION core, projection)."""
+    """The layer against the composition of its parts (feature maps, gate, LION core, projection); the gate's
+    gradients too, as the layer runs the gate Linear padded to GATE_ALIGN outputs."""
     torch.manual_seed(0)
     attn = LionAttention(12, 3, mask="s", form="scan", qkv_bias=qkv_bias).double()
     x = torch.randn(2, 21, 12, dtype=torch.float64)
@@ -63,7 +64,12 @@ def test_lion_layer_composition(qkv_bias):
     la[..., 0] = 0.0  # prefix gate = 1
     o = lion_attention(phi(q), phi(k), v, mask="s", log_decay=la)
     ref = attn.proj(o.transpose(1, 2).reshape(2, 21, 12))
-    assert _rel(attn(x, (4, 5), 1), ref) < 1e-12
+    out = attn(x, (4, 5), 1)
+    assert _rel(out, ref) < 1e-12
+    up = torch.randn_like(ref)
+    for p in (attn.gate.weight, attn.gate.bias):
+        assert _rel(torch.autograd.grad(out, p, up, retain_graph=True)[0],
+                    torch.autograd.grad(ref, p, up, retain_graph=True)[0]) < 1e-12
     lam = torch.sigmoid(LionAttention(12, 4, mask="d").decay)
     assert torch.allclose(lam, torch.linspace(0.9, 0.99, 4)[None], atol=1e-6)
 
