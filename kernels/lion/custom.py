@@ -56,9 +56,9 @@ def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
              den: torch.Tensor, saved: torch.Tensor, dout: torch.Tensor, dden: torch.Tensor | None, normalize: bool,
              form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dout = dout.contiguous()
-    qkv = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout)
+    inputs = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout)
     if normalize and form == "parallel":  # the dq kernel derives 1 / Z and dL/d den itself
-        dq, dk, dv, dg = parallel_backward(*qkv, None, None, saved, out_den=(out, den))
+        dq, dk, dv, dg = parallel_backward(*inputs, None, None, saved, out_den=(out, den))
     else:
         if normalize:
             zinv, delta = row_grads(dout, out, den)
@@ -66,7 +66,7 @@ def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
             zinv = torch.ones_like(den)
             delta = torch.zeros_like(den) if dden is None else dden.float()
         bwd = parallel_backward if form == "parallel" else scan_backward
-        dq, dk, dv, dg = bwd(*qkv, zinv.contiguous(), delta.contiguous(), saved)
+        dq, dk, dv, dg = bwd(*inputs, zinv.contiguous(), delta.contiguous(), saved)
     return dq, dk, dv, den.new_empty(0) if dg is None else dg
 
 
