@@ -467,7 +467,8 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
                       num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None):
     """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
     scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the
-    forward's tile prefix sums (same tile); num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
+    forward's tile prefix sums (same tile; empty when the forward visits every tile, and then so does the backward);
+    num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
     out_den: (Y [B, H, N, d_v], den) of a normalised forward, with zinv = delta = None: the dq kernel then derives
     them from dY = do (row_grads' work, without its launch).
     grads: (dq, dk, dv) views to write into (e.g. of one [B, N, 3, H, d] tensor), else new contiguous tensors.
@@ -493,7 +494,7 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
     else:  # the W row / column sums rL, rU, cL, cU of gate_grad (unread placeholders for LIT)
         sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
         r_lo, r_up, c_lo, c_up = sums
-    skip = _skips(g, N, tile)
+    skip = cs.numel() > 0  # the forward counted skippable tiles iff it saved their prefix sums
     grid = (triton.cdiv(N, tile), B * H)
     meta = dict(HAS_MASK=has_mask, SKIP=skip, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
                 **_meta(q, v))

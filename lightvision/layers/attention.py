@@ -119,7 +119,8 @@ class LionAttention(_QKV):
     in fp32; initialised with lambda evenly spread over [0.9, 0.99] across heads.
     mask "s": a_m = sigmoid(-(w^T x_m + b)) per head (a Linear(dim, num_heads) per order, run padded to
     GATE_ALIGN outputs), log a_m = logsigmoid(-(w^T x_m + b)) in fp32; prefix tokens get a = 1 (log 0); b
-    initialised to -logit(0.95) so a ~ 0.95 at x = 0. The gate stays in the autograd graph (it is never re-wrapped as a new tensor).
+    initialised to -logit(0.95) so a ~ 0.95 at x = 0. The gate stays in the autograd graph (it is never
+    re-wrapped as a new tensor).
     snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
     form: passed to lion_attention ("auto": the kernels' measured rule, ``lightvision.kernels.lion.choose_form``;
     the reference: parallel for N <= 1024, linear-time scan beyond).
