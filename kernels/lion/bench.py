@@ -94,9 +94,9 @@ def sweep(forms=("parallel", "scan")) -> None:
         q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "parallel")
         for tile, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 8, 3), (64, 8, 2)):
             f = triton.testing.do_bench(lambda: parallel_forward(q, k, v, g, True, tile, warps, stages), return_mode="median")
-            cs = parallel_forward(q, k, v, g, True, tile, warps, stages)[2]
+            tab = parallel_forward(q, k, v, g, True, tile, warps, stages)[2]
             b = triton.testing.do_bench(
-                lambda: parallel_backward(q, k, v, g, do, zinv, delta, cs, tile, warps, stages), return_mode="median")
+                lambda: parallel_backward(q, k, v, g, do, zinv, delta, tab, tile, warps, stages), return_mode="median")
             print(f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms")
     for N, B in ((196, 256), (1024, 48), (4096, 12), (16384, 3), (65536, 1)) if "scan" in forms else ():
         q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "scan")

@@ -2,18 +2,18 @@
 
     torch.ops.lightvision.lion_fwd(q, k, v, g, normalize, form) -> (out, den, saved)
         out: Y [B, H, N, d_v] in q.dtype (normalize) or num in fp32; den: A 1 [B, H, N] fp32;
-        saved: what the backward reuses: the masked form's tile prefix sums (parallel.tile_prefix; empty for
-        LIT and below parallel.SKIP_MIN_TILES tiles) or the scan's key states (scan.scan_forward)
+        saved: what the backward reuses: the masked form's gate table (parallel.gate_table: in-tile gate cumsums,
+        tile totals and their prefix sums; empty for LIT) or the scan's key states (scan.scan_forward)
     torch.ops.lightvision.lion_bwd(q, k, v, g, out, den, saved, dout, dden, normalize, form) -> (dq, dk, dv, dg)
         dg: fp32 of g's shape, empty when g is None (LIT)
 g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "parallel" (parallel.py) or
 "scan" (scan.py).
 
 The layer's form on a fused projection (masked kernel only), phi = LION's feature map ``kind``:
-    torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind) -> (y, fqk, den, cs)
+    torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind) -> (y, fqk, den, tab)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
-        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, cs as lion_fwd's den and saved
-    torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, cs, dy, num_heads, kind) -> (dqkv, dg)
+        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved
+    torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, num_heads, kind) -> (dqkv, dg)
         dqkv [B, N, 3 * H * d]: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one
         feature-map pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy).
         (phi's gradient inside the kernels' epilogues instead cost 30% more backward time: registers at 255.)
@@ -28,7 +28,7 @@ from lightvision.ops.heads import split_heads
 
 from .._launch import empty
 from ..fused.feature_map import feature_map_bwd_inplace, feature_map_fwd_launch
-from .parallel import parallel_backward, parallel_forward, row_grads, tile_prefix_like
+from .parallel import parallel_backward, parallel_forward, row_grads, gate_table_like
 from .scan import key_states_like, scan_backward, scan_forward
 
 
@@ -47,7 +47,7 @@ def lion_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
 def _lion_fwd_fake(q, k, v, g, normalize, form):
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[-1], dtype=q.dtype if normalize else torch.float32)
-    saved = tile_prefix_like(q, g) if form == "parallel" else key_states_like(q, v)
+    saved = gate_table_like(q, g) if form == "parallel" else key_states_like(q, v)
     return out, q.new_empty(b, h, n, dtype=torch.float32), saved
 
 
@@ -120,8 +120,8 @@ def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, k
     b, n, c3 = qkv.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
     v = split_heads(qkv, num_heads)[2]
-    _, den, cs = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, out=_heads(y, num_heads))
-    return y, fqk, den, cs
+    _, den, tab = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, out=_heads(y, num_heads))
+    return y, fqk, den, tab
 
 
 @lion_packed_fwd.register_fake
@@ -129,40 +129,40 @@ def _lion_packed_fwd_fake(qkv, g, num_heads, kind):
     b, n, c3 = qkv.shape
     fqk = qkv.new_empty(b, 2 * num_heads, n, c3 // (3 * num_heads))
     fq = fqk[:, :num_heads]
-    return qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32), tile_prefix_like(fq, g)
+    return qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32), gate_table_like(fq, g)
 
 
 @torch.library.custom_op("lightvision::lion_packed_bwd", mutates_args=())
 def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor, y: torch.Tensor,
-                    den: torch.Tensor, cs: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str
+                    den: torch.Tensor, tab: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
     qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
     fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv, num_heads)[2]
-    _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, cs, grads=split_heads(dqkv, num_heads),
+    _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv, num_heads),
                                     out_den=(out, den))
     feature_map_bwd_inplace(_qk_heads(qkv, num_heads), _qk_heads(dqkv, num_heads), kind)
     return dqkv, den.new_empty(0) if dg is None else dg
 
 
 @lion_packed_bwd.register_fake
-def _lion_packed_bwd_fake(qkv, g, fqk, y, den, cs, dy, num_heads, kind):
+def _lion_packed_bwd_fake(qkv, g, fqk, y, den, tab, dy, num_heads, kind):
     return qkv.new_empty(qkv.shape), den.new_empty(0) if g is None else g.new_empty(g.shape)
 
 
 def _packed_setup_context(ctx, inputs, output):
     qkv, g, num_heads, kind = inputs
-    y, fqk, den, cs = output
-    ctx.save_for_backward(qkv, g, fqk, y, den, cs)
+    y, fqk, den, tab = output
+    ctx.save_for_backward(qkv, g, fqk, y, den, tab)
     ctx.num_heads, ctx.kind = num_heads, kind
 
 
 def _packed_backward(ctx, dy, *_):
-    qkv, g, fqk, y, den, cs = ctx.saved_tensors
+    qkv, g, fqk, y, den, tab = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(y)
-    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, cs, dy, ctx.num_heads, ctx.kind)
+    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, ctx.num_heads, ctx.kind)
     return dqkv, (dg if g is not None else None), None, None
 
 

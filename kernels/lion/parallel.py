@@ -14,8 +14,14 @@ of a tile is  near(row) + seg + far(col)  where near/far are in-tile partial sum
 whole tiles in between, accumulated outward (a sum of non-positive numbers: no cancellation; the SPEC 2 trap
 of global cumsum differences does not arise). Because log-gates are <= 0, once seg < -110 every later tile
 has exp(log M) == 0 exactly in fp32, so those tiles are skipped (exact; a large speed-up for strong decay);
-how many tiles each side has before that is counted from prefix sums of the tile totals (tile_prefix), from
-SKIP_MIN_TILES tiles on (shorter sequences visit every tile).
+how many tiles each side has before that is counted from prefix sums of the tile totals, from SKIP_MIN_TILES
+tiles on (shorter sequences visit every tile).
+The in-tile cumsums, tile totals and prefix sums come from one small launch per forward (gate_table), which the
+backward reuses: the kernels load them rather than summing the gates of every tile they meet (tl.cumsum and its
+layout changes cost 8% of the forward at N = 197). The forward walks both sides in one loop and scales each
+tile by both halves of its rank-one mask (no side accumulators; in the probe 151 registers instead of 244; 22%
+faster at N = 197 with the table); the backward kernels keep two walks
+(benchmarks/results/lion_bwd_walks_session19_h100.json).
 
 Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
     dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
@@ -44,14 +50,15 @@ from .._launch import empty
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
-# The backward kernels pipeline 3 key / query tiles from this N on, 2 below it (H100: 1-5% faster for N >= 576,
-# 2-5% slower at N = 196; benchmarks/results/lion_parallel_stages_session10_h100.json).
-BWD_STAGES_3_MIN_N = 512
+# The kernels pipeline 3 key / query tiles from this N on, 2 below it. H100, backward with 3 stages: 1-5% faster
+# for N >= 576, 2-5% slower at N = 196 (benchmarks/results/lion_parallel_stages_session10_h100.json); forward with
+# 3 stages: 2-5% slower at N = 197, 1-4% faster from N = 577 (lion_fwd_stages_zinv_rejected_session19_h100.json).
+STAGES_3_MIN_N = 512
 # Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
-# From this many tiles on, the kernels count the tiles they can skip (tile_prefix, _span); below it they visit
-# every tile (exact too: a skipped tile's mask is 0). Short sequences gain little from skipping and pay the
-# count's dependent loads and the prefix-sum launch.
+# From this many tiles on, the kernels count the tiles they can skip (the gate table's prefix sums, _span); below
+# it they visit every tile (exact too: a skipped tile's mask is 0). Short sequences gain little from skipping and
+# pay the count's dependent loads.
 SKIP_MIN_TILES = 5
 
 
@@ -78,6 +85,14 @@ def _gate_tile(g_ptr, rows, n, sg):
 
 
 @triton.jit
+def _tile_gates(tab, tile, NP, ar, T: tl.constexpr):
+    """Gates of one tile from its (b, h)'s gate table (gate_table): (inclusive local cumsum, exclusive local
+    cumsum, tile total), fp32 (zeros past n: the cumsums stay at the total there)."""
+    p = tab + tile * T + ar
+    return tl.load(p), tl.load(p + NP), tl.load(tab + 2 * NP + tile)
+
+
+@triton.jit
 def _tile_log_mask(inc, exc, ar):
     """Log of the LION mask within one tile from its local gate cumsums (SPEC 1.5): exc_i - exc_j below the
     diagonal (sum of log a over j..i-1), inc_j - inc_i above it (sum over i+1..j), 0 on the diagonal."""
@@ -86,44 +101,53 @@ def _tile_log_mask(inc, exc, ar):
 
 
 @triton.jit
-def _tile_prefix_kernel(G, CS, N, sg, H, NT, T: tl.constexpr, TILES: tl.constexpr):
-    """One (b, h): CS[bh, u] = -(sum of the gates of tiles 0 .. u-1) for u = 0 .. NT (fp64 running sum, stored
-    fp32; non-decreasing, as gates are <= 0); G, sg as _gate_ptr."""
+def _gate_table_kernel(G, sg, TAB, N, H, NT, W, T: tl.constexpr, TILES: tl.constexpr):
+    """One (b, h)'s row of TAB [B*H, W]: the inclusive and exclusive in-tile cumsums of the gates (two sections of
+    NT * T, zero gates past N), the tile totals (NT) and CS, the negated prefix sums of the totals (NT + 1: CS_u =
+    -(sum of tiles 0 .. u-1), fp64 running sum stored fp32, non-decreasing as gates are <= 0); G, sg as
+    _gate_ptr."""
     bh = tl.program_id(0)
     r = tl.arange(0, TILES)
     col = tl.arange(0, T)
+    NP = NT * T
+    tab = TAB + bh * W
     carry = tl.zeros([1], dtype=tl.float64)
-    tl.store(CS + bh * (NT + 1) + r, tl.zeros([TILES], dtype=tl.float32), mask=r == 0)
+    tl.store(tab + 2 * NP + NT + r, tl.zeros([TILES], dtype=tl.float32), mask=r == 0)
     for t0 in range(0, NT, TILES):
         tok = (t0 + r)[:, None] * T + col[None, :]
-        tot = tl.sum(tl.load(_gate_ptr(G, bh, bh % H, N, sg) + tok * sg, mask=tok < N, other=0.0), 1)
+        g = tl.load(_gate_ptr(G, bh, bh % H, N, sg) + tok * sg, mask=tok < N, other=0.0)
+        inc = tl.cumsum(g, 1)
+        ok = (t0 + r)[:, None] < NT
+        tl.store(tab + tok, inc, mask=ok)
+        tl.store(tab + NP + tok, inc - g, mask=ok)
+        tot = tl.sum(g, 1)
+        tl.store(tab + 2 * NP + t0 + r, tot, mask=t0 + r < NT)
         tot = tot.to(tl.float64)
-        tl.store(CS + bh * (NT + 1) + 1 + t0 + r, (-(carry + tl.cumsum(tot, 0))).to(tl.float32), mask=t0 + r < NT)
+        tl.store(tab + 2 * NP + NT + 1 + t0 + r, (-(carry + tl.cumsum(tot, 0))).to(tl.float32), mask=t0 + r < NT)
         carry += tl.sum(tot, 0)
 
 
 @triton.jit
-def _span(CS, bh, tile, side: tl.constexpr, n_tiles, SKIP: tl.constexpr):
+def _span(CS, tile, side: tl.constexpr, n_tiles, SKIP: tl.constexpr):
     """Off-diagonal tiles to visit from `tile` on `side` (0: left, 1: right), or every tile on that side without
     SKIP (no mask, or fewer than SKIP_MIN_TILES tiles). A tile is visited while the whole tiles strictly in
-    between sum to more than SKIP_LOG: with c = CS[bh] that is c_{t+1} > c_tile + SKIP_LOG on the left,
-    c_t < c_{tile+1} - SKIP_LOG on the right (tile_prefix), so the count is a vector comparison over the side's
-    tiles (an fp32 difference of prefix sums decides only; SKIP_LOG keeps 6 units of margin over the fp32
-    underflow)."""
+    between sum to more than SKIP_LOG: with c = CS (the gate table's prefix sums of one (b, h)) that is
+    c_{t+1} > c_tile + SKIP_LOG on the left, c_t < c_{tile+1} - SKIP_LOG on the right, so the count is a vector
+    comparison over the side's tiles (an fp32 difference of prefix sums decides only; SKIP_LOG keeps 6 units of
+    margin over the fp32 underflow)."""
     if SKIP:
-        c_ptr = CS + bh * (n_tiles + 1)
         if side == 0:
             lo = 1
             hi = tile + 1
-            ref = tl.load(c_ptr + tile) + SKIP_LOG
+            ref = tl.load(CS + tile) + SKIP_LOG
         else:
             lo = tile + 1
             hi = n_tiles
-            ref = tl.load(c_ptr + tile + 1) - SKIP_LOG
+            ref = tl.load(CS + tile + 1) - SKIP_LOG
         count = 0
         for u0 in range(lo, hi, 128):
             u = u0 + tl.arange(0, 128)
-            c = tl.load(c_ptr + u, mask=u < hi, other=0.0)
+            c = tl.load(CS + u, mask=u < hi, other=0.0)
             hit = (c > ref) if side == 0 else (c < ref)
             count += tl.sum((hit & (u < hi)).to(tl.int32), 0)
         return count
@@ -141,7 +165,24 @@ def _row_grad_tile(do, out_ptr, den_ptr, rows, n, fv, dv, son):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
+def _gate_row(TAB, bh, N, T: tl.constexpr):
+    """(this (b, h)'s gate table row, the offset NP of its exclusive cumsums, the pointer to its prefix sums CS)."""
+    nt = tl.cdiv(N, T)
+    NP = nt * T
+    tab = TAB + bh * (2 * NP + tl.cdiv(2 * nt + 1, 16) * 16)
+    return tab, NP, tab + 2 * NP + nt
+
+
+@triton.jit
+def _walk(tile, step, n_lo):
+    """The off-diagonal tile of one step of a program's walk: first n_lo tiles leftward from `tile`, then rightward;
+    (the tile, whether it is on the left). The log-mask's segment sum restarts when the walk turns."""
+    lo = step < n_lo
+    return tl.where(lo, tile - 1 - step, tile + 1 + step - n_lo), lo
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, TAB, NUM, DEN, N, D, DV,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
                 HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                 T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -153,52 +194,42 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    g_ptr = _gate_ptr(G, bh, h, N, sg)
+    tab, NP, cs = _gate_row(TAB, bh, N, T)
     rows = it * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
     ar = tl.arange(0, T)
     q = _load_rows(q_ptr, rows, N, fd, D, sqn)
-    acc = tl.zeros([T, BDV], dtype=tl.float32)
-    den = tl.zeros([T], dtype=tl.float32)
-    if HAS_MASK:
-        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
     # diagonal tile: both triangles, invalid side zeroed before exp
     k = _load_rows(k_ptr, rows, N, fd, D, skn)
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
-        lm = _tile_log_mask(q_inc, q_exc, ar)
-        s = s * tl.exp(lm)
-    den += tl.sum(s, 1)
-    acc += tl.dot(s.to(v.dtype), v, input_precision=PREC)
+        q_inc, q_exc, q_tot = _tile_gates(tab, it, NP, ar, T)
+        s = s * tl.exp(_tile_log_mask(q_inc, q_exc, ar))
+        row_lo = tl.exp(q_exc)
+        row_hi = tl.exp(q_tot - q_inc)
+    den = tl.sum(s, 1)
+    acc = tl.dot(s.to(v.dtype), v, input_precision=PREC)
+    # off-diagonal tiles, one walk outward on each side (_walk): the mask is rank one there,
+    # exp(row part) * exp(seg + column part), with seg the sum of the whole tiles in between
     n_tiles = tl.cdiv(N, T)
-    # off-diagonal tiles: the mask is rank one, exp(row part) * exp(seg + column part); the row part is the
-    # same for every tile on one side, so it scales the side's accumulators once at the end
-    for side in tl.static_range(2):
-        # side 0: key tiles before the query tile (lower triangle), walking left; 1: after it, walking right
-        n_side = _span(CS, bh, it, side, n_tiles, SKIP)
-        acc_s = tl.zeros([T, BDV], dtype=tl.float32)
-        den_s = tl.zeros([T], dtype=tl.float32)
-        seg = 0.0
-        for step in range(0, n_side):
-            jt = it - 1 - step if side == 0 else it + 1 + step
-            cols = jt * T + ar
-            k = _load_rows(k_ptr, cols, N, fd, D, skn)
-            v = _load_rows(v_ptr, cols, N, fv, DV, svn)
-            s = tl.dot(q, tl.trans(k), input_precision=PREC)
-            if HAS_MASK:
-                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
-                s = s * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
-                seg += k_tot
-            den_s += tl.sum(s, 1)
-            acc_s += tl.dot(s.to(v.dtype), v, input_precision=PREC)
+    n_lo = _span(cs, it, 0, n_tiles, SKIP)
+    seg = 0.0
+    for step in range(0, n_lo + _span(cs, it, 1, n_tiles, SKIP)):
+        jt, lo = _walk(it, step, n_lo)
+        cols = jt * T + ar
+        k = _load_rows(k_ptr, cols, N, fd, D, skn)
+        v = _load_rows(v_ptr, cols, N, fv, DV, svn)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if HAS_MASK:
-            row = tl.exp(q_exc if side == 0 else q_tot - q_inc)
-            acc_s = acc_s * row[:, None]
-            den_s = den_s * row
-        acc += acc_s
-        den += den_s
+            seg = tl.where(step == n_lo, 0.0, seg)
+            k_inc, k_exc, k_tot = _tile_gates(tab, jt, NP, ar, T)
+            col = tl.exp(seg + tl.where(lo, k_tot - k_exc, k_inc))
+            s = s * (tl.where(lo, row_lo, row_hi)[:, None] * col[None, :])
+            seg += k_tot
+        den += tl.sum(s, 1)
+        acc += tl.dot(s.to(v.dtype), v, input_precision=PREC)
     out_ptr = NUM + b * sob + h * soh + rows[:, None] * son + fv[None, :]
     out_mask = (rows[:, None] < N) & (fv[None, :] < DV)
     if NORMALIZE:
@@ -208,7 +239,7 @@ def _fwd_kernel(Q, K, V, G, sg, CS, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+def _bwd_dq_kernel(Q, K, V, TAB, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
                    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr,
                    PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -223,7 +254,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    g_ptr = _gate_ptr(G, bh, h, N, sg)
+    tab, NP, cs = _gate_row(TAB, bh, N, T)
     rows = it * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -242,7 +273,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
     r_lo = tl.zeros([T], dtype=tl.float32)
     r_up = tl.zeros([T], dtype=tl.float32)
     if HAS_MASK:
-        q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
+        q_inc, q_exc, q_tot = _tile_gates(tab, it, NP, ar, T)
     k = _load_rows(k_ptr, rows, N, fd, D, skn)
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
@@ -259,8 +290,11 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
         dp = da
     dq += tl.dot(dp.to(k.dtype), k, input_precision=PREC)
     n_tiles = tl.cdiv(N, T)
-    for side in tl.static_range(2):  # as in _fwd_kernel: left (lower triangle), then right (upper)
-        n_side = _span(CS, bh, it, side, n_tiles, SKIP)
+    # the forward's walk as two loops, left (lower triangle) then right (upper), with side accumulators scaled by
+    # the row half of the mask once per side: with this kernel's W row sums, one loop that scales every tile by
+    # both halves was slower for S gates (benchmarks/results/lion_bwd_walks_session19_h100.json)
+    for side in tl.static_range(2):
+        n_side = _span(cs, it, side, n_tiles, SKIP)
         dq_s = tl.zeros([T, BD], dtype=tl.float32)
         r_s = tl.zeros([T], dtype=tl.float32)
         seg = 0.0
@@ -271,7 +305,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
             v = _load_rows(v_ptr, cols, N, fv, DV, svn)
             dp = tl.dot(do, tl.trans(v), input_precision=PREC) + delta[:, None]
             if HAS_MASK:
-                k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
+                k_inc, k_exc, k_tot = _tile_gates(tab, jt, NP, ar, T)
                 dp = dp * tl.exp(seg + (k_tot - k_exc if side == 0 else k_inc))[None, :]
                 seg += k_tot
                 if not PER_HEAD:
@@ -294,7 +328,7 @@ def _bwd_dq_kernel(Q, K, V, G, sg, CS, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
+def _bwd_dkdv_kernel(Q, K, V, TAB, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
                      svgb, svgh, svgn, H,
                      HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
@@ -309,7 +343,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    g_ptr = _gate_ptr(G, bh, h, N, sg)
+    tab, NP, cs = _gate_row(TAB, bh, N, T)
     do_ptr = DO + b * sdb + h * sdh
     cols = jt * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
@@ -322,7 +356,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     c_lo = tl.zeros([T], dtype=tl.float32)
     c_up = tl.zeros([T], dtype=tl.float32)
     if HAS_MASK:
-        k_inc, k_exc, k_tot = _gate_tile(g_ptr, cols, N, sg)
+        k_inc, k_exc, k_tot = _tile_gates(tab, jt, NP, ar, T)
     # diagonal tile; transposed index: row a = key, column c = query
     q = _load_rows(q_ptr, cols, N, fd, D, sqn)
     zinv = tl.load(ZINV + bh * N + cols, mask=cols < N, other=0.0)
@@ -352,7 +386,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     # side 1: query tiles before it (upper triangle i < j), walking left. The mask of a tile is rank one,
     # col(key) * wq(query): both scale the fp32 tiles, so dk, dv need no side accumulators (fewer live registers).
     for side in tl.static_range(2):
-        n_side = _span(CS, bh, jt, 1 - side, n_tiles, SKIP)
+        n_side = _span(cs, jt, 1 - side, n_tiles, SKIP)
         seg = 0.0
         if HAS_MASK:
             col = tl.exp(k_tot - k_exc if side == 0 else k_inc)[:, None]
@@ -371,7 +405,7 @@ def _bwd_dkdv_kernel(Q, K, V, G, sg, CS, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
             at = tl.dot(k, tl.trans(q), input_precision=PREC)
             dpt = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
             if HAS_MASK:
-                q_inc, q_exc, q_tot = _gate_tile(g_ptr, rows, N, sg)
+                q_inc, q_exc, q_tot = _tile_gates(tab, it, NP, ar, T)
                 m = col * tl.exp(seg + (q_exc if side == 0 else q_tot - q_inc))[None, :]
                 seg += q_tot
                 dpt = dpt * m
@@ -420,15 +454,25 @@ def gate_args(g: torch.Tensor | None, fill: torch.Tensor) -> tuple[torch.Tensor,
     return (g, gate_stride(g)) if g is not None else (fill, 1)
 
 
-def tile_prefix(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
-    """Negated prefix sums of the per-tile gate totals, fp32 [B*H, n_tiles + 1], from which the kernels count
-    the tiles they visit (_span). g: fp32 log-gates [B, H, N] or [H]; shape: q's [B, H, N, d]."""
+def table_width(n: int, tile: int) -> int:
+    """Columns of the gate table (gate_table) for a sequence of n tokens in tiles of `tile`: rows padded to 16
+    floats, so that the kernels' loads of the cumsums stay vectorised."""
+    nt = triton.cdiv(n, tile)
+    return 2 * nt * tile + triton.cdiv(2 * nt + 1, 16) * 16
+
+
+def gate_table(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
+    """The masked kernels' gate table, fp32 [B*H, table_width]: per (b, h) the in-tile inclusive and exclusive
+    gate cumsums (n_tiles * tile each, zero gates past N), the tile totals (n_tiles) and their negated prefix sums
+    (n_tiles + 1, from which the kernels count the tiles they visit, _span). One launch per forward; the forward
+    and backward kernels load these instead of summing every tile they meet. g: fp32 log-gates [B, H, N] or [H];
+    shape: q's [B, H, N, d]."""
     B, H, N, _ = shape
     nt = triton.cdiv(N, tile)
-    cs = empty((B * H, nt + 1), torch.float32, g.device)
-    _tile_prefix_kernel[(B * H,)](g, cs, N, gate_stride(g), H, nt, T=tile,
-                                  TILES=max(2, min(64, triton.next_power_of_2(nt))))
-    return cs
+    tab = empty((B * H, table_width(N, tile)), torch.float32, g.device)
+    _gate_table_kernel[(B * H,)](g, gate_stride(g), tab, N, H, nt, tab.shape[1], T=tile,
+                                 TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))))
+    return tab
 
 
 def _skips(g: torch.Tensor | None, n: int, tile: int) -> bool:
@@ -436,39 +480,40 @@ def _skips(g: torch.Tensor | None, n: int, tile: int) -> bool:
     return g is not None and triton.cdiv(n, tile) >= SKIP_MIN_TILES
 
 
-def tile_prefix_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
-    """An empty tensor shaped as parallel_forward's saved prefix sums under the default tile (for fake tensors)."""
+def gate_table_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+    """An empty tensor shaped as parallel_forward's gate table under the default tile (for fake tensors)."""
     B, H, N, _ = q.shape
-    return q.new_empty(B * H, triton.cdiv(N, TILE) + 1, dtype=torch.float32) if _skips(g, N, TILE) else q.new_empty(0)
+    return q.new_empty(0) if g is None else q.new_empty(B * H, table_width(N, TILE), dtype=torch.float32)
 
 
-def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4, num_stages: int = 3,
-                     *, out: torch.Tensor | None = None):
+def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4,
+                     num_stages: int | None = None, *, out: torch.Tensor | None = None):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
     [H] (per head) or None (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
-    den [B, H, N] fp32, the tile prefix sums that parallel_backward reuses (tile_prefix; empty for LIT)).
-    out: where to write Y, any [B, H, N, d_v] view with unit feature stride (e.g. of a [B, N, H, d_v] tensor)."""
+    den [B, H, N] fp32, the gate table that parallel_backward reuses (gate_table; empty for LIT)).
+    out: where to write Y, any [B, H, N, d_v] view with unit feature stride (e.g. of a [B, N, H, d_v] tensor);
+    num_stages: by default 2 below N = STAGES_3_MIN_N, 3 from there."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
+    num_stages = num_stages or (3 if N >= STAGES_3_MIN_N else 2)
     if out is None:
         out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
-    grid = (triton.cdiv(N, tile), B * H)
-    skip = _skips(g, N, tile)
-    cs = tile_prefix(g, q.shape, tile) if skip else den.new_empty(0)
-    _fwd_kernel[grid](q, k, v, *gate_args(g, den), cs if skip else den, out, den, N, D, DV,
-                      *_strides(q, k, v, out), H, HAS_MASK=g is not None, SKIP=skip, NORMALIZE=normalize, T=tile,
-                      num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
-    return out, den, cs
+    tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile)
+    _fwd_kernel[(triton.cdiv(N, tile), B * H)](
+        q, k, v, den if g is None else tab, out, den, N, D, DV, *_strides(q, k, v, out), H, HAS_MASK=g is not None,
+        SKIP=_skips(g, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps, num_stages=num_stages,
+        **_meta(q, v))
+    return out, den, tab
 
 
-def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, num_warps: int = 4,
+def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None, num_warps: int = 4,
                       num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None):
     """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
-    scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; cs: the
-    forward's tile prefix sums (same tile; empty when the forward visits every tile, and then so does the backward);
-    num_stages: by default 2 below N = BWD_STAGES_3_MIN_N, 3 from there.
+    scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; tab: the
+    forward's gate table (same tile; empty for LIT);
+    num_stages: by default 2 below N = STAGES_3_MIN_N, 3 from there.
     out_den: (Y [B, H, N, d_v], den) of a normalised forward, with zinv = delta = None: the dq kernel then derives
     them from dY = do (row_grads' work, without its launch).
     grads: (dq, dk, dv) views to write into (e.g. of one [B, N, 3, H, d] tensor), else new contiguous tensors.
@@ -476,7 +521,10 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
-    num_stages = num_stages or (3 if N >= BWD_STAGES_3_MIN_N else 2)
+    has_mask = g is not None
+    if has_mask and tab.shape != (B * H, table_width(N, tile)):
+        raise ValueError(f"gate table of shape {tuple(tab.shape)} does not fit N = {N} in tiles of {tile}")
+    num_stages = num_stages or (3 if N >= STAGES_3_MIN_N else 2)
     if grads is None:
         grads = (empty((B, H, N, D), q.dtype, q.device), empty((B, H, N, D), q.dtype, q.device),
                  empty((B, H, N, DV), v.dtype, q.device))
@@ -486,7 +534,6 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
         zinv, delta = empty((B, H, N), torch.float32, q.device), empty((B, H, N), torch.float32, q.device)
     else:
         out, den = do, zinv  # unread
-    has_mask = g is not None
     per_head = has_mask and g.dim() == 1
     if per_head:  # one distance-weighted W sum per key, in cL (the kernels write no rL, rU, cU)
         sums = empty((1, B, H, N), torch.float32, q.device)
@@ -494,14 +541,13 @@ def parallel_backward(q, k, v, g, do, zinv, delta, cs, tile: int | None = None, 
     else:  # the W row / column sums rL, rU, cL, cU of gate_grad (unread placeholders for LIT)
         sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
         r_lo, r_up, c_lo, c_up = sums
-    skip = cs.numel() > 0  # the forward counted skippable tiles iff it saved their prefix sums
     grid = (triton.cdiv(N, tile), B * H)
-    meta = dict(HAS_MASK=has_mask, SKIP=skip, PER_HEAD=per_head, T=tile, num_warps=num_warps, num_stages=num_stages,
-                **_meta(q, v))
-    gs = (*gate_args(g, zinv), cs if skip else zinv)
-    _bwd_dq_kernel[grid](q, k, v, *gs, do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
+    meta = dict(HAS_MASK=has_mask, SKIP=_skips(g, N, tile), PER_HEAD=per_head, T=tile, num_warps=num_warps,
+                num_stages=num_stages, **_meta(q, v))
+    tab = tab if has_mask else zinv  # unread for LIT
+    _bwd_dq_kernel[grid](q, k, v, tab, do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
                          *_strides(q, k, v, do, out, dq), H, ROW_GRADS=out_den is not None, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, *gs, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
+    _bwd_dkdv_kernel[grid](q, k, v, tab, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
                            *_strides(q, k, v, do, dk, dv), H, **meta)
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()

@@ -15,7 +15,7 @@ import triton.language as tl
 import lightvision.kernels.lion as lk
 from lightvision.kernels import _launch
 from lightvision.kernels.lion.check import _case, _d_mass
-from lightvision.kernels.lion.parallel import _span
+from lightvision.kernels.lion.parallel import _gate_row, _span
 from lightvision.ops import (get_kernel, lion_attention, lion_attention_qkvpacked, lion_snake_attention,
                              two_scan_attention)
 
@@ -212,25 +212,35 @@ def test_masked_gate_gradient_accuracy_long():
 
 
 @triton.jit
-def _span_probe(CS, OUT, NT):
+def _span_probe(TAB, OUT, N, NT, T: tl.constexpr):
     """OUT[side, bh, t] = the number of tiles the parallel kernels visit from tile t on each side."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
-    tl.store(OUT + bh * NT + t, _span(CS, bh, t, 0, NT, True))
-    tl.store(OUT + (tl.num_programs(1) + bh) * NT + t, _span(CS, bh, t, 1, NT, True))
+    cs = _gate_row(TAB, bh, N, T)[2]
+    tl.store(OUT + bh * NT + t, _span(cs, t, 0, NT, True))
+    tl.store(OUT + (tl.num_programs(1) + bh) * NT + t, _span(cs, t, 1, NT, True))
 
 
-def test_tile_spans():
-    """The parallel kernels' per-tile skip counts against walking outward tile by tile until the whole tiles in
-    between sum below SKIP_LOG; gates from weak to strong so that counts range from none to all."""
-    tile, nt = 8, 26
-    g = F.logsigmoid(torch.randn(2, 3, 203, device=DEV) + torch.linspace(-4.0, 6.0, 203, device=DEV))
+def test_gate_table_and_spans():
+    """The gate table (in-tile inclusive / exclusive cumsums, tile totals, their negated prefix sums) against
+    PyTorch, and the parallel kernels' per-tile skip counts against walking outward tile by tile until the whole
+    tiles in between sum below SKIP_LOG; gates from weak to strong so that counts range from none to all."""
+    tile, n, nt = 8, 203, 26
+    g = F.logsigmoid(torch.randn(2, 3, n, device=DEV) + torch.linspace(-4.0, 6.0, n, device=DEV))
     g[1, 2] = 0.0  # no decay: every tile is visited
-    cs = lk.parallel.tile_prefix(g, (2, 3, 203, 16), tile)
-    tot = F.pad(g, (0, nt * tile - 203)).view(6, nt, tile).sum(-1)
+    tab = torch.full((6, lk.parallel.table_width(n, tile)), float("nan"), device=DEV)
+    tab.copy_(lk.parallel.gate_table(g, (2, 3, n, 16), tile))
+    used = 2 * nt * tile + 2 * nt + 1  # then padding to 16 columns, not written
+    assert not tab[:, :used].isnan().any()
+    gp = F.pad(g, (0, nt * tile - n)).view(6, nt, tile)
+    tot = gp.sum(-1)
+    inc, exc, tot_k, cs = tab[:, :used].split([nt * tile, nt * tile, nt, nt + 1], 1)
+    assert torch.allclose(inc, gp.cumsum(-1).view(6, -1), rtol=1e-6, atol=1e-5)
+    assert torch.allclose(exc, (gp.cumsum(-1) - gp).view(6, -1), rtol=1e-6, atol=1e-5)
+    assert torch.allclose(tot_k, tot, rtol=1e-6, atol=1e-5)
     assert torch.allclose(cs, F.pad(-tot.double().cumsum(-1), (1, 0)).float(), rtol=1e-6, atol=1e-4)
     spans = torch.full((2, 6, nt), -1, dtype=torch.int32, device=DEV)
-    _span_probe[(nt, 6)](cs, spans, nt)
+    _span_probe[(nt, 6)](tab, spans, n, nt, T=tile)
     skip = lk.parallel.SKIP_LOG.value
     for bh in range(6):
         for i in range(nt):
@@ -246,13 +256,15 @@ def test_tile_spans():
 
 
 def test_per_head_gates():
-    """LION-D's gates stay [H] in the kernels (zero token stride): tile sums and the summed gate gradient equal
-    those of the same gates expanded to every token."""
+    """LION-D's gates stay [H] (zero token stride): their gate table and the summed gate gradient equal those of
+    the same gates expanded to every token."""
     b, h, n, tile = 2, 3, 203, 8
     lam = F.logsigmoid(torch.randn(h, device=DEV))
     per_token = lam[None, :, None].expand(b, h, n).contiguous()
     shape = (b, h, n, 16)
-    assert torch.equal(lk.parallel.tile_prefix(lam, shape, tile), lk.parallel.tile_prefix(per_token, shape, tile))
+    used = 2 * 26 * tile + 2 * 26 + 1  # 26 tiles; the padding columns are not written
+    one, every = (lk.parallel.gate_table(x, shape, tile)[:, :used] for x in (lam, per_token))
+    assert torch.allclose(one, every, rtol=1e-6, atol=1e-6)
     sums = torch.randn(4, b, h, n, device=DEV)
     want = lk.parallel.gate_grad(sums).double().sum((0, 2))
     assert torch.allclose(lk.parallel.gate_grad(sums, per_head=True).double(), want, rtol=1e-5, atol=1e-3)
