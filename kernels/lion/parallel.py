@@ -166,7 +166,8 @@ def _row_grad_tile(do, out_ptr, den_ptr, rows, n, fv, dv, son):
 
 @triton.jit
 def _gate_row(TAB, bh, N, T: tl.constexpr):
-    """(this (b, h)'s gate table row, the offset NP of its exclusive cumsums, the pointer to its prefix sums CS)."""
+    """(this (b, h)'s gate table row, the offset NP of its exclusive cumsums, the pointer to its prefix sums CS);
+    the row width is table_width's."""
     nt = tl.cdiv(N, T)
     NP = nt * T
     tab = TAB + bh * (2 * NP + tl.cdiv(2 * nt + 1, 16) * 16)
