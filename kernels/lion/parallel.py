@@ -165,12 +165,12 @@ def _row_grad_tile(do, out_ptr, den_ptr, rows, n, fv, dv, son):
 
 
 @triton.jit
-def _gate_row(TAB, bh, N, T: tl.constexpr):
+def _gate_row(TAB, stab, bh, N, T: tl.constexpr):
     """(this (b, h)'s gate table row, the offset NP of its exclusive cumsums, the pointer to its prefix sums CS);
-    the row width is table_width's."""
+    stab: the table's row stride (table_width)."""
     nt = tl.cdiv(N, T)
     NP = nt * T
-    tab = TAB + bh * (2 * NP + tl.cdiv(2 * nt + 1, 16) * 16)
+    tab = TAB + bh * stab
     return tab, NP, tab + 2 * NP + nt
 
 
@@ -183,7 +183,7 @@ def _walk(tile, step, n_lo):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, TAB, NUM, DEN, N, D, DV,
+def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
                 HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
                 T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -195,7 +195,7 @@ def _fwd_kernel(Q, K, V, TAB, NUM, DEN, N, D, DV,
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    tab, NP, cs = _gate_row(TAB, bh, N, T)
+    tab, NP, cs = _gate_row(TAB, stab, bh, N, T)
     rows = it * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -240,7 +240,7 @@ def _fwd_kernel(Q, K, V, TAB, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, TAB, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
                    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr,
                    PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
@@ -255,7 +255,7 @@ def _bwd_dq_kernel(Q, K, V, TAB, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    tab, NP, cs = _gate_row(TAB, bh, N, T)
+    tab, NP, cs = _gate_row(TAB, stab, bh, N, T)
     rows = it * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
@@ -329,7 +329,7 @@ def _bwd_dq_kernel(Q, K, V, TAB, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, TAB, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
+def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
                      svgb, svgh, svgn, H,
                      HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
@@ -344,7 +344,7 @@ def _bwd_dkdv_kernel(Q, K, V, TAB, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV
     q_ptr = Q + b * sqb + h * sqh
     k_ptr = K + b * skb + h * skh
     v_ptr = V + b * svb + h * svh
-    tab, NP, cs = _gate_row(TAB, bh, N, T)
+    tab, NP, cs = _gate_row(TAB, stab, bh, N, T)
     do_ptr = DO + b * sdb + h * sdh
     cols = jt * T + tl.arange(0, T)
     fd = tl.arange(0, BD)
@@ -487,6 +487,11 @@ def gate_table_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
     return q.new_empty(0) if g is None else q.new_empty(B * H, table_width(N, TILE), dtype=torch.float32)
 
 
+def _table_args(tab: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The kernels' (TAB, stab) arguments: the gate table and its row stride, or an unread placeholder for LIT."""
+    return (tab, tab.stride(0)) if tab.numel() else (fill, 0)
+
+
 def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4,
                      num_stages: int | None = None, *, out: torch.Tensor | None = None):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
@@ -503,7 +508,7 @@ def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_w
     den = empty((B, H, N), torch.float32, q.device)
     tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q, k, v, den if g is None else tab, out, den, N, D, DV, *_strides(q, k, v, out), H, HAS_MASK=g is not None,
+        q, k, v, *_table_args(tab, den), out, den, N, D, DV, *_strides(q, k, v, out), H, HAS_MASK=g is not None,
         SKIP=_skips(g, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps, num_stages=num_stages,
         **_meta(q, v))
     return out, den, tab
@@ -545,10 +550,9 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
     grid = (triton.cdiv(N, tile), B * H)
     meta = dict(HAS_MASK=has_mask, SKIP=_skips(g, N, tile), PER_HEAD=per_head, T=tile, num_warps=num_warps,
                 num_stages=num_stages, **_meta(q, v))
-    tab = tab if has_mask else zinv  # unread for LIT
-    _bwd_dq_kernel[grid](q, k, v, tab, do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
+    _bwd_dq_kernel[grid](q, k, v, *_table_args(tab, zinv), do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
                          *_strides(q, k, v, do, out, dq), H, ROW_GRADS=out_den is not None, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, tab, do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
+    _bwd_dkdv_kernel[grid](q, k, v, *_table_args(tab, zinv), do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
                            *_strides(q, k, v, do, dk, dv), H, **meta)
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()

@@ -212,11 +212,11 @@ def test_masked_gate_gradient_accuracy_long():
 
 
 @triton.jit
-def _span_probe(TAB, OUT, N, NT, T: tl.constexpr):
+def _span_probe(TAB, stab, OUT, N, NT, T: tl.constexpr):
     """OUT[side, bh, t] = the number of tiles the parallel kernels visit from tile t on each side."""
     t = tl.program_id(0)
     bh = tl.program_id(1)
-    cs = _gate_row(TAB, bh, N, T)[2]
+    cs = _gate_row(TAB, stab, bh, N, T)[2]
     tl.store(OUT + bh * NT + t, _span(cs, t, 0, NT, True))
     tl.store(OUT + (tl.num_programs(1) + bh) * NT + t, _span(cs, t, 1, NT, True))
 
@@ -240,7 +240,7 @@ def test_gate_table_and_spans():
     assert torch.allclose(tot_k, tot, rtol=1e-6, atol=1e-5)
     assert torch.allclose(cs, F.pad(-tot.double().cumsum(-1), (1, 0)).float(), rtol=1e-6, atol=1e-4)
     spans = torch.full((2, 6, nt), -1, dtype=torch.int32, device=DEV)
-    _span_probe[(nt, 6)](tab, spans, n, nt, T=tile)
+    _span_probe[(nt, 6)](tab, tab.stride(0), spans, n, nt, T=tile)
     skip = lk.parallel.SKIP_LOG.value
     for bh in range(6):
         for i in range(nt):
