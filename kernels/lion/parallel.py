@@ -455,11 +455,17 @@ def gate_args(g: torch.Tensor | None, fill: torch.Tensor) -> tuple[torch.Tensor,
     return (g, gate_stride(g)) if g is not None else (fill, 1)
 
 
-def table_width(n: int, tile: int) -> int:
-    """Columns of the gate table (gate_table) for a sequence of n tokens in tiles of `tile`: rows padded to 16
-    floats, so that the kernels' loads of the cumsums stay vectorised."""
+def table_columns(n: int, tile: int) -> int:
+    """Columns of a gate-table row (gate_table) that hold data for n tokens in tiles of `tile`: two cumsum sections
+    of n_tiles * tile, n_tiles totals, n_tiles + 1 prefix sums."""
     nt = triton.cdiv(n, tile)
-    return 2 * nt * tile + triton.cdiv(2 * nt + 1, 16) * 16
+    return 2 * nt * tile + 2 * nt + 1
+
+
+def table_width(n: int, tile: int) -> int:
+    """Row stride of the gate table: table_columns padded to 16 floats, so that the kernels' loads of the cumsums
+    stay vectorised (the padding is not written)."""
+    return triton.cdiv(table_columns(n, tile), 16) * 16
 
 
 def gate_table(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:

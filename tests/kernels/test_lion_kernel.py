@@ -230,7 +230,7 @@ def test_gate_table_and_spans():
     g[1, 2] = 0.0  # no decay: every tile is visited
     tab = torch.full((6, lk.parallel.table_width(n, tile)), float("nan"), device=DEV)
     tab.copy_(lk.parallel.gate_table(g, (2, 3, n, 16), tile))
-    used = 2 * nt * tile + 2 * nt + 1  # then padding to 16 columns, not written
+    used = lk.parallel.table_columns(n, tile)  # then padding to 16 columns, not written
     assert not tab[:, :used].isnan().any()
     gp = F.pad(g, (0, nt * tile - n)).view(6, nt, tile)
     tot = gp.sum(-1)
@@ -262,7 +262,7 @@ def test_per_head_gates():
     lam = F.logsigmoid(torch.randn(h, device=DEV))
     per_token = lam[None, :, None].expand(b, h, n).contiguous()
     shape = (b, h, n, 16)
-    used = 2 * 26 * tile + 2 * 26 + 1  # 26 tiles; the padding columns are not written
+    used = lk.parallel.table_columns(n, tile)  # the padding columns are not written
     one, every = (lk.parallel.gate_table(x, shape, tile)[:, :used] for x in (lam, per_token))
     assert torch.allclose(one, every, rtol=1e-6, atol=1e-6)
     sums = torch.randn(4, b, h, n, device=DEV)
