@@ -10,12 +10,17 @@ g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "
 "scan" (scan.py).
 
 The layer's form on a fused projection (masked kernel only), phi = LION's feature map ``kind``:
-    torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind) -> (y, fqk, den, tab)
+    torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix) -> (y, fqk, den, tab)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
-        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved
-    torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, num_heads, kind) -> (dqkv, dg)
-        dqkv [B, N, 3 * H * d]: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one
-        feature-map pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy).
+        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved.
+        gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
+        are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
+        into the qkv projection; the gate table reads them in place)
+    torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, num_heads, kind, gates_in_qkv, num_prefix)
+        -> (dqkv, dg)
+        dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one
+        feature-map pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with
+        gates_in_qkv, dL/dz into its gate columns and zeros into the G - H padding columns (dg empty).
         (phi's gradient inside the kernels' epilogues instead cost 30% more backward time: registers at 255.)
 :func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py.
 """
@@ -25,11 +30,19 @@ from __future__ import annotations
 import torch
 
 from lightvision.ops.heads import split_heads
+from lightvision.ops.lion import gate_columns
 
 from .._launch import empty
 from ..fused.feature_map import feature_map_bwd_inplace, feature_map_fwd_launch
 from .parallel import parallel_backward, parallel_forward, row_grads, gate_table_like
 from .scan import key_states_like, scan_backward, scan_forward
+
+
+# A/B switches (branch s20-gate-fold, to be measured on a GPU and then removed): phi applied by the forward kernel
+# as it loads q, k tiles (True) or by a separate feature-map pass (False); phi's gradient in the epilogues of the
+# backward kernels (True) or the separate in-place feature-map pass (False).
+PHI_IN_FWD_KERNEL = True
+PHI_IN_BWD_KERNELS = True
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -47,7 +60,7 @@ def lion_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor 
 def _lion_fwd_fake(q, k, v, g, normalize, form):
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[-1], dtype=q.dtype if normalize else torch.float32)
-    saved = gate_table_like(q, g) if form == "parallel" else key_states_like(q, v)
+    saved = gate_table_like(q, g is not None) if form == "parallel" else key_states_like(q, v)
     return out, q.new_empty(b, h, n, dtype=torch.float32), saved
 
 
@@ -113,62 +126,89 @@ def _qk_heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return _heads(qkv, 3 * num_heads)[:, : 2 * num_heads]
 
 
+def _split_packed(qkv: torch.Tensor, num_heads: int, gates_in_qkv: bool) -> tuple[torch.Tensor, int]:
+    """(the q, k, v columns of qkv as a [B, N, 3 * H * d] view, the first gate column: 3 * H * d)."""
+    c3 = qkv.shape[-1] - (gate_columns(num_heads) if gates_in_qkv else 0)
+    return qkv[..., :c3], c3
+
+
 @torch.library.custom_op("lightvision::lion_packed_fwd", mutates_args=())
-def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    fqk = feature_map_fwd_launch(_qk_heads(qkv, num_heads), kind)
-    b, n, c3 = qkv.shape
+def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str, gates_in_qkv: bool,
+                    num_prefix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    qkv3, c3 = _split_packed(qkv, num_heads, gates_in_qkv)
+    b, n, _ = qkv.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
-    v = split_heads(qkv, num_heads)[2]
-    _, den, tab = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, out=_heads(y, num_heads))
+    xq, xk, v = split_heads(qkv3, num_heads)
+    if gates_in_qkv:
+        g = qkv[..., c3: c3 + num_heads]
+    kwargs = dict(out=_heads(y, num_heads), logits_prefix=num_prefix if gates_in_qkv else None)
+    if PHI_IN_FWD_KERNEL:
+        fqk = empty((b, 2 * num_heads, n, xq.shape[-1]), qkv.dtype, qkv.device)
+        _, den, tab = parallel_forward(xq, xk, v, g, True, phi=(kind, fqk[:, :num_heads], fqk[:, num_heads:]),
+                                       **kwargs)
+    else:
+        fqk = feature_map_fwd_launch(_qk_heads(qkv3, num_heads), kind)
+        _, den, tab = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, **kwargs)
     return y, fqk, den, tab
 
 
 @lion_packed_fwd.register_fake
-def _lion_packed_fwd_fake(qkv, g, num_heads, kind):
-    b, n, c3 = qkv.shape
+def _lion_packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
+    b, n, _ = qkv.shape
+    c3 = _split_packed(qkv, num_heads, gates_in_qkv)[1]
     fqk = qkv.new_empty(b, 2 * num_heads, n, c3 // (3 * num_heads))
     fq = fqk[:, :num_heads]
-    return qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32), gate_table_like(fq, g)
+    return (qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32),
+            gate_table_like(fq, g is not None or gates_in_qkv))
 
 
 @torch.library.custom_op("lightvision::lion_packed_bwd", mutates_args=())
 def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor, y: torch.Tensor,
-                    den: torch.Tensor, tab: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    den: torch.Tensor, tab: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str,
+                    gates_in_qkv: bool, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
     qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
-    fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv, num_heads)[2]
-    _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv, num_heads),
-                                    out_den=(out, den))
-    feature_map_bwd_inplace(_qk_heads(qkv, num_heads), _qk_heads(dqkv, num_heads), kind)
+    qkv3, c3 = _split_packed(qkv, num_heads, gates_in_qkv)
+    dqkv3 = dqkv[..., :c3]
+    fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv3, num_heads)[2]
+    gates = {}
+    if gates_in_qkv:
+        g, gates = qkv[..., c3: c3 + num_heads], dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:])
+    xq, xk, _ = split_heads(qkv3, num_heads)
+    phi = dict(phi=(kind, xq, xk)) if PHI_IN_BWD_KERNELS else {}
+    _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv3, num_heads),
+                                    out_den=(out, den), **gates, **phi)
+    if not PHI_IN_BWD_KERNELS:
+        feature_map_bwd_inplace(_qk_heads(qkv3, num_heads), _qk_heads(dqkv3, num_heads), kind)
     return dqkv, den.new_empty(0) if dg is None else dg
 
 
 @lion_packed_bwd.register_fake
-def _lion_packed_bwd_fake(qkv, g, fqk, y, den, tab, dy, num_heads, kind):
+def _lion_packed_bwd_fake(qkv, g, fqk, y, den, tab, dy, num_heads, kind, gates_in_qkv, num_prefix):
     return qkv.new_empty(qkv.shape), den.new_empty(0) if g is None else g.new_empty(g.shape)
 
 
 def _packed_setup_context(ctx, inputs, output):
-    qkv, g, num_heads, kind = inputs
+    qkv, g, num_heads, kind, gates_in_qkv, num_prefix = inputs
     y, fqk, den, tab = output
     ctx.save_for_backward(qkv, g, fqk, y, den, tab)
-    ctx.num_heads, ctx.kind = num_heads, kind
+    ctx.num_heads, ctx.kind, ctx.gates_in_qkv, ctx.num_prefix = num_heads, kind, gates_in_qkv, num_prefix
 
 
 def _packed_backward(ctx, dy, *_):
     qkv, g, fqk, y, den, tab = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(y)
-    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, ctx.num_heads, ctx.kind)
-    return dqkv, (dg if g is not None else None), None, None
+    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, ctx.num_heads, ctx.kind, ctx.gates_in_qkv,
+                               ctx.num_prefix)
+    return dqkv, (dg if g is not None else None), None, None, None, None
 
 
 lion_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
 
 
-def lion_packed(qkv, g, num_heads: int, kind: str) -> torch.Tensor:
-    """Differentiable packed LION core (masked form): Y [B, N, H * d] from qkv with phi = ``kind``; g as lion_fwd."""
-    return lion_packed_fwd(qkv, g, num_heads, kind)[0]
+def lion_packed(qkv, g, num_heads: int, kind: str, gates_in_qkv: bool = False, num_prefix: int = 0) -> torch.Tensor:
+    """Differentiable packed LION core (masked form): Y [B, N, H * d] from qkv with phi = ``kind``; g as lion_fwd,
+    or None with gates_in_qkv (gate logits in qkv's last gate_columns(H) columns; lion_packed_fwd)."""
+    return lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)[0]

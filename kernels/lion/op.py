@@ -3,7 +3,8 @@
     lion_attention(q, k, v, *, mask, log_decay, form, chunk_size, normalize)
         -> Y [B, H, N, d_v] (q.dtype), or (num [B, H, N, d_v], den [B, H, N]) in fp32 when normalize=False
     two_scan_attention(q, k, v, *, log_decay, chunk_size) -> A V (no normaliser), q.dtype
-    lion_attention_qkvpacked(qkv, num_heads, *, mask, log_decay, form) -> Y [B, N, H * d], q.dtype
+    lion_attention_qkvpacked(qkv, num_heads, *, mask, log_decay, gates_in_qkv, num_prefix_tokens, form)
+        -> Y [B, N, H * d], q.dtype
 
 Kernel forms: "parallel" and "chunk" run the flash-style masked kernel (parallel.py: tiles of keys, O(N)
 memory); "scan" and "recurrent" run the linear-time bidirectional chunked scan (scan.py); "auto" picks by
@@ -21,7 +22,7 @@ import os
 import torch
 
 from lightvision.ops.heads import merge_heads, split_heads
-from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map
+from lightvision.ops.lion import MASK_FEATURE_MAP, gate_columns, lion_feature_map, unpack_gates
 
 from .custom import lion_core, lion_packed
 from .parallel import EPS
@@ -74,19 +75,24 @@ def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chun
     return lion_core(q, k, v, gates(mask, log_decay), normalize, kform)
 
 
-def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, form="parallel"):
+def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, gates_in_qkv=False, num_prefix_tokens=0,
+                             form="parallel"):
     """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: the masked form is one packed
-    op (custom.lion_packed: phi and its gradient inside, Y and dqkv in the projections' layouts); the scan form runs
-    the feature-map kernel, the scan and a head merge."""
-    q, k, v = split_heads(qkv, num_heads)
+    op (custom.lion_packed: phi and its gradient inside, the gate logits read in place, Y and dqkv in the
+    projections' layouts); the scan form runs the feature-map kernel, the scan and a head merge."""
+    qkv3 = qkv[..., : qkv.shape[-1] - gate_columns(num_heads)] if gates_in_qkv else qkv
+    q, k, v = split_heads(qkv3, num_heads)
     if not supported(q, k, v):
         return NotImplemented
     kind = MASK_FEATURE_MAP[mask]
-    g = gates(mask, log_decay)
     if _kernel_form(form, q, mask, qkv, log_decay) == "parallel":
-        return lion_packed(qkv, g, num_heads, kind)
+        return lion_packed(qkv, gates(mask, log_decay) if not gates_in_qkv else None, num_heads, kind, gates_in_qkv,
+                           num_prefix_tokens)
+    if gates_in_qkv:
+        qkv3, log_decay = unpack_gates(qkv, num_heads, num_prefix_tokens)
+        q, k, v = split_heads(qkv3, num_heads)
     fq, fk = (lion_feature_map(t, kind, backend="triton") for t in (q, k))
-    return merge_heads(lion_core(fq, fk, v, g, True, "scan"))
+    return merge_heads(lion_core(fq, fk, v, gates(mask, log_decay), True, "scan"))
 
 
 def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):

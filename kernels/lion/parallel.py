@@ -47,6 +47,7 @@ import triton
 import triton.language as tl
 
 from .._launch import empty
+from ..fused._triton import feature_map_grad, feature_map_rows
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
@@ -101,21 +102,36 @@ def _tile_log_mask(inc, exc, ar):
 
 
 @triton.jit
-def _gate_table_kernel(G, sg, TAB, N, H, NT, W, T: tl.constexpr, TILES: tl.constexpr):
+def _log_sigmoid(z):
+    """logsigmoid(z) = min(z, 0) - log1p(exp(-|z|)) in fp32; log1p(u) as log(w) u / (w - 1), w = 1 + u (exact
+    where w rounds to 1), so gates near 1 keep their relative precision."""
+    u = tl.exp(-tl.abs(z))
+    w = 1.0 + u
+    exact = w == 1.0
+    return tl.minimum(z, 0.0) - tl.where(exact, u, tl.log(w) * (u / tl.where(exact, 1.0, w - 1.0)))
+
+
+@triton.jit
+def _gate_table_kernel(G, sgb, sgh, sgn, TAB, N, H, NT, W, PREFIX, LOGITS: tl.constexpr, T: tl.constexpr,
+                       TILES: tl.constexpr):
     """One (b, h)'s row of TAB [B*H, W]: the inclusive and exclusive in-tile cumsums of the gates (two sections of
     NT * T, zero gates past N), the tile totals (NT) and CS, the negated prefix sums of the totals (NT + 1: CS_u =
-    -(sum of tiles 0 .. u-1), fp64 running sum stored fp32, non-decreasing as gates are <= 0); G, sg as
-    _gate_ptr."""
+    -(sum of tiles 0 .. u-1), fp64 running sum stored fp32, non-decreasing as gates are <= 0). The gate of token n
+    is read at G + b sgb + h sgh + n sgn (gate_source); with LOGITS it is logsigmoid of that value in fp32, and 0
+    for the first PREFIX tokens."""
     bh = tl.program_id(0)
     r = tl.arange(0, TILES)
     col = tl.arange(0, T)
     NP = NT * T
     tab = TAB + bh * W
+    gb = G + (bh // H) * sgb + (bh % H) * sgh
     carry = tl.zeros([1], dtype=tl.float64)
     tl.store(tab + 2 * NP + NT + r, tl.zeros([TILES], dtype=tl.float32), mask=r == 0)
     for t0 in range(0, NT, TILES):
         tok = (t0 + r)[:, None] * T + col[None, :]
-        g = tl.load(_gate_ptr(G, bh, bh % H, N, sg) + tok * sg, mask=tok < N, other=0.0)
+        g = tl.load(gb + tok * sgn, mask=tok < N, other=0.0).to(tl.float32)
+        if LOGITS:
+            g = tl.where((tok >= PREFIX) & (tok < N), _log_sigmoid(g), 0.0)
         inc = tl.cumsum(g, 1)
         ok = (t0 + r)[:, None] < NT
         tl.store(tab + tok, inc, mask=ok)
@@ -183,11 +199,13 @@ def _walk(tile, step, n_lo):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
-                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
-                HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
-                T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
+def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, FQ, FK, N, D, DV,
+                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, sfb, sfh, sfn, H,
+                HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PHI: tl.constexpr,
+                SILU_NORM: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """One program = one query tile of one (b, h): num/den (or Y) for T rows. PHI: Q and K hold raw x; every q / k
+    tile is phi(x) as loaded (feature_map_rows, SILU_NORM picks phi; rounded to x's dtype), and the program stores
+    its own rows of phi(q), phi(k) into FQ, FK (strides sfb, sfh, sfn) for the backward."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -204,6 +222,13 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
     # diagonal tile: both triangles, invalid side zeroed before exp
     k = _load_rows(k_ptr, rows, N, fd, D, skn)
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
+    if PHI:
+        fmask = (rows[:, None] < N) & (fd[None, :] < D)
+        q = feature_map_rows(q.to(tl.float32), fmask, SILU_NORM).to(Q.dtype.element_ty)
+        k = feature_map_rows(k.to(tl.float32), fmask, SILU_NORM).to(K.dtype.element_ty)
+        f_off = b * sfb + h * sfh + rows[:, None] * sfn + fd[None, :]
+        tl.store(FQ + f_off, q, mask=fmask)
+        tl.store(FK + f_off, k, mask=fmask)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
         q_inc, q_exc, q_tot = _tile_gates(tab, it, NP, ar, T)
@@ -222,6 +247,9 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
         cols = jt * T + ar
         k = _load_rows(k_ptr, cols, N, fd, D, skn)
         v = _load_rows(v_ptr, cols, N, fv, DV, svn)
+        if PHI:
+            k = feature_map_rows(k.to(tl.float32), (cols[:, None] < N) & (fd[None, :] < D),
+                                 SILU_NORM).to(K.dtype.element_ty)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if HAS_MASK:
             seg = tl.where(step == n_lo, 0.0, seg)
@@ -240,14 +268,16 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
+def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, XQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
                    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr,
-                   PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+                   PHI: tl.constexpr, SILU_NORM: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr,
+                   BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
     only: PER_HEAD gates take their gradient from the dk/dv kernel alone). ROW_GRADS: the tile's 1 / Z and
     dL/d den come from Y (OUT) and DEN here and are stored in ZINV / DELTA for the dk/dv kernel (_row_grad_kernel's
-    work); else they are read from there. DO, OUT and DQ go through their strides."""
+    work); else they are read from there. DO, OUT and DQ go through their strides. PHI: q = phi(x) with x at XQ
+    (laid out as DQ), and DQ gets dL/dx (feature_map_grad in the epilogue; SILU_NORM picks phi)."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -321,22 +351,26 @@ def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
                 else:
                     r_up += r_s * row
         dq += dq_s
-    tl.store(DQ + b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :], dq.to(DQ.dtype.element_ty),
-             mask=(rows[:, None] < N) & (fd[None, :] < D))
+    dq_off = b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :]
+    dq_mask = (rows[:, None] < N) & (fd[None, :] < D)
+    if PHI:
+        dq = feature_map_grad(tl.load(XQ + dq_off, mask=dq_mask, other=0.0).to(tl.float32), dq, dq_mask, SILU_NORM)
+    tl.store(DQ + dq_off, dq.to(DQ.dtype.element_ty), mask=dq_mask)
     if HAS_MASK and not PER_HEAD:
         tl.store(RL + bh * N + rows, r_lo, mask=rows < N)
         tl.store(RU + bh * N + rows, r_up, mask=rows < N)
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
+def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, XK, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
                      svgb, svgh, svgn, H,
-                     HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
-                     T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+                     HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PHI: tl.constexpr,
+                     SILU_NORM: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr,
+                     BDV: tl.constexpr):
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
     PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
-    DO, DK, DV_OUT go through their strides."""
+    DO, DK, DV_OUT go through their strides. PHI: k = phi(x) with x at XK (laid out as DK), and DK gets dL/dx."""
     jt = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -421,8 +455,11 @@ def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
             dv += tl.dot(at.to(do.dtype), do, input_precision=PREC)
             dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
     cmask = cols < N
-    tl.store(DK + b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :], dk.to(DK.dtype.element_ty),
-             mask=cmask[:, None] & (fd[None, :] < D))
+    dk_off = b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :]
+    dk_mask = cmask[:, None] & (fd[None, :] < D)
+    if PHI:
+        dk = feature_map_grad(tl.load(XK + dk_off, mask=dk_mask, other=0.0).to(tl.float32), dk, dk_mask, SILU_NORM)
+    tl.store(DK + dk_off, dk.to(DK.dtype.element_ty), mask=dk_mask)
     tl.store(DV_OUT + b * svgb + h * svgh + cols[:, None] * svgn + fv[None, :], dv.to(DV_OUT.dtype.element_ty),
              mask=cmask[:, None] & (fv[None, :] < DV))
     if HAS_MASK:
@@ -468,29 +505,35 @@ def table_width(n: int, tile: int) -> int:
     return triton.cdiv(table_columns(n, tile), 16) * 16
 
 
-def gate_table(g: torch.Tensor, shape: torch.Size, tile: int) -> torch.Tensor:
+def gate_table(g: torch.Tensor, shape: torch.Size, tile: int, *, logits_prefix: int | None = None) -> torch.Tensor:
     """The masked kernels' gate table, fp32 [B*H, table_width]: per (b, h) the in-tile inclusive and exclusive
     gate cumsums (n_tiles * tile each, zero gates past N), the tile totals (n_tiles) and their negated prefix sums
     (n_tiles + 1, from which the kernels count the tiles they visit, _span). One launch per forward; the forward
-    and backward kernels load these instead of summing every tile they meet. g: fp32 log-gates [B, H, N] or [H];
-    shape: q's [B, H, N, d]."""
+    and backward kernels load these instead of summing every tile they meet. shape: q's [B, H, N, d].
+    g: fp32 log-gates [B, H, N] or [H]; or, with logits_prefix = P, gate logits z [B, N, H] in any float dtype
+    and layout (e.g. columns of a qkv projection): log a = logsigmoid(z), 0 on the first P tokens."""
     B, H, N, _ = shape
     nt = triton.cdiv(N, tile)
     tab = empty((B * H, table_width(N, tile)), torch.float32, g.device)
-    _gate_table_kernel[(B * H,)](g, gate_stride(g), tab, N, H, nt, tab.shape[1], T=tile,
+    if logits_prefix is not None:
+        strides = (g.stride(0), g.stride(2), g.stride(1))
+    else:
+        strides = g.stride() if g.dim() == 3 else (0, g.stride(0), 0)
+    _gate_table_kernel[(B * H,)](g, *strides, tab, N, H, nt, tab.shape[1], logits_prefix or 0,
+                                 LOGITS=logits_prefix is not None, T=tile,
                                  TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))))
     return tab
 
 
-def _skips(g: torch.Tensor | None, n: int, tile: int) -> bool:
+def _skips(has_mask: bool, n: int, tile: int) -> bool:
     """Whether the kernels count skippable tiles (SKIP_MIN_TILES; only a decaying mask has any)."""
-    return g is not None and triton.cdiv(n, tile) >= SKIP_MIN_TILES
+    return has_mask and triton.cdiv(n, tile) >= SKIP_MIN_TILES
 
 
-def gate_table_like(q: torch.Tensor, g: torch.Tensor | None) -> torch.Tensor:
+def gate_table_like(q: torch.Tensor, has_mask: bool) -> torch.Tensor:
     """An empty tensor shaped as parallel_forward's gate table under the default tile (for fake tensors)."""
     B, H, N, _ = q.shape
-    return q.new_empty(0) if g is None else q.new_empty(B * H, table_width(N, TILE), dtype=torch.float32)
+    return q.new_empty(B * H, table_width(N, TILE), dtype=torch.float32) if has_mask else q.new_empty(0)
 
 
 def _table_args(tab: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -499,29 +542,36 @@ def _table_args(tab: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, in
 
 
 def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4,
-                     num_stages: int | None = None, *, out: torch.Tensor | None = None):
+                     num_stages: int | None = None, *, out: torch.Tensor | None = None, logits_prefix: int | None = None,
+                     phi: tuple | None = None):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
-    [H] (per head) or None (LIT). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
+    [H] (per head) or None (LIT); with logits_prefix, gate logits [B, N, H] (gate_table). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
     den [B, H, N] fp32, the gate table that parallel_backward reuses (gate_table; empty for LIT)).
     out: where to write Y, any [B, H, N, d_v] view with unit feature stride (e.g. of a [B, N, H, d_v] tensor);
-    num_stages: by default 2 below N = STAGES_3_MIN_N, 3 from there."""
+    num_stages: by default 2 below N = STAGES_3_MIN_N, 3 from there.
+    phi: (kind, fq, fk): q, k are raw x and the kernel applies LION's feature map ``kind`` as it loads them,
+    writing phi(q), phi(k) into fq, fk ([B, H, N, d] views with equal strides, e.g. halves of one [B, 2H, N, d])."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
     num_stages = num_stages or (3 if N >= STAGES_3_MIN_N else 2)
+    kind, fq, fk = phi if phi is not None else ("elu", q, q)  # unread without phi
+    if fq.stride() != fk.stride():
+        raise ValueError("parallel_forward: phi's fq and fk must have the same strides")
     if out is None:
         out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
-    tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile)
+    tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile, logits_prefix=logits_prefix)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q, k, v, *_table_args(tab, den), out, den, N, D, DV, *_strides(q, k, v, out), H, HAS_MASK=g is not None,
-        SKIP=_skips(g, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps, num_stages=num_stages,
-        **_meta(q, v))
+        q, k, v, *_table_args(tab, den), out, den, fq, fk, N, D, DV, *_strides(q, k, v, out, fq), H,
+        HAS_MASK=g is not None, SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, PHI=phi is not None,
+        SILU_NORM=kind == "silu_norm", T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
     return out, den, tab
 
 
 def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None, num_warps: int = 4,
-                      num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None):
+                      num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None,
+                      logits_prefix: int | None = None, dlogits: torch.Tensor | None = None, phi: tuple | None = None):
     """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
     scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; tab: the
     forward's gate table (same tile; empty for LIT);
@@ -529,7 +579,12 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
     out_den: (Y [B, H, N, d_v], den) of a normalised forward, with zinv = delta = None: the dq kernel then derives
     them from dY = do (row_grads' work, without its launch).
     grads: (dq, dk, dv) views to write into (e.g. of one [B, N, 3, H, d] tensor), else new contiguous tensors.
-    Returns dq, dk, dv and dg fp32 of g's shape (None for LIT)."""
+    logits_prefix, dlogits: g holds the forward's gate logits z [B, N, H] (parallel_forward's logits_prefix); the
+    gate gradient goes into dlogits as dL/dz (gate_grad's dlogits: [B, N, G >= H], zeros past column H).
+    phi: (kind, xq, xk) when q, k = phi(xq), phi(xk) (LION's feature map ``kind``; xq, xk laid out as dq, dk, e.g.
+    the q, k slices of a qkv projection and grads of its gradient): dq, dk come back as dL/dxq, dL/dxk (phi's
+    gradient in the kernels' epilogues).
+    Returns dq, dk, dv and dg fp32 of g's shape (None for LIT and with dlogits)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
@@ -553,15 +608,24 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
     else:  # the W row / column sums rL, rU, cL, cU of gate_grad (unread placeholders for LIT)
         sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
         r_lo, r_up, c_lo, c_up = sums
+    if phi is not None:
+        kind, xq, xk = phi
+        if xq.stride() != dq.stride() or xk.stride() != dk.stride():
+            raise ValueError("parallel_backward: phi's xq, xk must be laid out as dq, dk")
+    else:
+        kind, xq, xk = "elu", dq, dk  # unread
     grid = (triton.cdiv(N, tile), B * H)
-    meta = dict(HAS_MASK=has_mask, SKIP=_skips(g, N, tile), PER_HEAD=per_head, T=tile, num_warps=num_warps,
-                num_stages=num_stages, **_meta(q, v))
-    _bwd_dq_kernel[grid](q, k, v, *_table_args(tab, zinv), do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
+    meta = dict(HAS_MASK=has_mask, SKIP=_skips(has_mask, N, tile), PER_HEAD=per_head, PHI=phi is not None,
+                SILU_NORM=kind == "silu_norm", T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
+    _bwd_dq_kernel[grid](q, k, v, *_table_args(tab, zinv), do, out, den, zinv, delta, dq, xq, r_lo, r_up, N, D, DV,
                          *_strides(q, k, v, do, out, dq), H, ROW_GRADS=out_den is not None, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, *_table_args(tab, zinv), do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
+    _bwd_dkdv_kernel[grid](q, k, v, *_table_args(tab, zinv), do, zinv, delta, dk, dv, xk, c_lo, c_up, N, D, DV,
                            *_strides(q, k, v, do, dk, dv), H, **meta)
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()
+    elif dlogits is not None:
+        gate_grad(sums, logits=(g, logits_prefix, dlogits))
+        dg = None
     else:
         dg = gate_grad(sums) if has_mask else None
     return dq, dk, dv, dg
@@ -598,9 +662,12 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
 
 
 @triton.jit
-def _gate_grad_kernel(SUMS, DG, N, BHN, PER_HEAD: tl.constexpr, BLOCK: tl.constexpr):
+def _gate_grad_kernel(SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX, PER_HEAD: tl.constexpr, LOGITS: tl.constexpr,
+                      PAD: tl.constexpr, BLOCK: tl.constexpr):
     """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums; with PER_HEAD
-    only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token)."""
+    only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token). With LOGITS the gates
+    were logsigmoid(z) (0 on the first PREFIX tokens): DG, laid out as Z (strides szb, szh, szn), gets
+    dL/dz = dg sigmoid(-z), and the (b, H - 1) program writes zeros into the PAD columns after the H gates."""
     bh = tl.program_id(0)
     carry = tl.zeros([1], dtype=tl.float64)
     total = tl.zeros([1], dtype=tl.float64)
@@ -617,6 +684,18 @@ def _gate_grad_kernel(SUMS, DG, N, BHN, PER_HEAD: tl.constexpr, BLOCK: tl.conste
         dg = carry + tl.cumsum(x, 0) - up
         if PER_HEAD:
             total += tl.sum(tl.where(ok, dg, 0.0), 0)
+        elif LOGITS:
+            b = bh // H
+            h = bh % H
+            row = b * szb + cols * szn
+            z = tl.load(Z + row + h * szh, mask=ok, other=0.0).to(tl.float32)
+            e = tl.exp(-tl.abs(z))
+            sig_neg = tl.where(z >= 0, e, 1.0) / (1.0 + e)  # sigmoid(-z) = d logsigmoid(z) / dz
+            dz = tl.where(cols >= PREFIX, dg.to(tl.float32) * sig_neg, 0.0)
+            tl.store(DG + row + h * szh, dz.to(DG.dtype.element_ty), mask=ok)
+            for j in tl.static_range(PAD):
+                tl.store(DG + row + (H + j) * szh, tl.zeros([BLOCK], dtype=DG.dtype.element_ty),
+                         mask=ok & (h == H - 1))
         else:
             tl.store(DG + bh * N + cols, dg.to(tl.float32), mask=ok)
         carry += tl.sum(x, 0)
@@ -624,11 +703,23 @@ def _gate_grad_kernel(SUMS, DG, N, BHN, PER_HEAD: tl.constexpr, BLOCK: tl.conste
         tl.store(DG + bh + tl.arange(0, 1), total.to(tl.float32))
 
 
-def gate_grad(sums: torch.Tensor, per_head: bool = False) -> torch.Tensor:
+def gate_grad(sums: torch.Tensor, per_head: bool = False, logits: tuple | None = None) -> torch.Tensor | None:
     """dg_m = cumsum(cL - rL)_m + excl_cumsum(rU - cU)_m over the sequence (fp64 prefix sums), as fp32 [B, H, N];
-    per_head: summed over the batch and the sequence instead, [H]. sums: fp32 [4, B, H, N] = rL, rU, cL, cU."""
+    per_head: summed over the batch and the sequence instead, [H]. sums: fp32 [4, B, H, N] = rL, rU, cL, cU.
+    logits: (z [B, N, H], prefix, dz [B, N, G]) when the gates were logsigmoid(z), 0 on the first `prefix` tokens:
+    dz (laid out as z, e.g. columns of a dqkv tensor) gets dL/dz in its first H columns and zeros in the other
+    G - H; returns None."""
     _, B, H, N = sums.shape
+    block = min(1024, max(16, triton.next_power_of_2(N)))
+    if logits is not None:
+        z, prefix, dz = logits
+        if dz.shape[:2] != z.shape[:2] or dz.shape[2] < H or dz.stride() != z.stride():
+            raise ValueError(f"gate_grad: dz {tuple(dz.shape)} / {dz.stride()} must be laid out as the logits z "
+                             f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns")
+        _gate_grad_kernel[(B * H,)](sums, dz, N, B * H * N, z, z.stride(0), z.stride(2), z.stride(1), H, prefix,
+                                    PER_HEAD=False, LOGITS=True, PAD=dz.shape[2] - H, BLOCK=block)
+        return None
     dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
-    _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, PER_HEAD=per_head,
-                                BLOCK=min(1024, max(16, triton.next_power_of_2(N))))
+    _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, sums, 0, 0, 0, H, 0, PER_HEAD=per_head, LOGITS=False,
+                                PAD=0, BLOCK=block)
     return dg.sum(0) if per_head else dg

@@ -21,12 +21,9 @@ from ..ops import (
     split_heads,
 )
 from ..ops._checks import BACKENDS, check_choice, compute_dtype
-from ..ops.lion import FORMS, MASK_FEATURE_MAP
+from ..ops.lion import FORMS, MASK_FEATURE_MAP, gate_columns
 from .norm import RMSNorm
 
-# LION-S's gate Linear(dim, orders * H) runs with its outputs padded to a multiple of this: rows of 6 or 12
-# bf16 (12 / 24 bytes) put cuBLAS on its unaligned kernels, about twice as slow for these thin products.
-GATE_ALIGN = 8
 ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
 
 
@@ -117,9 +114,11 @@ class LionAttention(_QKV):
     kernel fuses phi's gradient and the head layouts); with snake, ``lion_feature_map`` then the snake core.
     mask "d": one learnable a per head (per order when snake), lambda = sigmoid(a), log lambda = logsigmoid(a)
     in fp32; initialised with lambda evenly spread over [0.9, 0.99] across heads.
-    mask "s": a_m = sigmoid(-(w^T x_m + b)) per head (a Linear(dim, num_heads) per order, run padded to
-    GATE_ALIGN outputs), log a_m = logsigmoid(-(w^T x_m + b)) in fp32; prefix tokens get a = 1 (log 0); b
-    initialised to -logit(0.95) so a ~ 0.95 at x = 0. The gate stays in the autograd graph (it is never
+    mask "s": a_m = sigmoid(-(w^T x_m + b)) per head (a Linear(dim, num_heads) per order), log a_m =
+    logsigmoid(-(w^T x_m + b)) in fp32; prefix tokens get a = 1 (log 0); b initialised to -logit(0.95) so a ~ 0.95
+    at x = 0. Without snake the gate's rows (negated) and the qkv Linear's run as one projection, padded to
+    gate_columns(H) gate outputs, whose gate columns the packed core reads (``gates_in_qkv``); with snake the gate
+    Linear runs alone, padded to gate_columns(2H) outputs. The gate stays in the autograd graph (it is never
     re-wrapped as a new tensor).
     snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
     form: passed to lion_attention ("auto": the kernels' measured rule, ``lightvision.kernels.lion.choose_form``;
@@ -155,21 +154,36 @@ class LionAttention(_QKV):
             return list(F.logsigmoid(self.decay.to(compute_dtype(self.decay))).unbind(0))
         b, n, _ = x.shape
         w, bias = self.gate.weight, self.gate.bias
-        pad = -w.shape[0] % GATE_ALIGN
-        z = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(bias, (0, pad)))[..., : w.shape[0]]  # (GATE_ALIGN)
+        pad = gate_columns(w.shape[0]) - w.shape[0]
+        z = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(bias, (0, pad)))[..., : w.shape[0]]
         z = z.to(compute_dtype(z)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
         la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]
         prefix = torch.arange(n, device=x.device) < num_prefix_tokens
         return list(la.masked_fill(prefix, 0.0).unbind(0))
 
+    def _qkv_gates(self, x: torch.Tensor) -> torch.Tensor:
+        """One projection x -> [q, k, v, -(w^T x + b), 0 padding]: [B, N, 3C + gate_columns(H)] (mask "s", no
+        snake; the packed core reads the gate logits in place, lion_attention_qkvpacked's gates_in_qkv)."""
+        w, b = self.gate.weight, self.gate.bias
+        pad = gate_columns(self.num_heads) - self.num_heads
+        qkv_b = self.qkv.bias if self.qkv.bias is not None else b.new_zeros(3 * self.dim)
+        weight = torch.cat([self.qkv.weight, -w, w.new_zeros(pad, self.dim)])
+        return F.linear(x, weight, torch.cat([qkv_b, -b, b.new_zeros(pad)]))
+
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
-        lds = self._log_decays(x, num_prefix_tokens)
-        if not self.snake:  # phi inside the packed core (its kernel writes Y and dqkv in the projections' layouts)
-            return self.proj(lion_attention_qkvpacked(self.qkv(x), self.num_heads, mask=self.mask, log_decay=lds[0],
-                                                      form=self.form, backend=self.backend))
+        if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
+            if self.mask == "s":
+                y = lion_attention_qkvpacked(self._qkv_gates(x), self.num_heads, mask="s", gates_in_qkv=True,
+                                             num_prefix_tokens=num_prefix_tokens, form=self.form, backend=self.backend)
+            else:
+                y = lion_attention_qkvpacked(self.qkv(x), self.num_heads, mask=self.mask,
+                                             log_decay=self._log_decays(x, num_prefix_tokens)[0], form=self.form,
+                                             backend=self.backend)
+            return self.proj(y)
         if grid is None or len(grid) != 2:
             raise ValueError(f"LionAttention(snake=True) needs a 2-D grid (h, w), got {grid}")
+        lds = self._log_decays(x, num_prefix_tokens)
         q, k, v = self.split(x)
         q, k = self._phi(q), self._phi(k)
         o = lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, mask=self.mask,

@@ -26,6 +26,26 @@ MASK_FEATURE_MAP = {"lit": "elu", "d": "silu_norm", "s": "silu_norm"}  # phi of 
 FORMS = ("parallel", "chunk", "recurrent", "scan", "auto")
 AUTO_PARALLEL_MAX_N = 1024  # form="auto": parallel (materialised mask) up to this N, the linear-time scan beyond
 EPS = 1e-6
+# Gate logits ride in a fused projection padded to a multiple of this many columns: rows of 6 or 12 bf16 (12 / 24
+# bytes) put cuBLAS on its unaligned kernels, about twice as slow for these products.
+GATE_ALIGN = 8
+
+
+def gate_columns(num_heads: int) -> int:
+    """Columns that per-token gate logits of ``num_heads`` heads take at the end of a packed qkv projection
+    (num_heads rounded up to GATE_ALIGN; the extra columns are padding)."""
+    return -(-num_heads // GATE_ALIGN) * GATE_ALIGN
+
+
+def unpack_gates(qkv: torch.Tensor, num_heads: int, num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv [B, N, 3 * H * d + gate_columns(H)] with gate logits z in columns 3 H d .. 3 H d + H - 1 ->
+    (the q, k, v columns as a [B, N, 3 * H * d] view, log a = logsigmoid(z) as [B, H, N] in the compute dtype, 0 on
+    the first num_prefix_tokens tokens)."""
+    c3 = qkv.shape[-1] - gate_columns(num_heads)
+    z = qkv[..., c3: c3 + num_heads]
+    log_a = F.logsigmoid(z.to(compute_dtype(z))).transpose(1, 2)
+    prefix = torch.arange(qkv.shape[1], device=qkv.device) < num_prefix_tokens
+    return qkv[..., :c3], log_a.masked_fill(prefix, 0.0)
 
 
 def lion_feature_map(x: torch.Tensor, kind: str = "silu_norm", *, backend: str = "auto") -> torch.Tensor:
@@ -110,6 +130,8 @@ def lion_attention_qkvpacked(
     *,
     mask: str = "lit",
     log_decay: torch.Tensor | None = None,
+    gates_in_qkv: bool = False,
+    num_prefix_tokens: int = 0,
     form: str = "parallel",
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -117,23 +139,52 @@ def lion_attention_qkvpacked(
 
     The same math as ``merge_heads(lion_attention(phi(q), phi(k), v, ...))`` with q, k, v = ``split_heads(qkv)``
     and phi = ``lion_feature_map`` of the mask's kind (MASK_FEATURE_MAP: LIT elu(x) + 1, D / S normalize(SiLU(x) +
-    0.5)). ``log_decay`` ([H] or [B, H, N] of the split heads) and ``form`` as :func:`lion_attention`. The masked
-    Triton kernel reads q, k, v in place, writes Y in the [B, N, H, d] layout of the output projection and the
-    gradient straight into one [B, N, 3 * H * d] tensor (no stack of dq, dk, dv, no transposing copies).
+    0.5)). ``log_decay`` ([H] or [B, H, N] of the split heads) and ``form`` as :func:`lion_attention`.
+    ``gates_in_qkv`` (mask "s", no log_decay): qkv is [B, N, 3 * H * d + gate_columns(H)] and carries LION-S's
+    per-token gate logits z in columns 3 H d .. 3 H d + H - 1: log a = logsigmoid(z), 0 on the first
+    ``num_prefix_tokens`` tokens (:func:`unpack_gates`; the padding columns get gradient 0), so one Linear makes
+    q, k, v and the gates. The masked Triton kernel reads q, k, v and the gates in place, writes Y in the
+    [B, N, H, d] layout of the output projection and the gradient straight into one tensor laid out as qkv (no
+    stack of dq, dk, dv, no transposing copies, no concatenation with the gates' gradient).
     """
     if not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
-    q, k, v = split_heads(qkv, num_heads)
     check_choice(mask, MASKS, "mask")
     check_choice(form, FORMS, "form")
-    check_log_decay(mask, log_decay, q, "lion_attention_qkvpacked")
-    kwargs = dict(mask=mask, log_decay=log_decay, form=form)
+    if gates_in_qkv:
+        _check_gates_in_qkv(qkv, num_heads, mask, log_decay, num_prefix_tokens)
+        c3 = qkv.shape[-1] - gate_columns(num_heads)
+    else:
+        c3 = qkv.shape[-1]
+    q, k, v = split_heads(qkv[..., :c3], num_heads)
+    if not gates_in_qkv:
+        check_log_decay(mask, log_decay, q, "lion_attention_qkvpacked")
+    kwargs = dict(mask=mask, log_decay=log_decay, gates_in_qkv=gates_in_qkv, num_prefix_tokens=num_prefix_tokens,
+                  form=form)
     out = dispatch("lion_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
     if out is not NotImplemented:
         return out
+    if gates_in_qkv:
+        qkv, log_decay = unpack_gates(qkv, num_heads, num_prefix_tokens)
+        q, k, v = split_heads(qkv, num_heads)
     kind = MASK_FEATURE_MAP[mask]
     fq, fk = (lion_feature_map(t, kind, backend=backend) for t in (q, k))
-    return merge_heads(lion_attention(fq, fk, v, backend=backend, **kwargs))
+    return merge_heads(lion_attention(fq, fk, v, mask=mask, log_decay=log_decay, form=form, backend=backend))
+
+
+def _check_gates_in_qkv(qkv: torch.Tensor, num_heads: int, mask: str, log_decay, num_prefix_tokens: int) -> None:
+    """gates_in_qkv needs mask "s", no log_decay, qkv [B, N, 3 * H * d + gate_columns(H)] and 0 <= prefix <= N."""
+    name = "lion_attention_qkvpacked(gates_in_qkv=True)"
+    if mask != "s" or log_decay is not None:
+        raise ValueError(f"{name}: per-token gates in qkv are LION-S's: use mask='s' and no log_decay, got "
+                         f"mask={mask!r}" + ("" if log_decay is None else " and a log_decay"))
+    width = qkv.shape[-1] - gate_columns(num_heads) if qkv.dim() == 3 else -1
+    if width <= 0 or width % (3 * num_heads):
+        raise ValueError(f"{name}: qkv must be [B, N, 3 * num_heads * d + {gate_columns(num_heads)}] (gate logits "
+                         f"padded to gate_columns({num_heads})), got {tuple(qkv.shape)}")
+    if not isinstance(num_prefix_tokens, int) or not 0 <= num_prefix_tokens <= qkv.shape[1]:
+        raise ValueError(f"{name}: num_prefix_tokens must be an int in [0, N = {qkv.shape[1]}], "
+                         f"got {num_prefix_tokens!r}")
 
 
 def lion_snake_attention(

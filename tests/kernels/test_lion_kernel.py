@@ -18,6 +18,7 @@ from lightvision.kernels.lion.check import _case, _d_mass
 from lightvision.kernels.lion.parallel import _gate_row, _span
 from lightvision.ops import (get_kernel, lion_attention, lion_attention_qkvpacked, lion_snake_attention,
                              two_scan_attention)
+from lightvision.ops.lion import gate_columns
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # SPEC 2, relative L2 vs fp64
@@ -138,23 +139,54 @@ def _check_packed(b, n, h, d, mask, form, dtype, strength, prefix):
     _check(fn, tensors, dtype, scales=scales, grad_names=("dqkv", "dlog_decay"))
 
 
-@pytest.mark.parametrize("mask", ["lit", "d", "s"])
+def _check_gates_in_qkv(b, n, h, d, form, dtype, strength, prefix):
+    """_check of lion_attention_qkvpacked(mask="s", gates_in_qkv=True) on [qkv, gate logits z, padding]: Y and the
+    gradients of qkv and z (weak: z ~ N(4, 1), a ~ 0.98; strong: z ~ N(0, 1))."""
+    qkv = torch.randn(b, n, 3 * h * d, device=DEV).to(dtype)
+    z = (torch.randn(b, n, h, device=DEV) + (4.0 if strength == "weak" else 0.0)).to(dtype)
+    pad = torch.randn(b, n, gate_columns(h) - h, device=DEV).to(dtype)
+
+    def fn(qkv, z, backend):
+        return lion_attention_qkvpacked(torch.cat([qkv, z, pad.to(z.dtype)], -1), h, mask="s", gates_in_qkv=True,
+                                        num_prefix_tokens=prefix, form=form, backend=backend)
+
+    _check(fn, (qkv, z), dtype, grad_names=("dqkv", "dgate_logits"))
+
+
+def _phi_placement(monkeypatch, placement):
+    """Set the packed op's A/B switches (custom.PHI_IN_FWD_KERNEL, PHI_IN_BWD_KERNELS) for one test."""
+    monkeypatch.setattr(lk.custom, "PHI_IN_FWD_KERNEL", placement[0])
+    monkeypatch.setattr(lk.custom, "PHI_IN_BWD_KERNELS", placement[1])
+
+
+@pytest.mark.parametrize("phi_in_kernels", [(True, True), (False, False)])
+@pytest.mark.parametrize("mask", ["lit", "d", "s", "s_in_qkv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
-def test_qkvpacked(mask, dtype, n, prefix, strength):
-    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked kernels and
-    the in-place feature-map pass) against phi + lion_attention + merge_heads in fp64, from raw qkv."""
-    _check_packed(2, n, 3, 16, mask, "parallel", dtype, strength, prefix)
+def test_qkvpacked(monkeypatch, phi_in_kernels, mask, dtype, n, prefix, strength):
+    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked kernels, phi's
+    gradient in their epilogues or in the in-place feature-map pass) against phi + lion_attention + merge_heads in
+    fp64, from raw qkv; s_in_qkv: LION-S's gate logits in qkv's last columns (read in place; their gradient written
+    into dqkv). phi_in_kernels: (phi in the forward kernel's loads, phi's gradient in the backward's epilogues)."""
+    _phi_placement(monkeypatch, phi_in_kernels)
+    if mask == "s_in_qkv":
+        _check_gates_in_qkv(2, n, 3, 16, "parallel", dtype, strength, prefix)
+    else:
+        _check_packed(2, n, 3, 16, mask, "parallel", dtype, strength, prefix)
 
 
-@pytest.mark.parametrize("mask", ["lit", "d", "s"])
-def test_qkvpacked_many_tiles_and_scan(monkeypatch, mask):
+@pytest.mark.parametrize("phi_in_kernels", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("mask", ["lit", "d", "s", "s_in_qkv"])
+def test_qkvpacked_many_tiles_and_scan(monkeypatch, phi_in_kernels, mask):
     """The packed masked kernels over 13 tiles of 16 (N = 197, B = 1, H = 1, bf16), and the packed op's scan
     form (feature-map kernel, scan, head merge) on the same shape in fp32."""
+    _phi_placement(monkeypatch, phi_in_kernels)
     monkeypatch.setattr(lk.parallel, "TILE", 16)
-    _check_packed(1, 197, 1, 16, mask, "parallel", torch.bfloat16, "weak", 1)
+    check = (lambda form, dtype: _check_gates_in_qkv(1, 197, 1, 16, form, dtype, "weak", 1)) if mask == "s_in_qkv" \
+        else (lambda form, dtype: _check_packed(1, 197, 1, 16, mask, form, dtype, "weak", 1))
+    check("parallel", torch.bfloat16)
     monkeypatch.setattr(lk.scan, "CHUNK", 16)
-    _check_packed(1, 197, 1, 16, mask, "scan", torch.float32, "weak", 1)
+    check("scan", torch.float32)
 
 
 @pytest.mark.parametrize("form,tile", [("parallel", 64), ("parallel", 32), ("scan", 64)])
@@ -163,7 +195,7 @@ def test_unnormalized_pair_and_tile_skip(monkeypatch, form, tile):
     tiles of 64 the parallel kernels visit every tile (below SKIP_MIN_TILES), some with a mask that is 0 in
     fp32; in 5 tiles of 32 they skip those (exact)."""
     monkeypatch.setattr(lk.parallel, "TILE", tile)
-    assert lk.parallel._skips(torch.zeros(1), 150, tile) == (tile == 32)
+    assert lk.parallel._skips(True, 150, tile) == (tile == 32)
     b, h, n, d = 1, 2, 150, 16
     q, k, v = _inputs(b, h, n, d, d, torch.float32)
     ld = F.logsigmoid(torch.randn(b, h, n, device=DEV) - 3.0)
@@ -253,6 +285,27 @@ def test_gate_table_and_spans():
                 assert spans[side, bh, i].item() == count, (side, bh, i)
     assert spans[:, 5].tolist() == [list(range(nt)), list(range(nt - 1, -1, -1))]
     assert 0 < spans.sum() < spans[:, 5].sum() * 6
+
+
+def test_gate_table_from_logits():
+    """The gate table built from gate logits in place (columns of a wider [B, N, C] projection, any float dtype;
+    logsigmoid in the kernel, prefix tokens 0) equals the table of F.logsigmoid's gates, extreme logits included."""
+    tile, n, h, prefix = 8, 45, 3, 2
+    proj = torch.randn(2, n, 20, device=DEV) * 4
+    proj[0, :, 5] = torch.linspace(-60.0, 60.0, n)
+    z = proj[..., 4: 4 + h]
+    g = F.logsigmoid(z.double()).transpose(1, 2).clone()
+    g[..., :prefix] = 0.0
+    for dtype in (torch.float32, torch.bfloat16):
+        zt = proj.to(dtype)[..., 4: 4 + h]
+        want = lk.parallel.gate_table(F.logsigmoid(zt.float()).transpose(1, 2).masked_fill(
+            torch.arange(n, device=DEV) < prefix, 0.0).contiguous(), (2, h, n, 16), tile)
+        got = lk.parallel.gate_table(zt, (2, h, n, 16), tile, logits_prefix=prefix)
+        used = 2 * 6 * tile + 2 * 6 + 1
+        torch.testing.assert_close(got[:, :used], want[:, :used], rtol=1e-6, atol=1e-5)
+    got = lk.parallel.gate_table(z, (2, h, n, 16), tile, logits_prefix=prefix)[:, :6 * tile]
+    inc = F.pad(g, (0, 6 * tile - n)).view(6, 6, tile).cumsum(-1).view(6, -1)
+    torch.testing.assert_close(got.double(), inc, rtol=1e-6, atol=1e-5)
 
 
 def test_per_head_gates():
@@ -346,22 +399,33 @@ def test_custom_op_fakes_match_strided_views(form):
     torch.library.opcheck(torch.ops.lightvision.lion_bwd.default, args, test_utils=checks)
 
 
-def test_packed_custom_op_fakes():
+@pytest.mark.parametrize("gates_in_qkv", [False, True])
+def test_packed_custom_op_fakes(gates_in_qkv):
     """The packed ops' fakes give the real outputs' shapes and strides (Y [B, N, H * d], [phi(q), phi(k)] as
-    [B, 2H, N, d], dqkv like qkv, every element written), and the packed op compiles without graph breaks with the eager values and gradients."""
+    [B, 2H, N, d], dqkv like qkv, every element written; with gates_in_qkv zeros in the gate padding columns), and
+    the packed op compiles without graph breaks with the eager values and gradients."""
     b, n, h, d = 1, 9, 2, 16
-    qkv = torch.randn(b, n, 3 * h * d, device=DEV)
-    g = F.logsigmoid(torch.randn(b, n, h, device=DEV) + 2).transpose(1, 2)
+    c3 = 3 * h * d
+    qkv = torch.randn(b, n, c3 + (gate_columns(h) if gates_in_qkv else 0), device=DEV)
+    g = None if gates_in_qkv else F.logsigmoid(torch.randn(b, n, h, device=DEV) + 2).transpose(1, 2)
     checks = ("test_schema", "test_faketensor")
-    torch.library.opcheck(torch.ops.lightvision.lion_packed_fwd.default, (qkv, g, h, "silu_norm"), test_utils=checks)
-    y, fqk, den, cs = torch.ops.lightvision.lion_packed_fwd(qkv, g, h, "silu_norm")
-    args = (qkv, g, fqk, y, den, cs, torch.randn_like(y), h, "silu_norm")
+    fwd_args = (qkv, g, h, "silu_norm", gates_in_qkv, 1)
+    torch.library.opcheck(torch.ops.lightvision.lion_packed_fwd.default, fwd_args, test_utils=checks)
+    y, fqk, den, cs = torch.ops.lightvision.lion_packed_fwd(*fwd_args)
+    args = (qkv, g, fqk, y, den, cs, torch.randn_like(y), h, "silu_norm", gates_in_qkv, 1)
     torch.library.opcheck(torch.ops.lightvision.lion_packed_bwd.default, args, test_utils=checks)
     dqkv, _ = torch.ops.lightvision.lion_packed_bwd(*args)
     assert torch.isfinite(dqkv).all()  # every element written (outputs are NaN-poisoned)
+    if gates_in_qkv:
+        assert (dqkv[..., c3 + h:] == 0).all() and (dqkv[:, 0, c3:] == 0).all()  # padding; the prefix token's gate
+        assert (dqkv[:, 1:, c3: c3 + h] != 0).all()
 
     def f(qkv, a):
-        y = lion_attention_qkvpacked(qkv, h, mask="s", log_decay=F.logsigmoid(a), backend="triton")
+        if gates_in_qkv:
+            y = lion_attention_qkvpacked(torch.cat([qkv[..., :c3], a.transpose(1, 2), qkv[..., c3 + h:]], -1), h,
+                                         mask="s", gates_in_qkv=True, num_prefix_tokens=1, backend="triton")
+        else:
+            y = lion_attention_qkvpacked(qkv, h, mask="s", log_decay=F.logsigmoid(a), backend="triton")
         return (y * y).sum()
 
     a = torch.randn(b, h, n, device=DEV) + 2
@@ -371,3 +435,25 @@ def test_packed_custom_op_fakes():
     compiled = torch.autograd.grad(torch.compile(f, fullgraph=True, backend=backend)(*leaves), leaves)
     for x, y in zip(eager, compiled):
         torch.testing.assert_close(x, y)
+
+
+def test_lion_s_layer_kernels_match_reference():
+    """A LION-S layer (qkv and gate Linears run as one projection, gate logits read in place by the packed kernel)
+    against the same layer on the PyTorch reference: output and the gradients of every parameter and the input,
+    with a prefix token on a non-square grid."""
+    from lightvision.layers.attention import LionAttention
+
+    torch.manual_seed(0)
+    layers = [LionAttention(32, 2, mask="s", backend=b).to(DEV) for b in ("triton", "torch")]
+    layers[1].load_state_dict(layers[0].state_dict())
+    x = torch.randn(2, 1 + 4 * 5, 32, device=DEV)
+    up = torch.randn_like(x)
+    res = []
+    for layer in layers:
+        xi = x.clone().requires_grad_()
+        y = layer(xi, (4, 5), 1)
+        y.backward(up)
+        res.append([y, xi.grad] + [p.grad for p in layer.parameters()])
+    assert len(res[0]) == 2 + 6
+    for a, b in zip(*res):
+        assert _rel(a, b) < 1e-5

@@ -53,8 +53,8 @@ def test_decay_and_gate_get_gradients(kind):
 
 @pytest.mark.parametrize("qkv_bias", [True, False])
 def test_lion_layer_composition(qkv_bias):
-    """The layer against the composition of its parts (feature maps, gate, LION core, projection); the gate's
-    gradients too, as the layer runs the gate Linear padded to GATE_ALIGN outputs."""
+    """The layer against the composition of its parts (feature maps, gate, LION core, projection); the gradients
+    of the gate and qkv Linears too, as the layer runs them as one projection (gate rows negated, padded)."""
     torch.manual_seed(0)
     attn = LionAttention(12, 3, mask="s", form="scan", qkv_bias=qkv_bias).double()
     x = torch.randn(2, 21, 12, dtype=torch.float64)
@@ -67,7 +67,7 @@ def test_lion_layer_composition(qkv_bias):
     out = attn(x, (4, 5), 1)
     assert _rel(out, ref) < 1e-12
     up = torch.randn_like(ref)
-    for p in (attn.gate.weight, attn.gate.bias):
+    for p in (attn.gate.weight, attn.gate.bias, attn.qkv.weight, *([attn.qkv.bias] if qkv_bias else [])):
         assert _rel(torch.autograd.grad(out, p, up, retain_graph=True)[0],
                     torch.autograd.grad(ref, p, up, retain_graph=True)[0]) < 1e-12
     lam = torch.sigmoid(LionAttention(12, 4, mask="d").decay)
