@@ -12,16 +12,18 @@ g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "
 The layer's form on a fused projection (masked kernel only), phi = LION's feature map ``kind``:
     torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix) -> (y, fqk, den, tab)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
-        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved.
+        [B, 2H, N, d], saved for the backward: written by the forward kernel, which applies phi as it loads q, k
+        (PHI_IN_FWD_KERNEL), or by one feature-map launch before it; den, tab: lion_fwd's den and saved.
         gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
         are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
         into the qkv projection; the gate table reads them in place)
     torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, num_heads, kind, gates_in_qkv, num_prefix)
         -> (dqkv, dg)
-        dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one
-        feature-map pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with
-        gates_in_qkv, dL/dz into its gate columns and zeros into the G - H padding columns (dg empty).
-        (phi's gradient inside the kernels' epilogues instead cost 30% more backward time: registers at 255.)
+        dqkv like qkv: the backward kernels write dq, dk, dv into its slices, with phi's gradient in their
+        epilogues (PHI_IN_BWD_KERNELS; in session 17 that cost 30% more backward time, with both kernels at 255
+        registers; session 19's kernels use 167 and 205), or dL/dphi(q), dL/dphi(k) that one feature-map pass then
+        turns into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv, dL/dz into its gate
+        columns and zeros into the G - H padding columns (dg empty).
 :func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py.
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from lightvision.ops.heads import split_heads
-from lightvision.ops.lion import gate_columns
+from lightvision.ops.lion import split_gate_logits
 
 from .._launch import empty
 from ..fused.feature_map import feature_map_bwd_inplace, feature_map_fwd_launch
@@ -126,21 +128,13 @@ def _qk_heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return _heads(qkv, 3 * num_heads)[:, : 2 * num_heads]
 
 
-def _split_packed(qkv: torch.Tensor, num_heads: int, gates_in_qkv: bool) -> tuple[torch.Tensor, int]:
-    """(the q, k, v columns of qkv as a [B, N, 3 * H * d] view, the first gate column: 3 * H * d)."""
-    c3 = qkv.shape[-1] - (gate_columns(num_heads) if gates_in_qkv else 0)
-    return qkv[..., :c3], c3
-
-
 @torch.library.custom_op("lightvision::lion_packed_fwd", mutates_args=())
 def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str, gates_in_qkv: bool,
                     num_prefix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    qkv3, c3 = _split_packed(qkv, num_heads, gates_in_qkv)
-    b, n, _ = qkv.shape
+    qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
+    b, n, c3 = qkv3.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
     xq, xk, v = split_heads(qkv3, num_heads)
-    if gates_in_qkv:
-        g = qkv[..., c3: c3 + num_heads]
     kwargs = dict(out=_heads(y, num_heads), logits_prefix=num_prefix if gates_in_qkv else None)
     if PHI_IN_FWD_KERNEL:
         fqk = empty((b, 2 * num_heads, n, xq.shape[-1]), qkv.dtype, qkv.device)
@@ -154,8 +148,7 @@ def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, k
 
 @lion_packed_fwd.register_fake
 def _lion_packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
-    b, n, _ = qkv.shape
-    c3 = _split_packed(qkv, num_heads, gates_in_qkv)[1]
+    b, n, c3 = (split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv).shape
     fqk = qkv.new_empty(b, 2 * num_heads, n, c3 // (3 * num_heads))
     fq = fqk[:, :num_heads]
     return (qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32),
@@ -167,15 +160,14 @@ def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor
                     den: torch.Tensor, tab: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str,
                     gates_in_qkv: bool, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
-    qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
+    qkv = qkv.contiguous()  # phi's gradient reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
-    qkv3, c3 = _split_packed(qkv, num_heads, gates_in_qkv)
+    qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
+    c3 = qkv3.shape[-1]
     dqkv3 = dqkv[..., :c3]
-    fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv3, num_heads)[2]
-    gates = {}
-    if gates_in_qkv:
-        g, gates = qkv[..., c3: c3 + num_heads], dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:])
-    xq, xk, _ = split_heads(qkv3, num_heads)
+    gates = dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:]) if gates_in_qkv else {}
+    fq, fk = fqk[:, :num_heads], fqk[:, num_heads:]
+    xq, xk, v = split_heads(qkv3, num_heads)
     phi = dict(phi=(kind, xq, xk)) if PHI_IN_BWD_KERNELS else {}
     _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv3, num_heads),
                                     out_den=(out, den), **gates, **phi)

@@ -22,7 +22,7 @@ import os
 import torch
 
 from lightvision.ops.heads import merge_heads, split_heads
-from lightvision.ops.lion import MASK_FEATURE_MAP, gate_columns, lion_feature_map, unpack_gates
+from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map, split_gate_logits, unpack_gates
 
 from .custom import lion_core, lion_packed
 from .parallel import EPS
@@ -80,8 +80,7 @@ def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, gate
     """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: the masked form is one packed
     op (custom.lion_packed: phi and its gradient inside, the gate logits read in place, Y and dqkv in the
     projections' layouts); the scan form runs the feature-map kernel, the scan and a head merge."""
-    qkv3 = qkv[..., : qkv.shape[-1] - gate_columns(num_heads)] if gates_in_qkv else qkv
-    q, k, v = split_heads(qkv3, num_heads)
+    q, k, v = split_heads(split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv, num_heads)
     if not supported(q, k, v):
         return NotImplemented
     kind = MASK_FEATURE_MAP[mask]

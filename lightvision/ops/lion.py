@@ -37,15 +37,20 @@ def gate_columns(num_heads: int) -> int:
     return -(-num_heads // GATE_ALIGN) * GATE_ALIGN
 
 
-def unpack_gates(qkv: torch.Tensor, num_heads: int, num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv [B, N, 3 * H * d + gate_columns(H)] with gate logits z in columns 3 H d .. 3 H d + H - 1 ->
-    (the q, k, v columns as a [B, N, 3 * H * d] view, log a = logsigmoid(z) as [B, H, N] in the compute dtype, 0 on
-    the first num_prefix_tokens tokens)."""
+def split_gate_logits(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv [B, N, 3 * H * d + gate_columns(H)] with gate logits z in columns 3 H d .. 3 H d + H - 1 -> views
+    (the q, k, v columns [B, N, 3 * H * d], z [B, N, H])."""
     c3 = qkv.shape[-1] - gate_columns(num_heads)
-    z = qkv[..., c3: c3 + num_heads]
+    return qkv[..., :c3], qkv[..., c3: c3 + num_heads]
+
+
+def unpack_gates(qkv: torch.Tensor, num_heads: int, num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """qkv with gate logits z (split_gate_logits) -> (the q, k, v columns as a [B, N, 3 * H * d] view, log a =
+    logsigmoid(z) as [B, H, N] in the compute dtype, 0 on the first num_prefix_tokens tokens)."""
+    qkv3, z = split_gate_logits(qkv, num_heads)
     log_a = F.logsigmoid(z.to(compute_dtype(z))).transpose(1, 2)
     prefix = torch.arange(qkv.shape[1], device=qkv.device) < num_prefix_tokens
-    return qkv[..., :c3], log_a.masked_fill(prefix, 0.0)
+    return qkv3, log_a.masked_fill(prefix, 0.0)
 
 
 def lion_feature_map(x: torch.Tensor, kind: str = "silu_norm", *, backend: str = "auto") -> torch.Tensor:
@@ -153,11 +158,9 @@ def lion_attention_qkvpacked(
     check_choice(form, FORMS, "form")
     if gates_in_qkv:
         _check_gates_in_qkv(qkv, num_heads, mask, log_decay, num_prefix_tokens)
-        c3 = qkv.shape[-1] - gate_columns(num_heads)
+        q, k, v = split_heads(split_gate_logits(qkv, num_heads)[0], num_heads)
     else:
-        c3 = qkv.shape[-1]
-    q, k, v = split_heads(qkv[..., :c3], num_heads)
-    if not gates_in_qkv:
+        q, k, v = split_heads(qkv, num_heads)
         check_log_decay(mask, log_decay, q, "lion_attention_qkvpacked")
     kwargs = dict(mask=mask, log_decay=log_decay, gates_in_qkv=gates_in_qkv, num_prefix_tokens=num_prefix_tokens,
                   form=form)
