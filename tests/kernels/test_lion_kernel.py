@@ -296,12 +296,12 @@ def test_gate_table_from_logits():
     z = proj[..., 4: 4 + h]
     g = F.logsigmoid(z.double()).transpose(1, 2).clone()
     g[..., :prefix] = 0.0
+    used = lk.parallel.table_columns(n, tile)
     for dtype in (torch.float32, torch.bfloat16):
         zt = proj.to(dtype)[..., 4: 4 + h]
         want = lk.parallel.gate_table(F.logsigmoid(zt.float()).transpose(1, 2).masked_fill(
             torch.arange(n, device=DEV) < prefix, 0.0).contiguous(), (2, h, n, 16), tile)
         got = lk.parallel.gate_table(zt, (2, h, n, 16), tile, logits_prefix=prefix)
-        used = 2 * 6 * tile + 2 * 6 + 1
         torch.testing.assert_close(got[:, :used], want[:, :used], rtol=1e-6, atol=1e-5)
     got = lk.parallel.gate_table(z, (2, h, n, 16), tile, logits_prefix=prefix)[:, :6 * tile]
     inc = F.pad(g, (0, 6 * tile - n)).view(6, 6, tile).cumsum(-1).view(6, -1)
