@@ -204,18 +204,12 @@ def _feature_map_fwd_kernel(X, Y, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, B
                             SILU_NORM: tl.constexpr):
     strided, dense, mask = _head_rows_tile(tl.program_id(0), R, H, N, D, s_b, s_h, s_n, BM, BD)
     x = tl.load(X + strided, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Y + dense, feature_map_rows(x, mask, SILU_NORM).to(Y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def feature_map_rows(x, mask, SILU_NORM: tl.constexpr):
-    """LION's feature map over rows x [R, BD] (fp32; one head per row), 0 where mask is False (feature_map.py's
-    docstring has the formulas). Also the LION forward kernel's tile loads (parallel.py, phi in the forward)."""
     if SILU_NORM:
         u = tl.where(mask, x * tl.sigmoid(x) + 0.5, 0.0)
-        return u / tl.maximum(tl.sqrt(tl.sum(u * u, axis=1)), 1e-12)[:, None]
+        y = u / tl.maximum(tl.sqrt(tl.sum(u * u, axis=1)), 1e-12)[:, None]
     else:
-        return tl.where(mask, tl.where(x > 0, x + 1.0, tl.exp(x)), 0.0)
+        y = tl.where(x > 0, x + 1.0, tl.exp(x))
+    tl.store(Y + dense, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -227,20 +221,13 @@ def _feature_map_bwd_kernel(X, DY, DX, R, H, N, D, s_b, s_h, s_n, BM: tl.constex
         dense = strided
     x = tl.load(X + strided, mask=mask, other=0.0).to(tl.float32)
     dy = tl.load(DY + dense, mask=mask, other=0.0).to(tl.float32)
-    tl.store(DX + dense, feature_map_grad(x, dy, mask, SILU_NORM).to(DX.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def feature_map_grad(x, dy, mask, SILU_NORM: tl.constexpr):
-    """dL/dx of LION's feature map over rows x [R, BD] (fp32; one head per row) from dy = dL/dphi(x) (fp32);
-    mask: the valid elements (feature_map.py's docstring has the formulas). Also the LION backward kernels'
-    epilogue (parallel.py, phi in the backward)."""
     if SILU_NORM:
         s = tl.sigmoid(x)
         u = tl.where(mask, x * s + 0.5, 0.0)
         inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(u * u, axis=1)), 1e-12)
         y = u * inv[:, None]
         du = (dy - y * tl.sum(y * dy, axis=1)[:, None]) * inv[:, None]
-        return du * s * (1.0 + x * (1.0 - s))
+        dx = du * s * (1.0 + x * (1.0 - s))
     else:
-        return tl.where(x > 0, dy, dy * tl.exp(x))
+        dx = tl.where(x > 0, dy, dy * tl.exp(x))
+    tl.store(DX + dense, dx.to(DX.dtype.element_ty), mask=mask)

@@ -12,18 +12,19 @@ g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "
 The layer's form on a fused projection (masked kernel only), phi = LION's feature map ``kind``:
     torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix) -> (y, fqk, den, tab)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
-        [B, 2H, N, d], saved for the backward: written by the forward kernel, which applies phi as it loads q, k
-        (PHI_IN_FWD_KERNEL), or by one feature-map launch before it; den, tab: lion_fwd's den and saved.
+        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved.
+        (phi applied by the forward kernel as it loads q, k tiles instead cost 0.2 ms per layer more than this
+        launch at N = 197, session 21.)
         gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
         are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
         into the qkv projection; the gate table reads them in place)
     torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, num_heads, kind, gates_in_qkv, num_prefix)
         -> (dqkv, dg)
-        dqkv like qkv: the backward kernels write dq, dk, dv into its slices, with phi's gradient in their
-        epilogues (PHI_IN_BWD_KERNELS; in session 17 that cost 30% more backward time, with both kernels at 255
-        registers; session 19's kernels use 167 and 205), or dL/dphi(q), dL/dphi(k) that one feature-map pass then
-        turns into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv, dL/dz into its gate
-        columns and zeros into the G - H padding columns (dg empty).
+        dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one feature-map
+        pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv,
+        dL/dz goes into its gate columns and zeros into the G - H padding columns (dg empty).
+        (phi's gradient inside the kernels' epilogues instead cost 30% more backward time in session 17, and in
+        session 21, with session 19's kernels, 0.18 ms per layer more than this pass at N = 197.)
 :func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py.
 """
 
@@ -38,13 +39,6 @@ from .._launch import empty
 from ..fused.feature_map import feature_map_bwd_inplace, feature_map_fwd_launch
 from .parallel import parallel_backward, parallel_forward, row_grads, gate_table_like
 from .scan import key_states_like, scan_backward, scan_forward
-
-
-# A/B switches (branch s20-gate-fold, to be measured on a GPU and then removed): phi applied by the forward kernel
-# as it loads q, k tiles (True) or by a separate feature-map pass (False); phi's gradient in the epilogues of the
-# backward kernels (True) or the separate in-place feature-map pass (False).
-PHI_IN_FWD_KERNEL = True
-PHI_IN_BWD_KERNELS = True
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -134,15 +128,10 @@ def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, k
     qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
     b, n, c3 = qkv3.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
-    xq, xk, v = split_heads(qkv3, num_heads)
-    kwargs = dict(out=_heads(y, num_heads), logits_prefix=num_prefix if gates_in_qkv else None)
-    if PHI_IN_FWD_KERNEL:
-        fqk = empty((b, 2 * num_heads, n, xq.shape[-1]), qkv.dtype, qkv.device)
-        _, den, tab = parallel_forward(xq, xk, v, g, True, phi=(kind, fqk[:, :num_heads], fqk[:, num_heads:]),
-                                       **kwargs)
-    else:
-        fqk = feature_map_fwd_launch(_qk_heads(qkv3, num_heads), kind)
-        _, den, tab = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, **kwargs)
+    fqk = feature_map_fwd_launch(_qk_heads(qkv3, num_heads), kind)
+    v = split_heads(qkv3, num_heads)[2]
+    _, den, tab = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, out=_heads(y, num_heads),
+                                   logits_prefix=num_prefix if gates_in_qkv else None)
     return y, fqk, den, tab
 
 
@@ -160,19 +149,16 @@ def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor
                     den: torch.Tensor, tab: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str,
                     gates_in_qkv: bool, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
-    qkv = qkv.contiguous()  # phi's gradient reads x with the strides of dqkv
+    qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
     qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
     c3 = qkv3.shape[-1]
     dqkv3 = dqkv[..., :c3]
     gates = dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:]) if gates_in_qkv else {}
-    fq, fk = fqk[:, :num_heads], fqk[:, num_heads:]
-    xq, xk, v = split_heads(qkv3, num_heads)
-    phi = dict(phi=(kind, xq, xk)) if PHI_IN_BWD_KERNELS else {}
+    fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv3, num_heads)[2]
     _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv3, num_heads),
-                                    out_den=(out, den), **gates, **phi)
-    if not PHI_IN_BWD_KERNELS:
-        feature_map_bwd_inplace(_qk_heads(qkv3, num_heads), _qk_heads(dqkv3, num_heads), kind)
+                                    out_den=(out, den), **gates)
+    feature_map_bwd_inplace(_qk_heads(qkv3, num_heads), _qk_heads(dqkv3, num_heads), kind)
     return dqkv, den.new_empty(0) if dg is None else dg
 
 

@@ -47,7 +47,6 @@ import triton
 import triton.language as tl
 
 from .._launch import empty
-from ..fused._triton import feature_map_grad, feature_map_rows
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
@@ -199,13 +198,11 @@ def _walk(tile, step, n_lo):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, FQ, FK, N, D, DV,
-                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, sfb, sfh, sfn, H,
-                HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PHI: tl.constexpr,
-                SILU_NORM: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
-    """One program = one query tile of one (b, h): num/den (or Y) for T rows. PHI: Q and K hold raw x; every q / k
-    tile is phi(x) as loaded (feature_map_rows, SILU_NORM picks phi; rounded to x's dtype), and the program stores
-    its own rows of phi(q), phi(k) into FQ, FK (strides sfb, sfh, sfn) for the backward."""
+def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
+                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
+                HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
+                T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+    """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -222,13 +219,6 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, FQ, FK, N, D, DV,
     # diagonal tile: both triangles, invalid side zeroed before exp
     k = _load_rows(k_ptr, rows, N, fd, D, skn)
     v = _load_rows(v_ptr, rows, N, fv, DV, svn)
-    if PHI:
-        fmask = (rows[:, None] < N) & (fd[None, :] < D)
-        q = feature_map_rows(q.to(tl.float32), fmask, SILU_NORM).to(Q.dtype.element_ty)
-        k = feature_map_rows(k.to(tl.float32), fmask, SILU_NORM).to(K.dtype.element_ty)
-        f_off = b * sfb + h * sfh + rows[:, None] * sfn + fd[None, :]
-        tl.store(FQ + f_off, q, mask=fmask)
-        tl.store(FK + f_off, k, mask=fmask)
     s = tl.dot(q, tl.trans(k), input_precision=PREC)
     if HAS_MASK:
         q_inc, q_exc, q_tot = _tile_gates(tab, it, NP, ar, T)
@@ -247,9 +237,6 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, FQ, FK, N, D, DV,
         cols = jt * T + ar
         k = _load_rows(k_ptr, cols, N, fd, D, skn)
         v = _load_rows(v_ptr, cols, N, fv, DV, svn)
-        if PHI:
-            k = feature_map_rows(k.to(tl.float32), (cols[:, None] < N) & (fd[None, :] < D),
-                                 SILU_NORM).to(K.dtype.element_ty)
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
         if HAS_MASK:
             seg = tl.where(step == n_lo, 0.0, seg)
@@ -268,16 +255,14 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, FQ, FK, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, XQ, RL, RU, N, D, DV,
+def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
                    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
                    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr,
-                   PHI: tl.constexpr, SILU_NORM: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr,
-                   BD: tl.constexpr, BDV: tl.constexpr):
+                   PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
     only: PER_HEAD gates take their gradient from the dk/dv kernel alone). ROW_GRADS: the tile's 1 / Z and
     dL/d den come from Y (OUT) and DEN here and are stored in ZINV / DELTA for the dk/dv kernel (_row_grad_kernel's
-    work); else they are read from there. DO, OUT and DQ go through their strides. PHI: q = phi(x) with x at XQ
-    (laid out as DQ), and DQ gets dL/dx (feature_map_grad in the epilogue; SILU_NORM picks phi)."""
+    work); else they are read from there. DO, OUT and DQ go through their strides."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -351,26 +336,22 @@ def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, XQ, RL, RU
                 else:
                     r_up += r_s * row
         dq += dq_s
-    dq_off = b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :]
-    dq_mask = (rows[:, None] < N) & (fd[None, :] < D)
-    if PHI:
-        dq = feature_map_grad(tl.load(XQ + dq_off, mask=dq_mask, other=0.0).to(tl.float32), dq, dq_mask, SILU_NORM)
-    tl.store(DQ + dq_off, dq.to(DQ.dtype.element_ty), mask=dq_mask)
+    tl.store(DQ + b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :], dq.to(DQ.dtype.element_ty),
+             mask=(rows[:, None] < N) & (fd[None, :] < D))
     if HAS_MASK and not PER_HEAD:
         tl.store(RL + bh * N + rows, r_lo, mask=rows < N)
         tl.store(RU + bh * N + rows, r_up, mask=rows < N)
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, XK, CL, CU, N, D, DV,
+def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
                      svgb, svgh, svgn, H,
-                     HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PHI: tl.constexpr,
-                     SILU_NORM: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr,
-                     BDV: tl.constexpr):
+                     HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
+                     T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
     PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
-    DO, DK, DV_OUT go through their strides. PHI: k = phi(x) with x at XK (laid out as DK), and DK gets dL/dx."""
+    DO, DK, DV_OUT go through their strides."""
     jt = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -455,11 +436,8 @@ def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, XK, CL, CU
             dv += tl.dot(at.to(do.dtype), do, input_precision=PREC)
             dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
     cmask = cols < N
-    dk_off = b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :]
-    dk_mask = cmask[:, None] & (fd[None, :] < D)
-    if PHI:
-        dk = feature_map_grad(tl.load(XK + dk_off, mask=dk_mask, other=0.0).to(tl.float32), dk, dk_mask, SILU_NORM)
-    tl.store(DK + dk_off, dk.to(DK.dtype.element_ty), mask=dk_mask)
+    tl.store(DK + b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :], dk.to(DK.dtype.element_ty),
+             mask=cmask[:, None] & (fd[None, :] < D))
     tl.store(DV_OUT + b * svgb + h * svgh + cols[:, None] * svgn + fv[None, :], dv.to(DV_OUT.dtype.element_ty),
              mask=cmask[:, None] & (fv[None, :] < DV))
     if HAS_MASK:
@@ -542,36 +520,32 @@ def _table_args(tab: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, in
 
 
 def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4,
-                     num_stages: int | None = None, *, out: torch.Tensor | None = None, logits_prefix: int | None = None,
-                     phi: tuple | None = None):
+                     num_stages: int | None = None, *, out: torch.Tensor | None = None,
+                     logits_prefix: int | None = None):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
-    [H] (per head) or None (LIT); with logits_prefix, gate logits [B, N, H] (gate_table). Returns (out [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32,
-    den [B, H, N] fp32, the gate table that parallel_backward reuses (gate_table; empty for LIT)).
+    [H] (per head) or None (LIT); with logits_prefix, gate logits [B, N, H] (gate_table). Returns (out
+    [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32, den [B, H, N] fp32, the gate table that
+    parallel_backward reuses (gate_table; empty for LIT)).
     out: where to write Y, any [B, H, N, d_v] view with unit feature stride (e.g. of a [B, N, H, d_v] tensor);
-    num_stages: by default 2 below N = STAGES_3_MIN_N, 3 from there.
-    phi: (kind, fq, fk): q, k are raw x and the kernel applies LION's feature map ``kind`` as it loads them,
-    writing phi(q), phi(k) into fq, fk ([B, H, N, d] views with equal strides, e.g. halves of one [B, 2H, N, d])."""
+    num_stages: by default 2 below N = STAGES_3_MIN_N, 3 from there."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
     tile = tile or TILE
     num_stages = num_stages or (3 if N >= STAGES_3_MIN_N else 2)
-    kind, fq, fk = phi if phi is not None else ("elu", q, q)  # unread without phi
-    if fq.stride() != fk.stride():
-        raise ValueError("parallel_forward: phi's fq and fk must have the same strides")
     if out is None:
         out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile, logits_prefix=logits_prefix)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q, k, v, *_table_args(tab, den), out, den, fq, fk, N, D, DV, *_strides(q, k, v, out, fq), H,
-        HAS_MASK=g is not None, SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, PHI=phi is not None,
-        SILU_NORM=kind == "silu_norm", T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
+        q, k, v, *_table_args(tab, den), out, den, N, D, DV, *_strides(q, k, v, out), H, HAS_MASK=g is not None,
+        SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps, num_stages=num_stages,
+        **_meta(q, v))
     return out, den, tab
 
 
 def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None, num_warps: int = 4,
                       num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None,
-                      logits_prefix: int | None = None, dlogits: torch.Tensor | None = None, phi: tuple | None = None):
+                      logits_prefix: int | None = None, dlogits: torch.Tensor | None = None):
     """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
     scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; tab: the
     forward's gate table (same tile; empty for LIT);
@@ -581,9 +555,6 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
     grads: (dq, dk, dv) views to write into (e.g. of one [B, N, 3, H, d] tensor), else new contiguous tensors.
     logits_prefix, dlogits: g holds the forward's gate logits z [B, N, H] (parallel_forward's logits_prefix); the
     gate gradient goes into dlogits as dL/dz (gate_grad's dlogits: [B, N, G >= H], zeros past column H).
-    phi: (kind, xq, xk) when q, k = phi(xq), phi(xk) (LION's feature map ``kind``; xq, xk laid out as dq, dk, e.g.
-    the q, k slices of a qkv projection and grads of its gradient): dq, dk come back as dL/dxq, dL/dxk (phi's
-    gradient in the kernels' epilogues).
     Returns dq, dk, dv and dg fp32 of g's shape (None for LIT and with dlogits)."""
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -608,18 +579,12 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
     else:  # the W row / column sums rL, rU, cL, cU of gate_grad (unread placeholders for LIT)
         sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
         r_lo, r_up, c_lo, c_up = sums
-    if phi is not None:
-        kind, xq, xk = phi
-        if xq.stride() != dq.stride() or xk.stride() != dk.stride():
-            raise ValueError("parallel_backward: phi's xq, xk must be laid out as dq, dk")
-    else:
-        kind, xq, xk = "elu", dq, dk  # unread
     grid = (triton.cdiv(N, tile), B * H)
-    meta = dict(HAS_MASK=has_mask, SKIP=_skips(has_mask, N, tile), PER_HEAD=per_head, PHI=phi is not None,
-                SILU_NORM=kind == "silu_norm", T=tile, num_warps=num_warps, num_stages=num_stages, **_meta(q, v))
-    _bwd_dq_kernel[grid](q, k, v, *_table_args(tab, zinv), do, out, den, zinv, delta, dq, xq, r_lo, r_up, N, D, DV,
+    meta = dict(HAS_MASK=has_mask, SKIP=_skips(has_mask, N, tile), PER_HEAD=per_head, T=tile, num_warps=num_warps,
+                num_stages=num_stages, **_meta(q, v))
+    _bwd_dq_kernel[grid](q, k, v, *_table_args(tab, zinv), do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
                          *_strides(q, k, v, do, out, dq), H, ROW_GRADS=out_den is not None, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, *_table_args(tab, zinv), do, zinv, delta, dk, dv, xk, c_lo, c_up, N, D, DV,
+    _bwd_dkdv_kernel[grid](q, k, v, *_table_args(tab, zinv), do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
                            *_strides(q, k, v, do, dk, dv), H, **meta)
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()
@@ -663,11 +628,12 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
 
 @triton.jit
 def _gate_grad_kernel(SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX, PER_HEAD: tl.constexpr, LOGITS: tl.constexpr,
-                      PAD: tl.constexpr, BLOCK: tl.constexpr):
+                      PAD, PADB: tl.constexpr, BLOCK: tl.constexpr):
     """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums; with PER_HEAD
     only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token). With LOGITS the gates
     were logsigmoid(z) (0 on the first PREFIX tokens): DG, laid out as Z (strides szb, szh, szn), gets
-    dL/dz = dg sigmoid(-z), and the (b, H - 1) program writes zeros into the PAD columns after the H gates."""
+    dL/dz = dg sigmoid(-z), and the (b, H - 1) program writes zeros into the PAD columns after the H gates
+    (PADB: PAD's next power of two)."""
     bh = tl.program_id(0)
     carry = tl.zeros([1], dtype=tl.float64)
     total = tl.zeros([1], dtype=tl.float64)
@@ -693,9 +659,10 @@ def _gate_grad_kernel(SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX, PER_HEAD: t
             sig_neg = tl.where(z >= 0, e, 1.0) / (1.0 + e)  # sigmoid(-z) = d logsigmoid(z) / dz
             dz = tl.where(cols >= PREFIX, dg.to(tl.float32) * sig_neg, 0.0)
             tl.store(DG + row + h * szh, dz.to(DG.dtype.element_ty), mask=ok)
-            for j in tl.static_range(PAD):
-                tl.store(DG + row + (H + j) * szh, tl.zeros([BLOCK], dtype=DG.dtype.element_ty),
-                         mask=ok & (h == H - 1))
+            if h == H - 1:
+                pc = tl.arange(0, PADB)
+                tl.store(DG + row[:, None] + (H + pc)[None, :] * szh,
+                         tl.zeros([BLOCK, PADB], dtype=DG.dtype.element_ty), mask=ok[:, None] & (pc[None, :] < PAD))
         else:
             tl.store(DG + bh * N + cols, dg.to(tl.float32), mask=ok)
         carry += tl.sum(x, 0)
@@ -717,9 +684,10 @@ def gate_grad(sums: torch.Tensor, per_head: bool = False, logits: tuple | None =
             raise ValueError(f"gate_grad: dz {tuple(dz.shape)} / {dz.stride()} must be laid out as the logits z "
                              f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns")
         _gate_grad_kernel[(B * H,)](sums, dz, N, B * H * N, z, z.stride(0), z.stride(2), z.stride(1), H, prefix,
-                                    PER_HEAD=False, LOGITS=True, PAD=dz.shape[2] - H, BLOCK=block)
+                                    PER_HEAD=False, LOGITS=True, PAD=dz.shape[2] - H,
+                                    PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)), BLOCK=block)
         return None
     dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
     _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, sums, 0, 0, 0, H, 0, PER_HEAD=per_head, LOGITS=False,
-                                PAD=0, BLOCK=block)
+                                PAD=0, PADB=2, BLOCK=block)
     return dg.sum(0) if per_head else dg

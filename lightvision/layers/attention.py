@@ -21,7 +21,7 @@ from ..ops import (
     split_heads,
 )
 from ..ops._checks import BACKENDS, check_choice, compute_dtype
-from ..ops.lion import FORMS, MASK_FEATURE_MAP, gate_columns
+from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns
 from .norm import RMSNorm
 
 ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
@@ -118,7 +118,7 @@ class LionAttention(_QKV):
     logsigmoid(-(w^T x_m + b)) in fp32; prefix tokens get a = 1 (log 0); b initialised to -logit(0.95) so a ~ 0.95
     at x = 0. Without snake the gate's rows (negated) and the qkv Linear's run as one projection, padded to
     gate_columns(H) gate outputs, whose gate columns the packed core reads (``gates_in_qkv``); with snake the gate
-    Linear runs alone, padded to gate_columns(2H) outputs. The gate stays in the autograd graph (it is never
+    Linear runs alone, padded to a multiple of GATE_ALIGN outputs. The gate stays in the autograd graph (it is never
     re-wrapped as a new tensor).
     snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
     form: passed to lion_attention ("auto": the kernels' measured rule, ``lightvision.kernels.lion.choose_form``;
@@ -154,7 +154,7 @@ class LionAttention(_QKV):
             return list(F.logsigmoid(self.decay.to(compute_dtype(self.decay))).unbind(0))
         b, n, _ = x.shape
         w, bias = self.gate.weight, self.gate.bias
-        pad = gate_columns(w.shape[0]) - w.shape[0]
+        pad = gate_columns(w.shape[0], GATE_ALIGN) - w.shape[0]
         z = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(bias, (0, pad)))[..., : w.shape[0]]
         z = z.to(compute_dtype(z)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
         la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]

@@ -26,15 +26,19 @@ MASK_FEATURE_MAP = {"lit": "elu", "d": "silu_norm", "s": "silu_norm"}  # phi of 
 FORMS = ("parallel", "chunk", "recurrent", "scan", "auto")
 AUTO_PARALLEL_MAX_N = 1024  # form="auto": parallel (materialised mask) up to this N, the linear-time scan beyond
 EPS = 1e-6
-# Gate logits ride in a fused projection padded to a multiple of this many columns: rows of 6 or 12 bf16 (12 / 24
-# bytes) put cuBLAS on its unaligned kernels, about twice as slow for these products.
+# A gate Linear run alone is padded to a multiple of GATE_ALIGN outputs: rows of 6 or 12 bf16 (12 / 24 bytes) put
+# cuBLAS on its unaligned kernels, about twice as slow for these products. Gate logits folded into the qkv
+# projection take QKV_GATE_ALIGN columns, so that the projection's row stride stays a multiple of 64 elements
+# (128 bytes of bf16) when 3C is: with rows of 1160 Inductor padded the stride and copied the tensor into and out of
+# the packed custom op, about 3 ms per DeiT-S step (docs/kernels_lion.md, sessions 20-21).
 GATE_ALIGN = 8
+QKV_GATE_ALIGN = 64
 
 
-def gate_columns(num_heads: int) -> int:
+def gate_columns(num_heads: int, align: int = QKV_GATE_ALIGN) -> int:
     """Columns that per-token gate logits of ``num_heads`` heads take at the end of a packed qkv projection
-    (num_heads rounded up to GATE_ALIGN; the extra columns are padding)."""
-    return -(-num_heads // GATE_ALIGN) * GATE_ALIGN
+    (num_heads rounded up to ``align``; the extra columns are padding)."""
+    return -(-num_heads // align) * align
 
 
 def split_gate_logits(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:

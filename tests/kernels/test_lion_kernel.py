@@ -153,34 +153,23 @@ def _check_gates_in_qkv(b, n, h, d, form, dtype, strength, prefix):
     _check(fn, (qkv, z), dtype, grad_names=("dqkv", "dgate_logits"))
 
 
-def _phi_placement(monkeypatch, placement):
-    """Set the packed op's A/B switches (custom.PHI_IN_FWD_KERNEL, PHI_IN_BWD_KERNELS) for one test."""
-    monkeypatch.setattr(lk.custom, "PHI_IN_FWD_KERNEL", placement[0])
-    monkeypatch.setattr(lk.custom, "PHI_IN_BWD_KERNELS", placement[1])
-
-
-@pytest.mark.parametrize("phi_in_kernels", [(True, True), (False, False)])
 @pytest.mark.parametrize("mask", ["lit", "d", "s", "s_in_qkv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
-def test_qkvpacked(monkeypatch, phi_in_kernels, mask, dtype, n, prefix, strength):
-    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked kernels, phi's
-    gradient in their epilogues or in the in-place feature-map pass) against phi + lion_attention + merge_heads in
-    fp64, from raw qkv; s_in_qkv: LION-S's gate logits in qkv's last columns (read in place; their gradient written
-    into dqkv). phi_in_kernels: (phi in the forward kernel's loads, phi's gradient in the backward's epilogues)."""
-    _phi_placement(monkeypatch, phi_in_kernels)
+def test_qkvpacked(mask, dtype, n, prefix, strength):
+    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked kernels and
+    the in-place feature-map pass) against phi + lion_attention + merge_heads in fp64, from raw qkv; s_in_qkv:
+    LION-S's gate logits in qkv's last columns (read in place; their gradient written into dqkv)."""
     if mask == "s_in_qkv":
         _check_gates_in_qkv(2, n, 3, 16, "parallel", dtype, strength, prefix)
     else:
         _check_packed(2, n, 3, 16, mask, "parallel", dtype, strength, prefix)
 
 
-@pytest.mark.parametrize("phi_in_kernels", [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("mask", ["lit", "d", "s", "s_in_qkv"])
-def test_qkvpacked_many_tiles_and_scan(monkeypatch, phi_in_kernels, mask):
+def test_qkvpacked_many_tiles_and_scan(monkeypatch, mask):
     """The packed masked kernels over 13 tiles of 16 (N = 197, B = 1, H = 1, bf16), and the packed op's scan
     form (feature-map kernel, scan, head merge) on the same shape in fp32."""
-    _phi_placement(monkeypatch, phi_in_kernels)
     monkeypatch.setattr(lk.parallel, "TILE", 16)
     check = (lambda form, dtype: _check_gates_in_qkv(1, 197, 1, 16, form, dtype, "weak", 1)) if mask == "s_in_qkv" \
         else (lambda form, dtype: _check_packed(1, 197, 1, 16, mask, form, dtype, "weak", 1))

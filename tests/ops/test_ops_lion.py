@@ -221,13 +221,13 @@ def test_two_scan_is_unnormalised_lion(shape, rel):
     assert y32.dtype == torch.float32 and rel(y32, num) < 1e-5
 
 
-@pytest.mark.parametrize("h", [3, 8])
+@pytest.mark.parametrize("h", [3, 64])
 def test_qkvpacked_gates_in_qkv(h):
     """Gate logits in qkv's last gate_columns(H) columns: the same Y as log_decay = logsigmoid(z) (prefix 0) given
-    separately, the gradient of z is logsigmoid's chain rule, the padding columns (none for H = 8) get 0."""
+    separately, the gradient of z is logsigmoid's chain rule, the padding columns (none for H = 64) get 0."""
     b, n, d, prefix = 2, 11, 4, 2
     c3, cols = 3 * h * d, gate_columns(h)
-    assert cols == 8
+    assert cols == 64
     x = torch.randn(b, n, c3 + cols, dtype=F64, requires_grad=True)
     y = lion_attention_qkvpacked(x, h, mask="s", gates_in_qkv=True, num_prefix_tokens=prefix, form="chunk")
     la = F.logsigmoid(x[..., c3: c3 + h]).transpose(1, 2).clone()
@@ -242,12 +242,12 @@ def test_qkvpacked_gates_in_qkv(h):
 
 
 def test_qkvpacked_gates_in_qkv_errors():
-    x = torch.randn(2, 10, 3 * 3 * 4 + 8, dtype=F64)
+    x = torch.randn(2, 10, 3 * 3 * 4 + 64, dtype=F64)
     with pytest.raises(ValueError, match="LION-S's: use mask='s' and no log_decay, got mask='d'"):
         lion_attention_qkvpacked(x, 3, mask="d", gates_in_qkv=True)
     with pytest.raises(ValueError, match="and a log_decay"):
         lion_attention_qkvpacked(x, 3, mask="s", log_decay=torch.zeros(2, 3, 10), gates_in_qkv=True)
-    with pytest.raises(ValueError, match=r"3 \* num_heads \* d \+ 8\] \(gate logits padded"):
+    with pytest.raises(ValueError, match=r"3 \* num_heads \* d \+ 64\] \(gate logits padded"):
         lion_attention_qkvpacked(x[..., :-1], 3, mask="s", gates_in_qkv=True)
     with pytest.raises(ValueError, match=r"num_prefix_tokens must be an int in \[0, N = 10\], got 11"):
         lion_attention_qkvpacked(x, 3, mask="s", gates_in_qkv=True, num_prefix_tokens=11)
