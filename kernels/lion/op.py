@@ -22,7 +22,7 @@ import os
 import torch
 
 from lightvision.ops.heads import merge_heads, split_heads
-from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map, split_gate_logits, unpack_gates
+from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map, log_gates, split_gate_logits
 
 from .custom import lion_core, lion_packed
 from .parallel import EPS
@@ -80,7 +80,8 @@ def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, gate
     """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: the masked form is one packed
     op (custom.lion_packed: phi and its gradient inside, the gate logits read in place, Y and dqkv in the
     projections' layouts); the scan form runs the feature-map kernel, the scan and a head merge."""
-    q, k, v = split_heads(split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv, num_heads)
+    qkv3, z = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, None)
+    q, k, v = split_heads(qkv3, num_heads)
     if not supported(q, k, v):
         return NotImplemented
     kind = MASK_FEATURE_MAP[mask]
@@ -88,8 +89,7 @@ def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, gate
         return lion_packed(qkv, gates(mask, log_decay) if not gates_in_qkv else None, num_heads, kind, gates_in_qkv,
                            num_prefix_tokens)
     if gates_in_qkv:
-        qkv3, log_decay = unpack_gates(qkv, num_heads, num_prefix_tokens)
-        q, k, v = split_heads(qkv3, num_heads)
+        log_decay = log_gates(z, num_prefix_tokens)
     fq, fk = (lion_feature_map(t, kind, backend="triton") for t in (q, k))
     return merge_heads(lion_core(fq, fk, v, gates(mask, log_decay), True, "scan"))
 

@@ -21,7 +21,7 @@ from ..ops import (
     split_heads,
 )
 from ..ops._checks import BACKENDS, check_choice, compute_dtype
-from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns
+from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns, log_gates
 from .norm import RMSNorm
 
 ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
@@ -156,10 +156,7 @@ class LionAttention(_QKV):
         w, bias = self.gate.weight, self.gate.bias
         pad = gate_columns(w.shape[0], GATE_ALIGN) - w.shape[0]
         z = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(bias, (0, pad)))[..., : w.shape[0]]
-        z = z.to(compute_dtype(z)).view(b, n, -1, self.num_heads)  # [B, N, orders, H]
-        la = F.logsigmoid(-z).permute(2, 0, 3, 1)  # [orders, B, H, N]
-        prefix = torch.arange(n, device=x.device) < num_prefix_tokens
-        return list(la.masked_fill(prefix, 0.0).unbind(0))
+        return list(log_gates(-z.view(b, n, -1, self.num_heads), num_prefix_tokens).unbind(1))  # [B, H, N] each
 
     def _qkv_gates(self, x: torch.Tensor) -> torch.Tensor:
         """One projection x -> [q, k, v, -(w^T x + b), 0 padding]: [B, N, 3C + gate_columns(H)] (mask "s", no

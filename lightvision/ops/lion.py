@@ -48,13 +48,11 @@ def split_gate_logits(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, 
     return qkv[..., :c3], qkv[..., c3: c3 + num_heads]
 
 
-def unpack_gates(qkv: torch.Tensor, num_heads: int, num_prefix_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """qkv with gate logits z (split_gate_logits) -> (the q, k, v columns as a [B, N, 3 * H * d] view, log a =
-    logsigmoid(z) as [B, H, N] in the compute dtype, 0 on the first num_prefix_tokens tokens)."""
-    qkv3, z = split_gate_logits(qkv, num_heads)
-    log_a = F.logsigmoid(z.to(compute_dtype(z))).transpose(1, 2)
-    prefix = torch.arange(qkv.shape[1], device=qkv.device) < num_prefix_tokens
-    return qkv3, log_a.masked_fill(prefix, 0.0)
+def log_gates(z: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
+    """LION-S gate logits z [B, N, ...] -> log a = logsigmoid(z) [B, ..., N] in the compute dtype, 0 (a = 1) on the
+    first num_prefix_tokens tokens."""
+    log_a = F.logsigmoid(z.to(compute_dtype(z))).movedim(1, -1)
+    return log_a.masked_fill(torch.arange(z.shape[1], device=z.device) < num_prefix_tokens, 0.0)
 
 
 def lion_feature_map(x: torch.Tensor, kind: str = "silu_norm", *, backend: str = "auto") -> torch.Tensor:
@@ -151,7 +149,7 @@ def lion_attention_qkvpacked(
     0.5)). ``log_decay`` ([H] or [B, H, N] of the split heads) and ``form`` as :func:`lion_attention`.
     ``gates_in_qkv`` (mask "s", no log_decay): qkv is [B, N, 3 * H * d + gate_columns(H)] and carries LION-S's
     per-token gate logits z in columns 3 H d .. 3 H d + H - 1: log a = logsigmoid(z), 0 on the first
-    ``num_prefix_tokens`` tokens (:func:`unpack_gates`; the padding columns get gradient 0), so one Linear makes
+    ``num_prefix_tokens`` tokens (:func:`log_gates`; the padding columns get gradient 0), so one Linear makes
     q, k, v and the gates. The masked Triton kernel reads q, k, v and the gates in place, writes Y in the
     [B, N, H, d] layout of the output projection and the gradient straight into one tensor laid out as qkv (no
     stack of dq, dk, dv, no transposing copies, no concatenation with the gates' gradient).
@@ -162,7 +160,8 @@ def lion_attention_qkvpacked(
     check_choice(form, FORMS, "form")
     if gates_in_qkv:
         _check_gates_in_qkv(qkv, num_heads, mask, log_decay, num_prefix_tokens)
-        q, k, v = split_heads(split_gate_logits(qkv, num_heads)[0], num_heads)
+        qkv3, z = split_gate_logits(qkv, num_heads)
+        q, k, v = split_heads(qkv3, num_heads)
     else:
         q, k, v = split_heads(qkv, num_heads)
         check_log_decay(mask, log_decay, q, "lion_attention_qkvpacked")
@@ -172,8 +171,7 @@ def lion_attention_qkvpacked(
     if out is not NotImplemented:
         return out
     if gates_in_qkv:
-        qkv, log_decay = unpack_gates(qkv, num_heads, num_prefix_tokens)
-        q, k, v = split_heads(qkv, num_heads)
+        log_decay = log_gates(z, num_prefix_tokens)
     kind = MASK_FEATURE_MAP[mask]
     fq, fk = (lion_feature_map(t, kind, backend=backend) for t in (q, k))
     return merge_heads(lion_attention(fq, fk, v, mask=mask, log_decay=log_decay, form=form, backend=backend))
