@@ -15,8 +15,12 @@ Families and the batch used at each resolution (stated in every record):
 A training step is forward + backward + AdamW step under bf16 autocast (classification: cross-entropy
 on random labels; DiT: MSE on its noise/variance output for random t, y). Inference is a forward pass
 under ``torch.inference_mode``. Each measurement: warm-up steps, then the median over timed steps with
-CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset; ``--memory-batch B`` adds the
-inference peak memory at the fixed batch B at every size (``mode: infer_memory``: memory against token count). Out-of-memory is
+CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset. ``--memory-batch B`` adds an
+inference-memory record at the fixed batch B at every size (``mode: infer_memory``): the peak, the memory held before
+the forward (weights, input; ``base_gb``) and their difference, the forward's own memory (``activation_gb``), against
+the token count (``tokens``). ``--memory-only`` measures just that (fast; the issue #7 check that memory grows
+linearly with the tokens): the growth exponent between neighbouring sizes, log(activation ratio) / log(token ratio),
+is printed per attention (1 = linear, 2 = quadratic) and written as a second table. Out-of-memory is
 recorded as ``oom: true``. With ``--compile MODE`` each model is compiled fresh (``torch._dynamo.reset()`` first), as in a process of
 its own. Output: JSON (``{"env": ..., "records": [...]}``), a markdown table and a
 PNG per family (images/s and peak memory against resolution), the table printed last.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -99,28 +104,42 @@ def _peak_gb() -> float:
     return torch.cuda.max_memory_allocated() / 2**30
 
 
-def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int, memory_batch: int = 0) -> dict:
+def _infer(model: torch.nn.Module, inputs) -> None:
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        model(*inputs)
+
+
+def measure_memory(model: torch.nn.Module, inputs) -> dict:
+    """Inference memory (GB) of one forward of ``model`` (on CUDA, in eval mode) on ``inputs``: ``base_gb`` held before
+    it (weights, inputs, lazily created workspaces: a first forward runs untimed), ``peak_mem_gb`` during it and
+    ``activation_gb`` = peak - base, the forward's own memory."""
+    _infer(model, inputs)
+    torch.cuda.synchronize()
+    _reset_peak()
+    base = torch.cuda.memory_allocated() / 2**30
+    _infer(model, inputs)
+    torch.cuda.synchronize()
+    peak = _peak_gb()
+    return {"batch": int(inputs[0].shape[0]), "base_gb": base, "peak_mem_gb": peak, "activation_gb": peak - base}
+
+
+def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int, memory_batch: int = 0,
+            memory_only: bool = False) -> dict:
     """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
-    also the inference peak memory at that fixed batch (``infer_memory``: the same batch at every resolution, so the
-    growth with the token count shows; capped at ``batch``), measured before any optimizer state exists."""
+    also ``measure_memory`` at that fixed batch (``infer_memory``: the same batch at every resolution, so the growth
+    with the token count shows; capped at ``batch``), before any optimizer state exists; ``memory_only``: just that."""
     model = model.cuda()
     inputs = make_batch()
     result = {}
-
-    def infer(xs):
-        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
-            model(*xs)
-
-    _reset_peak()
     model.eval()
-    ms = _median_ms(lambda: infer(inputs), warmup, steps)
-    result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": _peak_gb()}
-    if memory_batch:
-        small = [t[:memory_batch] for t in inputs]
+    if not memory_only:
         _reset_peak()
-        infer(small)
-        torch.cuda.synchronize()
-        result["infer_memory"] = {"batch": int(small[0].shape[0]), "peak_mem_gb": _peak_gb()}
+        ms = _median_ms(lambda: _infer(model, inputs), warmup, steps)
+        result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": _peak_gb()}
+    if memory_batch:
+        result["infer_memory"] = measure_memory(model, [t[:memory_batch] for t in inputs])
+    if memory_only:
+        return result
 
     model.train()
     train_step = make_train_step(model, inputs, loss_of)
@@ -133,7 +152,7 @@ def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int
 def bench_one(family: str, attention: str, size: str, img_size: int, batch: int, args) -> list[dict]:
     """Records for one (model, attention, resolution); an OOM becomes ``oom: true`` records."""
     base = {"model": f"{family}_{size}", "attention": attention, "img_size": img_size, "batch": batch,
-            **({"compile": args.compile} if args.compile else {})}
+            "tokens": token_count(family, img_size), **({"compile": args.compile} if args.compile else {})}
     try:
         if family == "deit":
             model = build_deit(attention, img_size)
@@ -155,67 +174,118 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
         if args.compile:
             torch._dynamo.reset()  # each model compiles fresh, as in its own process (no shared cache entries)
             model = compile_model(model, mode=args.compile)
-        measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch)
+        measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch,
+                           args.memory_only)
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:
-        records = [{**base, "mode": mode, "oom": True} for mode in ("infer", "train")]
+        modes = ("infer_memory",) if args.memory_only else ("infer", "train")
+        records = [{**base, "mode": mode, "oom": True} for mode in modes]
     finally:
         model = None
         torch.cuda.empty_cache()
     for record in records:
         speed = f"{record['img_per_s']:9.1f} img/s" if "img_per_s" in record else " " * 15
         shown = "OOM" if record.get("oom") else f"{speed} {record['peak_mem_gb']:6.2f} GB"
+        if "activation_gb" in record:
+            shown += f" (forward's own {record['activation_gb']:.3f} GB, {record['tokens']} tokens)"
         print(f"{record['model']:8s} {attention:13s} {img_size:5d}px b={record['batch']:<4d} {record['mode']:5s} {shown}",
               flush=True)
     return records
 
 
+def token_count(family: str, img_size: int) -> int:
+    """Tokens the attention sees: one per 16 px square (DeiT-S: patch 16; DiT-*/2: patch 2 on the 8x smaller
+    latent), plus DeiT's class token."""
+    return (img_size // 16) ** 2 + (1 if family == "deit" else 0)
+
+
+def memory_growth(records: list[dict]) -> list[dict]:
+    """Per (model, attention), from its ``infer_memory`` records (OOM ones left out): the sizes, tokens, activation GB
+    and the growth exponents between neighbouring sizes, log(activation ratio) / log(token ratio) (1 = linear in
+    the tokens, 2 = quadratic; None where a size measured no memory), with their maximum (``max_exponent``; None
+    without two such sizes)."""
+    series: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if r["mode"] == "infer_memory" and not r.get("oom"):
+            series.setdefault((r["model"], r["attention"]), []).append(r)
+    rows = []
+    for (model, attention), rs in series.items():
+        rs = sorted(rs, key=lambda r: r["tokens"])
+        exponents = [math.log(b["activation_gb"] / a["activation_gb"]) / math.log(b["tokens"] / a["tokens"])
+                     if min(a["activation_gb"], b["activation_gb"]) > 0 else None for a, b in zip(rs, rs[1:])]
+        known = [e for e in exponents if e is not None]
+        rows.append({"model": model, "attention": attention, "batch": rs[0]["batch"],
+                     "img_size": [r["img_size"] for r in rs], "tokens": [r["tokens"] for r in rs],
+                     "activation_gb": [r["activation_gb"] for r in rs], "exponents": exponents,
+                     "max_exponent": max(known) if known else None})
+    return rows
+
+
+def memory_growth_table(rows: list[dict]) -> str:
+    """Markdown: activation GB per size and the growth exponents of ``memory_growth``."""
+    lines = ["| model | attention | batch | px (tokens): forward activation GB | growth exponents | max |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        sizes = ", ".join(f"{px} ({n}): {gb:.3f}" for px, n, gb in zip(r["img_size"], r["tokens"], r["activation_gb"]))
+        exps = ", ".join("-" if e is None else f"{e:.2f}" for e in r["exponents"]) or "-"
+        worst = "-" if r["max_exponent"] is None else f"{r['max_exponent']:.2f}"
+        lines.append(f"| {r['model']} | {r['attention']} | {r['batch']} | {sizes} | {exps} | {worst} |")
+    return "\n".join(lines)
+
+
 def markdown_table(records: list[dict]) -> str:
     """Rows (model, attention, px, batch); columns train/infer images/s and peak GB."""
-    rows, memory = {}, {}
+    rows = {}
     for r in records:
-        if r["mode"] == "infer_memory":
-            memory[(r["model"], r["attention"], r["img_size"])] = f"{r['peak_mem_gb']:.2f} (b={r['batch']})"
-            continue
-        key = (r["model"], r["attention"], r["img_size"], r["batch"])
-        cell = "OOM" if r.get("oom") else f"{r['img_per_s']:.1f} / {r['peak_mem_gb']:.2f}"
-        rows.setdefault(key, {})[r["mode"]] = cell
+        if r.get("oom"):
+            cell = "OOM"
+        elif r["mode"] == "infer_memory":
+            cell = f"{r['peak_mem_gb']:.2f} / {r['activation_gb']:.3f} (b={r['batch']})"
+        else:
+            cell = f"{r['img_per_s']:.1f} / {r['peak_mem_gb']:.2f}"
+        rows.setdefault((r["model"], r["attention"], r["img_size"]), {"batch": r["batch"]})[r["mode"]] = cell
     lines = [
-        "| model | attention | px | batch | train img/s / peak GB | infer img/s / peak GB | infer peak GB, fixed batch |",
+        "| model | attention | px | batch | train img/s / peak GB | infer img/s / peak GB |"
+        " infer peak GB / forward's own GB, fixed batch |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for (model, attention, px, batch), cells in rows.items():
-        lines.append(f"| {model} | {attention} | {px} | {batch} | {cells.get('train', '-')} | {cells.get('infer', '-')} | "
-                     f"{memory.get((model, attention, px), '-')} |")
+    for (model, attention, px), cells in rows.items():
+        lines.append(f"| {model} | {attention} | {px} | {cells['batch']} | {cells.get('train', '-')} | "
+                     f"{cells.get('infer', '-')} | {cells.get('infer_memory', '-')} |")
     return "\n".join(lines)
 
 
 def plot(records: list[dict], path: Path) -> None:
-    """Per model family: training images/s and inference peak memory against resolution (log-y)."""
+    """Per model family: training images/s against resolution (log-y), and inference memory: the forward's own GB
+    against the token count at the fixed batch (log-log: slope 1 is linear), else the peak GB against resolution."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     models = sorted({r["model"] for r in records})
-    fig, axes = plt.subplots(len(models), 2, figsize=(11, 3.6 * len(models)), squeeze=False)
+    panels = {}
+    for model in models:
+        modes = {r["mode"] for r in records if r["model"] == model}
+        panels[model] = ([("train", "img_size", "img_per_s", "image px", "train images/s")] if "train" in modes else []) + (
+            [("infer_memory", "tokens", "activation_gb", "tokens", "forward's own GB, fixed batch")]
+            if "infer_memory" in modes else [("infer", "img_size", "peak_mem_gb", "image px", "inference peak GB")])
+    cols = max(len(p) for p in panels.values())
+    fig, axes = plt.subplots(len(models), cols, figsize=(5.5 * cols, 3.6 * len(models)), squeeze=False)
     for row, model in enumerate(models):
-        fixed = any(r["mode"] == "infer_memory" for r in records if r["model"] == model)
-        memory = ("infer_memory", "peak_mem_gb", "inference peak GB, fixed batch") if fixed else \
-            ("infer", "peak_mem_gb", "inference peak GB")
-        for col, (mode, key, label) in enumerate((("train", "img_per_s", "train images/s"), memory)):
+        for col, (mode, xkey, ykey, xlabel, ylabel) in enumerate(panels[model]):
             ax = axes[row][col]
             for attention in sorted({r["attention"] for r in records if r["model"] == model}):
-                pts = sorted(
-                    (r["img_size"], r[key]) for r in records
-                    if r["model"] == model and r["attention"] == attention and r["mode"] == mode and not r.get("oom")
-                )
+                pts = sorted((r[xkey], r[ykey]) for r in records if r["model"] == model and
+                             r["attention"] == attention and r["mode"] == mode and not r.get("oom"))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=attention)
-            ax.set_xlabel("image px")
-            ax.set_ylabel(label)
+            if xkey == "tokens":
+                ax.set_xscale("log")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
             ax.set_yscale("log")
-            ax.set_title(f"{model}: {label}")
+            ax.set_title(f"{model}: {ylabel}")
             ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -233,11 +303,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile each model (custom ops stay in the graph) in this mode (default: "
                              "'default'); 'reduce-overhead' replays the steps as CUDA graphs")
     parser.add_argument("--memory-batch", type=int, default=0,
-                        help="also record inference peak memory at this fixed batch at every size (mode infer_memory)")
+                        help="also record inference memory at this fixed batch at every size (mode infer_memory; "
+                             "default 8 with --memory-only)")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="only the fixed-batch inference memory (no timing) and its growth with the token count")
     parser.add_argument("--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it")
     args = parser.parse_args(argv)
+    if args.memory_batch < 0:
+        parser.error(f"--memory-batch must be >= 0 (0: no memory records), got {args.memory_batch}")
+    if args.memory_only:
+        args.memory_batch = args.memory_batch or 8
     if not torch.cuda.is_available():
-        parser.error("bench_models.py measures GPU throughput and needs CUDA")
+        parser.error("bench_models.py measures GPU throughput and memory and needs CUDA")
 
     plan = []
     if args.family in ("deit", "all"):
@@ -257,13 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     records = []
     for family, attention, size, px, batch in plan:
-        records.extend(bench_one(family, attention, size, px, batch, args))
+        records.extend(bench_one(family, attention, size, px, args.memory_batch if args.memory_only else batch, args))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
-    out.write_text(json.dumps({"env": env, "records": records}, indent=1))
     table = markdown_table(records)
+    growth = memory_growth(records)
+    if growth:
+        table += "\n\nInference memory against the token count (growth exponent 1 = linear, 2 = quadratic):\n\n"
+        table += memory_growth_table(growth)
+    out.write_text(json.dumps({"env": env, "records": records, **({"memory_growth": growth} if growth else {})},
+                              indent=1))
     out.with_suffix(".md").write_text(table + "\n")
     plot(records, out.with_suffix(".png"))
     print(table)

@@ -1,0 +1,85 @@
+"""scripts/bench_models.py's CPU-side parts: token counts, the memory-growth exponents (issue #7's linear-memory
+check), its tables and plot, and an argument error raised before any GPU is needed."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_models.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_models", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _memory_records(bench, attention: str, act_of_tokens, sizes=(224, 512, 1024), oom_at=()):
+    out = []
+    for px in sizes:
+        n = bench.token_count("deit", px)
+        base = {"model": "deit_s", "attention": attention, "img_size": px, "batch": 8, "tokens": n,
+                "mode": "infer_memory"}
+        if px in oom_at:
+            out.append({**base, "oom": True})
+        else:
+            act = act_of_tokens(n)
+            out.append({**base, "base_gb": 0.1, "peak_mem_gb": 0.1 + act, "activation_gb": act})
+    return out
+
+
+def test_token_count(bench):
+    assert [bench.token_count("deit", px) for px in (224, 512, 1024)] == [197, 1025, 4097]
+    assert [bench.token_count("dit", px) for px in (256, 512, 1024)] == [256, 1024, 4096]
+
+
+def test_memory_growth_exponents(bench):
+    linear = _memory_records(bench, "lightnet", lambda n: 3e-4 * n)
+    quadratic = _memory_records(bench, "lion_s_mask", lambda n: 1e-7 * n * n)
+    # a fixed part on top of a linear one bends the exponent below 1, never above
+    affine = _memory_records(bench, "lion_s", lambda n: 0.05 + 3e-4 * n)
+    rows = {r["attention"]: r for r in bench.memory_growth(linear + quadratic + affine)}
+    assert rows["lightnet"]["exponents"] == pytest.approx([1.0, 1.0])
+    assert rows["lion_s_mask"]["max_exponent"] == pytest.approx(2.0)
+    assert all(0 < e < 1 for e in rows["lion_s"]["exponents"])
+    assert rows["lightnet"]["tokens"] == [197, 1025, 4097]
+    expected = math.log(quadratic[2]["activation_gb"] / quadratic[1]["activation_gb"]) / math.log(4097 / 1025)
+    assert rows["lion_s_mask"]["exponents"][1] == pytest.approx(expected)
+
+
+def test_memory_growth_skips_oom_and_unordered_input(bench):
+    recs = _memory_records(bench, "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
+    rows = bench.memory_growth(list(reversed(recs)))
+    assert rows[0]["img_size"] == [224, 512] and len(rows[0]["exponents"]) == 1
+    single = bench.memory_growth(_memory_records(bench, "softmax", lambda n: 1e-4 * n, sizes=(224,)))
+    assert single[0]["exponents"] == [] and single[0]["max_exponent"] is None
+    zero = bench.memory_growth(_memory_records(bench, "softmax", lambda n: 0.0, sizes=(224, 512)))
+    assert zero[0]["exponents"] == [None] and zero[0]["max_exponent"] is None
+
+
+def test_tables_and_plot(bench, tmp_path):
+    recs = _memory_records(bench, "lightnet", lambda n: 3e-4 * n) + _memory_records(
+        bench, "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
+    table = bench.markdown_table(recs)
+    assert f"| deit_s | lightnet | 1024 | 8 | - | - | {0.1 + 3e-4 * 4097:.2f} / {3e-4 * 4097:.3f} (b=8) |" in table
+    assert "| deit_s | lion_s_mask | 1024 | 8 | - | - | OOM |" in table
+    growth = bench.memory_growth_table(bench.memory_growth(recs))
+    assert "| deit_s | lightnet | 8 | 224 (197): 0.059, 512 (1025): 0.307, 1024 (4097): 1.229 | 1.00, 1.00 | 1.00 |" in growth
+    assert "| deit_s | lion_s_mask | 8 |" in growth and "| 2.00 | 2.00 |" in growth
+    timed = [{"model": "deit_s", "attention": "softmax", "img_size": 224, "batch": 256, "tokens": 197, "mode": m,
+              "img_per_s": 1000.0, "peak_mem_gb": 8.0} for m in ("infer", "train")]
+    bench.plot(recs + timed, tmp_path / "m.png")
+    assert (tmp_path / "m.png").stat().st_size > 0
+
+
+def test_negative_memory_batch_is_refused(bench, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--memory-only", "--memory-batch", "-1", "--out", "/nonexistent/never_written.json"])
+    assert exit_info.value.code == 2
+    assert "--memory-batch must be >= 0" in capsys.readouterr().err
