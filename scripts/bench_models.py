@@ -22,8 +22,9 @@ the token count (``tokens``). ``--memory-only`` measures just that (fast; the is
 linearly with the tokens): the growth exponent between neighbouring sizes, log(activation ratio) / log(token ratio),
 is printed per attention (1 = linear, 2 = quadratic) and written as a second table. Out-of-memory is
 recorded as ``oom: true``. With ``--compile MODE`` each model is compiled fresh (``torch._dynamo.reset()`` first), as in a process of
-its own. Output: JSON (``{"env": ..., "records": [...]}``), a markdown table and a
-PNG per family (images/s and peak memory against resolution), the table printed last.
+its own. Output: JSON (``{"env": ..., "records": [...]}``, plus ``memory_growth`` with fixed-batch records), a markdown
+table and a PNG per family (training images/s against resolution; the forward's own memory against the token count,
+log-log, with fixed-batch records, else the inference peak against resolution), the table printed last.
 """
 
 from __future__ import annotations
