@@ -9,6 +9,8 @@
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
+#   memory       DeiT-S inference memory at batch 8 from 224 to 1024 px, every attention, and its growth exponent with
+#                the token count (bench_models.py --memory-only; a minute or two)
 set -u
 out="$(realpath -m "$1")"; shift
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,6 +56,11 @@ for stage in "$@"; do
         > "$out/profile.log" 2>&1; stamp "profile done rc=$?"
       python3 "$repo/scripts/plot_attention.py" "$out/attention.json" --out "$out/attention_vs_length" > /dev/null
       tail -n 30 "$out/attention.log"; tail -n 60 "$out/models.log"
+      ;;
+    memory)
+      python3 "$repo/scripts/bench_models.py" --family deit --memory-only --out "$out/models_memory.json" \
+        > "$out/models_memory.log" 2>&1; stamp "memory done rc=$?"
+      tail -n 12 "$out/models_memory.log"
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac
