@@ -153,7 +153,7 @@ def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int
 def bench_one(family: str, attention: str, size: str, img_size: int, batch: int, args) -> list[dict]:
     """Records for one (model, attention, resolution); an OOM becomes ``oom: true`` records."""
     base = {"model": f"{family}_{size}", "attention": attention, "img_size": img_size, "batch": batch,
-            "tokens": token_count(family, img_size), **({"compile": args.compile} if args.compile else {})}
+            **({"compile": args.compile} if args.compile else {})}
     try:
         if family == "deit":
             model = build_deit(attention, img_size)
@@ -172,6 +172,7 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
                 )
 
             loss_of = lambda out: out.float().square().mean()  # noqa: E731
+        base["tokens"] = token_count(model)
         if args.compile:
             torch._dynamo.reset()  # each model compiles fresh, as in its own process (no shared cache entries)
             model = compile_model(model, mode=args.compile)
@@ -194,10 +195,9 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
     return records
 
 
-def token_count(family: str, img_size: int) -> int:
-    """Tokens the attention sees: one per 16 px square (DeiT-S: patch 16; DiT-*/2: patch 2 on the 8x smaller
-    latent), plus DeiT's class token."""
-    return (img_size // 16) ** 2 + (1 if family == "deit" else 0)
+def token_count(model: torch.nn.Module) -> int:
+    """Tokens the attention sees: the model's patches plus its prefix tokens (DeiT's class token)."""
+    return model.patch_embed.num_patches + getattr(model, "num_prefix_tokens", 0)
 
 
 def memory_growth(records: list[dict]) -> list[dict]:

@@ -23,7 +23,7 @@ def bench():
 def _memory_records(bench, attention: str, act_of_tokens, sizes=(224, 512, 1024), oom_at=()):
     out = []
     for px in sizes:
-        n = bench.token_count("deit", px)
+        n = (px // 16) ** 2 + 1  # DeiT: patch 16 and a class token
         base = {"model": "deit_s", "attention": attention, "img_size": px, "batch": 8, "tokens": n,
                 "mode": "infer_memory"}
         if px in oom_at:
@@ -35,8 +35,14 @@ def _memory_records(bench, attention: str, act_of_tokens, sizes=(224, 512, 1024)
 
 
 def test_token_count(bench):
-    assert [bench.token_count("deit", px) for px in (224, 512, 1024)] == [197, 1025, 4097]
-    assert [bench.token_count("dit", px) for px in (256, 512, 1024)] == [256, 1024, 4096]
+    import timm
+
+    from lightvision.diffusion import create_model
+
+    deit = [timm.create_model("softmax_deit_tiny_patch16_224", img_size=px, depth=1) for px in (224, 512, 1024)]
+    dit = [create_model("softmax_dit_s_2", input_size=px // 8, depth=1) for px in (256, 512, 1024)]
+    assert [bench.token_count(m) for m in deit] == [197, 1025, 4097]
+    assert [bench.token_count(m) for m in dit] == [256, 1024, 4096]
 
 
 def test_memory_growth_exponents(bench):
