@@ -263,6 +263,7 @@ def plot(records: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     models = sorted({r["model"] for r in records})
     panels = {}
@@ -281,8 +282,11 @@ def plot(records: list[dict], path: Path) -> None:
                              r["attention"] == attention and r["mode"] == mode and not r.get("oom"))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=attention)
-            if xkey == "tokens":
+            if xkey == "tokens":  # log x, ticks at the measured token counts (no crowded minor labels)
                 ax.set_xscale("log")
+                ticks = sorted({r["tokens"] for r in records if r["model"] == model and r["mode"] == mode})
+                ax.set_xticks(ticks, [str(t) for t in ticks])
+                ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.set_yscale("log")
