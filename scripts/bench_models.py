@@ -277,15 +277,16 @@ def plot(records: list[dict], path: Path) -> None:
     for row, model in enumerate(models):
         for col, (mode, xkey, ykey, xlabel, ylabel) in enumerate(panels[model]):
             ax = axes[row][col]
+            xs = set()
             for attention in sorted({r["attention"] for r in records if r["model"] == model}):
                 pts = sorted((r[xkey], r[ykey]) for r in records if r["model"] == model and
                              r["attention"] == attention and r["mode"] == mode and not r.get("oom"))
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=attention)
+                    xs.update(x for x, _ in pts)
             if xkey == "tokens":  # log x, ticks at the measured token counts (no crowded minor labels)
                 ax.set_xscale("log")
-                ticks = sorted({r["tokens"] for r in records if r["model"] == model and r["mode"] == mode})
-                ax.set_xticks(ticks, [str(t) for t in ticks])
+                ax.set_xticks(sorted(xs), [str(t) for t in sorted(xs)])
                 ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)

@@ -20,7 +20,7 @@ def bench():
     return module
 
 
-def _memory_records(bench, attention: str, act_of_tokens, sizes=(224, 512, 1024), oom_at=()):
+def _memory_records(attention: str, act_of_tokens, sizes=(224, 512, 1024), oom_at=()):
     out = []
     for px in sizes:
         n = (px // 16) ** 2 + 1  # DeiT: patch 16 and a class token
@@ -46,10 +46,10 @@ def test_token_count(bench):
 
 
 def test_memory_growth_exponents(bench):
-    linear = _memory_records(bench, "lightnet", lambda n: 3e-4 * n)
-    quadratic = _memory_records(bench, "lion_s_mask", lambda n: 1e-7 * n * n)
+    linear = _memory_records("lightnet", lambda n: 3e-4 * n)
+    quadratic = _memory_records("lion_s_mask", lambda n: 1e-7 * n * n)
     # a fixed part on top of a linear one bends the exponent below 1, never above
-    affine = _memory_records(bench, "lion_s", lambda n: 0.05 + 3e-4 * n)
+    affine = _memory_records("lion_s", lambda n: 0.05 + 3e-4 * n)
     rows = {r["attention"]: r for r in bench.memory_growth(linear + quadratic + affine)}
     assert rows["lightnet"]["exponents"] == pytest.approx([1.0, 1.0])
     assert rows["lion_s_mask"]["max_exponent"] == pytest.approx(2.0)
@@ -60,18 +60,18 @@ def test_memory_growth_exponents(bench):
 
 
 def test_memory_growth_skips_oom_and_unordered_input(bench):
-    recs = _memory_records(bench, "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
+    recs = _memory_records("lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
     rows = bench.memory_growth(list(reversed(recs)))
     assert rows[0]["img_size"] == [224, 512] and len(rows[0]["exponents"]) == 1
-    single = bench.memory_growth(_memory_records(bench, "softmax", lambda n: 1e-4 * n, sizes=(224,)))
+    single = bench.memory_growth(_memory_records("softmax", lambda n: 1e-4 * n, sizes=(224,)))
     assert single[0]["exponents"] == [] and single[0]["max_exponent"] is None
-    zero = bench.memory_growth(_memory_records(bench, "softmax", lambda n: 0.0, sizes=(224, 512)))
+    zero = bench.memory_growth(_memory_records("softmax", lambda n: 0.0, sizes=(224, 512)))
     assert zero[0]["exponents"] == [None] and zero[0]["max_exponent"] is None
 
 
 def test_tables_and_plot(bench, tmp_path):
-    recs = _memory_records(bench, "lightnet", lambda n: 3e-4 * n) + _memory_records(
-        bench, "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
+    recs = _memory_records("lightnet", lambda n: 3e-4 * n) + _memory_records(
+        "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
     table = bench.markdown_table(recs)
     assert f"| deit_s | lightnet | 1024 | 8 | - | - | {0.1 + 3e-4 * 4097:.2f} / {3e-4 * 4097:.3f} (b=8) |" in table
     assert "| deit_s | lion_s_mask | 1024 | 8 | - | - | OOM |" in table
