@@ -11,6 +11,14 @@
 #                plot_attention.py, bench_models.py, profile_model.py)
 #   memory       DeiT-S inference memory at batch 8 from 224 to 1024 px, every attention, and its growth exponent with
 #                the token count (bench_models.py --memory-only; a minute or two)
+#   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
+#                narrows them with -k)
+#   variants     LightNet-DiT-S/2 variants (configs/variants/diffusion_cifar10.yaml) and attention kinds trained side by
+#                side on one GPU (scripts/run_variants.py, CUDA MPS when its daemon starts): LV_NAMES in priority
+#                order, LV_STEPS, LV_DEADLINE (seconds; the last-listed runs are stopped to meet it), LV_TAG,
+#                LV_EVAL_SECONDS (expected evaluation time) and LV_BENCH_ARGS for every run (e.g. "--no-fid
+#                --samples 1000 --sample-steps 50"); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and at most
+#                about six DiT-S/2 runs at batch 128 share an 80 GB GPU
 set -u
 out="$(realpath -m "$1")"; shift
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -61,6 +69,18 @@ for stage in "$@"; do
       python3 "$repo/scripts/bench_models.py" --family deit --memory-only --out "$out/models_memory.json" \
         > "$out/models_memory.log" 2>&1; stamp "memory done rc=$?"
       tail -n 12 "$out/models_memory.log"
+      ;;
+    tests)
+      (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels tests/ops tests/layers ${LV_TESTS_K:+-k "$LV_TESTS_K"} \
+        > "$out/tests.log" 2>&1); stamp "tests done rc=$?"; tail -n 15 "$out/tests.log"
+      ;;
+    variants)
+      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      python3 "$repo/scripts/run_variants.py" ${LV_NAMES:?} --steps "${LV_STEPS:-4000}" --deadline "${LV_DEADLINE:-540}" \
+        --eval-seconds "${LV_EVAL_SECONDS:-150}" \
+        --data /tmp/cifar --out "$out" --variants "$repo/configs/variants/diffusion_cifar10.yaml" \
+        --tag "${LV_TAG:-variants}" -- ${LV_BENCH_ARGS:-} > "$out/variants.log" 2>&1; stamp "variants done rc=$?"
+      tail -n 40 "$out/variants.log"
       ;;
     *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -3,11 +3,11 @@
     python -m lightvision.classify.benchmark --data /tmp/cifar --out $OUT --epochs 5 \\
         softmax lightnet lion_d lion_s lion_s_snake
 
-Per attention kind: ``{kind}_deit_tiny_patch16_224`` (tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
+Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides): ``{kind}_deit_tiny_patch16_224`` (tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
 trained with ``configs/classify/cifar10.yaml`` for ``--epochs`` epochs (``--warmup-epochs`` of linear warm-up;
 mixup / cutmix off, RandAugment and random erasing on as in the recipe), then evaluated on the test split at every
 ``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
-``classify_cifar10.json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
+``classify_cifar10[_TAG].json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
 images/s) under ``--out`` and prints a table last; runs stay in ``--work``.
 """
 
@@ -20,29 +20,32 @@ from pathlib import Path
 
 import torch
 
-from lightvision.results import comparison_parser, comparison_report, run_each
+from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "cifar10.yaml"
 
 
-def run_kind(kind: str, args: argparse.Namespace) -> dict:
-    """Train ``kind`` with the shared recipe and evaluate it at every size; returns its results."""
+def run_kind(name: str, args: argparse.Namespace) -> dict:
+    """Train an attention kind or a variant of ``--variants`` with the shared recipe and evaluate it at every size;
+    returns its results."""
+    from lightvision.classify.deit import FAMILIES
     from lightvision.classify.evaluate import evaluate_checkpoint
     from lightvision.classify.train import load_train_config, train
 
-    run = Path(args.work) / kind
+    kind, variant_set = resolve_variant(name, args.variants, FAMILIES)
+    run = Path(args.work) / name
     cfg = load_train_config(RECIPE, [
         f"model.name={kind}_deit_tiny_patch16_224", f"data.root={args.data}", f"data.num_workers={args.workers}",
         f"sched.epochs={args.epochs}", f"sched.warmup_epochs={args.warmup_epochs}", f"train.batch_size={args.batch_size}",
         "aug.mixup=0", "aug.cutmix=0", f"train.eval_every_epochs={args.epochs}", f"run.dir={run}",
-        "train.log_every=50", *args.set,
+        "train.log_every=50", *variant_set, *args.set,
     ])
     start = time.time()
     final = train(cfg)
     train_seconds = time.time() - start
     report = evaluate_checkpoint(run, args.img_size, batch_size=500, num_workers=args.workers)
     return {
-        "model": cfg["model"]["name"], "recipe": {k: cfg[k] for k in ("model", "aug", "optim", "sched", "train")},
+        "model": cfg["model"]["name"], "variant_set": variant_set, "recipe": {k: cfg[k] for k in ("model", "aug", "optim", "sched", "train")},
         "params": final["params"], "epochs": final["epochs"], "train_seconds": round(train_seconds, 1),
         "train_images_per_s": round(final["step"] * args.batch_size / train_seconds, 1), "final": final,
         "eval": [{k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
@@ -74,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
-    out, report = comparison_report("classify", args, argv)
-    results = run_each(args.kinds, lambda kind: run_kind(kind, args), report, out / "classify_cifar10.json")
+    _, report = comparison_report("classify", args, argv)
+    results = run_each(args.kinds, lambda name: run_kind(name, args), report, report_path("classify", args))
     print(table(results, args.img_size))
     return 0
 

@@ -55,11 +55,13 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lightvision.layers import GLU, MDTPE, PatchEmbed, RMSNorm, build_attention
+from lightvision.layers import GLU, MDTPE, PatchEmbed, RMSNorm, build_attention, build_tpe, sincos_pos_embed
+from lightvision.ops._checks import check_choice
 
 __all__ = [
     "FAMILIES",
     "MODEL_NAMES",
+    "POS_EMBEDS",
     "SIZES",
     "Block",
     "DeiT",
@@ -76,23 +78,25 @@ class Family:
 
     norm: "layernorm" | "rmsnorm" (pre-norm of every block and the final norm).
     mlp: "gelu" (DeiT MLP, hidden = 4 * dim, with biases) | "glu" (GLU, hidden = 8/3 * dim, no biases).
-    pos_embed: learned absolute position embedding over cls + patch tokens.
-    tpe: MD-TPE once after the patch embedding.
+    pos_embed: absolute position embedding, one of ``POS_EMBEDS``: "learned" (over cls + patch tokens, resampled to
+        other grids), "sincos" (fixed 2-D sin-cos on the patch tokens, computed for every grid) or "none".
+    tpe_placement: MD-TPE "none", once after the patch embedding ("embed") or at the start of every block ("block").
     heads: heads per size (tiny, small, base).
     """
 
     norm: str
     mlp: str
-    pos_embed: bool
-    tpe: bool
+    pos_embed: str
+    tpe_placement: str
     heads: tuple[int, int, int] = (3, 6, 12)
 
 
-_DEIT = Family(norm="layernorm", mlp="gelu", pos_embed=True, tpe=False)
-_LION_MASKED = Family(norm="layernorm", mlp="gelu", pos_embed=False, tpe=False)
+POS_EMBEDS = ("learned", "sincos", "none")
+_DEIT = Family(norm="layernorm", mlp="gelu", pos_embed="learned", tpe_placement="none")
+_LION_MASKED = Family(norm="layernorm", mlp="gelu", pos_embed="none", tpe_placement="none")
 FAMILIES: dict[str, Family] = {
     "softmax": _DEIT,
-    "lightnet": Family(norm="rmsnorm", mlp="glu", pos_embed=False, tpe=True, heads=(6, 16, 16)),
+    "lightnet": Family(norm="rmsnorm", mlp="glu", pos_embed="none", tpe_placement="embed", heads=(6, 16, 16)),
     "lion_lit": _DEIT,
     "lion_d": _LION_MASKED,
     "lion_s": _LION_MASKED,
@@ -142,8 +146,10 @@ class Block(nn.Module):
         proj_drop: float = 0.0,
         drop_path: float = 0.0,
         attn_kwargs: dict[str, Any] | None = None,
+        tpe: MDTPE | None = None,
     ) -> None:
         super().__init__()
+        self.tpe = tpe
         self.norm1 = _norm_layer(norm, dim)
         self.attn = build_attention(attention, dim, num_heads, **(attn_kwargs or {}))
         self.drop_path1 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
@@ -158,6 +164,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
         """x [B, num_prefix_tokens + h * w, D], grid (h, w) -> [B, num_prefix_tokens + h * w, D]."""
+        if self.tpe is not None:
+            x = self.tpe(x, grid, num_prefix_tokens)
         x = x + self.drop_path1(self.attn(self.norm1(x), grid=grid, num_prefix_tokens=num_prefix_tokens))
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
@@ -178,7 +186,11 @@ class DeiT(nn.Module):
         drop_rate: dropout after the position embedding and before the head.
         proj_drop_rate: dropout inside the GELU MLP.
         drop_path_rate: stochastic depth, linearly increasing over the blocks up to this value.
-        attn_kwargs: extra keyword arguments for ``build_attention`` (ablation switches of a kind).
+        attn_kwargs: extra keyword arguments for ``build_attention`` (the kind's ablation switches, e.g. LightNet's
+            lrpe "per_axis" | "global" | "mixed" | "none", key_softmax, norm, gate_rank).
+        pos_embed: absolute position embedding "learned" | "sincos" | "none" (None: the family's, ``FAMILIES``).
+        tpe_placement: MD-TPE "none" | "embed" | "block" (None: the family's).
+        tpe_kwargs: ``MDTPE`` options (form, combine, decay, norm, expand).
     """
 
     def __init__(
@@ -197,6 +209,9 @@ class DeiT(nn.Module):
         proj_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         attn_kwargs: dict[str, Any] | None = None,
+        pos_embed: str | None = None,
+        tpe_placement: str | None = None,
+        tpe_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if attention not in FAMILIES:
@@ -204,6 +219,8 @@ class DeiT(nn.Module):
         if global_pool not in ("token", "avg", ""):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         family = FAMILIES[attention]
+        self.pos_embed_kind = pos_embed or family.pos_embed
+        check_choice(self.pos_embed_kind, POS_EMBEDS, "pos_embed")
         self.attention = attention
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -216,13 +233,13 @@ class DeiT(nn.Module):
         self.img_size = _pair(img_size)
         self._check_size(self.img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        if family.pos_embed:
+        if self.pos_embed_kind == "learned":
             grid = self.grid_size(self.img_size)
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + grid[0] * grid[1], embed_dim))
         else:
             self.pos_embed = None
         self.pos_drop = nn.Dropout(drop_rate)
-        self.tpe = MDTPE(embed_dim) if family.tpe else None
+        self.tpe, block_tpes = build_tpe(tpe_placement or family.tpe_placement, embed_dim, depth, tpe_kwargs)
 
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]
         self.blocks = nn.ModuleList(
@@ -236,6 +253,7 @@ class DeiT(nn.Module):
                 proj_drop=proj_drop_rate,
                 drop_path=dpr[i],
                 attn_kwargs=attn_kwargs,
+                tpe=block_tpes[i],
             )
             for i in range(depth)
         )
@@ -331,6 +349,8 @@ class DeiT(nn.Module):
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_embed is not None:
             x = x + self._pos_embed_for(tuple(grid))
+        elif self.pos_embed_kind == "sincos":
+            x = torch.cat([x[:, :1], x[:, 1:] + sincos_pos_embed(x.shape[-1], tuple(grid), x.device).to(x.dtype)], 1)
         x = self.pos_drop(x)
         if self.tpe is not None:
             x = self.tpe(x, grid, self.num_prefix_tokens)

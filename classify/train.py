@@ -46,8 +46,9 @@ DEFAULTS: dict[str, Any] = {
         "img_size": 224,
         "drop_path": 0.1,
         # more timm.create_model kwargs as one mapping, e.g. model.args={patch_size: 4, embed_dim: 64}
-        # (patch_size, embed_dim, depth, num_heads, drop_rate, attn_kwargs, ...); set as a whole
-        "args": None,
+        # (patch_size, embed_dim, depth, num_heads, drop_rate, attn_kwargs, pos_embed, tpe_placement, tpe_kwargs, ...);
+        # an open section: model.args.KEY=VALUE sets one of them
+        "args": {},
     },
     "data": {
         "source": "imagefolder",  # "imagefolder" (root/train, root/val) or "digits" (bundled, no download)

@@ -1,18 +1,21 @@
-"""CIFAR-10 pixel-space comparison of attention kinds at an equal number of steps (the GPU check).
+"""CIFAR-10 pixel-space comparison of attention kinds and model variants at an equal number of steps (the GPU check).
 
-    python -m lightvision.diffusion.benchmark --data /tmp/cifar --out $OUT --steps 1000 softmax lightnet lion_s
+    python -m lightvision.diffusion.benchmark --data /tmp/cifar --out $OUT --steps 4000 softmax lion_s lightnet \\
+        lightnet_paper --variants configs/variants/diffusion_cifar10.yaml
 
-1. a small CIFAR-10 classifier trained with ``lightvision classify train`` (its feature space replaces Inception,
-   which is not available offline);
-2. per attention kind: the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_{size}_2`` (``--size``, default s;
-   ``--set`` adds recipe overrides) for ``--steps`` steps,
-   then test-set bits/dim (stratified VLB estimate on ``--bpd-images`` test images), ``--fid-samples`` DDPM samples
-   (``--sample-steps`` respaced steps) and their FID against the test set in the classifier's feature space, and an
-   EMA sample grid (100 samples, guidance 1.5, same steps). Evaluation uses the EMA weights of the recipe
-   (decay 0.9999 with the engine's warm-up ``min(0.9999, (1 + s) / (10 + s))``: after s steps the EMA averages
-   roughly the last s / 10 steps, so short runs are evaluated fairly);
-3. ``diffusion_cifar10.json`` (results + env block) and ``grid_<kind>.png`` under ``--out``; runs, checkpoints and
-   samples stay in ``--work``.
+1. unless ``--no-fid``: a small CIFAR-10 classifier trained with ``lightvision classify train`` (its feature space
+   replaces Inception, which is not available offline), or ``--classifier RUN``;
+2. per name (an attention kind, or a variant of ``--variants``: an attention kind plus recipe overrides, e.g. an
+   ablation of the LightNet block): the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_{size}_2``
+   (``--size``, default s; ``--set`` adds overrides for every name) for ``--steps`` steps; then test-set bits/dim
+   (stratified VLB estimate on ``--bpd-images`` test images), ``--samples`` DDPM samples (``--sample-steps``
+   respaced steps, label i % 10, seed i), their streak share (``lightvision.diffusion.streaks``) and FID against
+   the test set in the classifier's feature space, and an EMA sample grid (100 samples, guidance 1.5, same steps).
+   Evaluation uses the EMA weights of the recipe (decay 0.9999 with the engine's warm-up
+   ``min(0.9999, (1 + s) / (10 + s))``: after s steps the EMA averages roughly the last s / 10 steps, so short runs
+   are evaluated fairly);
+3. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
+   ``grid_<name>.png`` under ``--out``; runs, checkpoints and samples stay in ``--work``.
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from lightvision.results import comparison_parser, comparison_report, run_each
+from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -40,18 +44,39 @@ def train_classifier(data: str, work: Path, epochs: int) -> Path:
     return run
 
 
-def run_kind(kind: str, args: argparse.Namespace, classifier: Path, reference: str) -> dict:
-    """Train one attention kind and evaluate it; returns its results."""
+def streak_summary(shares: np.ndarray) -> dict:
+    """Mean, standard error and median of per-image streak shares."""
+    return {"mean": round(float(shares.mean()), 4), "sem": round(float(shares.std(ddof=1) / np.sqrt(len(shares))), 4),
+            "median": round(float(np.median(shares)), 4), "images": int(len(shares))}
+
+
+def real_streak_share(data: str, count: int) -> dict:
+    """Streak share of ``count`` test images (every class alike: sorted files, an even stride)."""
+    from lightvision.diffusion.fid import image_files
+    from lightvision.diffusion.streaks import folder_streak_share
+
+    files = image_files(Path(data) / "test")
+    return streak_summary(folder_streak_share(files[:: max(1, len(files) // count)], count))
+
+
+def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, reference: str) -> dict:
+    """Train one attention kind or variant and evaluate it; returns its results."""
+    from PIL import Image
+
+    from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.fid import compute_fid
     from lightvision.diffusion.latents import build_dataset
     from lightvision.diffusion.sample import generate, to_uint8
+    from lightvision.diffusion.streaks import streak_share
     from lightvision.diffusion.train import build_codec, build_diffusion, evaluate_bits_per_dim, load_recipe, train
 
+    kind, variant_set = resolve_variant(name, args.variants, ATTENTION_KINDS)
     out, work = Path(args.out), Path(args.work)
     cfg = load_recipe(CONFIGS / "diffusion" / "cifar10.yaml", [
-        f"run_dir={work / 'runs' / kind}", f"model.name={kind}_dit_{args.size}_2", f"data.root={args.data}",
+        f"run_dir={work / 'runs' / name}", f"model.name={kind}_dit_{args.size}_2", f"data.root={args.data}",
         f"data.batch_size={args.batch_size}", f"train.max_steps={args.steps}", f"train.ckpt_every={args.steps}",
-        f"sample.every={args.steps}", "sample.num=100", f"sample.steps={args.sample_steps}", "optim.lr=3e-4", "optim.warmup_steps=100", *args.set])
+        f"sample.every={args.steps}", "sample.num=100", f"sample.steps={args.sample_steps}", "optim.lr=3e-4",
+        "optim.warmup_steps=100", *variant_set, *args.set])
     start = time.time()
     result = train(cfg)
     train_seconds = time.time() - start
@@ -65,28 +90,32 @@ def run_kind(kind: str, args: argparse.Namespace, classifier: Path, reference: s
         start = time.time()
         diffusion = build_diffusion(cfg).respace(args.sample_steps)
         codec = build_codec(cfg, device)
-        folder = work / "samples" / kind
+        folder = work / "samples" / name
         folder.mkdir(parents=True, exist_ok=True)
-        from PIL import Image
-
-        for lo in range(0, args.fid_samples, args.sample_batch):
-            idx = list(range(lo, min(lo + args.sample_batch, args.fid_samples)))
-            images = generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device)
-            for i, arr in zip(idx, to_uint8(images)):
+        shares = []
+        for lo in range(0, args.samples, args.sample_batch):
+            idx = list(range(lo, min(lo + args.sample_batch, args.samples)))
+            images = to_uint8(generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device))
+            shares.append(streak_share(images))
+            for i, arr in zip(idx, images):
                 Image.fromarray(arr).save(folder / f"{i:05d}.png")
         sample_seconds = time.time() - start
-    fid = compute_fid(folder, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache", device=str(device),
-                      batch_size=500)
-    grid = Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png"
-    grid_out = out / f"grid_{kind}.png"
-    grid_out.write_bytes(grid.read_bytes())
+    record = {"model": cfg["model"]["name"], "variant_set": variant_set,
+              "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
+              "params": sum(p.numel() for p in model.parameters()), "steps": result["step"],
+              "batch_size": args.batch_size, "train_seconds": round(train_seconds, 1)}
+    if classifier is not None:
+        fid = compute_fid(folder, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache",
+                          device=str(device), batch_size=500)
+        record["fid_classifier"] = round(fid["fid"], 3)
+    grid_out = out / f"grid_{name}.png"
+    grid_out.write_bytes((Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
     last = result["last_record"]
-    return {"model": cfg["model"]["name"], "params": sum(p.numel() for p in model.parameters()), "steps": result["step"],
-            "batch_size": args.batch_size, "train_seconds": round(train_seconds, 1),
-            "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2), "final_loss": last.get("loss"),
-            "test_bits_per_dim": round(bpd, 4), "bpd_images": args.bpd_images, "bpd_seconds": round(bpd_seconds, 1),
-            "fid_classifier": round(fid["fid"], 3), "fid_samples": args.fid_samples, "sample_steps": args.sample_steps,
-            "sample_seconds": round(sample_seconds, 1), "grid": grid_out.name}
+    return {**record, "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
+            "final_loss": last.get("loss"), "test_bits_per_dim": round(bpd, 4), "bpd_images": args.bpd_images,
+            "bpd_seconds": round(bpd_seconds, 1), "streak_share": streak_summary(np.concatenate(shares)),
+            "samples": args.samples, "sample_steps": args.sample_steps, "sample_seconds": round(sample_seconds, 1),
+            "grid": grid_out.name}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--classifier", help="a CIFAR-10 classifier run folder to measure FID with (default: train one)")
+    p.add_argument("--no-fid", action="store_true", help="skip the classifier and FID (bits/dim and streaks only)")
     p.add_argument("--classifier-epochs", type=int, default=4)
     p.add_argument("--bpd-images", type=int, default=2000)
-    p.add_argument("--fid-samples", type=int, default=2000)
+    p.add_argument("--samples", type=int, default=2000, help="samples for FID and the streak share")
     p.add_argument("--sample-steps", type=int, default=100)
     p.add_argument("--sample-batch", type=int, default=500)
     args = p.parse_args(argv)
@@ -106,10 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cudnn.allow_tf32 = True
     out, report = comparison_report("diffusion", args, argv)
     start = time.time()
-    classifier = Path(args.classifier) if args.classifier else train_classifier(args.data, Path(args.work), args.classifier_epochs)
-    report["classifier_seconds"] = round(time.time() - start, 1)
+    classifier = None
+    if not args.no_fid:
+        classifier = Path(args.classifier) if args.classifier else train_classifier(args.data, Path(args.work),
+                                                                                    args.classifier_epochs)
+        report["classifier_seconds"] = round(time.time() - start, 1)
+    report["real_streak_share"] = real_streak_share(args.data, args.samples)
     reference = str(Path(args.data) / "test")
-    run_each(args.kinds, lambda kind: run_kind(kind, args, classifier, reference), report, out / "diffusion_cifar10.json")
+    run_each(args.kinds, lambda name: run_kind(name, args, classifier, reference), report, report_path("diffusion", args))
     return 0
 
 

@@ -1,8 +1,9 @@
 """DiT family (Peebles & Xie) with pluggable lightvision attention; a diffusers ``ModelMixin`` + ``ConfigMixin``.
 
     x [B, C, H, W] --patchify p--> tokens [B, N, D], grid (H/p, W/p)
-      + fixed 2-D sin-cos position embedding (softmax / LION kinds; recomputed for each grid)
-      | MD-TPE residual after the patch embedding (lightnet; MD-LRPE lives inside the attention)
+      + fixed 2-D sin-cos position embedding (``pos_embed="sincos"``; recomputed for each grid)
+      + MD-TPE residual after the patch embedding (``tpe_placement="embed"``) or at the start of every block ("block");
+        LightNet's MD-LRPE lives inside its attention
     c = TimestepEmbed(t) + LabelEmbed(y)                                   [B, D]
     block:  (shift1, scale1, gate1, shift2, scale2, gate2) = modulation(c)
             x = x + gate1 * Attn(LN(x) (1 + scale1) + shift1, grid)
@@ -27,29 +28,28 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from timm.layers import Mlp
 
-from lightvision.layers import ATTENTION_KINDS, GLU, MDTPE, ModulatedLayerNorm, PatchEmbed, build_attention
+from lightvision.layers import (
+    ATTENTION_KINDS,
+    GLU,
+    MDTPE,
+    ModulatedLayerNorm,
+    PatchEmbed,
+    build_attention,
+    build_tpe,
+    sincos_pos_embed,
+)
+from lightvision.ops._checks import check_choice
 from lightvision.ops import gated_residual
 
 # (depth, width, heads) per size; SPEC 3.
 DIT_SIZES = {"s": (12, 384, 6), "b": (12, 768, 12), "l": (24, 1024, 16), "xl": (28, 1152, 16)}
 LIGHTNET_DIT_SIZES = {"s": (18, 384, 6), "b": (18, 768, 6), "l": (36, 1024, 16), "xl": (42, 1152, 16)}
 PATCH_SIZES = (2, 4, 8)
-
-
-def sincos_pos_embed(dim: int, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embedding [h*w, dim] in row-major order: half the features encode the row,
-    half the column; each half is [sin(pos * w_i), cos(pos * w_i)], w_i = 10000^(-i / (dim/4)), i < dim/4."""
-    if dim % 4:
-        raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
-    h, w = grid
-    freqs = 10000.0 ** (-torch.arange(dim // 4, dtype=torch.float64, device=device) / (dim // 4))
-    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float64, device=device),
-                                torch.arange(w, dtype=torch.float64, device=device), indexing="ij")
-    parts = []
-    for pos in (rows.reshape(-1), cols.reshape(-1)):
-        angles = pos[:, None] * freqs[None]
-        parts += [angles.sin(), angles.cos()]
-    return torch.cat(parts, dim=1).float()
+POS_EMBEDS = ("sincos", "none")
+# Position signals when the constructor leaves them unset (None): DiT's sin-cos embedding for softmax and LION;
+# LightNet keeps MD-LRPE in its attention and takes the streak-free choice measured in benchmarks/README.md.
+POSITION_DEFAULTS = {"pos_embed": "sincos", "tpe_placement": "none", "tpe_kwargs": {}}
+LIGHTNET_POSITION_DEFAULTS = {"pos_embed": "sincos", "tpe_placement": "none", "tpe_kwargs": {}}
 
 
 class TimestepEmbedder(nn.Module):
@@ -71,8 +71,10 @@ class DiTBlock(nn.Module):
     """Pre-norm residual [attention, FFN] with adaLN-Zero modulation; x [B, N, D], c [B, D] or shared [B, 6, D].
     The modulated norms and the gated residuals run as fused kernels on CUDA (``lightvision.ops.adaln``)."""
 
-    def __init__(self, dim: int, num_heads: int, attention: str, adaln: str, mlp_ratio: float, attention_kwargs: dict):
+    def __init__(self, dim: int, num_heads: int, attention: str, adaln: str, mlp_ratio: float, attention_kwargs: dict,
+                 tpe: MDTPE | None = None):
         super().__init__()
+        self.tpe = tpe
         self.norm1 = ModulatedLayerNorm(eps=1e-6)
         self.attn = build_attention(attention, dim, num_heads, **attention_kwargs)
         self.norm2 = ModulatedLayerNorm(eps=1e-6)
@@ -90,6 +92,8 @@ class DiTBlock(nn.Module):
     def forward(self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         mod = self.modulation(c).unflatten(1, (6, -1)) if self.adaln == "block" else c + self.modulation_offset
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(1)  # [B, D] each
+        if self.tpe is not None:
+            x = self.tpe(x, grid, 0)
         x = gated_residual(x, gate1, self.attn(self.norm1(x, shift1, scale1), grid=grid))
         return gated_residual(x, gate2, self.ffn(self.norm2(x, shift2, scale2)))
 
@@ -100,27 +104,47 @@ class DiT(ModelMixin, ConfigMixin):
     ``num_classes`` real classes plus a null class (index ``num_classes``) used by label dropout
     (``class_dropout_prob`` in training) and classifier-free guidance; ``num_classes=0`` is unconditional.
     Any H, W divisible by ``patch_size`` works; ``input_size`` is the training size (for the record).
+
+    Args (every one is a config entry, so each ablation is a ``model.kwargs`` switch of the recipes):
+        input_size (32), patch_size (2), in_channels (4): latent size, patch p, latent channels.
+        hidden_size (1152), depth (28), num_heads (16), mlp_ratio (4.0): width D, blocks, heads, FFN ratio.
+        attention ("softmax"): one of ``ATTENTION_KINDS``.
+        adaln (None: "shared" for lightnet, else "block"): per-block modulation Linear or one shared.
+        class_dropout_prob (0.1), num_classes (1000), learn_sigma (True).
+        attention_kwargs (None): options of the attention kind (``lightvision.layers.attention_options``), e.g.
+            LightNet's lrpe ("per_axis" | "global" | "mixed" | "none"), key_softmax, norm, gate_rank.
+        pos_embed (None: the family's default): "sincos" (fixed 2-D sin-cos added after the patch embedding) or "none".
+        tpe_placement (None: the family's default): MD-TPE placement "none" | "embed" | "block" (``TPE_PLACEMENTS``).
+        tpe_kwargs (None: the family's default): ``MDTPE`` options (form, combine, decay, norm, expand).
+    The family defaults are ``POSITION_DEFAULTS`` / ``LIGHTNET_POSITION_DEFAULTS``; the resolved values are
+    written back to the config, so a saved model rebuilds as it was trained.
     """
 
     @register_to_config
     def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
                  depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0, attention: str = "softmax",
-                 adaln: str | None = None, class_dropout_prob: float = 0.1, num_classes: int = 1000, learn_sigma: bool = True,
-                 attention_kwargs: dict | None = None):
+                 adaln: str | None = None, class_dropout_prob: float = 0.1, num_classes: int = 1000,
+                 learn_sigma: bool = True, attention_kwargs: dict | None = None, pos_embed: str | None = None,
+                 tpe_placement: str | None = None, tpe_kwargs: dict | None = None):
         super().__init__()
-        if attention not in ATTENTION_KINDS:
-            raise ValueError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_KINDS)}")
+        check_choice(attention, ATTENTION_KINDS, "attention")
         adaln = adaln or ("shared" if attention == "lightnet" else "block")
-        if adaln not in ("block", "shared"):
-            raise ValueError(f"adaln must be 'block' or 'shared', got {adaln!r}")
+        check_choice(adaln, ("block", "shared"), "adaln")
+        defaults = LIGHTNET_POSITION_DEFAULTS if attention == "lightnet" else POSITION_DEFAULTS
+        pos_embed = pos_embed or defaults["pos_embed"]
+        tpe_placement = tpe_placement or defaults["tpe_placement"]
+        tpe_kwargs = dict(defaults["tpe_kwargs"] if tpe_kwargs is None else tpe_kwargs)
+        check_choice(pos_embed, POS_EMBEDS, "pos_embed")
+        self.register_to_config(adaln=adaln, pos_embed=pos_embed, tpe_placement=tpe_placement, tpe_kwargs=tpe_kwargs)
         self.out_channels = 2 * in_channels if learn_sigma else in_channels
         self.patch_embed = PatchEmbed(input_size, patch_size, in_channels, hidden_size)
-        self.tpe = MDTPE(hidden_size) if attention == "lightnet" else None
+        self.tpe, block_tpes = build_tpe(tpe_placement, hidden_size, depth, tpe_kwargs)
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.y_embedder = nn.Embedding(num_classes + 1, hidden_size)
         self.shared_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size)) if adaln == "shared" else None
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {})) for _ in range(depth))
+            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {}), block_tpe)
+            for block_tpe in block_tpes)
         self.final_norm = ModulatedLayerNorm(eps=1e-6)
         if adaln == "block":
             self.final_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
@@ -180,9 +204,9 @@ class DiT(ModelMixin, ConfigMixin):
             drop = torch.rand(b, device=x.device) < self.config.class_dropout_prob
             y = torch.where(drop, torch.full_like(y, self.null_class), y)
         tokens, grid = self.patch_embed(x)
-        if self.tpe is None:
+        if self.config.pos_embed == "sincos":
             tokens = tokens + sincos_pos_embed(tokens.shape[-1], grid, device=x.device).to(tokens.dtype)
-        else:
+        if self.tpe is not None:
             tokens = self.tpe(tokens, grid, 0)
         c = self.t_embedder(t) + self.y_embedder(y)
         cond = c if self.shared_modulation is None else self.shared_modulation(c).unflatten(1, (6, -1))

@@ -54,15 +54,43 @@ def comparison_parser(family: str, description: str, kinds_example: str, set_exa
     p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
     p.add_argument("--out", required=True, help=f"results folder ({family}_cifar10.json and plots)")
     p.add_argument("--work", default=f"/tmp/lightvision_{family}_benchmark", help="scratch: runs, checkpoints, samples")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",
                    help=f"more recipe overrides for every kind, e.g. {set_example!r}")
+    p.add_argument("--variants", help="YAML of named variants (name: {attention: KIND, set: [KEY=VALUE, ...]}) that the "
+                                      "names may refer to besides the attention kinds, e.g. "
+                                      f"configs/variants/{family}_cifar10.yaml")
+    p.add_argument("--tag", default="", help=f"suffix of the report's name ({family}_cifar10_TAG.json), so that "
+                                            "drivers running side by side write separate files")
     return p
+
+
+def resolve_variant(name: str, variants_file: str | Path | None, kinds: Iterable[str]) -> tuple[str, list[str]]:
+    """(attention kind, recipe overrides) of a name on a comparison driver's command line: a variant of
+    ``variants_file`` (``name: {attention: KIND, set: [KEY=VALUE, ...], about: TEXT}``) or a plain attention kind."""
+    import yaml
+
+    variants = yaml.safe_load(Path(variants_file).read_text()) if variants_file else {}
+    if name in (variants or {}):
+        entry = variants[name]
+        if entry.get("attention") not in kinds:
+            raise ValueError(f"variant {name!r} in {variants_file}: attention must be one of {', '.join(kinds)}")
+        return entry["attention"], [str(s) for s in entry.get("set", [])]
+    if name not in kinds:
+        known = sorted(kinds) + sorted(variants or {})
+        raise ValueError(f"unknown attention kind or variant {name!r}; valid: {', '.join(known)}")
+    return name, []
 
 
 def comparison_report(family: str, args: argparse.Namespace, argv: list[str] | None) -> tuple[Path, dict]:
     """``--out`` (created) and the report a comparison driver fills: ``env`` with the command as typed,
-    ``settings`` (the parsed arguments) and empty ``results`` for :func:`run_each`."""
+    ``settings`` (the parsed arguments) and empty ``results`` for :func:`run_each`; its file is
+    ``report_path(family, args)``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join([f"python -m lightvision.{family}.benchmark", *(argv or sys.argv[1:])])
     return out, {"env": results_env(command), "settings": vars(args), "results": {}}
+
+
+def report_path(family: str, args: argparse.Namespace) -> Path:
+    """``--out/{family}_cifar10[_TAG].json``."""
+    return Path(args.out) / f"{family}_cifar10{'_' + args.tag if args.tag else ''}.json"

@@ -5,8 +5,9 @@
 # .diffusion exactly as the setuptools package-dir mapping does. Run tools as `pytest` / `python3 scripts/...`,
 # not `python3 -m ...` from the checkout root: that puts the checkout's own lightvision/ first on sys.path.
 _lv_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-if [ -d "$_lv_root/.whl" ]; then
+if [ -d "$_lv_root/.whl" ] && [ ! -f /tmp/site/.lv_installed ]; then  # once per machine: stages may run side by side
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_lv_root"/.whl/*.whl || return 1
+  touch /tmp/site/.lv_installed
 fi
 rm -rf /tmp/lvsite && mkdir -p /tmp/lvsite/lightvision
 for _f in "$_lv_root"/lightvision/*; do ln -s "$_f" /tmp/lvsite/lightvision/; done

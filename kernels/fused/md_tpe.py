@@ -171,10 +171,10 @@ md_tpe2d_fwd.register_autograd(_backward, setup_context=_setup)
 
 
 def md_tpe_triton(x: torch.Tensor, coeffs: torch.Tensor, log_lambda: torch.Tensor, *, grid, num_prefix_tokens: int,
-                  causal: bool, impl: str):
-    """Kernel entry of ``lightvision.ops.md_tpe``: the dense form on 2-D grids up to MAX_AXIS per axis, fp32 / bf16 /
+                  causal: bool, impl: str, combine: str):
+    """Kernel entry of ``lightvision.ops.md_tpe``: the dense sum on 2-D grids up to MAX_AXIS per axis, fp32 / bf16 /
     fp16; NotImplemented (the reference runs) otherwise."""
-    if (impl != "dense" or len(grid) != 2 or max(grid) > MAX_AXIS or x.dtype not in DTYPES
+    if (impl != "dense" or combine != "sum" or len(grid) != 2 or max(grid) > MAX_AXIS or x.dtype not in DTYPES
             or coeffs.dtype == torch.float64 or x.numel() == 0):
         return NotImplemented
     with torch.autocast(x.device.type, enabled=False):  # the einsum of the tables stays fp32

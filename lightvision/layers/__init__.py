@@ -4,7 +4,8 @@ from .attention import ATTENTION_KINDS, LightNetAttention, LionAttention, Softma
 from .mlp import GLU
 from .norm import ModulatedLayerNorm, RMSNorm
 from .patch_embed import PatchEmbed
-from .tpe import MDTPE
+from .position import TPE_PLACEMENTS, build_tpe, sincos_pos_embed
+from .tpe import MDTPE, TPE_FORMS
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -16,5 +17,9 @@ __all__ = [
     "PatchEmbed",
     "RMSNorm",
     "SoftmaxAttention",
+    "TPE_FORMS",
+    "TPE_PLACEMENTS",
     "build_attention",
+    "build_tpe",
+    "sincos_pos_embed",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Sequence
 
@@ -22,6 +23,7 @@ from ..ops import (
 )
 from ..ops._checks import BACKENDS, check_choice, compute_dtype
 from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns, log_gates
+from ..ops.md_lrpe import lrpe_variant
 from .norm import RMSNorm
 
 ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
@@ -70,15 +72,22 @@ class LightNetAttention(_QKV):
     With the key softmax (the model), the core runs as ``lightnet_attention_qkvpacked`` on the Linear's output
     and the norm and gate as one fused ``rms_norm`` (Triton on CUDA).
 
-    gate_rank: None = low rank with rank = head dim (paper); "full" = one full-rank Linear; 0 = no gate;
-    an int r > 0 = rank r. norm=False drops the RMSNorm; lrpe / key_softmax are the ablation switches.
+    Args:
+        dim, num_heads: width C and heads H (head dim C / H).
+        lrpe: MD-LRPE variant, one of ``lightvision.ops.md_lrpe.LRPE_VARIANTS`` ("per_axis" default, "global" the
+            printed Eq. 14, "mixed" directions), or "none" / False (the "no LRPE" ablation).
+        key_softmax: False is the "no decay" ablation (SiLU keys instead of the softmax over tokens).
+        norm: False drops the RMSNorm ("no extra norm").
+        gate_rank: None = low rank with rank = head dim (paper); "full" = one full-rank Linear; 0 = no gate;
+            an int r > 0 = rank r.
+        backend: "auto" | "torch" | "triton".
     """
 
-    def __init__(self, dim: int, num_heads: int, *, lrpe: bool = True, key_softmax: bool = True, norm: bool = True,
-                 gate_rank: int | str | None = None, backend: str = "auto"):
+    def __init__(self, dim: int, num_heads: int, *, lrpe: bool | str | None = "per_axis", key_softmax: bool = True,
+                 norm: bool = True, gate_rank: int | str | None = None, backend: str = "auto"):
         super().__init__(dim, num_heads, bias=False)
         check_choice(backend, BACKENDS, "backend")
-        self.lrpe, self.key_softmax, self.backend = lrpe, key_softmax, backend
+        self.lrpe, self.key_softmax, self.backend = lrpe_variant(lrpe), key_softmax, backend
         self.norm = RMSNorm(dim) if norm else nn.Identity()
         if gate_rank is None:
             gate_rank = self.head_dim
@@ -199,12 +208,24 @@ _KINDS = {
 }
 
 
+def attention_options(kind: str) -> list[str]:
+    """The options an attention kind takes: its class's arguments after (dim, num_heads) that the kind does not fix."""
+    check_choice(kind, ATTENTION_KINDS, "attention kind")
+    cls, fixed = _KINDS[kind]
+    return [name for name in list(inspect.signature(cls.__init__).parameters)[3:] if name not in fixed]
+
+
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
     """Attention layer of ``kind`` (one of ATTENTION_KINDS); kwargs forward to its class
-    (e.g. form / backend for LION, lrpe / gate_rank for LightNet)."""
+    (e.g. form / backend for LION, lrpe / gate_rank for LightNet); an option the kind does not take is refused
+    with the ones it does."""
     check_choice(kind, ATTENTION_KINDS, "attention kind")
     cls, fixed = _KINDS[kind]
     clash = set(fixed) & set(kwargs)
     if clash:
         raise ValueError(f"attention kind {kind!r} fixes {sorted(clash)}; do not pass them")
+    unknown = sorted(set(kwargs) - set(attention_options(kind)))
+    if unknown:
+        raise ValueError(f"attention kind {kind!r} has no option {', '.join(map(repr, unknown))}; valid: "
+                         f"{', '.join(attention_options(kind))}")
     return cls(dim, num_heads, **fixed, **kwargs)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from ._checks import check_grid, check_qkv, compute_dtype
 from ._dispatch import dispatch
 from .heads import merge_heads, split_heads
-from .md_lrpe import lrpe_angles
+from .md_lrpe import lrpe_angles, lrpe_variant
 
 _CAUSAL_CHUNK = 32
 
@@ -22,7 +22,7 @@ def lightnet_attention(
     *,
     grid: Sequence[int] | None = None,
     num_prefix_tokens: int = 0,
-    lrpe: bool = True,
+    lrpe: bool | str | None = "per_axis",
     causal: bool = False,
     key_softmax: bool = True,
     backend: str = "auto",
@@ -30,7 +30,8 @@ def lightnet_attention(
     """LightNet attention core on raw projections q, k [B, H, N, d], v [B, H, N, d_v] -> [B, H, N, d_v].
 
     Non-causal (Eq. 8-9): q^ = SiLU(q), k^ = softmax of k over the N tokens per (batch, head, feature),
-    O = q~ (k~^T v) with q~, k~ = MD-LRPE(q^), MD-LRPE(k^) (SPEC 1.2) when ``lrpe`` and a ``grid`` are given
+    O = q~ (k~^T v) with q~, k~ = MD-LRPE(q^), MD-LRPE(k^) (SPEC 1.2) when ``lrpe`` (a variant of
+    ``lightvision.ops.md_lrpe.LRPE_VARIANTS``, True = "per_axis"; False / None = off) and a ``grid`` are given
     (else q~ = q^, k~ = k^). No 1/N or other normaliser: the softmax over tokens is the normaliser.
     Prefix tokens (first ``num_prefix_tokens``) take part in the softmax and get LRPE angle 0.
     ``causal=True`` (Eq. 7): s_t = s_{t-1} + exp(k_t), kv_t = diag(1 - exp(k_t)/s_t) kv_{t-1} + exp(k_t)/s_t v_t^T,
@@ -42,6 +43,7 @@ def lightnet_attention(
     """
     check_qkv(q, k, v, "lightnet_attention")
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
+    lrpe = lrpe_variant(lrpe)
     kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe, causal=causal, key_softmax=key_softmax)
     out = dispatch("lightnet_attention", backend, q.device, (q, k, v), kwargs)
     if out is not NotImplemented:
@@ -49,8 +51,8 @@ def lightnet_attention(
     dt = compute_dtype(q, k, v)
     qf, kf, vf = q.to(dt), k.to(dt), v.to(dt)
     rot = None
-    if lrpe and grid is not None:
-        ang = lrpe_angles(grid, q.shape[-1], num_prefix_tokens, device=q.device, dtype=dt)
+    if lrpe is not None and grid is not None:
+        ang = lrpe_angles(grid, q.shape[-1], num_prefix_tokens, device=q.device, dtype=dt, variant=lrpe)
         rot = torch.cat([torch.cos(ang), torch.sin(ang)], -1)  # [N, 2d]
     qt = _rotate(F.silu(qf), rot)
     if causal and key_softmax:
@@ -73,7 +75,7 @@ def lightnet_attention_qkvpacked(
     *,
     grid: Sequence[int] | None = None,
     num_prefix_tokens: int = 0,
-    lrpe: bool = True,
+    lrpe: bool | str | None = "per_axis",
     backend: str = "auto",
 ) -> torch.Tensor:
     """Non-causal LightNet attention on a fused projection: qkv [B, N, 3 * H * d] -> o [B, N, H * d].
@@ -86,7 +88,7 @@ def lightnet_attention_qkvpacked(
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
     q, k, v = split_heads(qkv, num_heads)
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
-    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe)
+    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe_variant(lrpe))
     out = dispatch("lightnet_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
     if out is not NotImplemented:
         return out

@@ -1,12 +1,51 @@
-"""MD-LRPE: multi-dimensional linearised relative positional encoding (LightNet Eq. 12-16, App. A.2; SPEC 1.2)."""
+"""MD-LRPE: multi-dimensional linearised relative positional encoding (LightNet Eq. 12-16, App. A.2; SPEC 1.2).
+
+Every feature i of a token at grid coordinates c (one per axis) is rotated by an angle linear in c,
+
+    Theta_i(c) = theta_i * (u_i . c),      x -> [x * cos(Theta), x * sin(Theta)]  in R^{2d},
+
+so q~_s . k~_t = sum_i q_i k_i cos(Theta_i(s) - Theta_i(t)) depends only on the offset s - t. The d features are
+split into one contiguous group per axis (the first ``d % k`` groups one larger); the variants differ in the
+frequencies theta_i and the directions u_i:
+
+* ``per_axis`` (default): group j rotates along axis j (u_i = e_j) with the full 1-D LRPE spectrum of its own
+  size g, theta = base^(-2 r / g), r = 0..g-1 (the LightNet authors' public operator gives every axis group the same
+  frequencies).
+* ``global``: the printed Eq. 14 read literally: u_i = e_j, theta_i = base^(-2 i / d) over the GLOBAL feature
+  index i, which leaves the last axis only the lowest frequencies (at a 16 x 16 grid, d = 64, the second axis
+  rotates at most 0.0015 rad across the grid). Kept as an ablation.
+* ``mixed`` (2-D grids): the per_axis frequencies, but feature r of group j rotates along the direction at angle
+  j * pi / k + r * golden_angle, so every frequency still has k evenly spread directions while the pair turns
+  from one frequency to the next (fixed "RoPE-Mixed" directions: scores are no longer a sum of a row term and a
+  column term). For a 1-D grid it equals per_axis.
+
+Grid tokens are flattened row-major (first axis slowest); prefix tokens get angle 0 (they encode as [x, 0]).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 
 from ._checks import as_grid, check_grid
+
+LRPE_VARIANTS = ("per_axis", "global", "mixed")
+_GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
+
+
+def lrpe_variant(lrpe: bool | str | None) -> str | None:
+    """Normalise an ``lrpe`` switch: a variant name, True (= "per_axis"), or False / None / "none" (off) -> name or None.
+
+    Raises ValueError listing the allowed values for anything else."""
+    if lrpe is True:
+        return "per_axis"
+    if lrpe is False or lrpe is None or lrpe == "none":
+        return None
+    if lrpe not in LRPE_VARIANTS:
+        raise ValueError(f"unknown MD-LRPE variant {lrpe!r}; valid: {', '.join(map(repr, LRPE_VARIANTS))}, 'none'")
+    return lrpe
 
 
 def lrpe_group_sizes(dim: int, num_axes: int) -> list[int]:
@@ -17,6 +56,40 @@ def lrpe_group_sizes(dim: int, num_axes: int) -> list[int]:
     return [base + (1 if j < extra else 0) for j in range(num_axes)]
 
 
+def lrpe_frequencies(dim: int, num_axes: int, variant: str = "per_axis", base: float = 10000.0) -> torch.Tensor:
+    """Per-feature frequency vectors theta_i * u_i as a [dim, num_axes] fp64 matrix (module docstring).
+
+    Args:
+        dim: features per head d.
+        num_axes: grid axes k.
+        variant: one of ``LRPE_VARIANTS``.
+        base: the spectrum's base.
+
+    Returns:
+        W [dim, num_axes] with Theta(c) = W @ c for a token at coordinates c.
+    """
+    variant = lrpe_variant(variant) or "per_axis"
+    if variant == "mixed" and num_axes > 2:
+        raise ValueError(f"MD-LRPE 'mixed' directions are defined for 1-D and 2-D grids, got {num_axes} axes; "
+                         "use 'per_axis'")
+    sizes = lrpe_group_sizes(dim, num_axes)
+    freq = torch.zeros(dim, num_axes, dtype=torch.float64)
+    start = 0
+    for axis, size in enumerate(sizes):
+        r = torch.arange(size, dtype=torch.float64)
+        if variant == "global":
+            theta = base ** (-2.0 * (start + r) / dim)
+        else:
+            theta = base ** (-2.0 * r / size)
+        if variant == "mixed" and num_axes == 2:
+            phi = axis * math.pi / num_axes + r * _GOLDEN_ANGLE
+            freq[start:start + size] = theta[:, None] * torch.stack([torch.cos(phi), torch.sin(phi)], -1)
+        else:
+            freq[start:start + size, axis] = theta
+        start += size
+    return freq
+
+
 def lrpe_angles(
     grid: Sequence[int],
     dim: int,
@@ -24,48 +97,63 @@ def lrpe_angles(
     base: float = 10000.0,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
+    variant: str = "per_axis",
 ) -> torch.Tensor:
-    """Rotation angles Theta[t, i] = c_{a(i)}(t) * theta_i, shape [N, dim] (N = prod(grid) + prefix).
+    """Rotation angles Theta [N, dim] of every token (N = prod(grid) + num_prefix_tokens; prefix rows 0).
 
-    Computed in fp64 and returned in ``dtype`` (fp32 by default; the fp64 references ask for fp64).
+    Computed in fp64 and returned in ``dtype`` (fp32 by default; the fp64 references ask for fp64). This is the
+    single source of truth for the angles: the Triton kernels consume its cos / sin tables.
 
-    theta_i = base^(-2 i / dim) with i = 0..dim-1 the GLOBAL feature index (LightNet Eq. 16; the paper counts
-    j from 1, we count from 0 so theta_0 = 1). Feature i belongs to axis a(i): the dim features are split into
-    len(grid) contiguous groups (the first dim % len(grid) groups one larger) and group j is rotated by the
-    token's coordinate c_j on axis j. Grid tokens are flattened row-major (first axis slowest); the
-    ``num_prefix_tokens`` prefix rows come first and have angle 0 (so they encode as [x, 0]).
-    This is the single source of truth for the angles (the Triton kernel consumes it directly).
+    Args:
+        grid: token grid (h, w) or any number of axes (``mixed``: at most 2).
+        dim: features per head d.
+        num_prefix_tokens: leading tokens without a position.
+        base: the spectrum's base.
+        variant: one of ``LRPE_VARIANTS`` (module docstring).
+
+    Returns:
+        Theta [N, dim].
+
+    Example:
+        >>> lrpe_angles((14, 14), 64, num_prefix_tokens=1).shape
+        torch.Size([197, 64])
     """
     grid = as_grid(grid)
     if not isinstance(num_prefix_tokens, int) or num_prefix_tokens < 0:
         raise ValueError(f"num_prefix_tokens must be a non-negative int, got {num_prefix_tokens!r}")
     if not isinstance(dim, int) or dim < 1:
         raise ValueError(f"dim must be a positive int, got {dim!r}")
-    theta = base ** (-2.0 * torch.arange(dim, dtype=torch.float64, device=device) / dim)
+    freq = lrpe_frequencies(dim, len(grid), variant, base).to(device)
     coords = torch.stack(
         torch.meshgrid(*[torch.arange(g, dtype=torch.float64, device=device) for g in grid], indexing="ij"), -1
     ).reshape(-1, len(grid))  # [prod(grid), num_axes], row-major
-    # axis of every feature, built from Python ints (a repeat_interleave with tensor repeats has a data-dependent
-    # shape, which broke torch.compile graphs once per layer)
-    axis_of = torch.tensor([a for a, size in enumerate(lrpe_group_sizes(dim, len(grid))) for _ in range(size)],
-                           device=device)
-    angles = coords[:, axis_of] * theta  # [prod(grid), dim]
+    angles = coords @ freq.T  # [prod(grid), dim]
     prefix = angles.new_zeros(num_prefix_tokens, dim)
     return torch.cat([prefix, angles], 0).to(dtype)
 
 
-def md_lrpe(x: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0, base: float = 10000.0) -> torch.Tensor:
-    """x [..., N, d] -> [x * cos(Theta), x * sin(Theta)] of shape [..., N, 2d] (LightNet Eq. 16, cos/sin form).
+def md_lrpe(x: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0, base: float = 10000.0,
+            variant: str = "per_axis") -> torch.Tensor:
+    """MD-LRPE of features x, cos/sin form (LightNet Eq. 16).
 
-    Theta from :func:`lrpe_angles`. Computed in (at least) fp32 and returned in x's dtype.
-    For two encoded tokens, x~_s . y~_t = sum_i x_i y_i cos(Theta_s,i - Theta_t,i), which depends only on
-    the per-axis offsets between s and t.
+    Args:
+        x: [..., N, d] features (e.g. SiLU(q) or the key softmax).
+        grid: token grid; prod(grid) + num_prefix_tokens must equal N.
+        num_prefix_tokens: leading tokens, encoded as [x, 0].
+        base: the spectrum's base.
+        variant: one of ``LRPE_VARIANTS``.
+
+    Returns:
+        [x * cos(Theta), x * sin(Theta)] of shape [..., N, 2d] in x's dtype (computed in at least fp32).
+
+    Example:
+        >>> md_lrpe(torch.rand(2, 6, 1 + 7 * 9, 64), (7, 9), num_prefix_tokens=1).shape
+        torch.Size([2, 6, 64, 128])
     """
     if x.dim() < 2:
         raise ValueError(f"md_lrpe: x must be [..., N, d], got shape {tuple(x.shape)}")
     grid = check_grid(grid, x.shape[-2], num_prefix_tokens)
     dt = torch.promote_types(x.dtype, torch.float32)
-    ang = lrpe_angles(grid, x.shape[-1], num_prefix_tokens, base, device=x.device, dtype=dt)
+    ang = lrpe_angles(grid, x.shape[-1], num_prefix_tokens, base, device=x.device, dtype=dt, variant=variant)
     xf = x.to(dt)
     return torch.cat([xf * torch.cos(ang), xf * torch.sin(ang)], -1).to(x.dtype)
-

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
+from torch import nn
 from safetensors.torch import save_file
 
 import lightvision  # noqa: F401  registers the models
@@ -177,3 +178,71 @@ def test_traces_as_one_graph(attention):
     torch._dynamo.reset()
     explained = torch._dynamo.explain(tiny(attention).eval())(torch.randn(1, 3, 16, 16))
     assert explained.graph_break_count == 0, [str(b.reason)[:200] for b in explained.break_reasons]
+
+
+DEIT_ABLATIONS = {  # switch -> (create_model kwargs, what it must change in the built model)
+    "no_tpe": (dict(tpe_placement="none"), lambda m: m.tpe is None),
+    "tpe_block": (dict(tpe_placement="block", tpe_kwargs={"combine": "product"}),
+                  lambda m: m.tpe is None and all(b.tpe.combine == "product" for b in m.blocks)),
+    "tpe_one_sided": (dict(tpe_kwargs={"form": "one_sided", "decay": (0.3, 0.6)}), lambda m: m.tpe.form == "one_sided"),
+    "sincos": (dict(pos_embed="sincos"), lambda m: m.pos_embed is None and m.pos_embed_kind == "sincos"),
+    "learned": (dict(pos_embed="learned"), lambda m: m.pos_embed is not None),
+    "lrpe_mixed": (dict(attn_kwargs={"lrpe": "mixed"}), lambda m: m.blocks[0].attn.lrpe == "mixed"),
+    "no_lrpe": (dict(attn_kwargs={"lrpe": "none"}), lambda m: m.blocks[1].attn.lrpe is None),
+    "no_decay": (dict(attn_kwargs={"key_softmax": False}), lambda m: not m.blocks[0].attn.key_softmax),
+    "full_gate": (dict(attn_kwargs={"gate_rank": "full", "norm": False}),
+                  lambda m: isinstance(m.blocks[0].attn.gate, nn.Linear)
+                  and isinstance(m.blocks[0].attn.norm, nn.Identity)),
+}
+
+
+@pytest.mark.parametrize("switch", sorted(DEIT_ABLATIONS))
+def test_ablation_switches_reach_their_layer(switch):
+    """Each ablation is a ``create_model`` (= recipe ``model.args``) switch reaching the layer it names; the model
+    runs at its size and at another; with the default's parameters it gives another output."""
+    kwargs, check = DEIT_ABLATIONS[switch]
+    model = tiny("lightnet", **kwargs).eval()
+    assert check(model)
+    x = torch.randn(2, 3, 16, 24)
+    out = model(x)
+    assert out.shape == (2, 7) and torch.isfinite(out).all()
+    default = tiny("lightnet").eval()
+    if default.state_dict().keys() == model.state_dict().keys():
+        with torch.no_grad():  # MD-TPE's zero output projection would hide its switches
+            for name, p in model.named_parameters():
+                if name.endswith("tpe.proj.weight"):
+                    p.normal_(std=0.1)
+        default.load_state_dict(model.state_dict())
+        assert not torch.allclose(default(x), model(x), atol=1e-5)
+
+
+def test_ablation_values_refused_with_the_allowed_ones():
+    with pytest.raises(ValueError, match="unknown pos_embed 'rope'; valid: 'learned', 'sincos', 'none'"):
+        tiny("lightnet", pos_embed="rope")
+    with pytest.raises(ValueError, match="unknown MD-TPE form 'two-sided'; valid: 'two_sided', 'one_sided', 'pair'"):
+        tiny("lightnet", tpe_kwargs={"form": "two-sided"})
+    with pytest.raises(ValueError, match="attention kind 'lightnet' has no option 'lrp'"):
+        tiny("lightnet", attn_kwargs={"lrp": "global"})
+
+
+def test_every_shipped_variant_builds_the_model_it_describes():
+    """configs/variants/classify_cifar10.yaml: each entry's overrides pass the recipe and build its model."""
+    from pathlib import Path
+
+    import yaml
+
+    from lightvision.classify.deit import create_from_config
+    from lightvision.classify.train import load_train_config
+    from lightvision.results import resolve_variant
+
+    root = Path(__file__).parents[2] / "configs"
+    path = root / "variants" / "classify_cifar10.yaml"
+    for name in yaml.safe_load(path.read_text()):
+        kind, overrides = resolve_variant(name, path, FAMILIES)
+        cfg = load_train_config(root / "classify" / "cifar10.yaml", [f"model.name={kind}_deit_tiny_patch16_224",
+                                                                      *overrides])
+        model = create_from_config({"name": cfg["model"]["name"], "num_classes": 10, "in_chans": 3, "img_size": 32,
+                                    "args": dict(cfg["model"]["args"], depth=1)})
+        assert model.attention == kind and model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    sincos = resolve_variant("lightnet_sincos", path, FAMILIES)[1]
+    assert sincos == ["model.args.pos_embed=sincos", "model.args.tpe_placement=none"]

@@ -116,3 +116,69 @@ def test_hybrid_loss_decreases_on_a_fixed_batch(kind):
         loss().backward()
         opt.step()
     assert loss().item() < 0.7 * first
+
+
+ABLATIONS = {  # switch -> (constructor kwargs, what it must change in the built model)
+    "no_tpe": (dict(tpe_placement="none"), lambda m: m.tpe is None and all(b.tpe is None for b in m.blocks)),
+    "tpe_embed": (dict(tpe_placement="embed"), lambda m: m.tpe is not None and all(b.tpe is None for b in m.blocks)),
+    "tpe_block": (dict(tpe_placement="block"), lambda m: m.tpe is None and all(b.tpe is not None for b in m.blocks)),
+    "tpe_form": (dict(tpe_placement="embed", tpe_kwargs={"form": "pair", "combine": "product", "norm": True}),
+                 lambda m: (m.tpe.form, m.tpe.combine, m.tpe.coeffs.shape[0]) == ("pair", "product", 2)
+                 and m.tpe.norm is not None),
+    "no_lrpe": (dict(attention_kwargs={"lrpe": "none"}), lambda m: m.blocks[0].attn.lrpe is None),
+    "lrpe_global": (dict(attention_kwargs={"lrpe": "global"}), lambda m: m.blocks[0].attn.lrpe == "global"),
+    "lrpe_mixed": (dict(attention_kwargs={"lrpe": "mixed"}), lambda m: m.blocks[1].attn.lrpe == "mixed"),
+    "no_decay": (dict(attention_kwargs={"key_softmax": False}), lambda m: not m.blocks[0].attn.key_softmax),
+    "no_norm": (dict(attention_kwargs={"norm": False}), lambda m: isinstance(m.blocks[0].attn.norm, torch.nn.Identity)),
+    "full_gate": (dict(attention_kwargs={"gate_rank": "full"}),
+                  lambda m: isinstance(m.blocks[0].attn.gate, torch.nn.Linear)),
+    "block_adaln": (dict(adaln="block"), lambda m: m.shared_modulation is None),
+    "no_sincos": (dict(pos_embed="none"), lambda m: m.config.pos_embed == "none"),
+}
+
+
+def _settings(model: DiT) -> dict:
+    return {k: v for k, v in model.config.items() if not k.startswith("_")}
+
+
+@pytest.mark.parametrize("switch", sorted(ABLATIONS))
+def test_ablation_switches_reach_their_layer(switch, tmp_path):
+    """Each of the paper's ablations is a constructor (= recipe ``model.kwargs``) switch that changes the layer it
+    names; the model runs; where it keeps the default's parameters, the same weights give another output; a saved
+    model rebuilds with the same switch."""
+    kwargs, check = ABLATIONS[switch]
+    model = tiny("lightnet", **kwargs)
+    assert check(model)
+    with torch.no_grad():
+        for p in model.parameters():  # leave adaLN-Zero's identity so that every position signal shows in the output
+            p.add_(torch.randn_like(p) * 0.02)
+    x, t, y = torch.randn(2, 3, 8, 12), torch.tensor([3, 700]), torch.tensor([1, 4])
+    out = model.eval()(x, t, y)
+    assert out.shape == (2, 6, 8, 12) and torch.isfinite(out).all()
+    default = tiny("lightnet").eval()
+    if default.state_dict().keys() == model.state_dict().keys() and _settings(default) != _settings(model):
+        default.load_state_dict(model.state_dict())
+        assert not torch.allclose(default(x, t, y), out, atol=1e-5)
+    model.save_pretrained(tmp_path)
+    again = DiT.from_pretrained(tmp_path).eval()
+    assert check(again)
+    torch.testing.assert_close(again(x, t, y), out)
+
+
+def test_position_defaults_and_refused_values():
+    default = tiny("lightnet")
+    assert (default.config.pos_embed, default.config.tpe_placement, default.blocks[0].attn.lrpe) == \
+        ("sincos", "none", "per_axis")
+    assert tiny("softmax").config.tpe_placement == "none" and tiny("softmax").config.pos_embed == "sincos"
+    with pytest.raises(ValueError, match="unknown pos_embed 'learned'; valid: 'sincos', 'none'"):
+        tiny("lightnet", pos_embed="learned")
+    with pytest.raises(ValueError, match="unknown MD-TPE placement 'everywhere'; valid: 'none', 'embed', 'block'"):
+        tiny("lightnet", tpe_placement="everywhere")
+    with pytest.raises(ValueError, match="MD-TPE has no option 'shape'; valid: num_axes, expand, form"):
+        tiny("lightnet", tpe_placement="embed", tpe_kwargs={"shape": "cross"})
+    with pytest.raises(ValueError, match="unknown MD-LRPE variant 'diagonal'"):
+        tiny("lightnet", attention_kwargs={"lrpe": "diagonal"})
+    with pytest.raises(ValueError, match="attention kind 'softmax' has no option 'lrpe'; valid: qkv_bias"):
+        tiny("softmax", attention_kwargs={"lrpe": "global"})
+    with pytest.raises(ValueError, match="unknown adaln 'layer'"):
+        tiny("lightnet", adaln="layer")

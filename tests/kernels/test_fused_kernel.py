@@ -403,10 +403,11 @@ def test_md_tpe_kernel_fallbacks():
     coeffs, log_lambda = _tpe_params(8, 0.5, 0.9)
     big = (kop.MAX_AXIS + 1, 2)
     x = torch.randn(1, big[0] * big[1], 8, device=DEV)
-    kw = dict(num_prefix_tokens=0, causal=False, impl="dense")
+    kw = dict(num_prefix_tokens=0, causal=False, impl="dense", combine="sum")
     assert kop.md_tpe_triton(x, coeffs, log_lambda, grid=big, **kw) is NotImplemented
-    assert kop.md_tpe_triton(x[:, :6], coeffs, log_lambda, grid=(2, 3), num_prefix_tokens=0, causal=False,
-                             impl="scan") is NotImplemented
+    assert kop.md_tpe_triton(x[:, :6], coeffs, log_lambda, grid=(2, 3), **dict(kw, impl="scan")) is NotImplemented
+    assert kop.md_tpe_triton(x[:, :6], coeffs, log_lambda, grid=(2, 3), **dict(kw, combine="product")) \
+        is NotImplemented
     x3 = torch.randn(1, 8, 8, device=DEV)
     c3 = torch.randn(3, 8, 4, device=DEV)
     assert kop.md_tpe_triton(x3, c3, log_lambda.repeat(2, 1)[:3], grid=(2, 2, 2), **kw) is NotImplemented

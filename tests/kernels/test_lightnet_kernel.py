@@ -101,6 +101,32 @@ def test_matches_reference_with_lrpe(b, h, grid, prefix, d, dv, dtype, path):
     _check(*_inputs(b, h, n, d, dv, dtype), dtype, grid=grid, num_prefix_tokens=prefix)
 
 
+VARIANT_CASES = [(v, dtype, path) for v in ("global", "mixed", "per_axis") for dtype, path in
+                 ((torch.float32, "split"), (torch.bfloat16, "fused"))]
+
+
+@pytest.mark.parametrize("variant,dtype,path", VARIANT_CASES, ids=[f"{v}-{str(t)[6:]}-{p}" for v, t, p in VARIANT_CASES])
+def test_lrpe_variants_match_reference(variant, dtype, path):
+    """Every MD-LRPE variant's tables through both entries (separate q, k, v and the packed projection): output and
+    every gradient against the fp64 reference on a non-square grid with a prefix token."""
+    from lightvision.ops import lightnet_attention_qkvpacked
+
+    grid, prefix, d = (5, 7), 1, 24
+    n = math.prod(grid) + prefix
+    b = 2 if path == "fused" else 1
+    _check_path(b, 2, n, d, d, dtype, path)
+    _check(*_inputs(b, 2, n, d, d, dtype), dtype, grid=grid, num_prefix_tokens=prefix, lrpe=variant)
+    qkv = (torch.randn(b, n, 3 * 2 * d, device=DEV) * 1.5).to(dtype).requires_grad_()
+    kw = dict(grid=grid, num_prefix_tokens=prefix, lrpe=variant)
+    o = lightnet_attention_qkvpacked(qkv, 2, backend="triton", **kw)
+    do = torch.randn_like(o)
+    (g,) = torch.autograd.grad(o, qkv, do)
+    ref_qkv = qkv.detach().double().requires_grad_()
+    o_ref = lightnet_attention_qkvpacked(ref_qkv, 2, backend="torch", **kw)
+    (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
+    assert max(_rel(o, o_ref), _rel(g, g_ref)) < TOL[dtype]
+
+
 @pytest.mark.parametrize("b,n,grid,path", [(1, 7, None, "fused"), (1, 37, (37,), "split"), (2, 37, None, "fused")])
 def test_matches_reference_without_lrpe(b, n, grid, path):
     # lrpe=False, or no grid (the reference then applies no rotation either)

@@ -134,6 +134,48 @@ def test_mdtpe_residual():
         tpe(x, (7, 10), 1)
 
 
+@pytest.mark.parametrize("form,combine,norm", [("two_sided", "sum", False), ("one_sided", "product", False),
+                                               ("pair", "sum", True), ("pair", "product", False)],
+                         ids=["two_sided-sum", "one_sided-product", "pair-sum-norm", "pair-product"])
+def test_mdtpe_forms_match_the_op(form, combine, norm):
+    """Each form is the op's kernel on (the normalised) x: two_sided |n|, one_sided n >= 0, pair = the one-sided
+    mixing plus the one-sided mixing of the grid read backwards with the second coefficient set; every parameter
+    gets a gradient."""
+    from lightvision.ops import md_tpe, rms_norm
+
+    tpe = MDTPE(8, expand=2, form=form, combine=combine, norm=norm).double()
+    torch.nn.init.normal_(tpe.proj.weight)
+    if norm:
+        torch.nn.init.normal_(tpe.norm.weight)
+    x = torch.randn(2, 1 + 4 * 5, 8, dtype=torch.float64)
+    u = rms_norm(x, tpe.norm.weight, eps=tpe.norm.eps) if norm else x
+    lam = torch.nn.functional.logsigmoid(tpe.lam_logit)
+    kw = dict(num_prefix_tokens=1, causal=form != "two_sided", combine=combine, backend="torch")
+    y = md_tpe(u, (4, 5), tpe.coeffs[0], lam[0], **kw)
+    if form == "pair":
+        rev = torch.cat([u[:, :1], u[:, 1:].reshape(2, 4, 5, 8).flip(1, 2).reshape(2, 20, 8)], 1)
+        back = md_tpe(rev, (4, 5), tpe.coeffs[1], lam[1], **kw)
+        y = y + torch.cat([back[:, :1], back[:, 1:].reshape(2, 4, 5, 8).flip(1, 2).reshape(2, 20, 8)], 1)
+    out = tpe(x, (4, 5), 1)
+    torch.testing.assert_close(out, x + tpe.proj(y))
+    out.square().sum().backward()
+    assert all(p.grad.abs().sum() > 0 for p in tpe.parameters())
+
+
+def test_mdtpe_options_and_old_checkpoints():
+    tpe = MDTPE(8, expand=3, decay=(0.2, 0.6))
+    torch.testing.assert_close(torch.sigmoid(tpe.lam_logit[0, 1]), torch.linspace(0.2, 0.6, 3))
+    old = {"coeffs": torch.randn(2, 8, 3), "lam_logit": torch.randn(2, 3), "proj.weight": torch.randn(8, 8)}
+    tpe.load_state_dict(old)  # one-order checkpoints load as order 0
+    torch.testing.assert_close(tpe.coeffs[0], old["coeffs"])
+    with pytest.raises(ValueError, match="unknown MD-TPE form 'causal'; valid: 'two_sided', 'one_sided', 'pair'"):
+        MDTPE(8, form="causal")
+    with pytest.raises(ValueError, match="unknown MD-TPE combine"):
+        MDTPE(8, combine="max")
+    with pytest.raises(ValueError, match="0 < lowest <= highest < 1"):
+        MDTPE(8, decay=(0.5, 1.0))
+
+
 def test_patch_embed():
     pe = PatchEmbed(224, 16, 3, 24)
     tokens, grid = pe(torch.randn(2, 3, 112, 176))

@@ -11,11 +11,13 @@ from lightvision.ops import lightnet_attention
 F64 = torch.float64
 
 
-def _angles_loop(grid, d, prefix):
-    """Theta [N, d] by loops: theta_i = 10000^(-2i/d) (global i), contiguous groups, row-major coords."""
+def _angles_loop(grid, d, prefix, variant="per_axis"):
+    """Theta [N, d] by loops: contiguous feature groups, one per axis, row-major coords (SPEC 1.2). Frequencies:
+    global 10000^(-2i/d) over the global index i; per_axis / mixed 10000^(-2r/g) within a group of g; mixed
+    rotates feature r of group j along the direction j pi / k + r (3 - sqrt 5) pi."""
     k = len(grid)
     sizes = [d // k + (1 if j < d % k else 0) for j in range(k)]
-    axis = [j for j in range(k) for _ in range(sizes[j])]
+    feats = [(j, r, sum(sizes[:j]) + r) for j in range(k) for r in range(sizes[j])]
     rows = [[0.0] * d for _ in range(prefix)]
     for flat in range(math.prod(grid)):
         coord, rest = [], flat
@@ -23,16 +25,24 @@ def _angles_loop(grid, d, prefix):
             coord.append(rest % g)
             rest //= g
         coord = coord[::-1]
-        rows.append([coord[axis[i]] * 10000.0 ** (-2.0 * i / d) for i in range(d)])
+        row = []
+        for j, r, i in feats:
+            theta = 10000.0 ** (-2.0 * i / d) if variant == "global" else 10000.0 ** (-2.0 * r / sizes[j])
+            if variant == "mixed" and k == 2:
+                phi = j * math.pi / 2 + r * math.pi * (3 - math.sqrt(5))
+                row.append(theta * (coord[0] * math.cos(phi) + coord[1] * math.sin(phi)))
+            else:
+                row.append(theta * coord[j])
+        rows.append(row)
     return torch.tensor(rows, dtype=F64)
 
 
-def _loop_ref(q, k, v, grid, prefix, lrpe=True, key_softmax=True):
+def _loop_ref(q, k, v, grid, prefix, lrpe="per_axis", key_softmax=True):
     """o_t = sum_s q^_t^T diag(cos(Theta_t - Theta_s)) k^_s v_s^T (LightNet App. A.2), loops over t and s."""
     b, h, n, d = q.shape
     qh = F.silu(q.double())
     kh = torch.softmax(k.double(), dim=2) if key_softmax else F.silu(k.double())
-    ang = _angles_loop(grid, d, prefix) if (lrpe and grid is not None) else torch.zeros(n, d, dtype=F64)
+    ang = _angles_loop(grid, d, prefix, lrpe) if (lrpe and grid is not None) else torch.zeros(n, d, dtype=F64)
     out = torch.zeros(b, h, n, v.shape[-1], dtype=F64)
     for t in range(n):
         for s in range(n):
@@ -66,12 +76,18 @@ def _inputs(b, h, n, d, dv, dtype=F64, k_scale=2.0):
 
 @pytest.mark.parametrize("b,h,grid,prefix,d", [(1, 1, (7, 11), 1, 6), (2, 2, (4, 5), 0, 5), (1, 2, (23,), 2, 4),
                                                (1, 1, (2, 3, 4), 1, 7)])
-@pytest.mark.parametrize("lrpe,key_softmax", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("lrpe,key_softmax", [("per_axis", True), ("global", True), ("mixed", True), (False, True),
+                                               ("per_axis", False)], ids=["per_axis", "global", "mixed", "no_lrpe",
+                                                                           "no_decay"])
 def test_equals_loop_reference(b, h, grid, prefix, d, lrpe, key_softmax, rel):
     n = math.prod(grid) + prefix
     q, k, v = _inputs(b, h, n, d, d + 2)
-    ref = _loop_ref(q, k, v, grid, prefix, lrpe, key_softmax)
     kw = dict(grid=grid, num_prefix_tokens=prefix, lrpe=lrpe, key_softmax=key_softmax, backend="torch")
+    if lrpe == "mixed" and len(grid) > 2:
+        with pytest.raises(ValueError, match="'mixed' directions are defined for 1-D and 2-D grids"):
+            lightnet_attention(q, k, v, **kw)
+        return
+    ref = _loop_ref(q, k, v, grid, prefix, lrpe, key_softmax)
     assert rel(lightnet_attention(q, k, v, **kw), ref) < 1e-12
     y32 = lightnet_attention(q.float(), k.float(), v.float(), **kw)
     assert y32.dtype == torch.float32 and rel(y32, ref) < 1e-5

@@ -1,0 +1,126 @@
+"""Run several ``lightvision.diffusion.benchmark`` names side by side on one GPU within a time budget.
+
+    python scripts/run_variants.py lightnet lightnet_paper softmax --steps 4000 --deadline 540 --data /tmp/cifar \\
+        --out OUT --variants configs/variants/diffusion_cifar10.yaml -- --samples 1000 --sample-steps 50
+
+Every name trains in its own process (CUDA MPS shares the GPU when its daemon runs), all at once. Each process logs
+its step to ``metrics.jsonl``; from the measured rates the driver predicts when each run ends (training plus
+``--eval-seconds``), and while the slowest would miss ``--deadline`` it stops the last-listed run still going (names
+are in priority order), which speeds up the others. One FID classifier is trained first unless ``--no-fid`` is among
+the benchmark arguments. The per-name reports are merged into ``diffusion_cifar10_<--tag>.json`` (``stopped`` lists
+the names cut for time). Steps/s in it are rates under sharing, not one run's own speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from lightvision.results import results_env
+
+
+def last_step(metrics: Path) -> int:
+    """The newest step in a run's ``metrics.jsonl`` (0 before the first record)."""
+    try:
+        lines = metrics.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in lines if line.strip()]
+    return max(steps, default=0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="+")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--deadline", type=float, required=True, help="seconds from now by which every run must end")
+    p.add_argument("--eval-seconds", type=float, default=150.0, help="expected evaluation time after training")
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/tmp/lightvision_variants")
+    p.add_argument("--variants")
+    p.add_argument("--tag", default="variants")
+    p.add_argument("--workers", type=int, default=3, help="data loader workers per run")
+    args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    start = time.time()
+    out, work = Path(args.out), Path(args.work)
+    (out / "parts").mkdir(parents=True, exist_ok=True)
+    if "--no-fid" not in extra and "--classifier" not in extra:
+        from lightvision.diffusion.benchmark import train_classifier
+
+        extra += ["--classifier", str(train_classifier(args.data, work, 4))]
+    procs = {}
+    for name in args.names:
+        cmd = [sys.executable, "-m", "lightvision.diffusion.benchmark", name, "--data", args.data, "--out",
+               str(out / "parts"), "--work", str(work / name), "--tag", name, "--steps", str(args.steps), *extra,
+               "--set", f"data.num_workers={args.workers}"]
+        cmd += ["--variants", args.variants] if args.variants else []
+        log = open(out / f"log_{name}.txt", "w")
+        procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), time.time())
+    stopped, seen = [], {name: [] for name in args.names}  # seen: (time, step) observations per run
+    while any(proc.poll() is None for proc, _ in procs.values()):
+        time.sleep(10)
+        now = time.time()
+        finish = {}
+        for name, (proc, _) in procs.items():
+            if proc.poll() is None:
+                step = last_step(work / name / "runs" / name / "metrics.jsonl")
+                seen[name].append((now, step))
+                then = next(((t, s) for t, s in seen[name] if now - t <= 60), seen[name][0])  # the last minute's rate
+                if step >= args.steps:
+                    finish[name] = now + args.eval_seconds
+                elif now - then[0] >= 40 and step > then[1]:
+                    finish[name] = now + (args.steps - step) * (now - then[0]) / (step - then[1]) + args.eval_seconds
+        running = [n for n, (proc, _) in procs.items() if proc.poll() is None]
+        decided = all(n in finish for n in running)
+        training = [n for n in running if seen[n] and seen[n][-1][1] < args.steps]
+        late = max(finish.values(), default=0.0)
+        if len(running) > 1 and training and decided and late > start + args.deadline:
+            victim = training[-1]
+            os.killpg(procs[victim][0].pid, signal.SIGKILL)
+            seen.update({n: [] for n in running})  # the survivors speed up: measure afresh
+            stopped.append(victim)
+            print(f"[{now - start:.0f}s] stopped {victim}: predicted end {late - start:.0f}s > deadline "
+                  f"{args.deadline:.0f}s", flush=True)
+        print(f"[{now - start:.0f}s] " + ", ".join(f"{n} {seen[n][-1][1] if seen[n] else '-'}" for n in running),
+              flush=True)
+    merged = {"env": results_env("python scripts/run_variants.py " + " ".join(argv)), "results": {},
+              "stopped": stopped, "concurrent_runs": len(args.names)}
+    for name in args.names:
+        part = out / "parts" / f"diffusion_cifar10_{name}.json"
+        if part.is_file():
+            report = json.loads(part.read_text())
+            merged.setdefault("real_streak_share", report.get("real_streak_share"))
+            merged["settings"] = report["settings"]
+            merged["results"].update(report["results"])
+    (out / f"diffusion_cifar10_{args.tag}.json").write_text(json.dumps(merged, indent=2, default=str))
+    print(table(merged))
+    return 0
+
+
+def table(report: dict) -> str:
+    """Markdown: name, parameters, steps, bits/dim, FID, streak share, steps/s."""
+    real = report.get("real_streak_share") or {}
+    lines = ["| name | params (M) | steps | test bits/dim | FID (classifier) | streak share | steps/s (shared) |",
+             "| --- | --- | --- | --- | --- | --- | --- |",
+             f"| real test images | | | | | {real.get('mean', float('nan')):.3f} | |"]
+    for name, r in report["results"].items():
+        if "error" in r:
+            lines.append(f"| {name} | error: {r['error'][:80]} | | | | | |")
+            continue
+        lines.append(f"| {name} | {r['params'] / 1e6:.1f} | {r['steps']} | {r['test_bits_per_dim']:.3f} | "
+                     f"{r.get('fid_classifier', float('nan')):.2f} | {r['streak_share']['mean']:.3f} | "
+                     f"{r['train_steps_per_s']:.2f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

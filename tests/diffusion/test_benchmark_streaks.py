@@ -1,0 +1,115 @@
+"""The streak share (lightvision.diffusion.streaks) and the CIFAR-10 diffusion benchmark driver on tiny data."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightvision.diffusion.streaks import streak_share
+
+
+def _independent_share(img: np.ndarray) -> float:
+    """The module's definition by loops over channels (uint8 [H, W, C]): high-pass by the in-image 3x3 mean, then the
+    row + column (two-way ANOVA) energy share."""
+    x = img.astype(np.float64)
+    h, w, c = x.shape
+    explained = total = 0.0
+    for ch in range(c):
+        blur = np.empty((h, w))
+        for i in range(h):
+            for j in range(w):
+                blur[i, j] = x[max(i - 1, 0):i + 2, max(j - 1, 0):j + 2, ch].mean()
+        r = x[:, :, ch] - blur
+        r = r - r.mean()
+        explained += w * (r.mean(1) ** 2).sum() + h * (r.mean(0) ** 2).sum()
+        total += (r ** 2).sum()
+    return explained / total
+
+
+def test_streak_share_definition_and_extremes():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (3, 9, 11, 3), dtype=np.uint8)
+    np.testing.assert_allclose(streak_share(images), [_independent_share(i) for i in images], rtol=1e-12)
+    # the same images as float [N, C, H, W] give the same shares
+    np.testing.assert_allclose(streak_share(torch.from_numpy(images).permute(0, 3, 1, 2).float()),
+                               streak_share(images), rtol=1e-6)
+    noise = streak_share(rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8))
+    rows = rng.normal(size=(64, 32, 1, 3)) + rng.normal(size=(64, 1, 32, 3))  # a pure plaid: rows + columns
+    plaid = streak_share(np.clip(128 + 40 * rows, 0, 255).astype(np.uint8))
+    assert 0.03 < noise.mean() < 0.07 and plaid.min() > 0.9
+    with pytest.raises(ValueError, match="at least 3 x 3"):
+        streak_share(np.zeros((1, 2, 8, 3), np.uint8))
+
+
+def _cifar_like(root, per_class=3):
+    rng = np.random.default_rng(1)
+    for split in ("train", "test"):
+        for label in ("a", "b"):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+
+
+def test_benchmark_runs_kinds_and_variants(tmp_path):
+    """Two names (a kind and a variant of a variants file) train, report bits/dim and the streak share of their
+    samples next to the real images'; the variant's overrides reach the model; an unknown name is reported."""
+    from lightvision.diffusion import benchmark
+
+    _cifar_like(tmp_path / "data")
+    variants = tmp_path / "variants.yaml"
+    variants.write_text("lightnet_pair_tpe:\n  attention: lightnet\n  about: a one-sided MD-TPE pair after the embedding\n"
+                        "  set: [model.kwargs.tpe_placement=embed, 'model.kwargs.tpe_kwargs={form: pair, combine: product}',\n"
+                        "        'model.kwargs.attention_kwargs={lrpe: mixed}']\n")
+    out = tmp_path / "out"
+    tiny = ["model.kwargs.depth=1", "model.kwargs.hidden_size=32", "model.kwargs.num_heads=2"]
+    code = benchmark.main(["softmax", "lightnet_pair_tpe", "nope", "--data", str(tmp_path / "data"), "--out", str(out),
+                           "--work", str(tmp_path / "work"), "--variants", str(variants), "--tag", "tiny", "--no-fid",
+                           "--steps", "2", "--batch-size", "4", "--bpd-images", "2", "--samples", "3",
+                           "--sample-steps", "2", "--sample-batch", "2", "--set", "data.num_workers=0",
+                           "train.mixed_precision=no", "data.num_classes=2", *tiny])
+    assert code == 0
+    report = json.loads((out / "diffusion_cifar10_tiny.json").read_text())
+    assert report["real_streak_share"]["images"] == 3 and 0 < report["real_streak_share"]["mean"] < 1
+    variant = report["results"]["lightnet_pair_tpe"]
+    assert variant["model"] == "lightnet_dit_s_2" and variant["steps"] == 2
+    assert variant["model_config"]["tpe_placement"] == "embed" and variant["model_config"]["tpe_kwargs"]["form"] == "pair"
+    assert variant["model_config"]["attention_kwargs"] == {"lrpe": "mixed"}
+    for name in ("softmax", "lightnet_pair_tpe"):
+        r = report["results"][name]
+        assert r["streak_share"]["images"] == 3 and 0 < r["streak_share"]["mean"] < 1
+        assert math.isfinite(r["test_bits_per_dim"]) and (out / r["grid"]).is_file()
+        assert "fid_classifier" not in r
+    assert "unknown attention kind or variant 'nope'" in report["results"]["nope"]["error"]
+
+
+def test_every_shipped_variant_builds_the_model_it_describes():
+    """configs/variants/diffusion_cifar10.yaml: each entry names a kind and overrides that the recipe accepts and the
+    model takes (built on the meta device)."""
+    from pathlib import Path
+
+    import yaml
+
+    from lightvision.diffusion.dit import ATTENTION_KINDS
+    from lightvision.diffusion.train import build_model, load_recipe, model_config_for
+    from lightvision.results import resolve_variant
+
+    root = Path(__file__).parents[2] / "configs"
+    path = root / "variants" / "diffusion_cifar10.yaml"
+    names = yaml.safe_load(path.read_text())
+    assert {"lightnet_earlier", "lightnet_paper"} <= set(names)
+    for name, entry in names.items():
+        kind, overrides = resolve_variant(name, path, ATTENTION_KINDS)
+        assert entry["about"] and overrides
+        cfg = load_recipe(root / "diffusion" / "cifar10.yaml", [f"model.name={kind}_dit_s_2", *overrides])
+        with torch.device("meta"):
+            model = build_model(model_config_for(cfg, 3, 32))
+        assert model.config.attention == kind
+    paper = load_recipe(root / "diffusion" / "cifar10.yaml",
+                        ["model.name=lightnet_dit_s_2", *resolve_variant("lightnet_paper", path, ATTENTION_KINDS)[1]])
+    with torch.device("meta"):
+        model = build_model(model_config_for(paper, 3, 32))
+    assert (model.config.pos_embed, model.tpe.form, model.blocks[0].attn.lrpe) == ("none", "one_sided", "global")
