@@ -59,6 +59,18 @@ def real_streak_share(data: str, count: int) -> dict:
     return streak_summary(folder_streak_share(files[:: max(1, len(files) // count)], count))
 
 
+def wait_for(path: str | None, timeout: float = 1800.0) -> None:
+    """Block until the file ``path`` exists (a classifier trained beside this run; no-op for None); raise if it says
+    that the classifier failed."""
+    start = time.time()
+    while path is not None and not Path(path).exists():
+        if time.time() - start > timeout:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s: the FID classifier did not finish")
+        time.sleep(5)
+    if path is not None and Path(path).read_text().startswith("failed"):
+        raise RuntimeError(f"the FID classifier did not train: {Path(path).read_text()}")
+
+
 def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, reference: str) -> dict:
     """Train one attention kind or variant and evaluate it; returns its results."""
     from PIL import Image
@@ -105,9 +117,13 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
               "params": sum(p.numel() for p in model.parameters()), "steps": result["step"],
               "batch_size": args.batch_size, "train_seconds": round(train_seconds, 1)}
     if classifier is not None:
-        fid = compute_fid(folder, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache",
-                          device=str(device), batch_size=500)
-        record["fid_classifier"] = round(fid["fid"], 3)
+        try:  # the run's other numbers stand without it
+            wait_for(args.classifier_ready)
+            fid = compute_fid(folder, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache",
+                              device=str(device), batch_size=500)
+            record["fid_classifier"] = round(fid["fid"], 3)
+        except (RuntimeError, TimeoutError, ValueError, OSError) as err:
+            record["fid_error"] = f"{type(err).__name__}: {err}"
     grid_out = out / f"grid_{name}.png"
     grid_out.write_bytes((Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
     last = result["last_record"]
@@ -125,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--classifier", help="a CIFAR-10 classifier run folder to measure FID with (default: train one)")
+    p.add_argument("--classifier-ready", help="a file whose appearance says that --classifier has finished training")
     p.add_argument("--no-fid", action="store_true", help="skip the classifier and FID (bits/dim and streaks only)")
     p.add_argument("--classifier-epochs", type=int, default=4)
     p.add_argument("--bpd-images", type=int, default=2000)

@@ -72,14 +72,14 @@ class DiTBlock(nn.Module):
     The modulated norms and the gated residuals run as fused kernels on CUDA (``lightvision.ops.adaln``)."""
 
     def __init__(self, dim: int, num_heads: int, attention: str, adaln: str, mlp_ratio: float, attention_kwargs: dict,
-                 tpe: MDTPE | None = None):
+                 ffn: str, tpe: MDTPE | None = None):
         super().__init__()
         self.tpe = tpe
         self.norm1 = ModulatedLayerNorm(eps=1e-6)
         self.attn = build_attention(attention, dim, num_heads, **attention_kwargs)
         self.norm2 = ModulatedLayerNorm(eps=1e-6)
         hidden = int(dim * mlp_ratio)
-        if attention == "lightnet":
+        if ffn == "glu":
             self.ffn = GLU(dim, int(round(hidden * 2 / 3 / 32)) * 32)
         else:
             self.ffn = Mlp(dim, hidden, act_layer=lambda: nn.GELU(approximate="tanh"))
@@ -110,6 +110,7 @@ class DiT(ModelMixin, ConfigMixin):
         hidden_size (1152), depth (28), num_heads (16), mlp_ratio (4.0): width D, blocks, heads, FFN ratio.
         attention ("softmax"): one of ``ATTENTION_KINDS``.
         adaln (None: "shared" for lightnet, else "block"): per-block modulation Linear or one shared.
+        ffn (None: "glu" for lightnet, else "mlp"): GELU MLP of ratio ``mlp_ratio`` or a GLU of the same parameters.
         class_dropout_prob (0.1), num_classes (1000), learn_sigma (True).
         attention_kwargs (None): options of the attention kind (``lightvision.layers.attention_options``), e.g.
             LightNet's lrpe ("per_axis" | "global" | "mixed" | "none"), key_softmax, norm, gate_rank.
@@ -125,17 +126,20 @@ class DiT(ModelMixin, ConfigMixin):
                  depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0, attention: str = "softmax",
                  adaln: str | None = None, class_dropout_prob: float = 0.1, num_classes: int = 1000,
                  learn_sigma: bool = True, attention_kwargs: dict | None = None, pos_embed: str | None = None,
-                 tpe_placement: str | None = None, tpe_kwargs: dict | None = None):
+                 tpe_placement: str | None = None, tpe_kwargs: dict | None = None, ffn: str | None = None):
         super().__init__()
         check_choice(attention, ATTENTION_KINDS, "attention")
         adaln = adaln or ("shared" if attention == "lightnet" else "block")
         check_choice(adaln, ("block", "shared"), "adaln")
+        ffn = ffn or ("glu" if attention == "lightnet" else "mlp")
+        check_choice(ffn, ("mlp", "glu"), "ffn")
         defaults = LIGHTNET_POSITION_DEFAULTS if attention == "lightnet" else POSITION_DEFAULTS
         pos_embed = pos_embed or defaults["pos_embed"]
         tpe_placement = tpe_placement or defaults["tpe_placement"]
         tpe_kwargs = dict(defaults["tpe_kwargs"] if tpe_kwargs is None else tpe_kwargs)
         check_choice(pos_embed, POS_EMBEDS, "pos_embed")
-        self.register_to_config(adaln=adaln, pos_embed=pos_embed, tpe_placement=tpe_placement, tpe_kwargs=tpe_kwargs)
+        self.register_to_config(adaln=adaln, ffn=ffn, pos_embed=pos_embed, tpe_placement=tpe_placement,
+                                tpe_kwargs=tpe_kwargs)
         self.out_channels = 2 * in_channels if learn_sigma else in_channels
         self.patch_embed = PatchEmbed(input_size, patch_size, in_channels, hidden_size)
         self.tpe, block_tpes = build_tpe(tpe_placement, hidden_size, depth, tpe_kwargs)
@@ -143,7 +147,7 @@ class DiT(ModelMixin, ConfigMixin):
         self.y_embedder = nn.Embedding(num_classes + 1, hidden_size)
         self.shared_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size)) if adaln == "shared" else None
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {}), block_tpe)
+            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {}), ffn, block_tpe)
             for block_tpe in block_tpes)
         self.final_norm = ModulatedLayerNorm(eps=1e-6)
         if adaln == "block":

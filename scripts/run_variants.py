@@ -6,8 +6,8 @@
 Every name trains in its own process (CUDA MPS shares the GPU when its daemon runs), all at once. Each process logs
 its step to ``metrics.jsonl``; from the measured rates the driver predicts when each run ends (training plus
 ``--eval-seconds``), and while the slowest would miss ``--deadline`` it stops the last-listed run still going (names
-are in priority order), which speeds up the others. One FID classifier is trained first unless ``--no-fid`` is among
-the benchmark arguments. The per-name reports are merged into ``diffusion_cifar10_<--tag>.json`` (``stopped`` lists
+are in priority order), which speeds up the others. Unless ``--no-fid`` or ``--classifier`` is among the benchmark
+arguments, one FID classifier trains beside the runs, which wait for it before their FID. The per-name reports are merged into ``diffusion_cifar10_<--tag>.json`` (``stopped`` lists
 the names cut for time). Steps/s in it are rates under sharing, not one run's own speed.
 """
 
@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,10 +54,20 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     out, work = Path(args.out), Path(args.work)
     (out / "parts").mkdir(parents=True, exist_ok=True)
-    if "--no-fid" not in extra and "--classifier" not in extra:
+    if "--no-fid" not in extra and "--classifier" not in extra:  # one FID classifier, trained beside the runs
         from lightvision.diffusion.benchmark import train_classifier
 
-        extra += ["--classifier", str(train_classifier(args.data, work, 4))]
+        ready = work / "classifier.done"
+        ready.unlink(missing_ok=True)
+        def classifier() -> None:
+            try:
+                train_classifier(args.data, work, 4)
+                ready.write_text("ok")
+            except Exception as err:  # noqa: BLE001 - the runs read it and report their FID as failed
+                ready.write_text(f"failed: {err}")
+
+        threading.Thread(target=classifier, daemon=True).start()
+        extra += ["--classifier", str(work / "classifier"), "--classifier-ready", str(ready)]
     procs = {}
     for name in args.names:
         cmd = [sys.executable, "-m", "lightvision.diffusion.benchmark", name, "--data", args.data, "--out",
@@ -74,10 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             if proc.poll() is None:
                 step = last_step(work / name / "runs" / name / "metrics.jsonl")
                 seen[name].append((now, step))
-                then = next(((t, s) for t, s in seen[name] if now - t <= 60), seen[name][0])  # the last minute's rate
+                # the rate over the last minute, counted from the first step (start-up and compilation excluded)
+                window = [(t, s) for t, s in seen[name] if now - t <= 60 and s > 0]
                 if step >= args.steps:
                     finish[name] = now + args.eval_seconds
-                elif now - then[0] >= 40 and step > then[1]:
+                elif window and now - window[0][0] >= 40 and step > window[0][1]:
+                    then = window[0]
                     finish[name] = now + (args.steps - step) * (now - then[0]) / (step - then[1]) + args.eval_seconds
         running = [n for n, (proc, _) in procs.items() if proc.poll() is None]
         decided = all(n in finish for n in running)

@@ -6,7 +6,7 @@ import torch
 from lightvision.diffusion import create_model
 from lightvision.diffusion.dit import DiT, model_config
 from lightvision.diffusion.gaussian import GaussianDiffusion
-from lightvision.layers import ATTENTION_KINDS
+from lightvision.layers import ATTENTION_KINDS, GLU
 
 # SPEC 3 (LightNet XL: the paper gives 672M and 680M; the midpoint)
 PAPER_PARAMS = {
@@ -134,6 +134,7 @@ ABLATIONS = {  # switch -> (constructor kwargs, what it must change in the built
                   lambda m: isinstance(m.blocks[0].attn.gate, torch.nn.Linear)),
     "block_adaln": (dict(adaln="block"), lambda m: m.shared_modulation is None),
     "no_sincos": (dict(pos_embed="none"), lambda m: m.config.pos_embed == "none"),
+    "mlp_ffn": (dict(ffn="mlp"), lambda m: not isinstance(m.blocks[0].ffn, GLU)),
 }
 
 
@@ -182,3 +183,6 @@ def test_position_defaults_and_refused_values():
         tiny("softmax", attention_kwargs={"lrpe": "global"})
     with pytest.raises(ValueError, match="unknown adaln 'layer'"):
         tiny("lightnet", adaln="layer")
+    with pytest.raises(ValueError, match="unknown ffn 'swiglu'; valid: 'mlp', 'glu'"):
+        tiny("softmax", ffn="swiglu")
+    assert isinstance(tiny("softmax", ffn="glu").blocks[0].ffn, GLU)
