@@ -114,7 +114,7 @@ def norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
     d = cfg["data"]
     if d.get("source") == "digits":
         return DIGITS_MEAN * d["in_chans"], DIGITS_STD * d["in_chans"]
-    pcfg = _pretrained_cfg(cfg)
+    pcfg = _pretrained_cfg(cfg) if not (d["mean"] and d["std"]) else None
     mean, std = tuple(d["mean"] or pcfg.mean), tuple(d["std"] or pcfg.std)
     if len(mean) != d["in_chans"] or len(std) != d["in_chans"]:
         raise ValueError(f"data.mean and data.std need {d['in_chans']} values each (data.in_chans): set both")
