@@ -43,12 +43,13 @@ def _print_json(result: dict, out: str | None = None) -> None:
 
 def _fid(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import compute_fid
+    from lightvision.engine.checkpoint import CheckpointError
 
     try:
         metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
                               feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
                               batch_size=args.batch_size, num_samples=args.num_samples or None)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, CheckpointError) as err:
         raise SystemExit(f"lightvision diffusion fid: {err}") from None
     _print_json(metrics, args.out)
     return 0
@@ -56,12 +57,13 @@ def _fid(args: argparse.Namespace) -> int:
 
 def _fid_ref(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import write_reference
+    from lightvision.engine.checkpoint import CheckpointError
 
     try:
         summary = write_reference(args.images, args.out, inception_weights=args.inception_weights,
                                   feature_extractor=args.feature_extractor, device=args.device,
                                   batch_size=args.batch_size)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, CheckpointError) as err:
         raise SystemExit(f"lightvision diffusion fid-ref: {err}") from None
     _print_json(summary)
     return 0

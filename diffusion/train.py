@@ -189,7 +189,7 @@ def merge_by_index(parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict
     if len(np.unique(indices)) != len(indices):
         raise ValueError("a sample index was evaluated on two processes")
     order = np.argsort(indices, kind="stable")
-    names = [name for name in parts[0][1]] if parts else []
+    names = list(parts[0][1]) if parts else []
     return {name: np.concatenate([f[name] for idx, f in parts if len(idx)])[order] for name in names}
 
 
