@@ -84,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "augmentation, and write DIR/yardstick.safetensors (float16, < 20 MB) for `lightvision diffusion fid "
         "--feature-extractor`.",
     )
-    ys.add_argument("--data", required=True, help="train/ and test/ class folders, or the cifar10-*-jpg.tar.gz archives")
+    ys.add_argument("--data", required=True,
+                    help="train/ and test/ class folders, or the cifar10-*-jpg.tar.gz archives")
     ys.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl, yardstick.safetensors)")
     ys.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
     ys.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")

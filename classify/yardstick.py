@@ -173,7 +173,8 @@ def load_images(root: str | Path, split: str) -> tuple[torch.Tensor, torch.Tenso
                     items.append((parts[-2], parts[-1], tar.extractfile(member).read()))
         items.sort(key=lambda it: it[:2])
     else:
-        raise FileNotFoundError(f"no {split!r} images under {str(root)!r}: expected {folder}/<class>/<images> or {archive}")
+        raise FileNotFoundError(f"no {split!r} images under {str(root)!r}: expected {folder}/<class>/<images> "
+                                f"or {archive}")
     if not items:
         raise FileNotFoundError(f"{folder if folder.is_dir() else archive} holds no {'/'.join(IMAGE_SUFFIXES)} images")
     classes = sorted({c for c, _, _ in items})
@@ -252,7 +253,8 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> di
     import time
 
     if cfg["data"]["root"] is None:
-        raise ValueError("no training data: pass --data ROOT (train/ and test/ class folders, or the CIFAR-10 archives)")
+        raise ValueError("no training data: pass --data ROOT (train/ and test/ class folders, or the CIFAR-10 "
+                         "archives)")
     start = time.perf_counter()
     t, o, d = cfg["train"], cfg["optim"], cfg["data"]
     run_dir = Path(cfg["run"]["dir"])

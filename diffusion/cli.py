@@ -72,7 +72,8 @@ def _fid_ref(args: argparse.Namespace) -> int:
 def _feature_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inception-weights", help="torch-fidelity Inception weights file (default: torch's hub cache)")
     p.add_argument("--feature-extractor", help="yardstick .safetensors or a `lightvision classify` run: its feature "
-                   "space instead of Inception (32 px images without Inception weights: the packaged CIFAR-10 yardstick)")
+                   "space instead of Inception (32 px images without Inception weights: the packaged CIFAR-10 "
+                   "yardstick)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=64)
 
@@ -92,7 +93,8 @@ def _extract(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``diffusion`` command group to the top-level parser."""
-    group = subparsers.add_parser("diffusion", help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents")
+    group = subparsers.add_parser("diffusion",
+                                  help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents")
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)")
@@ -120,7 +122,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vae", help="autoencoder folder / hub id overriding the run's")
     p.set_defaults(func=_sample)
 
-    p = sub.add_parser("fid", help="FID, sFID, IS, precision / recall, KID of samples against a reference (ADM conventions)")
+    p = sub.add_parser("fid", help="FID, sFID, IS, precision / recall, KID of samples against a reference "
+                       "(ADM conventions)")
     p.add_argument("samples", help="folder of sample images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
     p.add_argument("--reference", required=True,
                    help="folder of reference images, an .npz batch, or statistics from `lightvision diffusion fid-ref`")
@@ -130,7 +133,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write the metrics JSON here too")
     p.set_defaults(func=_fid)
 
-    p = sub.add_parser("fid-ref", help="compute a reference's statistics once (mu / sigma, spatial, features) into an .npz")
+    p = sub.add_parser("fid-ref",
+                       help="compute a reference's statistics once (mu / sigma, spatial, features) into an .npz")
     p.add_argument("images", help="folder of reference images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
     p.add_argument("--out", required=True, help="statistics file to write (.npz), then `fid --reference` it")
     _feature_network_args(p)

@@ -205,7 +205,8 @@ def reference_statistics(reference: str | Path, net: FeatureNet, cache_dir: str 
     return stats
 
 
-def precision_recall(samples: np.ndarray, reference: np.ndarray, device: str | torch.device = "cpu") -> dict[str, float]:
+def precision_recall(samples: np.ndarray, reference: np.ndarray,
+                     device: str | torch.device = "cpu") -> dict[str, float]:
     """Improved precision / recall (k = 3) of sample features [N, D] against reference features [M, D]."""
     from torch_fidelity.metric_prc import prc_features_to_metric
 
@@ -261,7 +262,8 @@ def compute_fid(samples: str | Path, reference: str | Path, *, inception_weights
     Args:
         samples: folder or ADM ``.npz``; fewer than ``num_samples`` images are used with a warning on stderr.
         reference: folder, ADM ``.npz`` or statistics ``.npz`` in the same feature space.
-        inception_weights / feature_extractor: the feature network (:func:`~lightvision.diffusion.features.feature_network`).
+        inception_weights / feature_extractor: the feature network
+            (:func:`~lightvision.diffusion.features.feature_network`).
         cache_dir: cache of reference statistics (None: :func:`default_cache_dir`).
         num_samples: how many samples to evaluate (None: all).
     Returns:

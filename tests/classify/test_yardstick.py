@@ -35,7 +35,7 @@ def test_images_decode_the_same_from_folders_and_archives(tmp_path):
     b_img, b_lab, b_cls = load_images(tmp_path / "archives", "test")
     assert a_img.dtype == torch.uint8 and a_img.shape == (6, 3, 32, 32) and a_cls == b_cls == ["cat", "dog"]
     assert torch.equal(a_img, b_img) and a_lab.tolist() == b_lab.tolist() == [0, 0, 0, 1, 1, 1]
-    direct = np.asarray(Image.open(io.BytesIO((tmp_path / "folders/test/dog/0.jpg").read_bytes())).convert("RGB"))
+    direct = np.array(Image.open(io.BytesIO((tmp_path / "folders/test/dog/0.jpg").read_bytes())).convert("RGB"))
     assert torch.equal(a_img[3], torch.from_numpy(direct).permute(2, 0, 1))
     with pytest.raises(FileNotFoundError, match="no 'train' images"):
         load_images(tmp_path / "folders", "train")
@@ -81,6 +81,11 @@ def test_yardstick_trains_through_the_cli_and_loads_as_a_feature_network(tmp_pat
     assert feats["pool"].shape == (8, 16) and feats["spatial"].shape == (8, 8 * 8 * 7)
     expected = model.forward_features(images.float() / 255)
     torch.testing.assert_close(feats["pool"], expected["pool"].double())
+    from lightvision.diffusion.fid import compute_fid
+
+    itself = compute_fid(tmp_path / "data" / "test", tmp_path / "data" / "test", feature_extractor=str(out),
+                         cache_dir=tmp_path / "cache", num_samples=None)
+    assert itself["feature_space"] == net.id and abs(itself["fid"]) < 1e-4 and itself["precision"] == 1.0
 
 
 def test_saved_weights_are_float16_under_20_mb_and_reload(tmp_path):

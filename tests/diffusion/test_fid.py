@@ -1,5 +1,5 @@
-"""Sample-quality metrics: the Frechet distance against closed forms; FID, sFID, IS and precision / recall with generated
-Inception weights against numpy; identities; reference statistics (fid-ref, caches, .npz batches); feature networks
+"""Sample-quality metrics: the Frechet distance against closed forms; FID, sFID, IS and precision / recall with
+generated Inception weights against numpy; identities; reference statistics (fid-ref, caches, .npz batches); feature networks
 (yardstick, classifier checkpoints) and their errors."""
 
 import json
@@ -75,7 +75,8 @@ def no_hub_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(ys, "PACKAGED", tmp_path / "absent.safetensors")
 
 
-RGB_DATA = {"data.in_chans": 3, "data.source": "imagefolder", "data.mean": "[0.5, 0.5, 0.5]", "data.std": "[0.5, 0.5, 0.5]"}
+RGB_DATA = {"data.in_chans": 3, "data.source": "imagefolder", "data.mean": "[0.5, 0.5, 0.5]",
+            "data.std": "[0.5, 0.5, 0.5]"}
 
 
 def digits_classifier(run_dir, **overrides):
@@ -127,7 +128,8 @@ def numpy_reference_metrics(sample_files, ref_files, weights):
     p = np.exp(sl - sl.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     isc = np.exp((p * (np.log(p) - np.log(p.mean(0, keepdims=True)))).sum(1).mean())
-    return {"fid": fid(sp, rp), "sfid": fid(ss, rs), "isc": isc, "precision": covered(sp, rp), "recall": covered(rp, sp)}
+    return {"fid": fid(sp, rp), "sfid": fid(ss, rs), "isc": isc, "precision": covered(sp, rp),
+            "recall": covered(rp, sp)}
 
 
 @pytest.mark.slow
@@ -209,7 +211,8 @@ def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights,
     message = str(exit_info.value)
     assert "\n" not in message and "--inception-weights FILE" in message and "URLError" in message
     with pytest.raises(SystemExit, match="Inception weights '.*missing.pth' not found"):
-        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights", str(tmp_path / "missing.pth")])
+        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights",
+              str(tmp_path / "missing.pth")])
 
 
 def test_cifar_sized_images_default_to_the_packaged_yardstick(tmp_path, yardstick, no_hub_weights, monkeypatch):
