@@ -71,9 +71,9 @@ def _fid_ref(args: argparse.Namespace) -> int:
 
 def _feature_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inception-weights", help="torch-fidelity Inception weights file (default: torch's hub cache)")
-    p.add_argument("--feature-extractor", help="yardstick .safetensors or a `lightvision classify` run: its feature "
-                   "space instead of Inception (32 px images without Inception weights: the packaged CIFAR-10 "
-                   "yardstick)")
+    p.add_argument("--feature-extractor", help="yardstick .safetensors, 'yardstick' (the packaged CIFAR-10 one) or a "
+                   "`lightvision classify` run: its feature space instead of Inception (default for 32 px images "
+                   "without Inception weights: the packaged yardstick)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=64)
 

@@ -161,7 +161,8 @@ def feature_network(*, feature_extractor: str | Path | None = None, inception_we
     """The feature network of an evaluation (see the module docstring for the order of choice).
 
     Args:
-        feature_extractor: a yardstick file / folder, or a ``lightvision classify`` run or checkpoint folder.
+        feature_extractor: a yardstick file / folder, ``"yardstick"`` (the packaged one), or a
+            ``lightvision classify`` run or checkpoint folder.
         inception_weights: torch-fidelity Inception weights file.
         image_size: (H, W) of the evaluated images: 32 x 32 falls back on the packaged CIFAR-10 yardstick when no
             Inception weights are at hand.
@@ -171,6 +172,11 @@ def feature_network(*, feature_extractor: str | Path | None = None, inception_we
     """
     from lightvision.classify.yardstick import packaged_yardstick
 
+    if feature_extractor == "yardstick":
+        if packaged_yardstick() is None:
+            raise FeatureNetworkError("no packaged CIFAR-10 yardstick in this install: train one with `lightvision "
+                                      "classify train-yardstick` and pass its yardstick.safetensors")
+        return YardstickFeatures(packaged_yardstick(), device)
     if feature_extractor:
         if not Path(feature_extractor).exists():
             raise FeatureNetworkError(f"feature extractor {str(feature_extractor)!r} does not exist: pass a yardstick "

@@ -218,10 +218,14 @@ def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights,
 def test_cifar_sized_images_default_to_the_packaged_yardstick(tmp_path, yardstick, no_hub_weights, monkeypatch):
     import lightvision.classify.yardstick as ys
 
-    monkeypatch.setattr(ys, "PACKAGED", __import__("pathlib").Path(yardstick))
     ref = write_set(tmp_path / "ref", 0, 5, size=32)
+    with pytest.raises(SystemExit, match="no packaged CIFAR-10 yardstick"):
+        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"])
+    monkeypatch.setattr(ys, "PACKAGED", __import__("pathlib").Path(yardstick))
     out = compute_fid(ref, ref, cache_dir=tmp_path / "c")
     assert out["feature_space"].startswith("yardstick-") and abs(out["fid"]) < 1e-6
+    named = compute_fid(ref, ref, cache_dir=tmp_path / "c", feature_extractor="yardstick")
+    assert named["feature_space"] == out["feature_space"]
 
 
 def test_one_channel_classifier_features(tmp_path):
