@@ -18,10 +18,11 @@ ends in :class:`FeatureNetworkError` naming the options.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import torch
+
+from lightvision.diffusion.fid import content_hash
 
 INCEPTION_FILE = "weights-inception-2015-12-05-6726825d.pth"  # torch-fidelity's converted TF Inception weights
 SPATIAL_CHANNELS = 7  # ADM: mixed_6/conv[..., :7]
@@ -29,11 +30,6 @@ SPATIAL_CHANNELS = 7  # ADM: mixed_6/conv[..., :7]
 
 class FeatureNetworkError(FileNotFoundError):
     """No usable feature network: the message is one line that says what to pass."""
-
-
-def file_hash(path: str | Path) -> str:
-    """First 16 hex digits of the sha256 of a file's bytes."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def _flatten_spatial(x: torch.Tensor) -> torch.Tensor:
@@ -75,7 +71,7 @@ class InceptionFeatures:
         self.net = net.to(self.device)
         self._spatial: list[torch.Tensor] = []
         self.net.Mixed_6d.branch1x1.register_forward_hook(lambda _m, _i, out: self._spatial.append(out))
-        self.id = "inception-" + (file_hash(weights) if weights else "torch-fidelity")
+        self.id = "inception-" + (content_hash([Path(weights)])[:16] if weights else "torch-fidelity")
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -99,7 +95,7 @@ class YardstickFeatures:
         self.model, self.path = load_yardstick(path)
         self.device = torch.device(device)
         self.model = self.model.to(self.device).eval()
-        self.id = f"yardstick-{file_hash(self.path)}"
+        self.id = f"yardstick-{content_hash([self.path])[:16]}"
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -135,8 +131,8 @@ class ClassifierFeatures:
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         size = model_config["img_size"]
         self.size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
-        digests = "".join(file_hash(p) for p in sorted(Path(self.checkpoint).glob("*.safetensors")))
-        self.id = f"{model_config['name']}-{hashlib.sha256(digests.encode()).hexdigest()[:16]}"
+        weights = sorted(Path(self.checkpoint).glob("*.safetensors"))
+        self.id = f"{model_config['name']}-{content_hash(weights)[:16]}"
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
