@@ -234,8 +234,9 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
             ref = nets["reference"] = reference_statistics(e["reference"], net, e["cache_dir"], int(e["batch_size"]))
         out = metrics(merge_by_index(parts), ref, acc.device)
         points = [(r["step"], r["fid"]) for r in trainer.metrics.records() if "fid" in r and r["step"] < trainer.step]
+        weights = "EMA " if trainer.ema is not None else ""
         plot = plot_metric(points + [(trainer.step, out["fid"])], "FID", out_dir / "fid.png",
-                           f"FID of {n} EMA samples ({net.id})")
+                           f"FID of {n} {weights}samples ({net.id})")
         return {**out, "eval_samples": n, "feature_space": net.id, "fid_plot": str(plot)}
 
     return hook
