@@ -15,7 +15,7 @@ augmented on the device (reflect-pad 4 + random 32 x 32 crop, horizontal flip, p
 ``batch_random``); label smoothing 0.2; SGD with Nesterov momentum 0.9, weight decay 5e-4 on conv / linear weights,
 a linear warm-up over the first 20% of the steps and a linear decay to 0; bf16 autocast on a GPU. Writes the engine
 run folder (checkpoints, ``metrics.jsonl`` with test top-1 every ``train.eval_every_epochs``), ``results.json`` and
-``yardstick.safetensors`` (float16 weights, the widths, classes and test top-1 in its metadata).
+``yardstick.safetensors`` (float16 conv / linear weights, the widths, classes and test top-1 in its metadata).
 
 The packaged weights (:func:`packaged_yardstick`) are ``classify/weights/cifar10_yardstick.safetensors``.
 """
@@ -105,13 +105,14 @@ class YardstickNet(nn.Module):
 
 
 def save_yardstick(model: YardstickNet, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
-    """Write the weights as float16 safetensors with the architecture (and ``meta``) in the header."""
+    """Write the weights as safetensors with the architecture (and ``meta``) in the header: convolution and linear
+    weights in float16 (13 MB at the default widths), BatchNorm parameters and statistics in float32."""
     from safetensors.torch import save_file
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() else v.dtype).contiguous()
-               for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() and v.ndim > 1 else v.dtype)
+               .contiguous() for k, v in model.state_dict().items()}
     header = {"format": "lightvision-yardstick", "widths": json.dumps(model.widths),
               "num_classes": str(model.num_classes), **{k: json.dumps(v) for k, v in (meta or {}).items()}}
     save_file(tensors, str(path), metadata=header)
