@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 
 from lightvision.diffusion.autoencoder import DEFAULT_VAE, Codec, load_codec
 from lightvision.diffusion.dit import DiT, create_model
+from lightvision.diffusion.fid import PRC_NEIGHBOURHOOD
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
@@ -290,6 +291,9 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
         if cfg["eval"]["reference"] is None:
             raise ValueError("train.eval_every needs eval.reference=PATH (image folder, .npz batch or "
                              "`lightvision diffusion fid-ref` statistics)")
+        if int(t["eval_samples"]) <= PRC_NEIGHBOURHOOD:
+            raise ValueError(f"train.eval_samples={t['eval_samples']}: precision / recall need more than "
+                             f"{PRC_NEIGHBOURHOOD} samples")
         hooks.append((int(t["eval_every"]), eval_hook(cfg, diffusion, codec_fn, run_dir)))
     precision = "no" if t["mixed_precision"] in (False, None) else str(t["mixed_precision"])  # YAML 1.1 reads no as false
     trainer = Trainer(run_dir, cfg, model, optimizer, scheduler, loader, make_loss_fn(diffusion, scaling_factor),

@@ -64,9 +64,12 @@ def test_fid_is_logged_plotted_and_survives_resume(tmp_path, yardstick, referenc
         assert resumed[step]["precision"] == logged[step]["precision"]
 
 
-def test_eval_without_reference_is_refused(tmp_path, yardstick):
+def test_eval_settings_are_checked_before_training(tmp_path, yardstick, reference):
     with pytest.raises(ValueError, match="eval.reference=PATH"):
         train(recipe(tmp_path / "r", yardstick, None, 1, ["eval.reference=null"]))
+    with pytest.raises(ValueError, match="precision / recall need more than 3 samples"):
+        train(recipe(tmp_path / "r", yardstick, reference, 1, ["train.eval_samples=3"]))
+    assert not (tmp_path / "r" / "checkpoints").exists()
 
 
 def test_samples_split_over_processes_count_once(tmp_path, yardstick, reference):
