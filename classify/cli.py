@@ -1,9 +1,11 @@
-"""``lightvision classify``: ``train`` (a recipe, or the built-in digits default) and ``eval`` (many resolutions).
+"""``lightvision classify``: ``train`` (a recipe, or the built-in digits default), ``eval`` (many resolutions) and
+``train-yardstick`` (the CIFAR-10 feature network of FID, :mod:`lightvision.classify.yardstick`).
 
     lightvision classify train                                    # digits default, no download
     lightvision classify train --config configs/classify/deit_imagenet.yaml data.root=/imagenet \
         model.name=lightnet_deit_small_patch16_224
     lightvision classify eval --checkpoint runs/classify --data /imagenet/val --img-size 224 288 384 512
+    lightvision classify train-yardstick --data data/cifar10 --out runs/yardstick
 """
 
 from __future__ import annotations
@@ -25,6 +27,19 @@ def _train(args: argparse.Namespace) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         overrides = [*args.overrides, *([f"run.dir={args.out}"] if args.out else [])]
         result = train(load_train_config(args.config, overrides), device=args.device, resume=args.resume)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _train_yardstick(args: argparse.Namespace) -> int:
+    from lightvision.classify.yardstick import load_yardstick_config, train_yardstick
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    cfg = load_yardstick_config([f"data.root={args.data}", f"run.dir={args.out}", *args.overrides])
+    try:
+        result = train_yardstick(cfg, device=args.device, resume=args.resume)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"lightvision classify train-yardstick: {err}") from None
     print(json.dumps(result, indent=2))
     return 0
 
@@ -61,6 +76,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. optim.lr=1e-3")
     train.set_defaults(func=_train)
+
+    ys = sub.add_parser(
+        "train-yardstick",
+        help="train the CIFAR-10 yardstick (a small ResNet; the offline feature network of CIFAR-10 FID)",
+        description="Decode the images once into memory, train a ResNet-9-style net with on-device flip + crop "
+        "augmentation, and write DIR/yardstick.safetensors (float16, < 20 MB) for `lightvision diffusion fid "
+        "--feature-extractor`.",
+    )
+    ys.add_argument("--data", required=True,
+                    help="train/ and test/ class folders, or the cifar10-*-jpg.tar.gz archives")
+    ys.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl, yardstick.safetensors)")
+    ys.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+    ys.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")
+    ys.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. train.epochs=20 optim.lr=0.2")
+    ys.set_defaults(func=_train_yardstick)
 
     ev = sub.add_parser("eval", help="top-1/top-5, images/s and peak GPU memory at several resolutions")
     ev.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")

@@ -44,6 +44,7 @@ __all__ = [
     "build_repeat_sampler",
     "eval_transform",
     "image_folder",
+    "norm_stats",
     "train_transform",
 ]
 
@@ -107,8 +108,13 @@ def _pretrained_cfg(cfg: dict) -> Any:
     return timm.models.get_pretrained_cfg(name)
 
 
-def _norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    d, pcfg = cfg["data"], _pretrained_cfg(cfg)
+def norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel (mean, std) that a train recipe's images are normalised with (``data.in_chans`` values each):
+    the digits' own statistics, else ``data.mean`` / ``data.std``, else the model's pretrained cfg."""
+    d = cfg["data"]
+    if d.get("source") == "digits":
+        return DIGITS_MEAN * d["in_chans"], DIGITS_STD * d["in_chans"]
+    pcfg = _pretrained_cfg(cfg) if not (d["mean"] and d["std"]) else None
     mean, std = tuple(d["mean"] or pcfg.mean), tuple(d["std"] or pcfg.std)
     if len(mean) != d["in_chans"] or len(std) != d["in_chans"]:
         raise ValueError(f"data.mean and data.std need {d['in_chans']} values each (data.in_chans): set both")
@@ -127,7 +133,7 @@ def train_dataset(cfg: dict) -> Dataset:
             "data.root is not set: pass data.root=PATH (a folder with train/ and val/ ImageFolder splits), "
             "or run `lightvision classify train` without --config for the built-in digits default"
         )
-    mean, std = _norm_stats(cfg)
+    mean, std = norm_stats(cfg)
     return image_folder(d["root"], d["train_split"], train_transform(cfg["aug"], cfg["model"]["img_size"], mean, std))
 
 
@@ -139,7 +145,7 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None) -> D
     d = cfg["data"]
     if d["source"] == "digits":
         return DigitsDataset("val", img_size, d["in_chans"])
-    mean, std = _norm_stats(cfg)
+    mean, std = norm_stats(cfg)
     tf = eval_transform(img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std)
     if folder is None:
         if d["root"] is None:

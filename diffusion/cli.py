@@ -1,4 +1,4 @@
-"""``lightvision diffusion``: train | sample | fid | extract-latents (heavy imports inside the handlers)."""
+"""``lightvision diffusion``: train | sample | fid | fid-ref | extract-latents (heavy imports inside the handlers)."""
 
 from __future__ import annotations
 
@@ -34,17 +34,48 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_json(result: dict, out: str | None = None) -> None:
+    print(json.dumps(result, indent=2))
+    if out:
+        with open(out, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+
+
 def _fid(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import compute_fid
+    from lightvision.engine.checkpoint import CheckpointError
 
-    metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
-                          feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
-                          batch_size=args.batch_size)
-    print(json.dumps(metrics, indent=2))
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=2)
+    try:
+        metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
+                              feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
+                              batch_size=args.batch_size, num_samples=args.num_samples or None)
+    except (FileNotFoundError, ValueError, CheckpointError) as err:
+        raise SystemExit(f"lightvision diffusion fid: {err}") from None
+    _print_json(metrics, args.out)
     return 0
+
+
+def _fid_ref(args: argparse.Namespace) -> int:
+    from lightvision.diffusion.fid import write_reference
+    from lightvision.engine.checkpoint import CheckpointError
+
+    try:
+        summary = write_reference(args.images, args.out, inception_weights=args.inception_weights,
+                                  feature_extractor=args.feature_extractor, device=args.device,
+                                  batch_size=args.batch_size)
+    except (FileNotFoundError, ValueError, CheckpointError) as err:
+        raise SystemExit(f"lightvision diffusion fid-ref: {err}") from None
+    _print_json(summary)
+    return 0
+
+
+def _feature_network_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inception-weights", help="torch-fidelity Inception weights file (default: torch's hub cache)")
+    p.add_argument("--feature-extractor", help="yardstick .safetensors, 'yardstick' (the packaged CIFAR-10 one) or a "
+                   "`lightvision classify` run: its feature space instead of Inception (default for 32 px images "
+                   "without Inception weights: the packaged yardstick)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=64)
 
 
 def _extract(args: argparse.Namespace) -> int:
@@ -62,7 +93,8 @@ def _extract(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``diffusion`` command group to the top-level parser."""
-    group = subparsers.add_parser("diffusion", help="DiT latent / pixel diffusion: train, sample, fid, extract-latents")
+    group = subparsers.add_parser("diffusion",
+                                  help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents")
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)")
@@ -90,16 +122,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vae", help="autoencoder folder / hub id overriding the run's")
     p.set_defaults(func=_sample)
 
-    p = sub.add_parser("fid", help="FID (+ IS, KID) of a sample folder against a reference folder or statistics")
-    p.add_argument("samples", help="folder of sample images")
-    p.add_argument("--reference", required=True, help="folder of reference images or .npz with mu / sigma")
-    p.add_argument("--inception-weights", help="torch-fidelity Inception weights file (offline machines)")
-    p.add_argument("--feature-extractor", help="classifier checkpoint: FID in its feature space instead of Inception")
-    p.add_argument("--cache-dir", default=".cache/lightvision_fid", help="reference statistics cache (content-hash keys)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=64)
+    p = sub.add_parser("fid", help="FID, sFID, IS, precision / recall, KID of samples against a reference "
+                       "(ADM conventions)")
+    p.add_argument("samples", help="folder of sample images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
+    p.add_argument("--reference", required=True,
+                   help="folder of reference images, an .npz batch, or statistics from `lightvision diffusion fid-ref`")
+    p.add_argument("--num-samples", type=int, default=50_000, help="evaluate the first N samples (0: all)")
+    p.add_argument("--cache-dir", help="reference statistics cache (default: $XDG_CACHE_HOME/lightvision/fid)")
+    _feature_network_args(p)
     p.add_argument("--out", help="write the metrics JSON here too")
     p.set_defaults(func=_fid)
+
+    p = sub.add_parser("fid-ref",
+                       help="compute a reference's statistics once (mu / sigma, spatial, features) into an .npz")
+    p.add_argument("images", help="folder of reference images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
+    p.add_argument("--out", required=True, help="statistics file to write (.npz), then `fid --reference` it")
+    _feature_network_args(p)
+    p.set_defaults(func=_fid_ref)
 
     p = sub.add_parser("extract-latents", help="cache autoencoder latent moments (+ flips) of an ImageFolder")
     p.add_argument("--images", required=True, help="ImageFolder root (class sub-folders)")

@@ -1,32 +1,50 @@
-"""FID between a folder of samples and a reference: torch-fidelity Inception metrics, or any classifier's features.
+"""Sample-quality metrics with the ADM evaluator's conventions: FID, sFID, IS, precision / recall (and KID).
 
-Frechet distance between Gaussians fitted to features (Heusel et al.):
+In a feature network's space (:mod:`lightvision.diffusion.features`; Inception-v3 by default):
 
-    FID = ||mu_1 - mu_2||^2 + tr(S_1) + tr(S_2) - 2 tr((S_1^{1/2} S_2 S_1^{1/2})^{1/2})
+* FID (Heusel et al. 2017) of the ``pool`` features; sFID (Nash et al. 2021) the same distance of the ``spatial``
+  features (Inception: mixed_6/conv[..., :7], flattened). The Frechet distance of two Gaussians,
 
-computed with symmetric eigen-decompositions (S_1^{1/2} S_2 S_1^{1/2} is symmetric PSD, so its trace square root is
-the sum of the square roots of its eigenvalues; torch-fidelity's general eigvals of the 2048 x 2048 product takes
-~20 s on a CPU, this ~1 s). Reference statistics are cached as ``.npz`` (mu, sigma) named by the content hash of the
-reference files and of the feature extractor's weights (not by folder name), and such an ``.npz`` can be passed as
-the reference. Two feature spaces:
+      FID = ||mu_1 - mu_2||^2 + tr(S_1) + tr(S_2) - 2 tr((S_1^{1/2} S_2 S_1^{1/2})^{1/2}),
 
-* Inception: torch-fidelity's InceptionV3 (``inception_weights`` = its ``feature_extractor_weights_path`` for machines
-  without internet); with a reference folder, IS and KID also come from ``torch_fidelity.calculate_metrics``.
-* ``feature_extractor`` = a ``lightvision classify`` checkpoint (engine format): pooled pre-logit features, FID only.
+  is computed with symmetric eigen-decompositions (S_1^{1/2} S_2 S_1^{1/2} is symmetric PSD, so the trace of its
+  square root is the sum of the square roots of its eigenvalues; ~1 s at 2048 dims on a CPU).
+* precision / recall (Kynkaanniemi et al. 2019, k = 3; torch-fidelity's ``prc``): the fraction of samples inside
+  the reference manifold (the union of balls reaching each reference point's 3rd nearest neighbour), and of
+  reference points inside the samples' manifold; ``pool`` features.
+* IS (Salimans et al. 2016; torch-fidelity's ``isc``, unshuffled splits of 5000 as in ADM) of the Inception logits
+  (Inception only).
+* KID (Binkowski et al. 2018; torch-fidelity's ``kid``) of the ``pool`` features.
+
+The reference side is an image folder, an ``.npz`` image batch in the ADM layout (``arr_0``: uint8 [N, H, W, 3]) or
+a statistics ``.npz`` (:func:`save_statistics`: ``mu``, ``sigma``, ``mu_s``, ``sigma_s``, the reference ``features``
+for precision / recall and KID, ``feature_space``). Statistics of images are computed once and cached, named by the
+content hash of the images and the network's weights (``lightvision diffusion fid-ref`` writes them on purpose).
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-INCEPTION_LAYER = "2048"
+ADM_NUM_SAMPLES = 50_000
+IS_SPLIT_SIZE = 5000  # ADM: IS over consecutive splits of 5000 samples
+PRC_NEIGHBOURHOOD = 3
+
+FeatureNet = Callable[[torch.Tensor], "dict[str, torch.Tensor]"]
+
+
+def default_cache_dir() -> Path:
+    """Where reference statistics are cached: ``$XDG_CACHE_HOME/lightvision/fid`` (default ``~/.cache``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "lightvision" / "fid"
 
 
 def image_files(folder: str | Path) -> list[Path]:
@@ -46,6 +64,73 @@ def content_hash(paths: list[Path]) -> str:
     return hashlib.sha256("".join(digests).encode()).hexdigest()[:24]
 
 
+def is_statistics(path: str | Path) -> bool:
+    """Whether ``path`` is a statistics ``.npz`` (arrays ``mu`` and ``sigma``, no images)."""
+    path = Path(path)
+    if not (path.is_file() and path.suffix == ".npz"):
+        return False
+    with np.load(path) as f:
+        return "arr_0" not in f.files and {"mu", "sigma"} <= set(f.files)
+
+
+class ImageSet:
+    """Images of a folder (RGB files, one size) or of an ADM ``.npz`` batch (``arr_0``: uint8 [N, H, W, 3]).
+
+    Args:
+        source: the folder or ``.npz`` file.
+        limit: use the first ``limit`` images only (sorted file order / array order).
+    """
+
+    def __init__(self, source: str | Path, limit: int | None = None):
+        self.source = Path(source)
+        if self.source.is_dir():
+            self.files: list[Path] | None = image_files(self.source)[:limit]
+            self.array = None
+            first = self._read(self.files[:1])
+        elif self.source.is_file() and self.source.suffix == ".npz":
+            with np.load(self.source) as f:
+                if "arr_0" not in f.files:
+                    raise ValueError(f"{self.source} holds no images (arr_0): an image batch is uint8 [N, H, W, 3]")
+                self.array = f["arr_0"][:limit]
+            if self.array.dtype != np.uint8 or self.array.ndim != 4 or self.array.shape[3] != 3:
+                raise ValueError(f"{self.source}: arr_0 must be uint8 [N, H, W, 3], got {self.array.dtype} "
+                                 f"{list(self.array.shape)}")
+            self.files, first = None, self.array[:1]
+        else:
+            raise FileNotFoundError(f"{str(self.source)!r} is neither an image folder nor an .npz image batch")
+        self.size = tuple(first.shape[1:3])
+
+    def __len__(self) -> int:
+        return len(self.files) if self.files is not None else len(self.array)
+
+    @staticmethod
+    def _read(files: list[Path]) -> np.ndarray:
+        from PIL import Image
+
+        return np.stack([np.asarray(Image.open(p).convert("RGB")) for p in files])
+
+    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
+        """uint8 batches [B, 3, H, W] in order."""
+        for i in range(0, len(self), batch_size):
+            arr = self._read(self.files[i:i + batch_size]) if self.files is not None else self.array[i:i + batch_size]
+            yield torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
+
+    def content_hash(self) -> str:
+        """Hash of the images' bytes (folder: independent of file names; ``.npz``: the array)."""
+        if self.files is not None:
+            return content_hash(self.files)
+        return hashlib.sha256(np.ascontiguousarray(self.array).tobytes()).hexdigest()[:24]
+
+
+def extract_features(images: ImageSet, net: FeatureNet, batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Every output of ``net`` over the image set, concatenated: {name: [N, D]}."""
+    out: dict[str, list[np.ndarray]] = {}
+    for batch in images.batches(batch_size):
+        for name, value in net(batch).items():
+            out.setdefault(name, []).append(value.numpy())
+    return {name: np.concatenate(parts) for name, parts in out.items()}
+
+
 def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma2: np.ndarray) -> float:
     """FID of N(mu1, sigma1) and N(mu2, sigma2) (formula above), in float64."""
     mu1, mu2, sigma1, sigma2 = (np.asarray(a, dtype=np.float64) for a in (mu1, mu2, sigma1, sigma2))
@@ -59,148 +144,175 @@ def frechet_distance(mu1: np.ndarray, sigma1: np.ndarray, mu2: np.ndarray, sigma
     return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr_sqrt)
 
 
-def statistics(features: np.ndarray) -> dict[str, np.ndarray]:
+def gaussian(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """mu [D] and unbiased covariance sigma [D, D] of features [N, D] (float64)."""
     features = np.asarray(features, dtype=np.float64)
     if features.shape[0] < 2:
         raise ValueError("FID needs at least two images per set")
-    return {"mu": features.mean(0), "sigma": np.cov(features, rowvar=False)}
+    return features.mean(0), np.cov(features, rowvar=False)
 
 
-def _load_stats(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path) as f:
-        if "mu" not in f or "sigma" not in f:
-            raise ValueError(f"{path} is not a statistics file (needs arrays 'mu' and 'sigma')")
-        return {"mu": f["mu"], "sigma": f["sigma"]}
-
-
-class ClassifierFeatures:
-    """Pooled pre-logit features of a ``lightvision classify`` checkpoint (EMA weights when present).
-
-    The model is rebuilt with :func:`lightvision.classify.deit.create_from_config` from the checkpoint's
-    ``model_config``; uint8 images [B, 3, H, W] are resized to its ``img_size``, scaled to [0, 1], averaged to grey
-    for a 1-channel model, and normalised with the recipe's ``data.mean`` / ``data.std`` (else the model's).
-    """
-
-    def __init__(self, checkpoint: str | Path, device: str | torch.device = "cpu"):
-        from lightvision.classify.deit import create_from_config
-        from lightvision.engine.checkpoint import CheckpointError, load_model_weights, read_checkpoint_config
-
-        info = read_checkpoint_config(checkpoint)
-        model_config, data = info["model_config"], (info.get("config") or {}).get("data", {})
-        model = create_from_config(model_config)
-        try:
-            self.checkpoint = load_model_weights(checkpoint, model, which="ema")
-        except CheckpointError:
-            self.checkpoint = load_model_weights(checkpoint, model, which="model")
-        self.model = model.to(device).eval()
-        self.device = torch.device(device)
-        cfg = model.pretrained_cfg or {}
-        mean, std = data.get("mean") or cfg.get("mean", (0.5,)), data.get("std") or cfg.get("std", (0.5,))
-        self.in_chans = int(model_config["in_chans"])
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
-        self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
-        size = model_config["img_size"]
-        self.size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
-        self.id = f"{model_config['name']}-{content_hash(sorted(Path(self.checkpoint).glob('*.safetensors')))}"
-
-    @torch.no_grad()
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        x = images.to(self.device).float() / 255.0
-        if self.in_chans == 1:
-            x = x.mean(1, keepdim=True)
-        if tuple(x.shape[-2:]) != self.size:
-            x = torch.nn.functional.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
-        x = (x - self.mean) / self.std
-        return self.model.forward_head(self.model.forward_features(x), pre_logits=True).flatten(1).float().cpu()
-
-
-def folder_features(files: list[Path], extractor: Callable[[torch.Tensor], torch.Tensor], batch_size: int = 64) -> np.ndarray:
-    """Features [N, D] of image files through ``extractor`` (uint8 [B, C, H, W] -> [B, D]); RGB, same size per batch."""
-    from PIL import Image
-
-    out = []
-    for i in range(0, len(files), batch_size):
-        arrays = [np.asarray(Image.open(p).convert("RGB")) for p in files[i:i + batch_size]]
-        out.append(extractor(torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2)).numpy())
-    return np.concatenate(out)
-
-
-def reference_statistics(reference: str | Path, extractor: Callable[[torch.Tensor], torch.Tensor], cache_dir: str | Path | None,
-                         batch_size: int = 64) -> dict[str, np.ndarray]:
-    """Statistics of a reference folder (cached under ``cache_dir`` by content hash) or of an ``.npz`` file."""
-    reference = Path(reference)
-    if reference.is_file():
-        return _load_stats(reference)
-    files = image_files(reference)
-    cache = Path(cache_dir) / f"ref-{content_hash(files)}-{extractor.id}.npz" if cache_dir else None
-    if cache is not None and cache.is_file():
-        return _load_stats(cache)
-    stats = statistics(folder_features(files, extractor, batch_size))
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp.npz")
-        np.savez(tmp, **stats)
-        os.replace(tmp, cache)
+def statistics(features: dict[str, np.ndarray], feature_space: str) -> dict[str, np.ndarray]:
+    """What a reference needs: ``mu`` / ``sigma`` (pool), ``mu_s`` / ``sigma_s`` (spatial, when the network has
+    it), the pool ``features`` (float32, for precision / recall and KID), ``feature_space`` and ``num_images``."""
+    mu, sigma = gaussian(features["pool"])
+    stats = {"mu": mu, "sigma": sigma, "features": features["pool"].astype(np.float32),
+             "feature_space": np.array(feature_space), "num_images": np.array(len(features["pool"]))}
+    if "spatial" in features:
+        stats["mu_s"], stats["sigma_s"] = gaussian(features["spatial"])
     return stats
 
 
-class InceptionFeatures:
-    """torch-fidelity's InceptionV3 pool features [B, 2048] (its TF-compatible port) of uint8 images [B, 3, H, W].
-    ``weights``: a local weights file (``feature_extractor_weights_path``); None lets torch-fidelity download them."""
-
-    def __init__(self, weights: str | None, device: str | torch.device = "cpu"):
-        from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
-
-        if weights and not Path(weights).is_file():
-            raise FileNotFoundError(f"Inception weights {weights!r} not found")
-        self.device = torch.device(device)
-        self.net = FeatureExtractorInceptionV3("inception-v3-compat", [INCEPTION_LAYER],
-                                               feature_extractor_weights_path=weights).to(self.device)
-        self.id = "inception-" + (content_hash([Path(weights)]) if weights else "torch-fidelity-default")
-
-    @torch.no_grad()
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        return self.net(images.to(self.device))[0].double().cpu()
+def save_statistics(stats: dict[str, np.ndarray], path: str | Path) -> Path:
+    """Write statistics as ``.npz`` atomically (a partial file is never left under ``path``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **stats)
+    os.replace(tmp, path)
+    return path
 
 
-def inception_score_and_kid(samples: Path, reference: Path, *, weights: str | None, weights_id: str, cache_dir: str | Path | None,
-                            device: str, batch_size: int, kid_subset_size: int) -> dict:
-    """IS (samples) and KID (samples vs reference folder) via ``torch_fidelity.calculate_metrics``; the reference
-    features are cached by torch-fidelity under the content hash of its files and of the weights."""
-    import torch_fidelity
+def load_statistics(path: str | Path, feature_space: str | None = None) -> dict[str, np.ndarray]:
+    """Statistics of an ``.npz``; with ``feature_space``, refuses a file written in another space."""
+    with np.load(path) as f:
+        if not {"mu", "sigma"} <= set(f.files):
+            raise ValueError(f"{path} is not a statistics file (needs arrays 'mu' and 'sigma')")
+        stats = {k: f[k] for k in f.files}
+    saved = str(stats["feature_space"]) if "feature_space" in stats else None
+    if feature_space is not None and saved is not None and saved != feature_space:
+        raise ValueError(f"{path} holds statistics of feature space {saved!r}, not {feature_space!r}: "
+                         "recompute them with `lightvision diffusion fid-ref` and the same feature network")
+    return stats
 
-    n, n_ref = len(image_files(samples)), image_files(reference)
-    metrics = torch_fidelity.calculate_metrics(
-        input1=str(samples), input2=str(reference), isc=True, kid=True, kid_subset_size=min(kid_subset_size, n, len(n_ref)),
-        cuda=torch.device(device).type == "cuda", batch_size=batch_size, verbose=False, save_cpu_ram=True,
-        feature_extractor_weights_path=weights, samples_find_deep=True, cache=cache_dir is not None,
-        cache_root=str(cache_dir) if cache_dir else None, input2_cache_name=f"ref-{content_hash(n_ref)}-{weights_id}")
-    names = {"inception_score_mean": "isc", "inception_score_std": "isc_std", "kernel_inception_distance_mean": "kid",
-             "kernel_inception_distance_std": "kid_std"}
-    return {names[k]: float(v) for k, v in metrics.items() if k in names}
+
+def reference_statistics(reference: str | Path, net: FeatureNet, cache_dir: str | Path | None = None,
+                         batch_size: int = 64) -> dict[str, np.ndarray]:
+    """Statistics of ``reference`` in ``net``'s space: a statistics file as is, images through the cache
+    (``cache_dir``/ref-<images hash>-<network id>.npz; None: :func:`default_cache_dir`)."""
+    reference = Path(reference)
+    if not reference.exists():
+        raise FileNotFoundError(f"reference {str(reference)!r} does not exist (an image folder, an .npz image batch "
+                                "or statistics from `lightvision diffusion fid-ref`)")
+    if is_statistics(reference):
+        return load_statistics(reference, net.id)
+    images = ImageSet(reference)
+    cache = Path(cache_dir or default_cache_dir()) / f"ref-{images.content_hash()}-{net.id}.npz"
+    if cache.is_file():
+        return load_statistics(cache, net.id)
+    stats = statistics(extract_features(images, net, batch_size), net.id)
+    save_statistics(stats, cache)
+    return stats
+
+
+def precision_recall(samples: np.ndarray, reference: np.ndarray,
+                     device: str | torch.device = "cpu") -> dict[str, float]:
+    """Improved precision / recall (k = 3) of sample features [N, D] against reference features [M, D]."""
+    from torch_fidelity.metric_prc import prc_features_to_metric
+
+    if min(len(samples), len(reference)) <= PRC_NEIGHBOURHOOD:
+        raise ValueError(f"precision / recall need more than {PRC_NEIGHBOURHOOD} images per set")
+    out = prc_features_to_metric(torch.as_tensor(samples, device=device).float(),
+                                 torch.as_tensor(reference, device=device).float(),
+                                 prc_neighborhood=PRC_NEIGHBOURHOOD, prc_batch_size=2048, save_cpu_ram=True,
+                                 verbose=False)
+    return {"precision": out["precision"], "recall": out["recall"]}
+
+
+def inception_score(logits: np.ndarray) -> float:
+    """IS of Inception logits [N, 1008]: mean over consecutive splits of 5000 (ADM; one split below 5000)."""
+    from torch_fidelity.metric_isc import isc_features_to_metric
+
+    splits = max(1, math.ceil(len(logits) / IS_SPLIT_SIZE))
+    return isc_features_to_metric(torch.as_tensor(logits), splits=splits, shuffle=False)["inception_score_mean"]
+
+
+def kernel_distance(samples: np.ndarray, reference: np.ndarray, subset_size: int = 1000) -> dict[str, float]:
+    """KID (mean and std over 100 subsets) of sample and reference features."""
+    from torch_fidelity.metric_kid import kid_features_to_metric
+
+    size = min(subset_size, len(samples), len(reference))
+    out = kid_features_to_metric(torch.as_tensor(samples), torch.as_tensor(reference), kid_subset_size=size,
+                                 verbose=False)
+    return {"kid": out["kernel_inception_distance_mean"], "kid_std": out["kernel_inception_distance_std"]}
+
+
+def metrics(features: dict[str, np.ndarray], reference: dict[str, np.ndarray],
+            device: str | torch.device = "cpu") -> dict[str, float]:
+    """Every metric the two sides allow: fid always; sfid with spatial statistics on both sides; isc with logits;
+    precision, recall and kid with the reference features (absent from plain mu / sigma files)."""
+    mu, sigma = gaussian(features["pool"])
+    out = {"fid": frechet_distance(mu, sigma, reference["mu"], reference["sigma"])}
+    if "spatial" in features and "mu_s" in reference:
+        mu_s, sigma_s = gaussian(features["spatial"])
+        out["sfid"] = frechet_distance(mu_s, sigma_s, reference["mu_s"], reference["sigma_s"])
+    if "logits" in features:
+        out["isc"] = inception_score(features["logits"])
+    if "features" in reference:
+        out.update(precision_recall(features["pool"], reference["features"], device))
+        out.update(kernel_distance(features["pool"], reference["features"]))
+    return out
 
 
 def compute_fid(samples: str | Path, reference: str | Path, *, inception_weights: str | None = None,
                 feature_extractor: str | None = None, cache_dir: str | Path | None = None, device: str = "cpu",
-                batch_size: int = 64, isc_kid: bool = True, kid_subset_size: int = 1000) -> dict:
-    """Metrics of the ``samples`` folder against ``reference`` (folder, or ``.npz`` statistics in the same space).
+                batch_size: int = 64, num_samples: int | None = ADM_NUM_SAMPLES) -> dict:
+    """Metrics of ``samples`` (image folder or ``.npz`` batch; the first ``num_samples``) against ``reference``.
 
-    ``fid`` always (our Frechet distance, reference statistics cached by content hash), in the space of
-    ``feature_extractor`` (classifier checkpoint) or of torch-fidelity's Inception; with Inception and a reference
-    folder also ``isc`` / ``kid`` (+ std) from torch-fidelity unless ``isc_kid=False``.
+    Args:
+        samples: folder or ADM ``.npz``; fewer than ``num_samples`` images are used with a warning on stderr.
+        reference: folder, ADM ``.npz`` or statistics ``.npz`` in the same feature space.
+        inception_weights / feature_extractor: the feature network
+            (:func:`~lightvision.diffusion.features.feature_network`).
+        cache_dir: cache of reference statistics (None: :func:`default_cache_dir`).
+        num_samples: how many samples to evaluate (None: all).
+    Returns:
+        {"fid", "sfid", "isc", "precision", "recall", "kid", "kid_std" (as :func:`metrics` allows), "feature_space",
+        "num_samples", "num_reference"}.
     """
-    samples, reference = Path(samples), Path(reference)
-    files = image_files(samples)
-    if not reference.exists():
-        raise FileNotFoundError(f"reference {str(reference)!r} does not exist (a folder of images or a .npz of mu/sigma)")
-    extractor = ClassifierFeatures(feature_extractor, device) if feature_extractor else InceptionFeatures(inception_weights, device)
-    ref = reference_statistics(reference, extractor, cache_dir, batch_size)
-    mine = statistics(folder_features(files, extractor, batch_size))
-    out = {"fid": frechet_distance(mine["mu"], mine["sigma"], ref["mu"], ref["sigma"]), "feature_space": extractor.id,
-           "num_samples": len(files)}
-    if not feature_extractor and isc_kid and reference.is_dir():
-        out.update(inception_score_and_kid(samples, reference, weights=inception_weights, weights_id=extractor.id,
-                                           cache_dir=cache_dir, device=device, batch_size=batch_size,
-                                           kid_subset_size=kid_subset_size))
-    return out
+    from lightvision.diffusion.features import feature_network
+
+    images = ImageSet(samples, num_samples)
+    if num_samples is not None and len(images) < num_samples:
+        print(f"warning: {len(images)} samples in {samples} (fewer than {num_samples}; ADM reports use "
+              f"{ADM_NUM_SAMPLES})", file=sys.stderr)
+    net = feature_network(feature_extractor=feature_extractor, inception_weights=inception_weights,
+                          image_size=images.size, device=device)
+    ref = reference_statistics(reference, net, cache_dir, batch_size)
+    out = metrics(extract_features(images, net, batch_size), ref, device)
+    return {**out, "feature_space": net.id, "num_samples": len(images), "num_reference": int(ref.get("num_images", -1))}
+
+
+def write_reference(images: str | Path, out: str | Path, *, inception_weights: str | None = None,
+                    feature_extractor: str | None = None, device: str = "cpu", batch_size: int = 64) -> dict:
+    """Compute a reference's statistics once (:func:`statistics`) and save them to ``out`` for later evaluations;
+    returns a summary (path, feature space, number of images, which metrics the file supports)."""
+    from lightvision.diffusion.features import feature_network
+
+    image_set = ImageSet(images)
+    net = feature_network(feature_extractor=feature_extractor, inception_weights=inception_weights,
+                          image_size=image_set.size, device=device)
+    stats = statistics(extract_features(image_set, net, batch_size), net.id)
+    save_statistics(stats, out)
+    supports = ["fid", "precision", "recall", "kid"] + (["sfid"] if "mu_s" in stats else [])
+    return {"statistics": str(out), "feature_space": net.id, "num_images": len(image_set), "metrics": supports}
+
+
+def plot_metric(points: list[tuple[int, float]], name: str, path: str | Path, title: str = "") -> Path:
+    """Line plot of (step, value) points (sorted by step) saved as a PNG; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps, values = zip(*sorted(points)) if points else ((), ())
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, values, "o-")
+    ax.set(xlabel="training step", ylabel=name, title=title or f"{name} vs steps")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -43,6 +43,11 @@ def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -
     return path
 
 
+def rank_indices(num_samples: int, rank: int, world: int) -> list[int]:
+    """Sample indices of process ``rank`` of ``world``: rank, rank + world, ... (each index on exactly one process)."""
+    return list(range(rank, num_samples, world))
+
+
 @torch.no_grad()
 def generate(model: DiT, diffusion: GaussianDiffusion, codec: Codec, labels: list[int] | None, seeds: list[int], *,
              latent_size: int | tuple[int, int], sampler: str = "ddpm", eta: float = 0.0, cfg_scale: float = 1.0,
@@ -98,7 +103,7 @@ def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_s
     num_classes = model.config.num_classes
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
-    mine = list(range(state.process_index, num_samples, state.num_processes))
+    mine = rank_indices(num_samples, state.process_index, state.num_processes)
     for start in tqdm(range(0, len(mine), batch_size), desc=f"sampling (rank {state.process_index})", disable=not state.is_main_process):
         idx = mine[start:start + batch_size]
         labels = [i % num_classes for i in idx] if num_classes else None

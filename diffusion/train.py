@@ -3,7 +3,8 @@
 Recipe = :data:`DEFAULTS` <- the recipe's ``base`` chain (YAML files, each may name its own ``base``) <- the recipe
 <- ``key=value`` overrides. Each step draws t ~ U{0..T-1}, eps ~ N(0, I) per sample and minimises the hybrid loss of
 :class:`~lightvision.diffusion.gaussian.GaussianDiffusion` (``loss`` = mse + lambda T vlb; all three are logged).
-A hook writes an EMA sample grid (PNG) every ``sample.every`` steps; the Trainer provides accelerate / bf16, EMA,
+A hook writes an EMA sample grid (PNG) every ``sample.every`` steps, another scores ``train.eval_samples`` EMA samples
+(FID, sFID, precision / recall; :func:`eval_hook`) every ``train.eval_every`` steps; the Trainer provides accelerate / bf16, EMA,
 clipping, atomic checkpoints, exact ``--resume``, NaN stop and the JSON-lines log. ``data.batch_size`` is the global
 batch (split over processes and accumulation steps), and the loss draws go through the engine's ``batch_random()``,
 so ``accelerate launch`` on W GPUs trains the same run as one GPU, up to floating-point noise.
@@ -14,12 +15,14 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from torch.utils.data import DataLoader
 
 from lightvision.diffusion.autoencoder import DEFAULT_VAE, Codec, load_codec
 from lightvision.diffusion.dit import DiT, create_model
+from lightvision.diffusion.fid import PRC_NEIGHBOURHOOD
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
@@ -37,9 +40,16 @@ DEFAULTS: dict = {
     "optim": {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.999], "warmup_steps": 0},
     "train": {"max_steps": 400_000, "grad_accum_steps": 1, "clip_grad": None, "ema_decay": 0.9999,
               "mixed_precision": "bf16", "log_every": 100, "ckpt_every": 50_000, "keep_last": 3, "nan_policy": "stop",
-              "compile": False},  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
+              "compile": False,  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
+              "eval_every": 0, "eval_samples": 5000},  # FID etc. of eval_samples EMA samples every eval_every steps
     "sample": {"every": 50_000, "num": 16, "sampler": "ddpm", "steps": 250, "eta": 0.0, "cfg_scale": 4.0,
                "guide_channels": 3, "seed": 0},
+    # evaluation during training (train.eval_every > 0): sample i has label i % num_classes and seed ``seed + i``;
+    # reference = image folder, .npz batch or `lightvision diffusion fid-ref` statistics; the feature network is
+    # chosen as by `lightvision diffusion fid` (feature_extractor, inception_weights, else the 32 px yardstick)
+    "eval": {"reference": None, "feature_extractor": None, "inception_weights": None, "cache_dir": None,
+             "sampler": "ddim", "steps": 50, "eta": 0.0, "cfg_scale": 1.0, "guide_channels": 3, "seed": 0,
+             "batch_size": 64},
 }
 
 
@@ -120,6 +130,10 @@ def make_loss_fn(diffusion: GaussianDiffusion, scaling_factor: float | None = No
     return loss_fn
 
 
+def _ema_or_model(trainer) -> torch.nn.Module:
+    return trainer.ema.module if trainer.ema is not None else trainer.unwrapped_model
+
+
 def sample_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
     """Trainer hook: an EMA (or raw) sample grid ``samples/step_XXXXXXX.png`` on the main process (sample i has
     label i % num_classes and seed ``sample.seed`` + i; one column per class)."""
@@ -131,7 +145,7 @@ def sample_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path
     def hook(trainer) -> dict:
         if not trainer.accelerator.is_main_process:
             return {}
-        model = trainer.ema.module if trainer.ema is not None else trainer.unwrapped_model
+        model = _ema_or_model(trainer)
         was_training = model.training
         model.eval()
         n = int(s["num"])
@@ -145,6 +159,86 @@ def sample_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path
         path = out_dir / "samples" / f"step_{trainer.step:07d}.png"
         save_grid(images, path, nrow=min(num_classes, n) if num_classes else None)
         return {"sample_grid": str(path)}
+
+    return hook
+
+
+@torch.no_grad()
+def sample_features(model: DiT, diffusion: GaussianDiffusion, codec: Codec, indices: list[int], e: dict, net_fn,
+                    device: torch.device | str) -> dict[str, np.ndarray]:
+    """Features of samples ``indices`` (label i % num_classes, seed ``e["seed"]`` + i) through ``net_fn(images)``
+    (``net_fn`` gets uint8 [B, 3, H, W] and returns {name: [B, D]}); {name: [len(indices), D]} in index order."""
+    from lightvision.diffusion.sample import generate, to_uint8
+
+    num_classes = model.config.num_classes
+    parts: dict[str, list[np.ndarray]] = {}
+    for lo in range(0, len(indices), int(e["batch_size"])):
+        idx = indices[lo:lo + int(e["batch_size"])]
+        images = generate(model, diffusion, codec, [i % num_classes for i in idx] if num_classes else None,
+                          [int(e["seed"]) + i for i in idx], latent_size=model.config.input_size,
+                          sampler=e["sampler"], eta=e["eta"], cfg_scale=e["cfg_scale"] if num_classes else 1.0,
+                          guide_channels=e["guide_channels"], device=device)
+        for name, value in net_fn(torch.from_numpy(to_uint8(images)).permute(0, 3, 1, 2)).items():
+            parts.setdefault(name, []).append(value.numpy())
+    return {name: np.concatenate(p) for name, p in parts.items()}
+
+
+def merge_by_index(parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict[str, np.ndarray]:
+    """Join the (indices, features) of every process into one set ordered by sample index; an index seen twice
+    is an error (each sample must count once)."""
+    indices = np.concatenate([np.asarray(idx, dtype=np.int64) for idx, _ in parts])
+    if len(np.unique(indices)) != len(indices):
+        raise ValueError("a sample index was evaluated on two processes")
+    order = np.argsort(indices, kind="stable")
+    names = list(parts[0][1]) if parts else []
+    return {name: np.concatenate([f[name] for idx, f in parts if len(idx)])[order] for name in names}
+
+
+def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
+    """Trainer hook: FID, sFID, precision / recall (+ IS, KID where the network and reference allow) of
+    ``train.eval_samples`` samples of the EMA (or raw) weights. Every process samples its share
+    (:func:`~lightvision.diffusion.sample.rank_indices`), features are gathered to the main process, which
+    scores them against the cached reference statistics and redraws ``fid.png`` (FID vs steps, from the metrics
+    log, so the curve continues across resumes)."""
+    from accelerate.utils import gather_object
+
+    from lightvision.diffusion.features import feature_network
+    from lightvision.diffusion.fid import metrics, plot_metric, reference_statistics
+    from lightvision.diffusion.sample import rank_indices
+
+    e, n = cfg["eval"], int(cfg["train"]["eval_samples"])
+    respaced = diffusion.respace(e["steps"])
+    nets: dict = {}
+
+    def hook(trainer) -> dict:
+        acc = trainer.accelerator
+
+        def net_fn(images: torch.Tensor) -> dict[str, torch.Tensor]:
+            if "net" not in nets:  # built on the first images: their size picks the 32 px default
+                nets["net"] = feature_network(feature_extractor=e["feature_extractor"],
+                                              inception_weights=e["inception_weights"],
+                                              image_size=tuple(images.shape[-2:]), device=acc.device)
+            return nets["net"](images)
+
+        model = _ema_or_model(trainer)
+        was_training = model.training
+        model.eval()
+        mine = rank_indices(n, acc.process_index, acc.num_processes)
+        feats = sample_features(model, respaced, codec_fn(), mine, e, net_fn, acc.device)
+        model.train(was_training)
+        parts = gather_object([(mine, feats)])
+        if not acc.is_main_process:
+            return {}
+        net = nets["net"]
+        ref = nets.get("reference")
+        if ref is None:
+            ref = nets["reference"] = reference_statistics(e["reference"], net, e["cache_dir"], int(e["batch_size"]))
+        out = metrics(merge_by_index(parts), ref, acc.device)
+        points = [(r["step"], r["fid"]) for r in trainer.metrics.records() if "fid" in r and r["step"] < trainer.step]
+        weights = "EMA " if trainer.ema is not None else ""
+        plot = plot_metric(points + [(trainer.step, out["fid"])], "FID", out_dir / "fid.png",
+                           f"FID of {n} {weights}samples ({net.id})")
+        return {**out, "eval_samples": n, "feature_space": net.id, "fid_plot": str(plot)}
 
     return hook
 
@@ -193,6 +287,14 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
         return codec_cache[0]
 
     hooks = [(int(cfg["sample"]["every"]), sample_hook(cfg, diffusion, codec_fn, run_dir)), *extra_hooks]
+    if int(t["eval_every"]) > 0:
+        if cfg["eval"]["reference"] is None:
+            raise ValueError("train.eval_every needs eval.reference=PATH (image folder, .npz batch or "
+                             "`lightvision diffusion fid-ref` statistics)")
+        if int(t["eval_samples"]) <= PRC_NEIGHBOURHOOD:
+            raise ValueError(f"train.eval_samples={t['eval_samples']}: precision / recall need more than "
+                             f"{PRC_NEIGHBOURHOOD} samples")
+        hooks.append((int(t["eval_every"]), eval_hook(cfg, diffusion, codec_fn, run_dir)))
     precision = "no" if t["mixed_precision"] in (False, None) else str(t["mixed_precision"])  # YAML 1.1 reads no as false
     trainer = Trainer(run_dir, cfg, model, optimizer, scheduler, loader, make_loss_fn(diffusion, scaling_factor),
                       max_steps=int(t["max_steps"]), model_config=model_config, grad_accum_steps=int(t["grad_accum_steps"]),

@@ -1,5 +1,9 @@
-"""FID: the Frechet distance against closed forms; torch-fidelity with generated Inception weights; classifier features."""
+"""Sample-quality metrics: the Frechet distance against closed forms; FID, sFID, IS and precision / recall with
+generated Inception weights against numpy; identities; reference statistics (fid-ref, caches, .npz batches); feature networks
+(yardstick, classifier checkpoints) and their errors."""
 
+import json
+import urllib.error
 from unittest import mock
 
 import numpy as np
@@ -7,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from lightvision.cli import main
 from lightvision.diffusion.fid import compute_fid, frechet_distance
 
 
@@ -52,42 +57,194 @@ def inception_weights(tmp_path_factory):
     return str(path)
 
 
-def test_torch_fidelity_path_with_generated_weights(tmp_path, inception_weights):
-    ref = write_set(tmp_path / "ref", 0, 3)  # Inception runs at 299 px: keep the CPU test to a few images
-    same = write_set(tmp_path / "same", 0, 3)
-    shifted = write_set(tmp_path / "shifted", 0, 3, shift=60)
+@pytest.fixture(scope="module")
+def yardstick(tmp_path_factory):
+    """A randomly initialised narrow yardstick saved as the trainer saves it (a fast feature network)."""
+    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+
+    torch.manual_seed(0)
+    return str(save_yardstick(YardstickNet([8, 8, 16, 16]), tmp_path_factory.mktemp("yardstick") / "y.safetensors"))
+
+
+@pytest.fixture
+def no_hub_weights(tmp_path, monkeypatch):
+    """An empty torch hub cache and no packaged yardstick: nothing to fall back on."""
+    import lightvision.classify.yardstick as ys
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(ys, "PACKAGED", tmp_path / "absent.safetensors")
+
+
+RGB_DATA = {"data.in_chans": 3, "data.source": "imagefolder", "data.mean": "[0.5, 0.5, 0.5]",
+            "data.std": "[0.5, 0.5, 0.5]"}
+
+
+def digits_classifier(run_dir, **overrides):
+    """A checkpoint of the built-in digits classifier recipe (1 channel, untrained weights)."""
+    from lightvision.classify.default import DIGITS_RECIPE
+    from lightvision.classify.deit import create_from_config
+    from lightvision.classify.train import load_train_config, model_config
+    from lightvision.engine.checkpoint import CheckpointManager
+
+    cfg = load_train_config(None, [*DIGITS_RECIPE, *[f"{k}={v}" for k, v in overrides.items()]])
+    mcfg = model_config(cfg, 10)
+    model = create_from_config(mcfg)
+    CheckpointManager(run_dir).save(1, models={"model": model}, model_config=mcfg, train_state={"step": 1}, config=cfg)
+    return str(run_dir)
+
+
+def numpy_reference_metrics(sample_files, ref_files, weights):
+    """FID, sFID, IS and k = 3 precision / recall written out in numpy / scipy from the raw torch-fidelity network."""
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
+                                      feature_extractor_weights_path=weights)
+    grabbed = []
+    net.Mixed_6d.branch1x1.conv.register_forward_hook(lambda m, i, o: grabbed.append(o))
+
+    def run(files):
+        x = torch.from_numpy(np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files])).permute(0, 3, 1, 2)
+        grabbed.clear()
+        with torch.no_grad():
+            pool, logits = net(x)
+        conv = net.Mixed_6d.branch1x1
+        spatial = torch.relu(conv.bn(grabbed[0]))[:, :7].permute(0, 2, 3, 1).reshape(len(files), -1)  # mixed_6/conv
+        return pool.double().numpy(), spatial.double().numpy(), logits.double().numpy()
+
+    def fid(a, b):  # S_a = A A^T (A = centred rows / sqrt(n - 1)): tr sqrt(S_a S_b) = nuclear norm of A^T B
+        ca, cb = (a - a.mean(0)) / np.sqrt(len(a) - 1), (b - b.mean(0)) / np.sqrt(len(b) - 1)
+        nuclear = np.linalg.svd(ca @ cb.T, compute_uv=False).sum()
+        return ((a.mean(0) - b.mean(0)) ** 2).sum() + (ca ** 2).sum() + (cb ** 2).sum() - 2 * nuclear
+
+    def radii(a):  # squared distance to the 3rd nearest other point
+        d = ((a[:, None] - a[None]) ** 2).sum(-1)
+        return np.sort(d, axis=1)[:, 3]
+
+    def covered(points, centres):
+        d = ((points[:, None] - centres[None]) ** 2).sum(-1)
+        return (d <= radii(centres)[None]).any(1).mean()
+
+    (sp, ss, sl), (rp, rs, _) = run(sample_files), run(ref_files)
+    p = np.exp(sl - sl.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    isc = np.exp((p * (np.log(p) - np.log(p.mean(0, keepdims=True)))).sum(1).mean())
+    return {"fid": fid(sp, rp), "sfid": fid(ss, rs), "isc": isc, "precision": covered(sp, rp),
+            "recall": covered(rp, sp)}
+
+
+@pytest.mark.slow
+def test_inception_metrics_match_numpy(tmp_path, inception_weights):
+    ref = write_set(tmp_path / "ref", 0, 5)  # Inception runs at 299 px: a few images keep the CPU test short
+    samples = write_set(tmp_path / "samples", 1, 5, shift=30)
     cache = tmp_path / "cache"
-    close = compute_fid(same, ref, inception_weights=inception_weights, cache_dir=cache)
-    far = compute_fid(shifted, ref, inception_weights=inception_weights, cache_dir=cache)
-    assert abs(close["fid"]) < 1e-3 and far["fid"] > 1.0 and {"isc", "kid"} <= set(far)
-    cached = sorted(p.name for p in cache.rglob("*") if p.is_file())
-    assert cached and all("ref-" in name for name in cached)
+    ours = compute_fid(samples, ref, inception_weights=inception_weights, cache_dir=cache, num_samples=None)
+    expected = numpy_reference_metrics(sorted(samples.glob("*.png")), sorted(ref.glob("*.png")), inception_weights)
+    for key, value in expected.items():
+        assert ours[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert ours["fid"] > 1 and ours["sfid"] > 1 and 1 <= ours["isc"] and {"kid", "kid_std"} <= set(ours)
+    assert (ours["num_samples"], ours["num_reference"]) == (5, 5) and ours["feature_space"].startswith("inception-")
+
+
+def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstick, capsys):
+    ref = write_set(tmp_path / "ref", 0, 12, size=32)
+    samples = write_set(tmp_path / "samples", 1, 10, size=32, shift=40)
+    cache = tmp_path / "cache"
+    folder = compute_fid(samples, ref, feature_extractor=yardstick, cache_dir=cache)
+    assert "fewer than 50000" in capsys.readouterr().err
+    assert {"fid", "sfid", "precision", "recall", "kid"} <= set(folder) and "isc" not in folder
+    cached = sorted(cache.glob("ref-*.npz"))
     renamed = ref.rename(tmp_path / "renamed")  # same content, other name: the cache answers
-    again = compute_fid(shifted, renamed, inception_weights=inception_weights, cache_dir=cache)
-    assert again["fid"] == pytest.approx(far["fid"]) and sorted(p.name for p in cache.rglob("*") if p.is_file()) == cached
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(ValueError, match="no images"):
-        compute_fid(tmp_path / "empty", renamed, inception_weights=inception_weights)
-    with pytest.raises(FileNotFoundError, match="Inception weights"):
-        compute_fid(same, renamed, inception_weights=str(tmp_path / "missing.pth"))
+    with mock.patch("lightvision.diffusion.fid.extract_features", wraps=__import__(
+            "lightvision.diffusion.fid", fromlist=["x"]).extract_features) as spy:
+        again = compute_fid(samples, renamed, feature_extractor=yardstick, cache_dir=cache)
+    assert spy.call_count == 1 and sorted(cache.glob("ref-*.npz")) == cached and again["fid"] == folder["fid"]
+
+    stats = tmp_path / "stats.npz"
+    main(["diffusion", "fid-ref", str(renamed), "--out", str(stats), "--feature-extractor", yardstick])
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["num_images"] == 12 and "sfid" in summary["metrics"]
+    with np.load(stats) as f:
+        assert {"mu", "sigma", "mu_s", "sigma_s", "features", "feature_space"} <= set(f.files)
+        assert f["features"].shape == (12, 16) and f["mu_s"].shape == (8 * 8 * 7,)
+    arr = np.stack([np.asarray(Image.open(p)) for p in sorted(renamed.glob("*.png"))])
+    np.savez(tmp_path / "ref_batch.npz", arr_0=arr)  # the ADM layout
+    samples_npz = tmp_path / "samples.npz"
+    np.savez(samples_npz, arr_0=np.stack([np.asarray(Image.open(p)) for p in sorted(samples.glob("*.png"))]))
+    for reference in (stats, tmp_path / "ref_batch.npz"):
+        out = compute_fid(samples_npz, reference, feature_extractor=yardstick, cache_dir=cache)
+        for key in ("fid", "sfid", "precision", "recall", "kid"):
+            assert out[key] == pytest.approx(folder[key], rel=1e-9), (reference.name, key)
+    itself = compute_fid(tmp_path / "ref_batch.npz", stats, feature_extractor=yardstick)  # the identities
+    assert abs(itself["fid"]) < 1e-6 and abs(itself["sfid"]) < 1e-6 and itself["precision"] == itself["recall"] == 1.0
+
+    other = tmp_path / "other.safetensors"
+    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+
+    save_yardstick(YardstickNet([8, 8, 16, 16]), other)
+    with pytest.raises(SystemExit, match="feature space 'yardstick-.*', not 'yardstick-"):
+        main(["diffusion", "fid", str(samples), "--reference", str(stats), "--feature-extractor", str(other)])
+    with pytest.raises(SystemExit, match="is neither an image folder nor an .npz"):
+        main(["diffusion", "fid-ref", str(tmp_path / "nothing"), "--out", str(stats), "--feature-extractor", yardstick])
+
+
+def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
+    run = digits_classifier(tmp_path / "clf", **RGB_DATA)
+    ref = write_set(tmp_path / "ref", 0, 5)
+    samples = write_set(tmp_path / "samples", 1, 5)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    main(["diffusion", "fid", str(samples), "--reference", str(ref), "--feature-extractor", run])
+    assert "fid" in json.loads(capsys.readouterr().out)
+    assert list(work.iterdir()) == [] and len(list((tmp_path / "xdg" / "lightvision" / "fid").glob("ref-*.npz"))) == 1
+
+
+def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights, capsys):
+    import torch_fidelity.feature_extractor_inceptionv3 as fe_mod
+
+    ref = write_set(tmp_path / "ref", 0, 3)
+    offline = urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+    with mock.patch.object(fe_mod, "load_state_dict_from_url", side_effect=offline), \
+         pytest.raises(SystemExit) as exit_info:
+        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path / "c")])
+    message = str(exit_info.value)
+    assert "\n" not in message and "--inception-weights FILE" in message and "URLError" in message
+    with pytest.raises(SystemExit, match="Inception weights '.*missing.pth' not found"):
+        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights",
+              str(tmp_path / "missing.pth")])
+
+
+def test_cifar_sized_images_default_to_the_packaged_yardstick(tmp_path, yardstick, no_hub_weights, monkeypatch):
+    import lightvision.classify.yardstick as ys
+
+    ref = write_set(tmp_path / "ref", 0, 5, size=32)
+    with pytest.raises(SystemExit, match="no packaged CIFAR-10 yardstick"):
+        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"])
+    monkeypatch.setattr(ys, "PACKAGED", __import__("pathlib").Path(yardstick))
+    out = compute_fid(ref, ref, cache_dir=tmp_path / "c")
+    assert out["feature_space"].startswith("yardstick-") and abs(out["fid"]) < 1e-6
+    named = compute_fid(ref, ref, cache_dir=tmp_path / "c", feature_extractor="yardstick")
+    assert named["feature_space"] == out["feature_space"]
+
+
+def test_one_channel_classifier_features(tmp_path):
+    run = digits_classifier(tmp_path / "digits")
+    ref = write_set(tmp_path / "ref", 0, 20)
+    shifted = write_set(tmp_path / "shifted", 0, 20, shift=60)
+    close = compute_fid(ref, ref, feature_extractor=run, cache_dir=tmp_path / "c")
+    far = compute_fid(shifted, ref, feature_extractor=run, cache_dir=tmp_path / "c")
+    assert abs(close["fid"]) < 1e-6 and far["fid"] > 1e-3
 
 
 def test_classifier_feature_space(tmp_path):
-    from lightvision.classify.deit import create_from_config
-    from lightvision.engine.checkpoint import CheckpointManager
-
-    torch.manual_seed(0)
-    config = {"name": "lightnet_deit_tiny_patch16_224", "num_classes": 10, "in_chans": 3, "img_size": 16,
-              "args": {"patch_size": 4, "depth": 1}}
-    model = create_from_config(config)
-    CheckpointManager(tmp_path / "clf").save(1, models={"model": model, "ema": model}, model_config=config,
-                                             train_state={"step": 1}, config={"data": {"mean": [0.5] * 3, "std": [0.5] * 3}})
+    run = digits_classifier(tmp_path / "clf", **RGB_DATA)
     ref = write_set(tmp_path / "ref", 0, 40)
     same = write_set(tmp_path / "same", 0, 40)
     shifted = write_set(tmp_path / "shifted", 0, 40, shift=60)
     cache = tmp_path / "cache"
-    close = compute_fid(same, ref, feature_extractor=str(tmp_path / "clf"), cache_dir=cache)
-    far = compute_fid(shifted, ref, feature_extractor=str(tmp_path / "clf"), cache_dir=cache)
+    close = compute_fid(same, ref, feature_extractor=run, cache_dir=cache)
+    far = compute_fid(shifted, ref, feature_extractor=run, cache_dir=cache)
     assert abs(close["fid"]) < 1e-4 and far["fid"] > 1e3 * max(abs(close["fid"]), 1e-4)
     stats = next(cache.glob("ref-*.npz"))  # cached statistics double as a reference
-    assert compute_fid(shifted, stats, feature_extractor=str(tmp_path / "clf"))["fid"] == pytest.approx(far["fid"])
+    assert compute_fid(shifted, stats, feature_extractor=run)["fid"] == pytest.approx(far["fid"])

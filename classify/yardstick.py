@@ -1,0 +1,322 @@
+"""The CIFAR-10 yardstick: a small ResNet trained in minutes, the offline feature network of CIFAR-10 FID.
+
+    lightvision classify train-yardstick --data data/cifar10 --out runs/yardstick      # one GPU, a few minutes
+
+Network (:class:`YardstickNet`, 6.6M parameters at the default widths 64-128-256-512, the ResNet-9 layout of the
+fast CIFAR-10 training literature): conv-BN-GELU stem, three stages of conv-BN-GELU + 2x2 max-pool (the first and
+last followed by a residual pair of conv-BN-GELU), global max-pool, a bias-free linear head scaled by 1/8. Input:
+RGB in [0, 1], normalised inside the network with the CIFAR-10 channel statistics, so the weights file alone is a
+feature network. Features: ``pool`` (the pooled last stage, 512-d) and ``spatial`` (the second stage, 8 x 8 at 32 px).
+
+Training (:func:`train_yardstick`, through the engine :class:`~lightvision.engine.Trainer`): the JPEG (or PNG) files
+are decoded once into uint8 tensors held in memory (the ImageFolder layout ``root/train/<class>/*``,
+``root/test/<class>/*``, or the two ``cifar10-{train,test}-jpg.tar.gz`` archives in ``root``); each batch is
+augmented on the device (reflect-pad 4 + random 32 x 32 crop, horizontal flip, per-sample draws from the engine's
+``batch_random``); label smoothing 0.2; SGD with Nesterov momentum 0.9, weight decay 5e-4 on conv / linear weights,
+a linear warm-up over the first 20% of the steps and a linear decay to 0; bf16 autocast on a GPU. Writes the engine
+run folder (checkpoints, ``metrics.jsonl`` with test top-1 every ``train.eval_every_epochs``), ``results.json`` and
+``yardstick.safetensors`` (float16 conv / linear weights, the widths, classes and test top-1 in its metadata).
+
+The packaged weights (:func:`packaged_yardstick`) are ``classify/weights/cifar10_yardstick.safetensors``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lightvision.engine import Trainer, batch_random, load_config, make_accelerator, save_config
+
+__all__ = ["DEFAULTS", "YardstickNet", "augment", "load_images", "load_yardstick", "load_yardstick_config",
+           "packaged_yardstick", "save_yardstick", "train_yardstick"]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+PACKAGED = Path(__file__).parent / "weights" / "cifar10_yardstick.safetensors"
+ARCHIVES = {"train": "cifar10-train-jpg.tar.gz", "test": "cifar10-test-jpg.tar.gz"}
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+DEFAULTS: dict[str, Any] = {
+    "model": {"widths": [64, 128, 256, 512]},
+    "data": {"root": None, "train_split": "train", "test_split": "test"},
+    "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
+    "train": {"epochs": 20, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
+              "eval_every_epochs": 5, "log_every": 50, "compile": False},
+    "run": {"dir": "runs/yardstick"},
+}
+
+
+class ConvBN(nn.Sequential):
+    """3x3 convolution (no bias), BatchNorm, GELU."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.GELU())
+
+
+class Residual(nn.Module):
+    """x + ConvBN(ConvBN(x))."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.body = nn.Sequential(ConvBN(channels, channels), ConvBN(channels, channels))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+class YardstickNet(nn.Module):
+    """ResNet-9-style CIFAR classifier (module docstring).
+
+    Args:
+        widths: channels of the stem and of the three stages.
+        num_classes: classes of the head.
+    """
+
+    def __init__(self, widths: tuple[int, int, int, int] | list[int] = (64, 128, 256, 512), num_classes: int = 10):
+        super().__init__()
+        w0, w1, w2, w3 = (int(w) for w in widths)
+        self.widths, self.num_classes = [w0, w1, w2, w3], num_classes
+        self.register_buffer("mean", torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor(CIFAR10_STD).view(1, 3, 1, 1), persistent=False)
+        self.stem = ConvBN(3, w0)
+        self.stage1 = nn.Sequential(ConvBN(w0, w1), nn.MaxPool2d(2), Residual(w1))
+        self.stage2 = nn.Sequential(ConvBN(w1, w2), nn.MaxPool2d(2))
+        self.stage3 = nn.Sequential(ConvBN(w2, w3), nn.MaxPool2d(2), Residual(w3))
+        self.head = nn.Linear(w3, num_classes, bias=False)
+
+    def forward_features(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """x: RGB [B, 3, H, W] in [0, 1] -> {"pool": [B, w3], "spatial": [B, w2, H / 4, W / 4]}."""
+        x = self.stem((x - self.mean) / self.std)
+        spatial = self.stage2(self.stage1(x))
+        pool = torch.amax(self.stage3(spatial), dim=(2, 3))
+        return {"pool": pool, "spatial": spatial}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits [B, num_classes] of RGB [B, 3, H, W] in [0, 1]."""
+        return self.head(self.forward_features(x)["pool"]) * 0.125
+
+
+def save_yardstick(model: YardstickNet, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
+    """Write the weights as safetensors with the architecture (and ``meta``) in the header: convolution and linear
+    weights in float16 (13 MB at the default widths), BatchNorm parameters and statistics in float32."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() and v.ndim > 1 else v.dtype)
+               .contiguous() for k, v in model.state_dict().items()}
+    header = {"format": "lightvision-yardstick", "widths": json.dumps(model.widths),
+              "num_classes": str(model.num_classes), **{k: json.dumps(v) for k, v in (meta or {}).items()}}
+    save_file(tensors, str(path), metadata=header)
+    return path
+
+
+def load_yardstick(path: str | Path) -> tuple[YardstickNet, Path]:
+    """A :class:`YardstickNet` (float32, eval mode) from a yardstick file or a folder holding ``yardstick.safetensors``;
+    returns it with the file's path."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "yardstick.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"yardstick weights {str(path)!r} not found: train them with "
+                                "`lightvision classify train-yardstick --data ROOT --out DIR`")
+    with safe_open(str(path), "pt") as f:
+        header = f.metadata() or {}
+    if header.get("format") != "lightvision-yardstick":
+        raise ValueError(f"{path} is not a yardstick file (no 'lightvision-yardstick' header): pass the "
+                         "yardstick.safetensors that `lightvision classify train-yardstick` wrote")
+    model = YardstickNet(json.loads(header["widths"]), int(header["num_classes"]))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    model.load_state_dict(state)
+    return model.eval(), path
+
+
+def packaged_yardstick() -> Path | None:
+    """The CIFAR-10 yardstick weights shipped with the package, when present."""
+    return PACKAGED if PACKAGED.is_file() else None
+
+
+def _decode(data: bytes) -> torch.Tensor:
+    from PIL import Image
+
+    return torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
+
+
+def load_images(root: str | Path, split: str) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+    """Decode a split once: uint8 images [N, 3, H, W], labels [N] (int64) and the sorted class names.
+
+    ``root/split/<class>/<image>`` or, when that folder is missing, the archive ``root/cifar10-<split>-jpg.tar.gz``
+    (members ``<split>/<class>/<image>``). Files are read in sorted order, so the tensors do not depend on the disk.
+    """
+    root = Path(root)
+    folder, archive = root / split, root / ARCHIVES.get(split, f"cifar10-{split}-jpg.tar.gz")
+    items: list[tuple[str, str, bytes]] = []  # (class, name, bytes)
+    if folder.is_dir():
+        for path in sorted(folder.glob("*/*")):
+            if path.suffix.lower() in IMAGE_SUFFIXES:
+                items.append((path.parent.name, path.name, path.read_bytes()))
+    elif archive.is_file():
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                parts = Path(member.name).parts
+                if member.isfile() and len(parts) >= 3 and Path(member.name).suffix.lower() in IMAGE_SUFFIXES:
+                    items.append((parts[-2], parts[-1], tar.extractfile(member).read()))
+        items.sort(key=lambda it: it[:2])
+    else:
+        raise FileNotFoundError(f"no {split!r} images under {str(root)!r}: expected {folder}/<class>/<images> "
+                                f"or {archive}")
+    if not items:
+        raise FileNotFoundError(f"{folder if folder.is_dir() else archive} holds no {'/'.join(IMAGE_SUFFIXES)} images")
+    classes = sorted({c for c, _, _ in items})
+    index = {c: i for i, c in enumerate(classes)}
+    images = torch.stack([_decode(data) for _, _, data in items])
+    return images, torch.tensor([index[c] for c, _, _ in items]), classes
+
+
+class TensorBatches(torch.utils.data.Dataset):
+    """In-memory uint8 images and labels; the DataLoader fetches whole batches (``__getitems__``) without collating."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        self.images, self.labels = images, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.images[index], self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(indices)
+        return self.images[idx], self.labels[idx]
+
+
+def _batch_as_is(batch: Any) -> Any:
+    return batch
+
+
+def augment(images: torch.Tensor, pad: int = 4) -> torch.Tensor:
+    """Random crop of the reflect-padded batch and random horizontal flip, per sample, on the batch's device.
+
+    Args:
+        images: uint8 [B, 3, H, W].
+    Returns:
+        float [B, 3, H, W] in [0, 1]. Draws come from :func:`~lightvision.engine.batch_random`.
+    """
+    b, _, h, w = images.shape
+    x = F.pad(images.float() / 255.0, (pad,) * 4, mode="reflect")
+    draws = batch_random()
+    dy, dx = (draws.randint(0, 2 * pad + 1, (b,), device=x.device) for _ in range(2))
+    flip = draws.randint(0, 2, (b,), device=x.device).bool()
+    rows = dy[:, None] + torch.arange(h, device=x.device)
+    cols = dx[:, None] + torch.arange(w, device=x.device)
+    cols = torch.where(flip[:, None], cols.flip(1), cols)
+    return x[torch.arange(b, device=x.device)[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, device: torch.device, batch_size: int = 1000,
+             autocast: bool = False) -> float:
+    """Top-1 (%) of ``model`` on uint8 images [N, 3, H, W] with labels [N]."""
+    was_training = model.training
+    model.eval()
+    hits = 0
+    for i in range(0, len(labels), batch_size):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            logits = model(images[i:i + batch_size].to(device).float() / 255.0)
+        hits += (logits.argmax(1).cpu() == labels[i:i + batch_size]).sum().item()
+    model.train(was_training)
+    return 100.0 * hits / len(labels)
+
+
+def _optimizer(model: nn.Module, o: dict) -> torch.optim.Optimizer:
+    """SGD with Nesterov momentum; weight decay on conv / linear weights only (not BatchNorm)."""
+    decay = [p for p in model.parameters() if p.ndim > 1]
+    other = [p for p in model.parameters() if p.ndim <= 1]
+    return torch.optim.SGD([{"params": decay, "weight_decay": float(o["weight_decay"])},
+                            {"params": other, "weight_decay": 0.0}],
+                           lr=float(o["lr"]), momentum=float(o["momentum"]), nesterov=True)
+
+
+def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, Any]:
+    """Train the yardstick with a resolved config (``DEFAULTS`` keys; :func:`load_config`); returns the results
+    (test top-1, parameters, steps, seconds, the weights file), also written to ``run.dir/results.json``."""
+    import time
+
+    if cfg["data"]["root"] is None:
+        raise ValueError("no training data: pass --data ROOT (train/ and test/ class folders, or the CIFAR-10 "
+                         "archives)")
+    start = time.perf_counter()
+    t, o, d = cfg["train"], cfg["optim"], cfg["data"]
+    run_dir = Path(cfg["run"]["dir"])
+    images, labels, classes = load_images(d["root"], d["train_split"])
+    test_images, test_labels, test_classes = load_images(d["root"], d["test_split"])
+    if test_classes != classes:
+        raise ValueError(f"train and test class folders differ ({len(classes)} vs {len(test_classes)})")
+    decode_seconds = time.perf_counter() - start
+    accelerator = make_accelerator(t["mixed_precision"] or "no", 1, int(t["seed"]),
+                                   cpu=device == "cpu" or not torch.cuda.is_available())
+    torch.manual_seed(int(t["seed"]))
+    model = YardstickNet(cfg["model"]["widths"], len(classes)).to(memory_format=torch.channels_last)
+    batch = int(t["batch_size"])
+    per_process = batch // accelerator.num_processes
+    loader = torch.utils.data.DataLoader(TensorBatches(images, labels), batch_size=per_process, shuffle=True,
+                                         drop_last=True, collate_fn=_batch_as_is)
+    steps_per_epoch = len(labels) // (per_process * accelerator.num_processes)
+    if steps_per_epoch < 1:
+        raise ValueError(f"{len(labels)} training images are less than one batch of {batch}: lower train.batch_size")
+    total = int(t["epochs"]) * steps_per_epoch
+    max_steps = total if t["max_steps"] is None else min(int(t["max_steps"]), total)
+    warmup = max(1, int(float(o["warmup_fraction"]) * total))
+    optimizer = _optimizer(model, o)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+    smoothing = float(o["label_smoothing"])
+
+    def loss_fn(net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        x = augment(x).contiguous(memory_format=torch.channels_last)
+        return F.cross_entropy(net(x), y, label_smoothing=smoothing)
+
+    cuda = accelerator.device.type == "cuda"
+
+    def evaluate(trainer: Trainer) -> dict[str, float]:
+        return {"test_top1": accuracy(trainer.unwrapped_model, test_images, test_labels, accelerator.device,
+                                      autocast=cuda)}
+
+    trainer = Trainer(run_dir, cfg, model, optimizer, scheduler, loader, loss_fn, max_steps=max_steps,
+                      model_config={"name": "yardstick", "widths": model.widths, "num_classes": len(classes)},
+                      mixed_precision=t["mixed_precision"] or "no", log_every=min(int(t["log_every"]), max_steps),
+                      ckpt_every=max_steps, keep_last=1, seed=int(t["seed"]), accelerator=accelerator,
+                      hooks=[(int(t["eval_every_epochs"]) * steps_per_epoch, evaluate)],
+                      torch_compile=bool(t["compile"]))
+    fit = trainer.fit(resume=True if resume else None)
+    net = trainer.unwrapped_model
+    top1 = accuracy(net, test_images, test_labels, accelerator.device, autocast=cuda)
+    results = {"test_top1": round(top1, 2), "params": sum(p.numel() for p in net.parameters()), "step": fit["step"],
+               "epochs": round(fit["step"] / steps_per_epoch, 2), "global_batch": batch,
+               "processes": accelerator.num_processes, "train_images": len(labels), "test_images": len(test_labels),
+               "decode_seconds": round(decode_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
+               "weights": str(run_dir / "yardstick.safetensors")}
+    if accelerator.is_main_process:
+        save_yardstick(net, run_dir / "yardstick.safetensors",
+                       {"classes": classes, "test_top1": results["test_top1"], "epochs": results["epochs"]})
+        trainer.metrics.log(fit["step"], results)
+        save_config(results, run_dir / "results.json")
+    accelerator.wait_for_everyone()
+    return results
+
+
+def load_yardstick_config(overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """``DEFAULTS`` <- ``key=value`` overrides (unknown keys are errors)."""
+    return load_config(None, overrides, defaults=DEFAULTS)

@@ -1,0 +1,107 @@
+"""CIFAR-10 yardstick: decoding (folders and archives), on-device augmentation, a few training steps through the CLI,
+and the written weights as the FID feature network."""
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from lightvision.classify.yardstick import YardstickNet, augment, load_images, load_yardstick, save_yardstick
+from lightvision.engine.batch_random import BatchRandom, use_batch_random
+
+
+def write_split(root, split, per_class=6, size=32, seed=0):
+    """Two classes of JPEGs: bright-top vs bright-bottom images (learnable), with noise."""
+    rng = np.random.default_rng(seed)
+    for label, name in enumerate(("cat", "dog")):
+        (root / split / name).mkdir(parents=True)
+        for i in range(per_class):
+            img = rng.integers(0, 80, (size, size, 3))
+            img[slice(None, size // 2) if label == 0 else slice(size // 2, None)] += 150
+            Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(root / split / name / f"{i}.jpg")
+
+
+def test_images_decode_the_same_from_folders_and_archives(tmp_path):
+    write_split(tmp_path / "folders", "test", per_class=3)
+    archive = tmp_path / "archives" / "cifar10-test-jpg.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "folders" / "test", arcname="test")
+    a_img, a_lab, a_cls = load_images(tmp_path / "folders", "test")
+    b_img, b_lab, b_cls = load_images(tmp_path / "archives", "test")
+    assert a_img.dtype == torch.uint8 and a_img.shape == (6, 3, 32, 32) and a_cls == b_cls == ["cat", "dog"]
+    assert torch.equal(a_img, b_img) and a_lab.tolist() == b_lab.tolist() == [0, 0, 0, 1, 1, 1]
+    direct = np.array(Image.open(io.BytesIO((tmp_path / "folders/test/dog/0.jpg").read_bytes())).convert("RGB"))
+    assert torch.equal(a_img[3], torch.from_numpy(direct).permute(2, 0, 1))
+    with pytest.raises(FileNotFoundError, match="no 'train' images"):
+        load_images(tmp_path / "folders", "train")
+
+
+def test_augment_is_a_padded_crop_and_flip_of_each_image():
+    x = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8)
+    with use_batch_random(BatchRandom(7)):
+        out = augment(x, pad=2)
+    padded = torch.nn.functional.pad(x.float() / 255, (2,) * 4, mode="reflect")
+    flips = 0
+    for i in range(64):  # each output is one of the 5 x 5 crops of its own padded image, maybe flipped
+        crops = [padded[i, :, r:r + 8, c:c + 8] for r in range(5) for c in range(5)]
+        plain = any(torch.equal(out[i], c) for c in crops)
+        flipped = any(torch.equal(out[i], c.flip(-1)) for c in crops)
+        assert plain or flipped
+        flips += flipped and not plain
+    assert 16 < flips < 48  # about half
+
+
+def test_yardstick_trains_through_the_cli_and_loads_as_a_feature_network(tmp_path, capsys):
+    from lightvision.cli import main
+    from lightvision.diffusion.features import YardstickFeatures, feature_network
+
+    write_split(tmp_path / "data", "train", per_class=16)
+    write_split(tmp_path / "data", "test", per_class=4, seed=1)
+    out = tmp_path / "run"
+    main(["classify", "train-yardstick", "--data", str(tmp_path / "data"), "--out", str(out), "--device", "cpu",
+          "model.widths=[8, 8, 16, 16]", "train.batch_size=8", "train.epochs=2", "train.eval_every_epochs=1",
+          "train.mixed_precision=no", "train.log_every=1"])
+    results = json.loads(capsys.readouterr().out)
+    assert results["step"] == 8 and results["train_images"] == 32 and 0 <= results["test_top1"] <= 100
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert len(losses) == 8 and all(np.isfinite(losses)) and any("test_top1" in r for r in records)
+    weights = out / "yardstick.safetensors"
+    model, path = load_yardstick(out)
+    assert path == weights and model.widths == [8, 8, 16, 16] and not model.training
+    net = feature_network(feature_extractor=str(weights))
+    assert isinstance(net, YardstickFeatures) and net.id.startswith("yardstick-")
+    images, _, _ = load_images(tmp_path / "data", "test")
+    feats = net(images)
+    assert feats["pool"].shape == (8, 16) and feats["spatial"].shape == (8, 8 * 8 * 7)
+    expected = model.forward_features(images.float() / 255)
+    torch.testing.assert_close(feats["pool"], expected["pool"].double())
+    from lightvision.diffusion.fid import compute_fid
+
+    itself = compute_fid(tmp_path / "data" / "test", tmp_path / "data" / "test", feature_extractor=str(out),
+                         cache_dir=tmp_path / "cache", num_samples=None)
+    assert itself["feature_space"] == net.id and abs(itself["fid"]) < 1e-4 and itself["precision"] == 1.0
+
+
+def test_saved_weights_are_under_20_mb_and_reload(tmp_path):
+    torch.manual_seed(0)
+    model = YardstickNet().eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.1, 0.1)
+            m.running_var.uniform_(0.5, 1.5)
+    path = save_yardstick(model, tmp_path / "y.safetensors", {"test_top1": 93.5})
+    assert path.stat().st_size < 20e6
+    loaded, _ = load_yardstick(path)
+    x = torch.rand(4, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x), rtol=2e-2, atol=2e-2)  # float16 storage
+    with pytest.raises(ValueError, match="not a yardstick file"):
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+        load_yardstick(tmp_path / "other.safetensors")
