@@ -15,7 +15,8 @@
    ``min(0.9999, (1 + s) / (10 + s))``: after s steps the EMA averages roughly the last s / 10 steps, so short runs
    are evaluated fairly);
 3. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
-   ``grid_<name>.png`` under ``--out``; runs, checkpoints and samples stay in ``--work``.
+   ``grid_<name>.png`` under ``--out`` (``--save-samples``: the samples too, ``samples_<name>.npz``, for metrics
+   computed elsewhere); runs, checkpoints and sample PNGs stay in ``--work``.
 """
 
 from __future__ import annotations
@@ -104,13 +105,16 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
         codec = build_codec(cfg, device)
         folder = work / "samples" / name
         folder.mkdir(parents=True, exist_ok=True)
-        shares = []
+        batches = []
         for lo in range(0, args.samples, args.sample_batch):
             idx = list(range(lo, min(lo + args.sample_batch, args.samples)))
             images = to_uint8(generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device))
-            shares.append(streak_share(images))
+            batches.append(images)
             for i, arr in zip(idx, images):
                 Image.fromarray(arr).save(folder / f"{i:05d}.png")
+        samples = np.concatenate(batches)
+        if args.save_samples:  # the ADM batch layout: uint8 [N, H, W, 3] as arr_0
+            np.savez(out / f"samples_{name}.npz", arr_0=samples)
         sample_seconds = time.time() - start
     record = {"model": cfg["model"]["name"], "variant_set": variant_set,
               "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
@@ -129,7 +133,7 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
     last = result["last_record"]
     return {**record, "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
             "final_loss": last.get("loss"), "test_bits_per_dim": round(bpd, 4), "bpd_images": args.bpd_images,
-            "bpd_seconds": round(bpd_seconds, 1), "streak_share": streak_summary(np.concatenate(shares)),
+            "bpd_seconds": round(bpd_seconds, 1), "streak_share": streak_summary(streak_share(samples)),
             "samples": args.samples, "sample_steps": args.sample_steps, "sample_seconds": round(sample_seconds, 1),
             "grid": grid_out.name}
 
@@ -148,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, default=2000, help="samples for FID and the streak share")
     p.add_argument("--sample-steps", type=int, default=100)
     p.add_argument("--sample-batch", type=int, default=500)
+    p.add_argument("--save-samples", action="store_true", help="also write samples_<name>.npz (ADM layout) to --out")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

@@ -69,7 +69,7 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
     code = benchmark.main(["softmax", "lightnet_pair_tpe", "nope", "--data", str(tmp_path / "data"), "--out", str(out),
                            "--work", str(tmp_path / "work"), "--variants", str(variants), "--tag", "tiny", "--no-fid",
                            "--steps", "2", "--batch-size", "4", "--bpd-images", "2", "--samples", "3",
-                           "--sample-steps", "2", "--sample-batch", "2", "--set", "data.num_workers=0",
+                           "--sample-steps", "2", "--sample-batch", "2", "--save-samples", "--set", "data.num_workers=0",
                            "train.mixed_precision=no", "data.num_classes=2", *tiny])
     assert code == 0
     report = json.loads((out / "diffusion_cifar10_tiny.json").read_text())
@@ -84,6 +84,9 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
         assert math.isfinite(r["test_bits_per_dim"]) and (out / r["grid"]).is_file()
         assert "fid_classifier" not in r
     assert "unknown attention kind or variant 'nope'" in report["results"]["nope"]["error"]
+    saved = np.load(out / "samples_lightnet_pair_tpe.npz")["arr_0"]
+    assert saved.shape == (3, 32, 32, 3) and saved.dtype == np.uint8
+    np.testing.assert_allclose(streak_share(saved).mean(), variant["streak_share"]["mean"], atol=1e-4)
 
 
 def test_every_shipped_variant_builds_the_model_it_describes():
