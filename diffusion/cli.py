@@ -8,11 +8,9 @@ import json
 
 def _train(args: argparse.Namespace) -> int:
     if args.config is None:
-        if args.overrides:
-            raise SystemExit("overrides need a recipe: lightvision diffusion train --config configs/diffusion/<recipe>.yaml key=value")
         from lightvision.diffusion.default import run_default
 
-        run_default(args.out, args.device)
+        run_default(args.out, args.device, overrides=args.overrides)
         return 0
     from lightvision.diffusion.train import load_recipe, train
 
@@ -65,7 +63,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group = subparsers.add_parser("diffusion", help="DiT latent / pixel diffusion: train, sample, fid, extract-latents")
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)")
+    p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)",
+                       description="Train a YAML recipe plus key=value overrides. Without --config, trains the built-in "
+                       "pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).")
     p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
     p.add_argument("--resume", nargs="?", const=True, default=False,

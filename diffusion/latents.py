@@ -34,13 +34,14 @@ def image_transform(image_size: int, flip: bool):
 
 
 def image_folder(root: str | Path, image_size: int, flip: bool):
-    """torchvision ImageFolder of RGB images through :func:`image_transform`; items ([3, S, S], label)."""
-    from torchvision.datasets import ImageFolder
+    """RGB images of ``root/<class>/`` through :func:`image_transform`; items ([3, S, S], label). Read by the shared
+    :class:`~lightvision.engine.data.SafeImageFolder`: an unreadable image is skipped with a warning naming it."""
+    from lightvision.engine.data import SafeImageFolder
 
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {str(root)!r} does not exist")
-    return ImageFolder(str(root), transform=image_transform(image_size, flip))
+    return SafeImageFolder(root, transform=image_transform(image_size, flip))
 
 
 @torch.no_grad()
@@ -83,7 +84,7 @@ def extract_latents(image_dir: str | Path, out_dir: str | Path, codec: Codec, im
         if sum(len(v) for v in buffer["labels"]) >= shard_size:
             flush()
     flush()
-    meta = {"count": len(dataset), "classes": dataset.classes, "image_size": image_size, "latent_shape": latent_shape,
+    meta = {"count": len(dataset), "skipped_images": dataset.skipped_images(), "classes": dataset.classes, "image_size": image_size, "latent_shape": latent_shape,
             "codec": codec.describe(), "shards": shards}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta

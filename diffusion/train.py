@@ -201,6 +201,8 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                       nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]))
     summary = trainer.fit(resume)
     summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process)
+    if hasattr(dataset, "skipped_images"):  # image folders: unreadable images skipped (this process's count)
+        summary["skipped_images"] = dataset.skipped_images()
     if state.is_main_process:
         from lightvision.engine.config import save_config
 
