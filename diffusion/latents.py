@@ -178,6 +178,10 @@ def build_dataset(data: dict, split: str = "train") -> Dataset:
     "imagefolder" (``root``/``split`` folder, ``image_size``; pixel space; training images randomly flipped unless
     ``flip`` is false), or "digits" (``image_size``)."""
     source = data.get("source")
+    if source in ("latents", "imagefolder") and data.get("root") is None:
+        what = "the extract-latents output folder" if source == "latents" else "a folder with train/ and val/ image folders"
+        raise ValueError(f"data.root is not set: pass data.root=PATH ({what}), or run `lightvision diffusion train` "
+                         "without --config for the built-in digits default")
     if source == "latents":
         return LatentDataset(data["root"])
     if source == "imagefolder":

@@ -89,9 +89,13 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 
 
 def _one_line(err: BaseException) -> str:
-    """The message of ``err`` on one line (a FileNotFoundError from open() names its path)."""
+    """The message of ``err`` on one line (a FileNotFoundError from open() names its path; an error re-raised from a
+    DataLoader worker, whose message carries the worker's traceback, gives its last line)."""
     text = str(err) if not isinstance(err, OSError) or not err.filename else f"{err.strerror}: {err.filename}"
-    return " ".join(part.strip() for part in text.splitlines() if part.strip()) or type(err).__name__
+    lines = [part.strip() for part in text.splitlines() if part.strip()]
+    if any("Traceback (most recent call last)" in line for line in lines):
+        return lines[-1].partition(": ")[2] or lines[-1]  # "ValueError: message" -> "message"
+    return " ".join(lines) or type(err).__name__
 
 
 def debug_requested(argv: list[str]) -> bool:

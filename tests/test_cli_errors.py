@@ -80,3 +80,27 @@ def test_import_lightvision_registers_the_models_when_timm_comes_later():
              "print(len(timm.list_models('*_deit_*')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "21"
+
+
+def test_worker_errors_keep_only_their_message():
+    from lightvision.cli import _one_line
+
+    err = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+                     '  File "worker.py", line 1, in loop\nValueError: 50 unreadable images in a row near a.jpg')
+    assert _one_line(err) == "50 unreadable images in a row near a.jpg"
+    assert _one_line(FileNotFoundError(2, "No such file or directory", "x.yaml")) == "No such file or directory: x.yaml"
+
+
+def test_device_names_are_checked(monkeypatch):
+    import torch
+
+    from lightvision.quickstart import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="no GPU is visible; use --device cpu"):
+        resolve_device("cuda:1")
+    with pytest.raises(ValueError, match="must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"

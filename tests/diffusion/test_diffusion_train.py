@@ -217,3 +217,11 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
     assert cli.run(args) == 0
     assert "reused the finished run" in capsys.readouterr().out
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps_run"] == 0
+
+
+@pytest.mark.parametrize("source", ["latents", "imagefolder"])
+def test_recipe_without_data_root_is_named(source):
+    from lightvision.diffusion.latents import build_dataset
+
+    with pytest.raises(ValueError, match="data.root is not set: pass data.root=PATH"):
+        build_dataset({"source": source, "root": None, "image_size": 8})
