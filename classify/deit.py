@@ -370,7 +370,7 @@ class DeiT(nn.Module):
         if output_fmt not in ("NCHW", "NLC"):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take, _ = feature_take_indices(len(self.blocks), indices)
-        taken: dict[int, torch.Tensor] = {}  # the blocks' outputs, caught by hooks so the forward stays forward_features
+        taken: dict[int, torch.Tensor] = {}  # block outputs, caught by hooks: the forward is forward_features itself
 
         def keep(i: int):
             return lambda module, args, out: taken.__setitem__(i, out)

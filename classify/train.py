@@ -35,6 +35,7 @@ from lightvision.classify.data import build_mixup, build_repeat_sampler, train_d
 from lightvision.classify.deit import create_from_config
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
+from lightvision.engine.data import loader_workers
 
 __all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
 
@@ -202,7 +203,7 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
     repeats = a["repeated_aug"]
     sampler = build_repeat_sampler(train_set, repeats) if repeats > 1 else None
-    workers = cfg["data"]["num_workers"]
+    workers = loader_workers(cfg["data"]["num_workers"])
     cuda = accelerator.device.type == "cuda"
     train_loader = DataLoader(
         train_set, batch_size=t["batch_size"], shuffle=sampler is None, sampler=sampler, drop_last=True,

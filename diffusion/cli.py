@@ -64,8 +64,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)",
-                       description="Train a YAML recipe plus key=value overrides. Without --config, trains the built-in "
-                       "pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).")
+                       description="Train a YAML recipe plus key=value overrides. Without --config, trains the "
+                       "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).")
     p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
     p.add_argument("--resume", nargs="?", const=True, default=False,

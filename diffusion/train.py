@@ -23,6 +23,7 @@ from lightvision.diffusion.dit import DiT, create_model
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
+from lightvision.engine.data import loader_workers
 
 DEFAULTS: dict = {
     "base": None,
@@ -179,8 +180,9 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
     if per_process < 1 or per_process * state.num_processes * int(t["grad_accum_steps"]) != int(data["batch_size"]):
         raise ValueError(f"data.batch_size {data['batch_size']} is not divisible by processes x grad_accum_steps "
                          f"({state.num_processes} x {t['grad_accum_steps']})")
-    loader = DataLoader(dataset, batch_size=per_process, shuffle=True, drop_last=True, num_workers=int(data["num_workers"]),
-                        pin_memory=torch.cuda.is_available(), persistent_workers=int(data["num_workers"]) > 0)
+    workers = loader_workers(int(data["num_workers"]))
+    loader = DataLoader(dataset, batch_size=per_process, shuffle=True, drop_last=True, num_workers=workers,
+                        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
     o = cfg["optim"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(o["lr"]), betas=tuple(o["betas"]), weight_decay=float(o["weight_decay"]))
     warmup = int(o["warmup_steps"])

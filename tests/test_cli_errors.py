@@ -13,7 +13,8 @@ import pytest
 
 CASES = {  # name: (arguments, extra environment, pattern the error line must match)
     "missing recipe": (["classify", "train", "--config", "{tmp}/nope.yaml"], {}, r"recipe .*nope\.yaml not found"),
-    "unknown key": (["classify", "train", "optim.lrr=1"], {}, r"unknown config key 'optim\.lrr'.*did you mean optim\.lr"),
+    "unknown key": (["classify", "train", "optim.lrr=1"], {},
+                    r"unknown config key 'optim\.lrr'.*did you mean optim\.lr"),
     "unknown model": (["classify", "train", "--device", "cpu", "--out", "{tmp}/m", "model.name=vit_nope"], {},
                       r"unknown model 'vit_nope'"),
     "missing data": (["classify", "train", "--device", "cpu", "--out", "{tmp}/d", "data.source=imagefolder",

@@ -352,7 +352,8 @@ class Trainer:
         ``resume``: None/False starts fresh (refused if the run folder has checkpoints); True continues from
         the newest loadable checkpoint if any (falling back to older ones if it is damaged); a path continues
         from that checkpoint or run folder. Returns the final step, ``steps_run`` (steps trained by this call: 0
-        when the run was already finished), epoch, best metric, the last logged record and ``interrupted``: True when a SIGTERM stopped training early (after checkpointing).
+        when the run was already finished), epoch, best metric, the last logged record and ``interrupted``: True
+        when a SIGTERM stopped training early (after checkpointing).
         """
         acc = self.accelerator
         self._resume(resume)

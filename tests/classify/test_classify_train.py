@@ -75,8 +75,8 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
         (other / label).mkdir(parents=True)
         Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(other / label / "0.png")
     with pytest.raises(ValueError, match="has 3 classes but the model was trained on 2"):
-        cli.run(["classify", "eval", "--checkpoint", str(run), "--data", str(other), "--img-size", "16", "--device", "cpu",
-              "--num-workers", "0"])
+        cli.run(["classify", "eval", "--checkpoint", str(run), "--data", str(other), "--img-size", "16",
+                 "--device", "cpu", "--num-workers", "0"])
 
     # the same run again without --resume is refused; a resume with another architecture too
     with pytest.raises(CheckpointError, match="already holds checkpoint"):
@@ -163,7 +163,8 @@ def test_recipe_errors(tmp_path):
     with pytest.raises(ValueError, match="data.root is not set"):
         cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "data.root=null", "--device", "cpu"])
     with pytest.raises(ValueError, match="unknown model 'vit_nope'; choose one of: softmax_deit_tiny"):
-        cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope", "--device", "cpu"])
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope",
+                 "--device", "cpu"])
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
         cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
     with pytest.raises(ValueError, match="sched.epochs must be at least 1, got 0"):
@@ -196,7 +197,8 @@ def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
     curves = []
     for name in ("a", "b"):
         run = tmp_path / name
-        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), *overrides]) == 0
+        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
+                        *overrides]) == 0
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         curves.append([(r["step"], r["loss"], r["lr"]) for r in records if "loss" in r])
         results = json.loads((run / "results.json").read_text())

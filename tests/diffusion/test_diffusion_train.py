@@ -188,7 +188,8 @@ def test_corrupt_image_is_skipped_in_pixel_training(tmp_path):
     Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(jpeg, format="JPEG")
     (tmp_path / "train" / "a" / "broken.jpg").write_bytes(jpeg.getvalue()[:200])  # truncated: fails on decode
     cfg = load_recipe(None, [
-        f"run_dir={tmp_path / 'run'}", "model.name=softmax_dit_s_2", "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}",
+        f"run_dir={tmp_path / 'run'}", "model.name=softmax_dit_s_2",
+        "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}",
         "data.source=imagefolder", f"data.root={tmp_path}", "data.image_size=8", "data.num_classes=2",
         "data.batch_size=5", "data.num_workers=0", "autoencoder.kind=pixel", "train.max_steps=1",
         "train.mixed_precision='no'", "sample.every=100"])
@@ -212,7 +213,8 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
             "sample.steps=2"]
     assert cli.run(args) == 0
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
-    assert summary["steps"] == summary["steps_run"] == 2 and (tmp_path / "d" / "run" / "samples" / "step_0000002.png").is_file()
+    assert summary["steps"] == summary["steps_run"] == 2
+    assert (tmp_path / "d" / "run" / "samples" / "step_0000002.png").is_file()  # the grid at the overridden last step
     assert "digits diffusion: 2 steps in" in capsys.readouterr().out
     assert cli.run(args) == 0
     assert "reused the finished run" in capsys.readouterr().out
