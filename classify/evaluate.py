@@ -28,6 +28,7 @@ from lightvision.classify.data import val_dataset
 from lightvision.classify.deit import create_from_config
 from lightvision.engine import load_model_weights, read_checkpoint_config, resolve_checkpoint
 from lightvision.engine.data import loader_workers
+from lightvision.engine.device import resolve_device
 
 __all__ = ["check_img_sizes", "evaluate", "evaluate_checkpoint", "evaluate_resolutions", "write_report"]
 
@@ -183,6 +184,7 @@ def evaluate_checkpoint(
     """
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    device = resolve_device(device)
     ckpt = resolve_checkpoint(checkpoint)
     saved = read_checkpoint_config(ckpt)
     mcfg, cfg = saved["model_config"], saved["config"]
@@ -197,7 +199,7 @@ def evaluate_checkpoint(
         weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
     load_model_weights(ckpt, model, which=weights)
     accelerator = Accelerator(
-        cpu=device == "cpu" or not torch.cuda.is_available(),
+        cpu=device == "cpu",
         mixed_precision=cfg["train"]["mixed_precision"] or "no",  # as trained (and as the process's accelerate state)
     )
 

@@ -36,6 +36,7 @@ from lightvision.classify.deit import create_from_config
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.data import loader_workers
+from lightvision.engine.device import resolve_device
 
 __all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
 
@@ -115,17 +116,16 @@ def load_train_config(path: str | Path | None, overrides: list[str] | tuple[str,
 def build_accelerator(cfg: dict, device: str = "auto") -> Accelerator:
     """The accelerator the ``Trainer`` needs (accumulation without data-loader sync, seedable sampler).
 
-    device: "auto" (GPU when available), "cpu" or "cuda"."""
+    device: "auto" (GPU when available), "cpu" or "cuda" (which needs a visible GPU)."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but no GPU is visible; use --device cpu")
+    device = resolve_device(device)
     t = cfg["train"]
     return make_accelerator(
         t["mixed_precision"] or "no",  # YAML reads a bare `no` as False
         t["grad_accum_steps"],
         t["seed"],
-        cpu=device == "cpu" or not torch.cuda.is_available(),
+        cpu=device == "cpu",
     )
 
 

@@ -48,8 +48,7 @@ def _fid(args: argparse.Namespace) -> int:
 def _extract(args: argparse.Namespace) -> int:
     from lightvision.diffusion.autoencoder import load_codec
     from lightvision.diffusion.latents import extract_latents
-
-    from lightvision.quickstart import resolve_device
+    from lightvision.engine.device import resolve_device
 
     codec = load_codec(args.vae_kind, args.vae, device=resolve_device(args.device))
     meta = extract_latents(args.images, args.out, codec, args.image_size, batch_size=args.batch_size,

@@ -34,7 +34,7 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     """
     from lightvision.diffusion.latents import build_dataset
     from lightvision.diffusion.train import evaluate_bits_per_dim, load_recipe, train
-    from lightvision.quickstart import resolve_device
+    from lightvision.engine.device import resolve_device
 
     device = resolve_device(device)
     out = Path(out_dir)

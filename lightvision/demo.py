@@ -35,7 +35,7 @@ def _image_tokens(device: torch.device) -> torch.Tensor:
 def run_demo(device: str = "cpu") -> int:
     """Run the checks, print a table (check, max relative L2 error, PASS/FAIL); return 0 if all pass, else 1.
     device: "auto", "cpu", "cuda" or "cuda:N"."""
-    from lightvision.quickstart import resolve_device
+    from lightvision.engine.device import resolve_device
 
     dev = torch.device(resolve_device(device))
     t0 = time.time()

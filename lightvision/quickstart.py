@@ -12,29 +12,13 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
-
-def resolve_device(device: str) -> str:
-    """``"auto"`` -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; "cpu" and "cuda[:N]" are checked (a GPU must
-    be visible for "cuda") and returned as they are. Anything else raises ValueError."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        return device
-    kind, colon, index = device.partition(":")
-    if kind != "cuda" or (colon and not index.isdigit()):
-        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {device!r}")
-    if not torch.cuda.is_available():
-        raise ValueError(f"--device {device} was asked for but no GPU is visible; use --device cpu (or auto)")
-    return device
-
 
 def run_quickstart(out_dir: str = "runs/quickstart", device: str = "auto") -> int:
     """Run the three stages, print a summary and write ``summary.json``; returns the exit code."""
     from lightvision.classify.default import run_default as run_classifier
     from lightvision.demo import run_demo
     from lightvision.diffusion.default import run_default as run_diffusion
+    from lightvision.engine.device import resolve_device
 
     device = resolve_device(device)
     out = Path(out_dir)

@@ -95,7 +95,7 @@ def test_worker_errors_keep_only_their_message():
 def test_device_names_are_checked(monkeypatch):
     import torch
 
-    from lightvision.quickstart import resolve_device
+    from lightvision.engine.device import resolve_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == resolve_device("cpu") == "cpu"
