@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.abc
-import importlib.util
 import sys
 from collections.abc import Callable
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """One-shot finder: when ``name`` is first imported, its loader runs the module, then ``callback()``."""
+    """Finder that hands out ``name``'s regular spec with a loader that runs ``callback()`` after the module; it
+    leaves ``sys.meta_path`` once the module has run (a ``find_spec`` probe without import keeps it in place)."""
 
     def __init__(self, name: str, callback: Callable[[], None]) -> None:
         self.name, self.callback = name, callback
@@ -17,14 +17,16 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path=None, target=None):
         if fullname != self.name:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)  # the regular finders, this one removed
-        if spec is None or spec.loader is None:
+        finders = [f for f in sys.meta_path if f is not self and hasattr(f, "find_spec")]
+        spec = next((s for f in finders if (s := f.find_spec(fullname, path, target)) is not None), None)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         execute = spec.loader.exec_module
 
         def exec_module(module) -> None:
             execute(module)
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
             self.callback()
 
         spec.loader.exec_module = exec_module  # this spec's own loader instance

@@ -84,7 +84,7 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     if "torch" in sys.modules:
         import torch
 
-        types.append(torch.OutOfMemoryError)
+        types.append(torch.cuda.OutOfMemoryError)
     return tuple(types)
 
 
@@ -98,7 +98,7 @@ def _one_line(err: BaseException) -> str:
     return " ".join(lines) or type(err).__name__
 
 
-def debug_requested(argv: list[str]) -> bool:
+def _debug_requested(argv: list[str]) -> bool:
     """``--debug`` on the command line or LIGHTVISION_DEBUG set to anything but "" / "0"."""
     return "--debug" in argv or os.environ.get("LIGHTVISION_DEBUG", "") not in ("", "0")
 
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print("lightvision: interrupted", file=sys.stderr)
         return 130
     except Exception as err:
-        if debug_requested(argv) or not isinstance(err, _user_error_types()):
+        if _debug_requested(argv) or not isinstance(err, _user_error_types()):
             raise
         print(f"lightvision: error: {_one_line(err)} (--debug shows the traceback)", file=sys.stderr)
         return 1

@@ -77,8 +77,9 @@ def test_help_imports_no_torch():
 
 
 def test_import_lightvision_registers_the_models_when_timm_comes_later():
-    probe = ("import sys, lightvision; assert 'timm' not in sys.modules; import timm; "
-             "print(len(timm.list_models('*_deit_*')))")
+    probe = ("import importlib.util, sys, lightvision; assert 'timm' not in sys.modules; "
+             "assert importlib.util.find_spec('timm') and 'timm' not in sys.modules; "  # a probe as libraries make
+             "import timm; print(len(timm.list_models('*_deit_*')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "21"
 

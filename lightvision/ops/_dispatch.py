@@ -53,7 +53,7 @@ _WARNED: set[tuple] = set()
 
 def warn_once(key: tuple, message: str) -> None:
     """``warnings.warn(message)`` the first time ``key`` is seen in this process (never while torch.compile traces)."""
-    if key in _WARNED or torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or key in _WARNED:  # compiling first: Dynamo then never reads the set
         return
     _WARNED.add(key)
     warnings.warn(message + " (shown once)", RuntimeWarning, stacklevel=4)
