@@ -6,8 +6,8 @@ Two sources, chosen by ``data.source`` in the recipe:
   Training images go through timm's ``create_transform`` (random resized crop, flip, RandAugment,
   color jitter, random erasing; ``aug.no_aug``: resize and center-crop only); evaluation resizes to
   ``size / crop_pct`` and center-crops ``size``.
-  Images that cannot be decoded are skipped: a warning names the file, and ``skipped_images()`` counts
-  them across DataLoader workers.
+  Images that cannot be decoded are skipped with a warning naming the file (the shared reader,
+  :class:`lightvision.engine.data.SafeImageFolder`).
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
   bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images.
 
@@ -16,9 +16,7 @@ Batches are (images [B, C, H, W] float, labels [B] int64).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +26,10 @@ import timm
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import Dataset
-from torchvision.datasets import ImageFolder
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lightvision.classify.deit import MODEL_NAMES
+from lightvision.engine.data import SafeImageFolder
 
 __all__ = [
     "DIGITS_MEAN",
@@ -50,37 +48,6 @@ __all__ = [
 
 DIGITS_MEAN = (0.3,)
 DIGITS_STD = (0.4,)
-_MAX_CONSECUTIVE_FAILURES = 50
-
-
-class SafeImageFolder(ImageFolder):
-    """``ImageFolder`` that skips undecodable images (the next image takes the slot) and counts them.
-
-    The counter lives in shared memory, so ``skipped_images()`` sees the skips of every DataLoader
-    worker. More than 50 failures in a row means the folder is not images: raises instead of looping.
-    """
-
-    def __init__(self, root: str | Path, transform: Any = None) -> None:
-        super().__init__(str(root), transform=transform)
-        self._skipped = multiprocessing.Value("i", 0)
-
-    def skipped_images(self) -> int:
-        """How many unreadable images were skipped so far (all workers)."""
-        return self._skipped.value
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        for attempt in range(_MAX_CONSECUTIVE_FAILURES):
-            path = self.samples[(index + attempt) % len(self.samples)][0]
-            try:
-                return super().__getitem__((index + attempt) % len(self.samples))
-            except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for truncated / bad files
-                with self._skipped.get_lock():
-                    self._skipped.value += 1
-                warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
-        raise RuntimeError(
-            f"{_MAX_CONSECUTIVE_FAILURES} unreadable images in a row near {path}: check that {self.root} "
-            "holds image files (jpg/png/...) in one sub-folder per class"
-        )
 
 
 def image_folder(root: str | Path, split: str, transform: Any) -> SafeImageFolder:
@@ -144,6 +111,9 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None) -> D
     itself (class sub-folders directly inside)."""
     d = cfg["data"]
     if d["source"] == "digits":
+        if folder is not None:
+            raise ValueError(f"this run was trained on the bundled digits (data.source=digits) and is evaluated on "
+                             f"their held-out split, not on {folder}: leave out --data")
         return DigitsDataset("val", img_size, d["in_chans"])
     mean, std = norm_stats(cfg)
     tf = eval_transform(img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std)

@@ -59,20 +59,24 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     """Train the digits classifier into ``out_dir``, evaluate it at 16 and 24 px, write eval.md/json/png.
 
     device: "auto", "cpu" or "cuda". overrides: more ``key=value`` settings on top of ``DIGITS_RECIPE``.
-    Returns {"top1": validation top-1 at 16 px (%), "eval": per-size results, "train_seconds", "run_dir",
-    "plot", ...}.
+    Returns {"top1": validation top-1 at 16 px (%), "eval": per-size results, "steps_run" (0 when a finished run
+    was reused), "train_seconds", "run_dir", "plot", ...}.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_train_config(None, [*DIGITS_RECIPE, f"run.dir={out_dir}", *overrides])
     start = time.perf_counter()
     trained = train(cfg, device=device, resume=True)
     seconds = time.perf_counter() - start
+    if trained["steps_run"] == 0:
+        print(f"digits classifier: reusing the finished run in {out_dir} ({trained['step']} steps trained earlier; "
+              "delete the folder to train again)")
     report = evaluate_checkpoint(out_dir, EVAL_SIZES, out_dir=Path(out_dir) / "eval", num_workers=0, device=device)
     return {
         "model": report["model"],
         "top1": trained["val_top1"],
         "top5": trained["val_top5"],
         "eval": {r["img_size"]: {"top1": r["top1"], "top5": r["top5"]} for r in report["results"]},
+        "steps_run": trained["steps_run"],  # 0: a finished run folder was reused, nothing trained now
         "train_seconds": round(seconds, 1),
         "run_dir": str(out_dir),
         **report["paths"],

@@ -52,6 +52,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, Mlp, resample_abs_pos_embed, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -261,6 +262,7 @@ class DeiT(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self._init_weights()
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
 
     def _init_weights(self) -> None:
         """DeiT init for the tensors this class owns; layers keep their own init (MD-TPE's zero projection)."""
@@ -361,6 +363,67 @@ class DeiT(nn.Module):
                 x = blk(x, grid, self.num_prefix_tokens)
         return self.norm(x)
 
+    def forward_intermediates(
+        self,
+        x: torch.Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Block outputs along the way (timm's ``forward_intermediates``; ``features_only=True`` builds on it).
+
+        Args:
+            x: images [B, C, H, W] (H, W multiples of the patch).
+            indices: blocks to return: None all, an int n the last n, a list their indices (negative from the end).
+            return_prefix_tokens: pair each intermediate with its cls token [B, 1, D].
+            norm: pass each intermediate through the final norm.
+            stop_early: accepted for timm's interface; every block of the model runs (``prune_intermediate_layers``
+                removes the ones after the last index).
+            output_fmt: "NCHW" (feature maps [B, D, H/p, W/p]) or "NLC" (patch tokens [B, (H/p)(W/p), D]).
+            intermediates_only: return the intermediates alone.
+        Returns:
+            the list of intermediates, or (normed final tokens [B, 1 + N, D] as ``forward_features``, the list).
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, _ = feature_take_indices(len(self.blocks), indices)
+        taken: dict[int, torch.Tensor] = {}  # block outputs, caught by hooks: the forward is forward_features itself
+
+        def keep(i: int):
+            return lambda module, args, out: taken.__setitem__(i, out)
+
+        hooks = [self.blocks[i].register_forward_hook(keep(i)) for i in take]
+        try:
+            final = self.forward_features(x)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        grid = self.grid_size((x.shape[-2], x.shape[-1]))
+        out = []
+        for i in take:
+            y = self.norm(taken[i]) if norm else taken[i]
+            prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens :]
+            if output_fmt == "NCHW":
+                y = y.reshape(y.shape[0], *grid, -1).permute(0, 3, 1, 2).contiguous()
+            out.append((y, prefix) if return_prefix_tokens else y)
+        return out if intermediates_only else (final, out)
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """Drop the blocks after the last of ``indices`` (and the final norm / head if asked); returns the absolute
+        indices kept, as timm's ``features_only`` wrapper expects."""
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0, "")
+        return take
+
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Tokens [B, 1 + N, D] -> logits [B, num_classes] (or pooled features [B, D] with pre_logits)."""
         if self.global_pool == "token":
@@ -432,11 +495,13 @@ def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: A
     """Build ``{attention}_deit_{size}_patch16_224`` through timm; ``kwargs`` override the size preset."""
     heads = dict(zip(SIZES, FAMILIES[attention].heads))[size]
     model_args = dict(patch_size=16, num_heads=heads, attention=attention, **SIZES[size])
+    out_indices = kwargs.pop("out_indices", 3)  # features_only: the last 3 blocks, as timm's ViTs
     return build_model_with_cfg(
         DeiT,
         model_name(attention, size),
         pretrained,
         pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls="getter"),
         **dict(model_args, **kwargs),
     )
 

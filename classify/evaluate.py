@@ -27,8 +27,10 @@ from tqdm.auto import tqdm
 from lightvision.classify.data import val_dataset
 from lightvision.classify.deit import create_from_config
 from lightvision.engine import load_model_weights, read_checkpoint_config, resolve_checkpoint
+from lightvision.engine.data import loader_workers
+from lightvision.engine.device import resolve_device
 
-__all__ = ["evaluate", "evaluate_checkpoint", "evaluate_resolutions", "write_report"]
+__all__ = ["check_img_sizes", "evaluate", "evaluate_checkpoint", "evaluate_resolutions", "write_report"]
 
 
 @torch.no_grad()
@@ -83,8 +85,10 @@ def evaluate_resolutions(
     batch_size: int = 128,
     num_workers: int = 4,
 ) -> list[dict[str, Any]]:
-    """``evaluate`` at every size: ``make_dataset(size)`` builds the validation set at that size."""
+    """``evaluate`` at every size: ``make_dataset(size)`` builds the validation set at that size.
+    ``num_workers`` is capped at the available cores (:func:`~lightvision.engine.data.loader_workers`)."""
     model = accelerator.prepare(model)
+    num_workers = loader_workers(num_workers)
     results = []
     for size in img_sizes:
         loader = DataLoader(
@@ -147,6 +151,19 @@ def write_report(results: list[dict[str, Any]], out_dir: str | Path, title: str,
     return paths
 
 
+def check_img_sizes(model: nn.Module, img_sizes: Sequence[int]) -> None:
+    """Refuse, before anything runs, an empty list, a size below 1 or one the model's patch does not divide."""
+    if not img_sizes:
+        raise ValueError("no image size to evaluate: pass --img-size, e.g. --img-size 224 288")
+    for size in img_sizes:
+        if size < 1:
+            raise ValueError(f"--img-size {size}: image sizes must be positive")
+        try:
+            model._check_size((size, size))
+        except ValueError as err:
+            raise ValueError(f"--img-size {size}: {err}") from None
+
+
 def evaluate_checkpoint(
     checkpoint: str | Path,
     img_sizes: Sequence[int],
@@ -167,6 +184,7 @@ def evaluate_checkpoint(
     """
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    device = resolve_device(device)
     ckpt = resolve_checkpoint(checkpoint)
     saved = read_checkpoint_config(ckpt)
     mcfg, cfg = saved["model_config"], saved["config"]
@@ -176,11 +194,12 @@ def evaluate_checkpoint(
             "a classifier"
         )
     model = create_from_config(mcfg)
+    check_img_sizes(model, img_sizes)
     if weights is None:
         weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
     load_model_weights(ckpt, model, which=weights)
     accelerator = Accelerator(
-        cpu=device == "cpu" or not torch.cuda.is_available(),
+        cpu=device == "cpu",
         mixed_precision=cfg["train"]["mixed_precision"] or "no",  # as trained (and as the process's accelerate state)
     )
 

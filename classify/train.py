@@ -35,6 +35,8 @@ from lightvision.classify.data import build_mixup, build_repeat_sampler, train_d
 from lightvision.classify.deit import create_from_config
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
+from lightvision.engine.data import loader_workers
+from lightvision.engine.device import resolve_device
 
 __all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
 
@@ -115,17 +117,16 @@ def load_train_config(path: str | Path | None, overrides: list[str] | tuple[str,
 def build_accelerator(cfg: dict, device: str = "auto") -> Accelerator:
     """The accelerator the ``Trainer`` needs (accumulation without data-loader sync, seedable sampler).
 
-    device: "auto" (GPU when available), "cpu" or "cuda"."""
+    device: "auto" (GPU when available), "cpu" or "cuda" (which needs a visible GPU)."""
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but no GPU is visible; use --device cpu")
+    device = resolve_device(device)
     t = cfg["train"]
     return make_accelerator(
         t["mixed_precision"] or "no",  # YAML reads a bare `no` as False
         t["grad_accum_steps"],
         t["seed"],
-        cpu=device == "cpu" or not torch.cuda.is_available(),
+        cpu=device == "cpu",
     )
 
 
@@ -166,13 +167,22 @@ def _warmup_cosine(total_steps: int, warmup_steps: int, lr: float, warmup_lr: fl
     return factor
 
 
+def _check_schedule(sched: dict[str, Any]) -> None:
+    """sched.epochs >= 1 and sched.warmup_epochs >= 0, named by their keys (not by what they lead to)."""
+    if sched["epochs"] is None or sched["epochs"] < 1:
+        raise ValueError(f"sched.epochs must be at least 1, got {sched['epochs']!r}")
+    if sched["warmup_epochs"] is None or sched["warmup_epochs"] < 0:
+        raise ValueError(f"sched.warmup_epochs must be 0 or more, got {sched['warmup_epochs']!r}")
+
+
 def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, Any]:
     """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics.
 
     resume: continue from the newest checkpoint of ``run.dir`` (refused without it if one exists).
     """
-    accelerator = build_accelerator(cfg, device)
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
+    _check_schedule(s)
+    accelerator = build_accelerator(cfg, device)
     run_dir = Path(cfg["run"]["dir"])
 
     train_set = train_dataset(cfg)
@@ -194,7 +204,7 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
     repeats = a["repeated_aug"]
     sampler = build_repeat_sampler(train_set, repeats) if repeats > 1 else None
-    workers = cfg["data"]["num_workers"]
+    workers = loader_workers(cfg["data"]["num_workers"])
     cuda = accelerator.device.type == "cuda"
     train_loader = DataLoader(
         train_set, batch_size=t["batch_size"], shuffle=sampler is None, sampler=sampler, drop_last=True,
@@ -254,7 +264,7 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
     final.pop("metric")
     results = {"model": mcfg["name"], "params": sum(p.numel() for p in model.parameters()), "step": fit["step"],
                "epochs": fit["step"] / steps_per_epoch, "global_batch": global_batch, "lr": lr, "processes": procs,
-               "val_set_size": len(val_set), **final}
+               "val_set_size": len(val_set), "steps_run": fit["steps_run"], **final}
     trainer.metrics.log(fit["step"], results)
     if accelerator.is_main_process:
         save_config(results, run_dir / "results.json")

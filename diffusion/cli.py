@@ -8,11 +8,9 @@ import json
 
 def _train(args: argparse.Namespace) -> int:
     if args.config is None:
-        if args.overrides:
-            raise SystemExit("overrides need a recipe: lightvision diffusion train --config configs/diffusion/<recipe>.yaml key=value")
         from lightvision.diffusion.default import run_default
 
-        run_default(args.out, args.device)
+        run_default(args.out, args.device, overrides=args.overrides)
         return 0
     from lightvision.diffusion.train import load_recipe, train
 
@@ -81,8 +79,7 @@ def _feature_network_args(p: argparse.ArgumentParser) -> None:
 def _extract(args: argparse.Namespace) -> int:
     from lightvision.diffusion.autoencoder import load_codec
     from lightvision.diffusion.latents import extract_latents
-
-    from lightvision.quickstart import resolve_device
+    from lightvision.engine.device import resolve_device
 
     codec = load_codec(args.vae_kind, args.vae, device=resolve_device(args.device))
     meta = extract_latents(args.images, args.out, codec, args.image_size, batch_size=args.batch_size,
@@ -97,7 +94,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                   help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents")
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)")
+    p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)",
+                       description="Train a YAML recipe plus key=value overrides. Without --config, trains the "
+                       "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).")
     p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
     p.add_argument("--resume", nargs="?", const=True, default=False,

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightvision.diffusion.autoencoder import Codec
 from lightvision.engine.batch_random import batch_random
+from lightvision.engine.data import SafeImageFolder, loader_workers
 
 
 def image_transform(image_size: int, flip: bool):
@@ -34,13 +35,12 @@ def image_transform(image_size: int, flip: bool):
 
 
 def image_folder(root: str | Path, image_size: int, flip: bool):
-    """torchvision ImageFolder of RGB images through :func:`image_transform`; items ([3, S, S], label)."""
-    from torchvision.datasets import ImageFolder
-
+    """RGB images of ``root/<class>/`` through :func:`image_transform`; items ([3, S, S], label). Read by the shared
+    :class:`~lightvision.engine.data.SafeImageFolder`: an unreadable image is skipped with a warning naming it."""
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {str(root)!r} does not exist")
-    return ImageFolder(str(root), transform=image_transform(image_size, flip))
+    return SafeImageFolder(root, transform=image_transform(image_size, flip))
 
 
 @torch.no_grad()
@@ -58,7 +58,7 @@ def extract_latents(image_dir: str | Path, out_dir: str | Path, codec: Codec, im
         raise ValueError(f"no images found under {str(image_dir)!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=loader_workers(num_workers))
     buffer: dict[str, list[torch.Tensor]] = {}
     shards: list[str] = []
 
@@ -83,7 +83,8 @@ def extract_latents(image_dir: str | Path, out_dir: str | Path, codec: Codec, im
         if sum(len(v) for v in buffer["labels"]) >= shard_size:
             flush()
     flush()
-    meta = {"count": len(dataset), "classes": dataset.classes, "image_size": image_size, "latent_shape": latent_shape,
+    meta = {"count": len(dataset), "skipped_images": dataset.skipped_images(), "classes": dataset.classes,
+            "image_size": image_size, "latent_shape": latent_shape,
             "codec": codec.describe(), "shards": shards}
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
@@ -177,6 +178,10 @@ def build_dataset(data: dict, split: str = "train") -> Dataset:
     "imagefolder" (``root``/``split`` folder, ``image_size``; pixel space; training images randomly flipped unless
     ``flip`` is false), or "digits" (``image_size``)."""
     source = data.get("source")
+    if source in ("latents", "imagefolder") and data.get("root") is None:
+        what = "the extract-latents output" if source == "latents" else "a folder with train/ and val/ image folders"
+        raise ValueError(f"data.root is not set: pass data.root=PATH ({what}), or run `lightvision diffusion train` "
+                         "without --config for the built-in digits default")
     if source == "latents":
         return LatentDataset(data["root"])
     if source == "imagefolder":

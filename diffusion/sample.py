@@ -86,7 +86,11 @@ def load_for_sampling(checkpoint: str | Path, device: str | torch.device, which:
 def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_size: int = 32, sampler: str = "ddpm",
                 steps: int = 250, eta: float = 0.0, cfg_scale: float = 1.0, guide_channels: int | None = 3, seed: int = 0,
                 image_size: int | None = None, which: str = "ema", vae: str | None = None) -> dict:
-    """The ``sample`` command; returns a summary (paths, counts, settings)."""
+    """The ``sample`` command; returns a summary (paths, counts, settings). Bad counts are refused before anything
+    is loaded or written."""
+    for name, value in (("num_samples", num_samples), ("batch_size", batch_size), ("steps", steps)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
     from accelerate import PartialState
     from PIL import Image
     from tqdm.auto import tqdm

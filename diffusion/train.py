@@ -26,6 +26,7 @@ from lightvision.diffusion.fid import PRC_NEIGHBOURHOOD
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
+from lightvision.engine.data import loader_workers
 
 DEFAULTS: dict = {
     "base": None,
@@ -273,8 +274,9 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
     if per_process < 1 or per_process * state.num_processes * int(t["grad_accum_steps"]) != int(data["batch_size"]):
         raise ValueError(f"data.batch_size {data['batch_size']} is not divisible by processes x grad_accum_steps "
                          f"({state.num_processes} x {t['grad_accum_steps']})")
-    loader = DataLoader(dataset, batch_size=per_process, shuffle=True, drop_last=True, num_workers=int(data["num_workers"]),
-                        pin_memory=torch.cuda.is_available(), persistent_workers=int(data["num_workers"]) > 0)
+    workers = loader_workers(int(data["num_workers"]))
+    loader = DataLoader(dataset, batch_size=per_process, shuffle=True, drop_last=True, num_workers=workers,
+                        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
     o = cfg["optim"]
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(o["lr"]), betas=tuple(o["betas"]), weight_decay=float(o["weight_decay"]))
     warmup = int(o["warmup_steps"])
@@ -303,6 +305,8 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                       nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]))
     summary = trainer.fit(resume)
     summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process)
+    if hasattr(dataset, "skipped_images"):  # image folders: unreadable images skipped (this process's count)
+        summary["skipped_images"] = dataset.skipped_images()
     if state.is_main_process:
         from lightvision.engine.config import save_config
 

@@ -4,11 +4,16 @@ One subcommand group per package: ``classify`` (:mod:`lightvision.classify.cli`)
 (:mod:`lightvision.diffusion.cli`), plus ``demo`` (every attention core on a real image grid, checking
 that the equivalent forms agree) and ``quickstart`` (the built-in default job of the README).
 Heavy imports happen inside the handlers so ``lightvision --help`` stays fast.
+
+Bad input (a missing path, an unknown config key or model, a bad value, unreadable data or checkpoint) ends
+with one line ``lightvision: error: ...`` on stderr and exit code 1; ``--debug`` (anywhere on the command line)
+or ``LIGHTVISION_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lightvision import __version__
@@ -35,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Vision and diffusion models on LightNet (one-scan) and LION (two-scan) attention.",
     )
     parser.add_argument("--version", action="version", version=f"lightvision {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error (anywhere on the line; or set LIGHTVISION_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="run every attention core on a real image grid and check that equivalent forms agree")
@@ -63,11 +70,61 @@ def _close_process_group() -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """Exceptions that mean bad input (the message says what to change), not a defect of lightvision."""
+    types: list[type[BaseException]] = [ValueError, OSError]  # ConfigError is a ValueError
+    if "lightvision.engine" in sys.modules:  # imported by whatever raised one of its errors
+        from lightvision.engine import CheckpointError, NonFiniteError
+
+        types += [CheckpointError, NonFiniteError]
+    if "yaml" in sys.modules:
+        import yaml
+
+        types.append(yaml.YAMLError)
+    if "torch" in sys.modules:
+        import torch
+
+        types.append(torch.cuda.OutOfMemoryError)
+    return tuple(types)
+
+
+def _one_line(err: BaseException) -> str:
+    """The message of ``err`` on one line (a FileNotFoundError from open() names its path; an error re-raised from a
+    DataLoader worker, whose message carries the worker's traceback, gives its last line)."""
+    text = str(err) if not isinstance(err, OSError) or not err.filename else f"{err.strerror}: {err.filename}"
+    lines = [part.strip() for part in text.splitlines() if part.strip()]
+    if any("Traceback (most recent call last)" in line for line in lines):
+        return lines[-1].partition(": ")[2] or lines[-1]  # "ValueError: message" -> "message"
+    return " ".join(lines) or type(err).__name__
+
+
+def _debug_requested(argv: list[str]) -> bool:
+    """``--debug`` on the command line or LIGHTVISION_DEBUG set to anything but "" / "0"."""
+    return "--debug" in argv or os.environ.get("LIGHTVISION_DEBUG", "") not in ("", "0")
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the command; errors propagate (what tests and scripts call)."""
+    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"]
     args = build_parser().parse_args(argv)
     code = int(args.func(args) or 0)
     _close_process_group()
     return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``lightvision`` command: :func:`run`, with bad input reported as one line and exit code 1."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print("lightvision: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        if _debug_requested(argv) or not isinstance(err, _user_error_types()):
+            raise
+        print(f"lightvision: error: {_one_line(err)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

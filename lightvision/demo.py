@@ -33,8 +33,11 @@ def _image_tokens(device: torch.device) -> torch.Tensor:
 
 
 def run_demo(device: str = "cpu") -> int:
-    """Run the checks, print a table (check, max relative L2 error, PASS/FAIL); return 0 if all pass, else 1."""
-    dev = torch.device(device)
+    """Run the checks, print a table (check, max relative L2 error, PASS/FAIL); return 0 if all pass, else 1.
+    device: "auto", "cpu", "cuda" or "cuda:N"."""
+    from lightvision.engine.device import resolve_device
+
+    dev = torch.device(resolve_device(device))
     t0 = time.time()
     gen = torch.Generator().manual_seed(0)
     tokens = _image_tokens(dev)  # [1, N, 192]

@@ -12,21 +12,13 @@ import json
 import time
 from pathlib import Path
 
-import torch
-
-
-def resolve_device(device: str) -> str:
-    """``"auto"`` -> ``"cuda"`` when a GPU is visible, else ``"cpu"``; anything else is returned as is."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
 
 def run_quickstart(out_dir: str = "runs/quickstart", device: str = "auto") -> int:
     """Run the three stages, print a summary and write ``summary.json``; returns the exit code."""
     from lightvision.classify.default import run_default as run_classifier
     from lightvision.demo import run_demo
     from lightvision.diffusion.default import run_default as run_diffusion
+    from lightvision.engine.device import resolve_device
 
     device = resolve_device(device)
     out = Path(out_dir)

@@ -73,6 +73,26 @@ def _merge(dst: dict, src: dict, root: dict, source: str, strict: bool, prefix: 
             dst[key] = copy.deepcopy(value)
 
 
+def _kind(value: Any) -> str | None:
+    """What an override must give for a key that holds ``value``: "number", "true or false", "list", or None (any)."""
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return None
+
+
+def _check_type(key: str, old: Any, new: Any, item: str) -> None:
+    """A number, boolean or list key keeps its kind (null is always allowed): ``batch_size=abc`` is refused here."""
+    kind = _kind(old)
+    if new is None or kind is None or _kind(new) == kind:
+        return
+    example = {"number": f"{key}={old}", "true or false": f"{key}=true", "list": f"{key}=[1, 2]"}[kind]
+    raise ConfigError(f"'{key}' takes a {kind}, got {new!r} in override {item!r}: e.g. {example}")
+
+
 def _apply_override(cfg: dict, item: str, open_sections: set[str]) -> None:
     key, sep, raw = item.partition("=")
     key = key.strip()
@@ -92,6 +112,7 @@ def _apply_override(cfg: dict, item: str, open_sections: set[str]) -> None:
         elif isinstance(node.get(part), dict) and node[part] and not isinstance(value, dict):
             raise ConfigError(f"'{here}' is a section; set one of its keys, e.g. {here}.{next(iter(node[part]))}=...")
         else:
+            _check_type(key, node.get(part), value, item)
             node[part] = value
 
 
@@ -102,11 +123,14 @@ def load_config(
 
     ``defaults`` (deep-copied) <- YAML file at ``path`` (optional) <- ``overrides`` (``"optim.lr=1e-4"``,
     values typed by YAML). With ``defaults``, file keys must exist in them; overrides must always name an
-    existing key. An empty mapping in the defaults is an open section that accepts any key.
-    Unknown keys raise :class:`ConfigError` listing close matches.
+    existing key, and a key holding a number, a boolean or a list takes only that kind (or null). An empty mapping
+    in the defaults is an open section that accepts any key. Unknown keys and values of the wrong kind raise
+    :class:`ConfigError` (listing close matches); a missing recipe file FileNotFoundError.
     """
     cfg = copy.deepcopy(defaults) if defaults is not None else {}
     if path is not None:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"recipe {path} not found: pass the path of a YAML recipe file")
         with open(path, encoding="utf-8") as f:
             loaded = yaml.load(f, Loader=_Loader)
         if loaded is None:

@@ -351,8 +351,9 @@ class Trainer:
 
         ``resume``: None/False starts fresh (refused if the run folder has checkpoints); True continues from
         the newest loadable checkpoint if any (falling back to older ones if it is damaged); a path continues
-        from that checkpoint or run folder. Returns the final step, epoch, best metric, the last logged record
-        and ``interrupted``: True when a SIGTERM stopped training early (after checkpointing).
+        from that checkpoint or run folder. Returns the final step, ``steps_run`` (steps trained by this call: 0
+        when the run was already finished), epoch, best metric, the last logged record and ``interrupted``: True
+        when a SIGTERM stopped training early (after checkpointing).
         """
         acc = self.accelerator
         self._resume(resume)
@@ -377,6 +378,7 @@ class Trainer:
         acc = self.accelerator
         batches = self._batches()
         record: dict[str, Any] = {}
+        first_step = self.step
         self._window_start = (self.step, time.monotonic())
         with tqdm(total=self.max_steps, initial=self.step, disable=not acc.is_main_process, desc="train",
                   dynamic_ncols=True) as progress:
@@ -404,5 +406,6 @@ class Trainer:
                 if self._stop_agreed:
                     log.warning("stopped at step %d on SIGTERM; checkpoint saved, resume to continue", self.step)
                     break
-        return {"step": self.step, "epoch": self.epoch, "skipped_steps": self.skipped_steps,
+        return {"step": self.step, "steps_run": self.step - first_step, "epoch": self.epoch,
+                "skipped_steps": self.skipped_steps,
                 "best_metric": self.best_metric, "interrupted": self._stop_agreed, "last_record": record}

@@ -17,11 +17,14 @@ Families are imported lazily, once, the first time an op asks for a kernel (or a
 ``preload_kernels``, before torch.compile); an ImportError (no Triton, no GPU build) just means "no
 kernel". Backends: "torch" = reference; "auto" = kernel when the inputs are on CUDA and one is
 registered, else reference; "triton" = kernel required (any device; the kernel decides what it supports).
+When "auto" falls back to the reference on CUDA (no kernel importable, or the kernel returned NotImplemented), a
+warning says so once per op and reason (outside ``torch.compile`` tracing, which cannot emit it).
 """
 
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -45,6 +48,21 @@ _FAMILY = {
 INDUCTOR_FUSES = frozenset({"rms_norm", "silu_mul"})
 _IMPORTED: set[str] = set()
 _IMPORT_ERRORS: dict[str, str] = {}
+_WARNED: set[tuple] = set()
+
+
+def warn_once(key: tuple, message: str) -> None:
+    """``warnings.warn(message)`` the first time ``key`` is seen in this process (never while torch.compile traces)."""
+    if torch.compiler.is_compiling() or key in _WARNED:  # compiling first: Dynamo then never reads the set
+        return
+    _WARNED.add(key)
+    warnings.warn(message + " (shown once)", RuntimeWarning, stacklevel=4)
+
+
+def _signature(args: tuple, kwargs: dict) -> tuple:
+    """What distinguishes one unsupported call from another: tensor dtypes and the non-tensor arguments."""
+    values = [*args, *kwargs.values()]
+    return tuple(str(v.dtype) if isinstance(v, torch.Tensor) else repr(v) for v in values)
 
 
 def register_kernel(op_name: str, fn: Callable) -> None:
@@ -95,10 +113,19 @@ def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwar
                 f"{'; import failed: ' + _IMPORT_ERRORS[_FAMILY[op_name]] if _FAMILY[op_name] in _IMPORT_ERRORS else ''}"
                 "); use backend='torch' or 'auto'"
             )
+        failed = _IMPORT_ERRORS.get(_FAMILY[op_name])
+        warn_once((op_name, "no kernel"), f"{op_name}: no Triton kernel is available"
+                  f"{' (' + failed + ')' if failed else ''}; backend='auto' runs the PyTorch reference on {device}")
         return NotImplemented
     out = fn(*args, **kwargs)
-    if out is NotImplemented and backend == "triton":
-        raise RuntimeError(f"{op_name}: the registered Triton kernel does not support these arguments: {kwargs_repr(kwargs)}")
+    if out is NotImplemented:
+        shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, torch.Tensor))
+        if backend == "triton":
+            raise RuntimeError(f"{op_name}: the registered Triton kernel does not support these arguments: {shapes}; "
+                               f"{kwargs_repr(kwargs)}")
+        warn_once((op_name, "unsupported", *_signature(args, kwargs)),
+                  f"{op_name}: the Triton kernel does not cover this call ({shapes}; {kwargs_repr(kwargs)}); "
+                  f"backend='auto' runs the PyTorch reference on {device}")
     return out
 
 

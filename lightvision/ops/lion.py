@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_choice, check_grid, check_qkv, compute_dtype
-from ._dispatch import dispatch
+from ._dispatch import dispatch, warn_once
 from .heads import merge_heads, split_heads
 from ._scan import bidirectional_scan, segsum
 
@@ -91,13 +91,15 @@ def lion_attention(
       "parallel"  materialised [N, N] mask, log M from segment sums, exp of finite values only;
       "chunk"     blocks of ``chunk_size`` keys, O(N * chunk) memory (log-gate prefix sums in fp64);
       "recurrent" forward and backward RNNs, y_i = q_i^T (S^F_i - k_i v_i^T/2) + q_i^T (S^B_i - k_i v_i^T/2),
-                  normaliser q_i^T (z^F_i - k_i/2) + q_i^T (z^B_i - k_i/2);
+                  normaliser q_i^T (z^F_i - k_i/2) + q_i^T (z^B_i - k_i/2), one state S [B, H, d, d_v] per
+                  direction (a Python loop over tokens: for checking, not speed);
       "scan"      two chunked causal scalar-decay scans (forward, reversed), diagonal once, normaliser from
                   a ones column appended to V;
       "auto"      "parallel" for N <= AUTO_PARALLEL_MAX_N, else "scan".
     Returns Y [B, H, N, d_v] in q's dtype, or with ``normalize=False`` the pair (A V [B, H, N, d_v],
     A 1 [B, H, N]) in the fp32 compute dtype, so that masks can be summed before dividing.
-    Differentiable in q, k, v and log_decay. ``backend``: see :mod:`lightvision.ops._dispatch`.
+    Differentiable in q, k, v and log_decay. ``backend``: see :mod:`lightvision.ops._dispatch`; the Triton kernels
+    run "recurrent" as their chunked scan (the same function) and say so in a warning.
     """
     check_qkv(q, k, v, "lion_attention")
     check_choice(mask, MASKS, "mask")
@@ -108,6 +110,7 @@ def lion_attention(
     kwargs = dict(mask=mask, log_decay=log_decay, form=form, chunk_size=chunk_size, normalize=normalize)
     out = dispatch("lion_attention", backend, q.device, (q, k, v), kwargs)
     if out is not NotImplemented:
+        _note_kernel_form("lion_attention", form)
         return out
     dt = compute_dtype(q, k, v)
     qf, kf, vf = q.to(dt), k.to(dt), v.to(dt)
@@ -169,12 +172,21 @@ def lion_attention_qkvpacked(
                   form=form)
     out = dispatch("lion_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
     if out is not NotImplemented:
+        _note_kernel_form("lion_attention_qkvpacked", form)
         return out
     if gates_in_qkv:
         log_decay = log_gates(z, num_prefix_tokens)
     kind = MASK_FEATURE_MAP[mask]
     fq, fk = (lion_feature_map(t, kind, backend=backend) for t in (q, k))
     return merge_heads(lion_attention(fq, fk, v, mask=mask, log_decay=log_decay, form=form, backend=backend))
+
+
+def _note_kernel_form(op_name: str, form: str) -> None:
+    """The Triton kernels have no token-by-token form: say once that "recurrent" ran as their chunked scan."""
+    if form == "recurrent":
+        warn_once((op_name, "recurrent"), f"{op_name}: form='recurrent' ran as the Triton kernel's chunked "
+                  "bidirectional scan (the same function, O(N) memory); backend='torch' runs the token-by-token "
+                  "recurrence")
 
 
 def _check_gates_in_qkv(qkv: torch.Tensor, num_heads: int, mask: str, log_decay, num_prefix_tokens: int) -> None:
@@ -312,22 +324,23 @@ def _chunk_form(q, k, v, log_fwd, log_bwd, chunk_size):
 
 
 def _recurrent_form(q, k, v, log_fwd, log_bwd):
-    """Forward and backward RNNs (S, z) run token by token, as SPEC 1.5 states them."""
+    """Forward and backward RNNs (S, z) run token by token, as SPEC 1.5 states them.
+
+    Each direction carries one state S [B, H, d, d_v] and z [B, H, d]: k_i v_i^T is formed at its step only, so
+    the forward pass holds O(d d_v) state besides the [B, H, N, d_v] outputs (autograd still keeps one S per step
+    for the backward). The diagonal counted by both directions is removed as (q_i . k_i) v_i / 2.
+    """
     n = q.shape[2]
-    lam_f, lam_b = torch.exp(log_fwd), torch.exp(log_bwd)
-    kv = k[..., :, None] * v[..., None, :]  # [B, H, N, d, d_v]
-    half_num = (q[..., :, None] * kv).sum(-2) / 2  # q_i^T k_i v_i^T / 2
-    half_den = (q * k).sum(-1) / 2
-    outs = []
-    for lam, steps in ((lam_f, range(n)), (lam_b, range(n - 1, -1, -1))):
+    qk_half = (q * k).sum(-1) / 2  # q_i^T k_i / 2: the diagonal of A, once per direction
+    num, den = 0.0, 0.0
+    for lam, steps in ((torch.exp(log_fwd), range(n)), (torch.exp(log_bwd), range(n - 1, -1, -1))):
         s_state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
         z_state = q.new_zeros(*q.shape[:2], q.shape[-1])
-        num = [None] * n
-        den = [None] * n
+        nums, dens = [None] * n, [None] * n
         for i in steps:
-            s_state = lam[..., i, None, None] * s_state + kv[:, :, i]
+            s_state = lam[..., i, None, None] * s_state + k[:, :, i, :, None] * v[:, :, i, None, :]
             z_state = lam[..., i, None] * z_state + k[:, :, i]
-            num[i] = (q[:, :, i, :, None] * s_state).sum(-2) - half_num[:, :, i]
-            den[i] = (q[:, :, i] * z_state).sum(-1) - half_den[:, :, i]
-        outs.append((torch.stack(num, 2), torch.stack(den, 2)))
-    return outs[0][0] + outs[1][0], outs[0][1] + outs[1][1]
+            nums[i] = (q[:, :, i, :, None] * s_state).sum(-2) - qk_half[:, :, i, None] * v[:, :, i]
+            dens[i] = (q[:, :, i] * z_state).sum(-1) - qk_half[:, :, i]
+        num, den = num + torch.stack(nums, 2), den + torch.stack(dens, 2)
+    return num, den

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from lightvision.classify.data import image_folder
-from lightvision.cli import main
+from lightvision import cli
 from lightvision.engine import CheckpointError, ConfigError
 
 TINY_ARGS = "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}"
@@ -48,7 +48,7 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
     data, run = tmp_path / "data", tmp_path / "run"
     write_image_folder(data)
     with pytest.warns(UserWarning, match=r"skipping unreadable image .*0\.png"):
-        assert main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
+        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
                      "--device", "cpu"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["run"]["dir"] == str(run) and config["model"]["args"]["embed_dim"] == 16
@@ -60,7 +60,7 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
     assert (run / "checkpoints" / "latest").is_file()
 
     capsys.readouterr()
-    assert main(["classify", "eval", "--checkpoint", str(run), "--data", str(data / "val"), "--img-size", "16", "24",
+    assert cli.run(["classify", "eval", "--checkpoint", str(run), "--data", str(data / "val"), "--img-size", "16", "24",
                  "--device", "cpu", "--num-workers", "0"]) == 0
     table = capsys.readouterr().out
     assert "| 16 |" in table and "| 24 |" in table
@@ -75,21 +75,21 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
         (other / label).mkdir(parents=True)
         Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(other / label / "0.png")
     with pytest.raises(ValueError, match="has 3 classes but the model was trained on 2"):
-        main(["classify", "eval", "--checkpoint", str(run), "--data", str(other), "--img-size", "16", "--device", "cpu",
-              "--num-workers", "0"])
+        cli.run(["classify", "eval", "--checkpoint", str(run), "--data", str(other), "--img-size", "16",
+                 "--device", "cpu", "--num-workers", "0"])
 
     # the same run again without --resume is refused; a resume with another architecture too
     with pytest.raises(CheckpointError, match="already holds checkpoint"):
-        main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu"])
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu"])
     with pytest.raises(CheckpointError, match="another architecture"):
-        main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu",
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu",
               "--resume", "model.name=softmax_deit_tiny_patch16_224"])
 
 
 def test_default_digits_job(tmp_path, capsys):
     """`lightvision classify train` without --config: the digits default (shortened here), eval at 2 sizes."""
     out = tmp_path / "default"
-    assert main(["classify", "train", "--out", str(out), "--device", "cpu", "sched.epochs=1", "aug.repeated_aug=2",
+    assert cli.run(["classify", "train", "--out", str(out), "--device", "cpu", "sched.epochs=1", "aug.repeated_aug=2",
                  TINY_ARGS]) == 0
     printed = capsys.readouterr().out
     result = json.loads(printed[printed.rindex('{\n  "model"'):])
@@ -98,6 +98,19 @@ def test_default_digits_job(tmp_path, capsys):
     assert [r["img_size"] for r in report["results"]] == [16, 24]
     assert all(r["images"] == 360 for r in report["results"])  # the held-out digits
     assert (out / "eval" / "eval.png").is_file()
+
+    # running it again reuses the finished run and says so (nothing trained)
+    assert cli.run(["classify", "train", "--out", str(out), "--device", "cpu", "sched.epochs=1", "aug.repeated_aug=2",
+                    TINY_ARGS]) == 0
+    printed = capsys.readouterr().out
+    assert "reusing the finished run" in printed and '"steps_run": 0' in printed
+
+    eval_args = ["classify", "eval", "--checkpoint", str(out), "--device", "cpu", "--num-workers", "0"]
+    with pytest.raises(ValueError, match="trained on the bundled digits.*leave out --data"):  # not silently ignored
+        cli.run([*eval_args, "--img-size", "16", "--data", str(tmp_path / "no-such-folder")])
+    with pytest.raises(ValueError, match=r"--img-size 18: image size 18x18 is not divisible by the patch size 4"):
+        cli.run([*eval_args, "--img-size", "16", "18", "--out", str(tmp_path / "eval18")])
+    assert not (tmp_path / "eval18").exists()  # refused before 16 px ran
 
 
 def test_run_default_returns_metrics(tmp_path):
@@ -128,7 +141,7 @@ def test_all_images_unreadable_is_an_error(tmp_path):
     for i in range(3):
         (folder / f"{i}.jpg").write_bytes(b"garbage")
     ds = image_folder(tmp_path, "train", None)
-    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="unreadable images in a row"):
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match="unreadable images in a row"):
         ds[0]
     assert ds.skipped_images() >= 3
 
@@ -141,18 +154,29 @@ def test_eval_refuses_other_checkpoints(tmp_path):
     CheckpointManager(tmp_path).save(1, models={"model": nn.Linear(2, 2)}, model_config={"name": "dit_s_2"},
                                      train_state={"step": 1}, config={"model": {}})
     with pytest.raises(ValueError, match="not written by `lightvision classify train`"):
-        main(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
+        cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
 
 
 def test_recipe_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown config key 'optim.lrr'.*optim.lr"):
-        main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "optim.lrr=1"])
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "optim.lrr=1"])
     with pytest.raises(ValueError, match="data.root is not set"):
-        main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "data.root=null", "--device", "cpu"])
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "data.root=null", "--device", "cpu"])
     with pytest.raises(ValueError, match="unknown model 'vit_nope'; choose one of: softmax_deit_tiny"):
-        main(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope", "--device", "cpu"])
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope",
+                 "--device", "cpu"])
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
-        main(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
+        cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
+    with pytest.raises(ValueError, match="sched.epochs must be at least 1, got 0"):
+        cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", "sched.epochs=0"])
+
+
+def test_eval_workers_fit_the_cores():
+    from lightvision.engine.data import available_cpus, loader_workers
+
+    assert loader_workers(10_000) == available_cpus() >= 1 and loader_workers(0) == 0
+    with pytest.raises(ValueError, match=">= 0"):
+        loader_workers(-1)
 
 
 def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
@@ -173,7 +197,8 @@ def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
     curves = []
     for name in ("a", "b"):
         run = tmp_path / name
-        assert main(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), *overrides]) == 0
+        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
+                        *overrides]) == 0
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         curves.append([(r["step"], r["loss"], r["lr"]) for r in records if "loss" in r])
         results = json.loads((run / "results.json").read_text())

@@ -246,3 +246,30 @@ def test_every_shipped_variant_builds_the_model_it_describes():
         assert model.attention == kind and model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     sincos = resolve_variant("lightnet_sincos", path, FAMILIES)[1]
     assert sincos == ["model.args.pos_embed=sincos", "model.args.tpe_placement=none"]
+
+
+@pytest.mark.parametrize("attention", ["softmax", "lightnet", "lion_s_snake"])
+def test_features_only_through_timm(attention):
+    """timm.create_model(..., features_only=True): feature maps [B, D, H/p, W/p] of the chosen blocks, the blocks
+    after the last one pruned; the maps are the plain model's block outputs (same seed, same weights)."""
+    x = torch.randn(2, 3, 16, 24)
+    feats_model = tiny(attention, depth=3, features_only=True, out_indices=(0, 1))
+    assert feats_model.feature_info.channels() == [32, 32] and feats_model.feature_info.reduction() == [4, 4]
+    assert len(feats_model.model.blocks) == 2 and isinstance(feats_model.model.head, torch.nn.Identity)
+    feats = feats_model.eval()(x)
+    assert [tuple(f.shape) for f in feats] == [(2, 32, 4, 6)] * 2
+
+    model = tiny(attention, depth=3).eval()
+    with torch.no_grad():
+        final, inter = model.forward_intermediates(x, indices=[0, 1, -1], output_fmt="NLC")
+        for got, want in zip(feats, inter):
+            torch.testing.assert_close(got, want.transpose(1, 2).reshape(got.shape))
+        torch.testing.assert_close(final, model.forward_features(x))
+        torch.testing.assert_close(model.norm(inter[-1]), final[:, 1:])  # the last block's patch tokens, normed
+        (maps, cls), = model.forward_intermediates(x, indices=1, norm=True, return_prefix_tokens=True,
+                                                   intermediates_only=True)
+    assert maps.shape == (2, 32, 4, 6) and cls.shape == (2, 1, 32)
+    torch.testing.assert_close(cls, final[:, :1])
+    assert len(tiny(attention, depth=4, features_only=True)(x)) == 3  # timm ViT default: the last 3 blocks
+    with pytest.raises(ValueError, match="output_fmt"):
+        model.forward_intermediates(x, output_fmt="NHWC")

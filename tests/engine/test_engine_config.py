@@ -41,11 +41,23 @@ def test_yaml_alone_defines_known_keys(tmp_path):
         ("model=deit", "'model' is a section"),
         ("epochs.x=1", "'epochs' is a value"),
         ("noequals", "must look like key.sub=value"),
+        ("epochs=abc", "'epochs' takes a number, got 'abc'"),
+        ("optim.betas=0.9", "'optim.betas' takes a list"),
     ],
 )
 def test_bad_overrides_are_refused(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override], DEFAULTS)
+
+
+def test_null_and_numbers_of_either_kind_are_accepted():
+    cfg = load_config(None, ["optim.lr=1", "epochs=null", "model.name=7"], DEFAULTS)
+    assert cfg["optim"]["lr"] == 1 and cfg["epochs"] is None and cfg["model"]["name"] == 7
+
+
+def test_missing_recipe_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"recipe .*nope.yaml not found"):
+        load_config(tmp_path / "nope.yaml", [], DEFAULTS)
 
 
 def test_unknown_yaml_key_refused_with_defaults(tmp_path):

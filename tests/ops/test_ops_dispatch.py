@@ -1,5 +1,7 @@
 """Kernel registry and backend selection; softmax_attention; the demo."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -80,3 +82,25 @@ def test_demo_passes(capsys):
     assert run_demo("cpu") == 0
     out = capsys.readouterr().out
     assert "FAIL" not in out and out.count("PASS") >= 8
+
+
+def test_auto_fallback_on_cuda_warns_once_per_reason(empty_registry, monkeypatch):
+    """backend="auto" with CUDA inputs that no kernel covers runs the reference and says so, once per reason."""
+    monkeypatch.setattr(_dispatch, "_WARNED", set())
+    monkeypatch.setattr(_dispatch, "_IMPORT_ERRORS", {"lightvision.kernels.lion": "ImportError: no triton"})
+    cuda = torch.device("cuda")  # the device the dispatcher is told about; the tensors stay on the CPU
+    q, k, v = _qkv()
+    with pytest.warns(RuntimeWarning, match=r"lion_attention: no Triton kernel is available \(ImportError: no triton"):
+        assert _dispatch.dispatch("lion_attention", "auto", cuda, (q, k, v), {}) is NotImplemented
+    register_kernel("lightnet_attention", lambda q_, k_, v_, **kw: NotImplemented)
+    with pytest.warns(RuntimeWarning, match=r"lightnet_attention: the Triton kernel does not cover .*torch.float32"):
+        assert _dispatch.dispatch("lightnet_attention", "auto", cuda, (q, k, v), dict(causal=True)) is NotImplemented
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same reasons again: silent
+        assert _dispatch.dispatch("lion_attention", "auto", cuda, (q, k, v), {}) is NotImplemented
+        assert _dispatch.dispatch("lightnet_attention", "auto", cuda, (q, k, v), dict(causal=True)) is NotImplemented
+    with pytest.warns(RuntimeWarning, match="does not cover"):  # another unsupported configuration
+        _dispatch.dispatch("lightnet_attention", "auto", cuda, (q.double(), k, v), dict(causal=True))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # CPU inputs: the reference is the expected path, nothing to say
+        assert _dispatch.dispatch("lion_attention", "auto", torch.device("cpu"), (q, k, v), {}) is NotImplemented

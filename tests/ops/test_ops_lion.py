@@ -277,3 +277,43 @@ def test_errors():
                              log_decay_col=torch.zeros(3))
     with pytest.raises(ValueError, match=r"\[H\] or \[B, H, N\]"):
         two_scan_attention(q, k, v, torch.zeros(2, 3))
+
+
+def test_recurrent_form_keeps_one_state_per_direction():
+    """form="recurrent" never materialises k_i v_i^T for every token: no intermediate reaches N d d_v elements."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            self.largest = max([self.largest, *sizes])
+            return out
+
+    n, d = 64, 16
+    q, k, v = _feat(1, 1, n, d)
+    ld = _log_decay("s", 1, 1, n, "strong")
+    with torch.no_grad(), LargestTensor() as probe:
+        lion_attention(q, k, v, mask="s", log_decay=ld, form="recurrent", backend="torch")
+    assert probe.largest <= n * (d + 1) * 2, probe.largest  # outputs and gates; N d d_v would be 17408
+
+
+def test_kernel_names_the_form_it_runs_for_recurrent(monkeypatch):
+    """A kernel runs form="recurrent" as its chunked scan: a warning says so, once."""
+    import warnings
+
+    from lightvision.ops import _dispatch, register_kernel
+
+    monkeypatch.setattr(_dispatch, "_KERNELS", {})
+    monkeypatch.setattr(_dispatch, "_WARNED", set())
+    register_kernel("lion_attention", lambda q_, k_, v_, **kw: torch.zeros_like(v_))
+    q, k, v = _feat(1, 1, 8, 4)
+    with pytest.warns(RuntimeWarning, match="form='recurrent' ran as the Triton kernel's chunked bidirectional scan"):
+        lion_attention(q, k, v, form="recurrent", backend="triton")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lion_attention(q, k, v, form="recurrent", backend="triton")
+        lion_attention(q, k, v, form="scan", backend="triton")

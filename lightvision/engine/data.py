@@ -1,0 +1,67 @@
+"""Data loading shared by classify and diffusion: one reader for image folders, and how many loader workers fit.
+
+Every image folder (classification ``root/train``, ``root/val``, diffusion pixel training, ``extract-latents``) is
+read by :class:`SafeImageFolder`: an image that cannot be decoded is skipped with a warning naming the file, the
+next image takes its slot, and ``skipped_images()`` counts the skips across DataLoader workers.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from torchvision.datasets import ImageFolder
+
+__all__ = ["SafeImageFolder", "available_cpus", "loader_workers"]
+
+MAX_CONSECUTIVE_FAILURES = 50
+
+
+class SafeImageFolder(ImageFolder):
+    """torchvision ``ImageFolder`` (``root/<class>/<image files>``) that skips undecodable images and counts them.
+
+    The counter lives in shared memory, so ``skipped_images()`` sees the skips of every DataLoader worker.
+    More than ``MAX_CONSECUTIVE_FAILURES`` failures in a row means the folder is not images: raises instead of
+    looping. Items are (transform(PIL RGB image), class index).
+    """
+
+    def __init__(self, root: str | Path, transform: Any = None) -> None:
+        super().__init__(str(root), transform=transform)
+        self._skipped = multiprocessing.Value("i", 0)
+
+    def skipped_images(self) -> int:
+        """How many unreadable images were skipped so far (all workers)."""
+        return self._skipped.value
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        for attempt in range(MAX_CONSECUTIVE_FAILURES):
+            slot = (index + attempt) % len(self.samples)
+            path = self.samples[slot][0]
+            try:
+                return super().__getitem__(slot)
+            except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for truncated / bad files
+                with self._skipped.get_lock():
+                    self._skipped.value += 1
+                warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
+        raise ValueError(
+            f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row near {path}: check that {self.root} "
+            "holds image files (jpg/png/...) in one sub-folder per class"
+        )
+
+
+def available_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def loader_workers(requested: int) -> int:
+    """``requested`` DataLoader worker processes, at most one per available core (more only add start-up cost and
+    PyTorch's "exceeds the maximum number of workers" warning)."""
+    if requested < 0:
+        raise ValueError(f"the number of data loader workers must be >= 0, got {requested}")
+    return min(requested, available_cpus())

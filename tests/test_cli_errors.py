@@ -1,0 +1,108 @@
+"""The `lightvision` command on bad input: one line naming the problem, a non-zero exit, no traceback unless
+--debug or LIGHTVISION_DEBUG=1 asks for it; `--help` imports neither torch nor timm. Real subprocesses, all
+started at once (each pays the interpreter and torch start-up)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+CASES = {  # name: (arguments, extra environment, pattern the error line must match)
+    "missing recipe": (["classify", "train", "--config", "{tmp}/nope.yaml"], {}, r"recipe .*nope\.yaml not found"),
+    "unknown key": (["classify", "train", "optim.lrr=1"], {},
+                    r"unknown config key 'optim\.lrr'.*did you mean optim\.lr"),
+    "unknown model": (["classify", "train", "--device", "cpu", "--out", "{tmp}/m", "model.name=vit_nope"], {},
+                      r"unknown model 'vit_nope'"),
+    "missing data": (["classify", "train", "--device", "cpu", "--out", "{tmp}/d", "data.source=imagefolder",
+                      "data.in_chans=3", "data.root={tmp}/no-data"], {}, r"data folder .*no-data does not exist"),
+    "no checkpoint": (["classify", "eval", "--checkpoint", "{tmp}", "--img-size", "16", "--device", "cpu"], {},
+                      r"no latest checkpoint in"),
+    "sample count": (["diffusion", "sample", "{tmp}", "--out", "{tmp}/samples", "--num-samples", "0"], {},
+                     r"--num-samples must be a positive integer, got 0"),
+    "debug flag": (["classify", "train", "optim.lrr=1", "--debug"], {}, None),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cli")
+    env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
+    procs = {
+        name: subprocess.Popen([sys.executable, "-m", "lightvision", *(a.format(tmp=tmp) for a in args)],
+                               env={**env, **extra}, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, (args, extra, _) in CASES.items()
+    }
+    results = {name: (p.communicate(timeout=300), p.returncode) for name, p in procs.items()}
+    return tmp, results
+
+
+@pytest.mark.parametrize("name", [n for n, (*_, pattern) in CASES.items() if pattern])
+def test_bad_input_gets_one_line(runs, name):
+    tmp, results = runs
+    (_, stderr), code = results[name]
+    lines = stderr.strip().splitlines()
+    assert code == 1 and "Traceback" not in stderr, stderr
+    assert len(lines) == 1 and lines[0].startswith("lightvision: error: "), stderr
+    assert re.search(CASES[name][2], lines[0]), lines[0]
+    if name == "sample count":
+        assert not (tmp / "samples").exists()  # refused before anything is written
+
+
+def test_debug_shows_the_traceback(runs):
+    (_, stderr), code = runs[1]["debug flag"]
+    assert code != 0 and "Traceback" in stderr and "ConfigError: unknown config key 'optim.lrr'" in stderr
+
+
+def test_debug_environment_variable_lets_the_error_through(monkeypatch, capsys):
+    from lightvision import cli
+    from lightvision.engine import ConfigError
+
+    assert cli.main(["classify", "train", "optim.lrr=1"]) == 1
+    assert capsys.readouterr().err.startswith("lightvision: error: unknown config key")
+    monkeypatch.setenv("LIGHTVISION_DEBUG", "1")
+    with pytest.raises(ConfigError, match="optim.lrr"):
+        cli.main(["classify", "train", "optim.lrr=1"])
+
+
+def test_help_imports_no_torch():
+    probe = "import sys, lightvision.cli as c; c.build_parser(); print(sorted({'torch', 'timm'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    out = subprocess.run([sys.executable, "-m", "lightvision", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--debug" in out.stdout
+
+
+def test_import_lightvision_registers_the_models_when_timm_comes_later():
+    probe = ("import importlib.util, sys, lightvision; assert 'timm' not in sys.modules; "
+             "assert importlib.util.find_spec('timm') and 'timm' not in sys.modules; "  # a probe as libraries make
+             "import timm; print(len(timm.list_models('*_deit_*')))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "21"
+
+
+def test_worker_errors_keep_only_their_message():
+    from lightvision.cli import _one_line
+
+    err = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+                     '  File "worker.py", line 1, in loop\nValueError: 50 unreadable images in a row near a.jpg')
+    assert _one_line(err) == "50 unreadable images in a row near a.jpg"
+    assert _one_line(FileNotFoundError(2, "No such file or directory", "x.yaml")) == "No such file or directory: x.yaml"
+
+
+def test_device_names_are_checked(monkeypatch):
+    import torch
+
+    from lightvision.engine.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == resolve_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match="no GPU is visible; use --device cpu"):
+        resolve_device("cuda:1")
+    with pytest.raises(ValueError, match="must be auto, cpu, cuda or cuda:N, got 'gpu'"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
