@@ -48,7 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "model": {"widths": [64, 128, 256, 512]},
     "data": {"root": None, "train_split": "train", "test_split": "test"},
     "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
-    "train": {"epochs": 20, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
+    "train": {"epochs": 40, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
               "eval_every_epochs": 5, "log_every": 50, "compile": False},
     "run": {"dir": "runs/yardstick"},
 }

@@ -105,3 +105,17 @@ def test_saved_weights_are_under_20_mb_and_reload(tmp_path):
 
         save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
         load_yardstick(tmp_path / "other.safetensors")
+
+
+def test_packaged_yardstick_loads_as_a_feature_network():
+    """The committed CIFAR-10 weights load with their header (classes, accuracy) and give pooled and spatial
+    features for 32 px images."""
+    from lightvision.classify.yardstick import packaged_yardstick
+    from lightvision.diffusion.features import feature_network
+
+    path = packaged_yardstick()
+    assert path is not None and path.stat().st_size < 20 * 2**20
+    net = feature_network(feature_extractor="yardstick", image_size=(32, 32))
+    feats = net(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8))
+    assert feats["pool"].shape == (2, 512) and feats["spatial"].shape == (2, 448)
+    assert all(torch.isfinite(v).all() for v in feats.values())

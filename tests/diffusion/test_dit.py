@@ -169,7 +169,9 @@ def test_ablation_switches_reach_their_layer(switch, tmp_path):
 def test_position_defaults_and_refused_values():
     default = tiny("lightnet")
     assert (default.config.pos_embed, default.config.tpe_placement, default.blocks[0].attn.lrpe) == \
-        ("sincos", "none", "per_axis")
+        ("sincos", "embed", "per_axis")
+    assert (default.tpe.form, default.tpe.combine) == ("pair", "sum")
+    torch.testing.assert_close(torch.sigmoid(default.tpe.lam_logit[0, 0, [0, -1]]), torch.tensor([0.2, 0.6]))
     assert tiny("softmax").config.tpe_placement == "none" and tiny("softmax").config.pos_embed == "sincos"
     with pytest.raises(ValueError, match="unknown pos_embed 'learned'; valid: 'sincos', 'none'"):
         tiny("lightnet", pos_embed="learned")
