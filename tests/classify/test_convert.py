@@ -1,0 +1,174 @@
+"""Classifier converters: timm's DeiT and the LION authors' classifier layout give the same logits as the converted
+DeiT family; distilled and S-curve files are refused clearly; a wrong model's file is refused naming its keys;
+Hub-style save / from_pretrained round trip offline."""
+
+import json
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+import lightvision  # noqa: F401  (registers the DeiT family in timm)
+from lightvision.classify.convert import (
+    create_pretrained,
+    detect_layout,
+    from_pretrained,
+    load_pretrained,
+    pretrained_kwargs,
+    save_pretrained,
+)
+from lightvision.engine.checkpoint import CheckpointError
+
+IMG, PATCH, DIM, HEADS, DEPTH, CLASSES = 32, 8, 24, 2, 2, 7
+
+
+def images(n: int = 3, size: int = IMG) -> torch.Tensor:
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(1))
+
+
+def randomize(model: torch.nn.Module) -> torch.nn.Module:
+    torch.manual_seed(0)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    return model.eval()
+
+
+def test_timm_deit_tiny_and_the_authors_checkpoint_give_the_same_logits(tmp_path):
+    ref = randomize(timm.create_model("deit_tiny_patch16_224", img_size=64, num_classes=CLASSES))
+    torch.save({"model": ref.state_dict(), "epoch": 299}, tmp_path / "deit_tiny.pth")  # the DeiT authors' format
+    model, report = create_pretrained("softmax_deit_tiny_patch16_224", tmp_path / "deit_tiny.pth")
+    assert report["layout"] == "deit" and model.img_size == (64, 64) and model.num_classes == CLASSES
+    x = images(2, 64)
+    with torch.no_grad():
+        expected, got = ref(x), model.eval()(x)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_distilled_deit_is_refused():
+    state = timm.create_model("deit_tiny_distilled_patch16_224", img_size=32).state_dict()
+    with pytest.raises(CheckpointError, match="distilled DeiT .* non-distilled deit_"):
+        detect_layout(state)
+
+
+# ----------------------------------------------------------------------------- the LION authors' layout
+def lion_authors_state(mask: str, pos_embed: bool) -> dict[str, torch.Tensor]:
+    """Random tensors under the names and shapes of the LION authors' ``Lion_VisionTransformer``
+    (their img_classification/lion/models_lion.py): mask "Lit" | "Decay" | "Selective"."""
+    g = torch.Generator().manual_seed(2)
+    shapes = {"cls_token": (1, 1, DIM), "patch_embed.proj.weight": (DIM, 3, PATCH, PATCH), "patch_embed.proj.bias": (DIM,),
+              "norm.weight": (DIM,), "norm.bias": (DIM,), "head.weight": (CLASSES, DIM), "head.bias": (CLASSES,)}
+    if pos_embed:
+        shapes["pos_embed"] = (1, 1 + (IMG // PATCH) ** 2, DIM)
+    for n in range(DEPTH):
+        b = f"blocks.{n}."
+        shapes.update({b + "norm1.weight": (DIM,), b + "norm1.bias": (DIM,), b + "norm2.weight": (DIM,),
+                       b + "norm2.bias": (DIM,), b + "attn.qkv.weight": (3 * DIM, DIM), b + "attn.qkv.bias": (3 * DIM,),
+                       b + "attn.proj.weight": (DIM, DIM), b + "attn.proj.bias": (DIM,),
+                       b + "mlp.fc1.weight": (4 * DIM, DIM), b + "mlp.fc1.bias": (4 * DIM,),
+                       b + "mlp.fc2.weight": (DIM, 4 * DIM), b + "mlp.fc2.bias": (DIM,)})
+        if mask == "Decay":
+            shapes[b + "attn.a_i"] = (HEADS,)
+        elif mask == "Selective":
+            shapes.update({b + "attn.a_i.weight": (HEADS, DIM), b + "attn.a_i.bias": (HEADS,)})
+    state = {k: 0.3 * torch.randn(s, generator=g) for k, s in shapes.items()}
+    for k in state:
+        if k.endswith(("norm1.weight", "norm2.weight", "norm.weight")):
+            state[k] = 1 + state[k]
+    return state
+
+
+def lion_mask(log_a: torch.Tensor) -> torch.Tensor:
+    """The LION paper's selective mask from per-token log gates [B, H, N]: M_ij = prod_{m=j}^{i-1} a_m (i > j),
+    prod_{m=i+1}^{j} a_m (i < j), 1 on the diagonal; written from the paper, not from any implementation."""
+    p = F.pad(log_a.cumsum(-1), (1, 0))  # p_k = sum_{m < k} log a_m
+    n = log_a.shape[-1]
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    lower = p[..., i] - p[..., j]  # i > j: sum_{m=j}^{i-1}
+    upper = p[..., (j + 1).clamp(max=n)] - p[..., (i + 1).clamp(max=n)]  # i < j: sum_{m=i+1}^{j}
+    return torch.where(i > j, lower, torch.where(i < j, upper, 0.0)).exp()
+
+
+def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Tensor) -> torch.Tensor:
+    """The authors' classifier (attention form, Normal order, no cls_tok: mean of every token) from the paper's
+    equations, over their state dict."""
+    s = state
+    x = F.conv2d(x, s["patch_embed.proj.weight"], s["patch_embed.proj.bias"], stride=PATCH).flatten(2).transpose(1, 2)
+    x = torch.cat([s["cls_token"].expand(x.shape[0], -1, -1), x], 1)
+    if "pos_embed" in s:
+        x = x + s["pos_embed"]
+    b_, n, _ = x.shape
+    for blk in range(DEPTH):
+        p = f"blocks.{blk}."
+        h = F.layer_norm(x, (DIM,), s[p + "norm1.weight"], s[p + "norm1.bias"], 1e-6)
+        q, k, v = F.linear(h, s[p + "attn.qkv.weight"], s[p + "attn.qkv.bias"]).view(b_, n, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
+        phi = (lambda t: F.elu(t) + 1) if mask == "Lit" else (lambda t: F.normalize(F.silu(t) + 0.5, dim=-1))
+        attn = phi(q) @ phi(k).transpose(-1, -2) * q.shape[-1] ** -0.5
+        if mask == "Decay":
+            dist = (torch.arange(n)[:, None] - torch.arange(n)[None]).abs()
+            attn = attn * torch.sigmoid(s[p + "attn.a_i"])[:, None, None] ** dist
+        elif mask == "Selective":
+            a = 1 - torch.sigmoid(F.linear(h, s[p + "attn.a_i.weight"], s[p + "attn.a_i.bias"])).transpose(1, 2)
+            a = torch.cat([torch.ones_like(a[..., :1]), a[..., 1:]], -1)  # the cls token does not decay
+            attn = attn * lion_mask(a.log())
+        attn = attn / (attn.sum(-1, keepdim=True) + 1e-6)
+        x = x + F.linear((attn @ v).transpose(1, 2).reshape(b_, n, DIM), s[p + "attn.proj.weight"], s[p + "attn.proj.bias"])
+        h = F.layer_norm(x, (DIM,), s[p + "norm2.weight"], s[p + "norm2.bias"], 1e-6)
+        h = F.linear(F.gelu(F.linear(h, s[p + "mlp.fc1.weight"], s[p + "mlp.fc1.bias"])), s[p + "mlp.fc2.weight"],
+                     s[p + "mlp.fc2.bias"])
+        x = x + h
+    x = F.layer_norm(x, (DIM,), s["norm.weight"], s["norm.bias"], 1e-6).mean(1)
+    return F.linear(x, s["head.weight"], s["head.bias"])
+
+
+@pytest.mark.parametrize("mask, name, pos_embed", [("Lit", "lion_lit", True), ("Decay", "lion_d", False),
+                                                   ("Selective", "lion_s", False), ("Selective", "lion_s", True)],
+                         ids=["lit-pos", "d", "s", "s-pos"])
+def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos_embed):
+    state = lion_authors_state(mask, pos_embed)
+    save_file(state, tmp_path / "lion.safetensors")
+    # a LIT file has no mask parameters, so nothing tells it from a DeiT: its pooling is given by hand
+    assert pretrained_kwargs(state).get("global_pool") == (None if mask == "Lit" else "avg_all")
+    model, report = create_pretrained(f"{name}_deit_tiny_patch16_224", tmp_path / "lion.safetensors",
+                                      embed_dim=DIM, num_heads=HEADS, depth=DEPTH,
+                                      **({"global_pool": "avg_all"} if mask == "Lit" else {}))
+    assert report["layout"] == ("deit" if mask == "Lit" else "lion")
+    x = images()
+    with torch.no_grad():
+        expected, got = lion_authors_forward(state, mask, x), model.eval()(x)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_lion_s_curve_order_is_refused():
+    state = lion_authors_state("Decay", False)
+    state["blocks.0.attn.a2_i"] = torch.zeros(HEADS)
+    with pytest.raises(CheckpointError, match="S-curve patch order"):
+        detect_layout(state)
+
+
+def test_a_file_of_another_model_is_refused_naming_the_keys(tmp_path):
+    save_file(lion_authors_state("Decay", False), tmp_path / "lion_d.safetensors")
+    model = timm.create_model("lion_s_deit_tiny_patch16_224", embed_dim=DIM, num_heads=HEADS, depth=DEPTH,
+                              patch_size=PATCH, img_size=IMG, num_classes=CLASSES)
+    with pytest.raises(CheckpointError, match=r"missing keys \['blocks.0.attn.gate.bias'.*unexpected keys "
+                                              r"\['blocks.0.attn.decay'"):
+        load_pretrained(model, tmp_path / "lion_d.safetensors")
+    with pytest.raises(CheckpointError, match=r"shape mismatches \['blocks.0.attn.proj.bias"):
+        create_pretrained("lion_d_deit_tiny_patch16_224", tmp_path / "lion_d.safetensors", num_heads=HEADS, depth=DEPTH)
+
+
+def test_save_pretrained_round_trip_offline(tmp_path):
+    """timm's Hub folder: model.safetensors + config.json with the model arguments, read back from a local folder."""
+    model = randomize(timm.create_model("lion_s_deit_tiny_patch16_224", img_size=IMG, patch_size=PATCH,
+                                        num_classes=CLASSES, depth=DEPTH, global_pool="avg_all"))
+    save_pretrained(model, tmp_path / "hub")
+    config = json.loads((tmp_path / "hub" / "config.json").read_text())
+    assert config["architecture"] == "lion_s_deit_tiny_patch16_224" and (tmp_path / "hub" / "model.safetensors").is_file()
+    loaded = from_pretrained(tmp_path / "hub").eval()
+    assert loaded.global_pool == "avg_all" and len(loaded.blocks) == DEPTH
+    x = images()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
