@@ -25,11 +25,17 @@ def _train(args: argparse.Namespace) -> int:
 
 def _sample(args: argparse.Namespace) -> int:
     from lightvision.diffusion.sample import sample_main
+    from lightvision.engine.checkpoint import CheckpointError
 
     guide = None if args.guide_channels == "all" else int(args.guide_channels)
-    summary = sample_main(args.checkpoint, args.out, num_samples=args.num_samples, batch_size=args.batch_size,
-                          sampler=args.sampler, steps=args.steps, eta=args.eta, cfg_scale=args.cfg_scale,
-                          guide_channels=guide, seed=args.seed, image_size=args.image_size, which=args.weights, vae=args.vae)
+    pretrained = dict(pretrained=args.pretrained, model_name=args.model, recipe=args.config)
+    try:
+        summary = sample_main(args.checkpoint, args.out, num_samples=args.num_samples, batch_size=args.batch_size,
+                              sampler=args.sampler, steps=args.steps, eta=args.eta, cfg_scale=args.cfg_scale,
+                              guide_channels=guide, seed=args.seed, image_size=args.image_size, which=args.weights,
+                              vae=args.vae, **pretrained)
+    except (FileNotFoundError, ValueError, CheckpointError) as err:
+        raise SystemExit(f"lightvision diffusion sample: {err}") from None
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -107,7 +113,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
     p = sub.add_parser("sample", help="sample PNGs, a grid and an .npz from a checkpoint (all GPUs under accelerate launch)")
-    p.add_argument("checkpoint", help="run folder or checkpoint folder")
+    p.add_argument("checkpoint", nargs="?", help="run folder or checkpoint folder (or --pretrained)")
+    p.add_argument("--pretrained", help="external weights instead: the official DiT-XL-2-256x256.pt, a diffusers "
+                   "DiT (folder or file) or this project's .safetensors; needs --model")
+    p.add_argument("--model", help="with --pretrained: the registered model the file holds, e.g. softmax_dit_xl_2")
+    p.add_argument("--config", help="with --pretrained: recipe for the autoencoder and schedule "
+                   "(default: the ImageNet-256 one, sd-vae-ft-ema)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32, help="per process")

@@ -172,3 +172,29 @@ def test_save_pretrained_round_trip_offline(tmp_path):
     x = images()
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_eval_command_takes_external_weights(tmp_path, capsys):
+    """``classify eval --pretrained FILE --model NAME`` converts, says what it loaded and evaluates; a file of another
+    model is refused in one line naming the keys."""
+    import numpy as np
+    from PIL import Image
+
+    from lightvision.cli import main
+
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "val" / c).mkdir(parents=True)
+        for i in range(3):
+            Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(tmp_path / "val" / c / f"{i}.png")
+    ref = randomize(timm.create_model("deit_tiny_patch16_224", img_size=32, num_classes=2))
+    torch.save({"model": ref.state_dict()}, tmp_path / "deit.pth")
+    args = ["classify", "eval", "--pretrained", str(tmp_path / "deit.pth"), "--data", str(tmp_path / "val"),
+            "--img-size", "32", "--device", "cpu", "--num-workers", "0", "--out", str(tmp_path / "eval")]
+    assert main([*args, "--model", "softmax_deit_tiny_patch16_224"]) == 0
+    assert f"loaded {tmp_path / 'deit.pth'} (deit layout" in capsys.readouterr().out
+    report = json.loads((tmp_path / "eval" / "eval.json").read_text())
+    assert report["loaded"]["layout"] == "deit" and report["results"][0]["images"] == 6
+    with pytest.raises(SystemExit, match=r"lightvision classify eval: .*deit.pth holds another model: shape mismatches "
+                                         r"\['blocks.0.attn.proj.bias: checkpoint \(192,\), model \(384,\)"):
+        main([*args, "--model", "softmax_deit_small_patch16_224"])

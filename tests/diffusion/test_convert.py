@@ -14,12 +14,12 @@ from lightvision.engine.checkpoint import CheckpointError
 DEPTH, HEADS, HEAD_DIM, CLASSES, LATENT, CHANNELS = 2, 2, 8, 5, 8, 4
 
 
-def tiny_diffusers() -> DiTTransformer2DModel:
+def tiny_diffusers(channels: int = CHANNELS) -> DiTTransformer2DModel:
     """A random diffusers DiT whose blocks share one timestep / label embedder, as converted DiT weights do, with
     DiT's timestep frequencies (diffusers' default divides by F/2 - 1; convert.py's docstring) and DiT's eps."""
     torch.manual_seed(0)
-    ref = DiTTransformer2DModel(num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=CHANNELS,
-                                out_channels=2 * CHANNELS, num_layers=DEPTH, sample_size=LATENT, patch_size=2,
+    ref = DiTTransformer2DModel(num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=channels,
+                                out_channels=2 * channels, num_layers=DEPTH, sample_size=LATENT, patch_size=2,
                                 num_embeds_ada_norm=CLASSES, norm_eps=1e-6).eval()
     for p in ref.parameters():  # away from adaLN-Zero's zeros, so every modulation and the head matter
         torch.nn.init.normal_(p, std=0.2)
@@ -142,3 +142,31 @@ def test_save_pretrained_round_trip_offline(tmp_path):
     x, t, y = inputs()
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, t, y), model(x, t, y), rtol=0, atol=0)
+
+
+def test_sample_command_takes_external_weights(tmp_path, capsys):
+    """``diffusion sample --pretrained FILE --model NAME`` converts, says what it loaded, samples; the file of another
+    model is refused in one line naming the keys."""
+    import json
+
+    from lightvision.cli import main
+
+    torch.save(dit_layout(tiny_diffusers(channels=3)), tmp_path / "DiT-tiny.pt")
+    recipe = ("data: {{image_size: {size}, channels: 3, num_classes: {classes}}}\nautoencoder: {{kind: pixel, path: null}}\n"
+              "model: {{kwargs: {{depth: {depth}, hidden_size: {width}, num_heads: {heads}}}}}\n")
+    (tmp_path / "tiny.yaml").write_text(recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=HEADS * HEAD_DIM,
+                                                      heads=HEADS))
+    args = ["diffusion", "sample", "--pretrained", str(tmp_path / "DiT-tiny.pt"), "--model", "softmax_dit_s_2",
+            "--config", str(tmp_path / "tiny.yaml"), "--num-samples", "2", "--steps", "2", "--cfg-scale", "1.5"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "loaded " + str(tmp_path / "DiT-tiny.pt") + " (dit layout" in out
+    summary = json.loads(out[out.index("{"):])
+    assert summary["loaded"]["layout"] == "dit" and summary["num_samples"] == 2
+    (tmp_path / "wide.yaml").write_text(recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=32, heads=HEADS))
+    wrong = [a if a != str(tmp_path / "tiny.yaml") else str(tmp_path / "wide.yaml") for a in args]
+    with pytest.raises(SystemExit, match=r"lightvision diffusion sample: .*DiT-tiny.pt holds another model: shape "
+                                         r"mismatches \['blocks.0.attn.proj.bias"):
+        main([*wrong, "--out", str(tmp_path / "bad")])
+    with pytest.raises(SystemExit, match="--pretrained FILE with --model NAME"):
+        main(["diffusion", "sample", "--pretrained", str(tmp_path / "DiT-tiny.pt"), "--out", str(tmp_path / "x")])
