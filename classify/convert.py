@@ -30,7 +30,7 @@ from torch import nn
 
 from lightvision.classify.deit import DeiT, checkpoint_filter_fn as deit_filter_fn
 from lightvision.engine.checkpoint import CheckpointError
-from lightvision.engine.weights import check_fit, read_state_dict
+from lightvision.engine.weights import check_fit, copy_shared, read_state_dict
 
 LAYOUTS = ("deit", "lion")
 
@@ -82,11 +82,14 @@ def _from_lion(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def convert(state: dict[str, torch.Tensor], model: DeiT, source: str = "the state dict") -> dict[str, torch.Tensor]:
     """Adapt a classifier state dict of any of ``LAYOUTS`` to ``model``; CheckpointError naming the mismatching
     keys when it holds another model."""
-    layout = detect_layout(state)
-    converted = _from_lion(state) if layout == "lion" else state
-    converted = deit_filter_fn(converted, model)
+    converted = _renamed(state, model)
     check_fit(converted, model, source)
     return converted
+
+
+def _renamed(state: dict[str, torch.Tensor], model: DeiT) -> dict[str, torch.Tensor]:
+    """This project's names, the position embedding resampled to ``model``'s grid."""
+    return deit_filter_fn(_from_lion(state) if detect_layout(state) == "lion" else state, model)
 
 
 def load_pretrained(model: nn.Module, path: str | os.PathLike, which: str = "ema") -> dict[str, Any]:
@@ -106,6 +109,13 @@ def create_pretrained(name: str, path: str | os.PathLike, which: str = "ema", **
 def _load(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> dict[str, Any]:
     model.load_state_dict(convert(state, model, source))
     return {"file": source, "layout": detect_layout(state), "tensors": len(model.state_dict())}
+
+
+def init_from(model: DeiT, path: str | os.PathLike, which: str = "ema") -> dict[str, list[str]]:
+    """Start ``model`` (any attention) from a classifier checkpoint of any of ``LAYOUTS`` (or a run folder): the
+    position embedding is resampled to the model's grid, then every tensor with the same name and shape is copied
+    (``lightvision.engine.weights.copy_shared``'s report)."""
+    return copy_shared(_renamed(read_state_dict(path, which), model), model)
 
 
 def save_pretrained(model: DeiT, directory: str | os.PathLike) -> Path:

@@ -25,7 +25,7 @@ import torch
 
 from lightvision.diffusion.dit import DiT
 from lightvision.engine.checkpoint import CheckpointError
-from lightvision.engine.weights import check_fit, read_state_dict
+from lightvision.engine.weights import check_fit, copy_shared, read_state_dict
 from lightvision.layers import sincos_pos_embed
 
 LAYOUTS = ("lightvision", "dit", "diffusers")
@@ -128,37 +128,55 @@ def _permute_residual(state: dict[str, torch.Tensor], depth: int, width: int) ->
     return state
 
 
-def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: DiT, source: str = "the state dict"
-                         ) -> dict[str, torch.Tensor]:
-    """Adapt a DiT state dict of any of ``LAYOUTS`` to ``model`` (a softmax DiT with per-block modulation); raises
-    CheckpointError naming the mismatching keys when the file holds another model."""
+def to_project_names(state: dict[str, torch.Tensor], source: str = "the state dict") -> dict[str, torch.Tensor]:
+    """A DiT state dict of any of ``LAYOUTS`` under this project's names, residual in this project's order (a
+    softmax DiT with per-block modulation and a GELU MLP, as deep and wide as the file)."""
     layout = detect_layout(state)
     if layout == "lightvision":
-        check_fit(state, model, source)
         return state
-    cfg = model.config
-    if cfg.attention != "softmax" or cfg.adaln != "block" or cfg.ffn != "mlp" or cfg.pos_embed != "sincos":
-        raise CheckpointError(f"{source} is a {layout} DiT: it converts to a softmax DiT (e.g. softmax_dit_xl_2), "
-                              f"not to attention={cfg.attention!r}")
     if layout == "dit" and "pos_embed" in state:
         _check_sincos(state["pos_embed"], source)
-    depth = 1 + max((int(k.split(".")[1]) for k in state if k.startswith(("blocks.", "transformer_blocks."))),
-                    default=-1)
-    if depth != cfg.depth:
-        raise CheckpointError(f"{source} has {depth} blocks, the model {cfg.depth}: choose the model the file was "
-                              "trained as")
+    depth = _depth(state)
     try:
         converted = (_from_dit if layout == "dit" else _from_diffusers)(state, depth)
     except KeyError as e:
         raise CheckpointError(f"{source} looks like a {layout} DiT but lacks {e.args[0]!r}") from None
+    return _permute_residual(converted, depth, converted["patch_embed.proj.weight"].shape[0])
+
+
+def _depth(state: dict[str, torch.Tensor]) -> int:
+    blocks = (k.split(".")[1] for k in state if k.startswith(("blocks.", "transformer_blocks.")))
+    return 1 + max((int(b) for b in blocks if b.isdigit()), default=-1)
+
+
+def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: DiT, source: str = "the state dict"
+                         ) -> dict[str, torch.Tensor]:
+    """Adapt a DiT state dict of any of ``LAYOUTS`` to ``model`` (for a foreign layout: a softmax DiT with per-block
+    modulation); raises CheckpointError naming the mismatching keys when the file holds another model."""
+    layout = detect_layout(state)
+    cfg = model.config
+    if layout != "lightvision":
+        if cfg.attention != "softmax" or cfg.adaln != "block" or cfg.ffn != "mlp" or cfg.pos_embed != "sincos":
+            raise CheckpointError(f"{source} is a {layout} DiT: it converts to a softmax DiT (e.g. softmax_dit_xl_2), "
+                                  f"not to attention={cfg.attention!r}; to start another attention from it, train "
+                                  "with model.init_from")
+        if _depth(state) != cfg.depth:
+            raise CheckpointError(f"{source} has {_depth(state)} blocks, the model {cfg.depth}: choose the model the "
+                                  "file was trained as")
+    converted = to_project_names(state, source)
     check_fit(converted, model, source)
-    return _permute_residual(converted, depth, cfg.hidden_size)
+    return converted
 
 
 def load_pretrained(model: DiT, path: str | os.PathLike, which: str = "ema") -> dict:
     """Load a DiT weights file or folder of any of ``LAYOUTS`` into ``model`` (``which`` picks "ema" or "model" in a
     training checkpoint that has both); returns what was loaded: {"file", "layout", "tensors"}."""
     state = read_state_dict(path, which)
-    layout = detect_layout(state)
     model.load_state_dict(checkpoint_filter_fn(state, model, str(path)))
-    return {"file": str(path), "layout": layout, "tensors": len(model.state_dict())}
+    return {"file": str(path), "layout": detect_layout(state), "tensors": len(model.state_dict())}
+
+
+def init_from(model: DiT, path: str | os.PathLike, which: str = "ema") -> dict[str, list[str]]:
+    """Start ``model`` (any attention) from a softmax DiT checkpoint of any of ``LAYOUTS`` (or a run folder): every
+    tensor with the same name and shape is copied (``lightvision.engine.weights.copy_shared``'s report)."""
+    return copy_shared(to_project_names(read_state_dict(path, which), str(path)), model)

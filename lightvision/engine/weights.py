@@ -7,6 +7,8 @@ into the project's; this module is the part they have in common.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
 
@@ -14,7 +16,16 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from lightvision.engine.checkpoint import CheckpointError, fit_problems, unwrap_model
+from lightvision.engine.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    fit_problems,
+    resolve_checkpoint,
+    unwrap_model,
+    verify_checkpoint,
+)
+
+log = logging.getLogger(__name__)
 
 # Weight files a Hub-style folder may hold, in the order they are looked for.
 FOLDER_FILES = ("model.safetensors", "diffusion_pytorch_model.safetensors",
@@ -25,19 +36,23 @@ NESTING = ("model", "state_dict", "module")
 
 
 def read_state_dict(path: str | os.PathLike, which: str = "ema") -> dict[str, torch.Tensor]:
-    """The tensors of a weights file (.safetensors, or a torch .pt / .pth / .bin read with ``weights_only``) or of a
-    Hub-style folder (``FOLDER_FILES``). A training checkpoint that nests its weights gives its ``which`` ("ema" or
-    "model") entry when it has one, else its "model" / "state_dict" / "module" entry; a DDP "module." prefix is
-    dropped.
+    """The tensors of a weights file (.safetensors, or a torch .pt / .pth / .bin read with ``weights_only``), of a
+    Hub-style folder (``FOLDER_FILES``) or of this project's run / checkpoint folder (its ``which`` weights). A
+    training checkpoint that nests its weights gives its ``which`` ("ema" or "model") entry when it has one, else its
+    "model" / "state_dict" / "module" entry; a DDP "module." prefix is dropped.
 
     Raises FileNotFoundError (no such file, or a folder without weights) and CheckpointError (unreadable).
     """
     path = Path(path)
     if path.is_dir():
-        found = next((path / name for name in FOLDER_FILES if (path / name).is_file()), None)
-        if found is None:
-            raise FileNotFoundError(f"{path} holds none of the weight files {', '.join(FOLDER_FILES)}")
-        path = found
+        if (path / MANIFEST).is_file() or (path / "checkpoints").is_dir():  # this project's checkpoint / run
+            path = _checkpoint_weights(path, which)
+        else:
+            found = next((path / name for name in FOLDER_FILES if (path / name).is_file()), None)
+            if found is None:
+                raise FileNotFoundError(f"{path} holds none of the weight files {', '.join(FOLDER_FILES)} and is no "
+                                        "run or checkpoint folder")
+            path = found
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} not found")
     try:
@@ -52,6 +67,15 @@ def read_state_dict(path: str | os.PathLike, which: str = "ema") -> dict[str, to
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(f"{path} holds no state dict (a mapping of names to tensors)")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _checkpoint_weights(path: Path, which: str) -> Path:
+    """``<checkpoint>/<which>.safetensors`` (else model.safetensors) of a run folder's latest checkpoint or of a
+    checkpoint folder, verified against its manifest."""
+    ckpt = resolve_checkpoint(path)
+    name = f"{which}.safetensors" if (ckpt / f"{which}.safetensors").is_file() else "model.safetensors"
+    verify_checkpoint(ckpt, [name])
+    return ckpt / name
 
 
 def check_fit(state: dict[str, torch.Tensor], model: nn.Module, source: str) -> None:
@@ -72,3 +96,17 @@ def copy_shared(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, l
         for k in copied:
             own[k].copy_(state[k].to(own[k].dtype))
     return {"copied": copied, "skipped": sorted(own.keys() - set(copied)), "unused": sorted(state.keys() - set(copied))}
+
+
+def record_init(report: dict[str, list[str]], source: str | os.PathLike, run_dir: str | os.PathLike | None,
+                write: bool = True) -> dict:
+    """Log a ``copy_shared`` report of a start from ``source``, write it in full to ``<run_dir>/init_from.json``
+    (when ``write``, i.e. on the main process) and return its summary {"file", "copied", "skipped", "unused"} (counts)
+    plus the names of the skipped tensors."""
+    summary = {"file": str(source), **{k: len(v) for k, v in report.items()}, "skipped_names": report["skipped"]}
+    log.info("init_from %s: copied %d tensors; left as initialised: %s", source, summary["copied"],
+             ", ".join(report["skipped"]) or "none")
+    if write and run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run_dir) / "init_from.json").write_text(json.dumps({"file": str(source), **report}, indent=2) + "\n")
+    return summary

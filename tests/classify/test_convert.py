@@ -198,3 +198,57 @@ def test_eval_command_takes_external_weights(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"lightvision classify eval: .*deit.pth holds another model: shape mismatches "
                                          r"\['blocks.0.attn.proj.bias: checkpoint \(192,\), model \(384,\)"):
         main([*args, "--model", "softmax_deit_small_patch16_224"])
+
+
+def test_init_from_copies_what_another_attention_shares(tmp_path):
+    """A trained softmax DeiT into LION-S and LightNet DeiTs: every tensor of the same name and shape is copied (the
+    position embedding resampled where the model keeps one), the rest is reported."""
+    from lightvision.classify.convert import init_from
+
+    kw = dict(img_size=IMG, patch_size=PATCH, num_classes=CLASSES, embed_dim=DIM, depth=DEPTH, num_heads=HEADS)
+    source = randomize(timm.create_model("softmax_deit_tiny_patch16_224", **kw))
+    save_file(source.state_dict(), tmp_path / "softmax.safetensors")
+    lion = timm.create_model("lion_s_deit_tiny_patch16_224", **kw)
+    report = init_from(lion, tmp_path / "softmax.safetensors")
+    assert report["skipped"] == ["blocks.0.attn.gate.bias", "blocks.0.attn.gate.weight", "blocks.1.attn.gate.bias",
+                                 "blocks.1.attn.gate.weight"]
+    assert report["unused"] == ["pos_embed"]  # LION-S has no absolute position embedding
+    lightnet = timm.create_model("lightnet_deit_tiny_patch16_224", **kw)
+    report = init_from(lightnet, tmp_path / "softmax.safetensors")
+    assert {k for k in report["skipped"] if k.startswith("blocks.0.")} == {
+        "blocks.0.attn.gate.0.weight", "blocks.0.attn.gate.1.weight", "blocks.0.attn.norm.weight",
+        "blocks.0.mlp.w12.weight", "blocks.0.mlp.w3.weight"}  # LightNet's own: output gate, norm, GLU
+    assert "blocks.0.mlp.fc1.weight" in report["unused"]
+    lit = timm.create_model("lion_lit_deit_tiny_patch16_224", **{**kw, "img_size": 2 * IMG})
+    report = init_from(lit, tmp_path / "softmax.safetensors")
+    assert report["skipped"] == [] and lit.pos_embed.shape[1] == 1 + (2 * IMG // PATCH) ** 2  # resampled
+    for model in (lion, lightnet, lit):
+        for key in ("blocks.0.attn.qkv.weight", "head.weight", "patch_embed.proj.weight", "cls_token"):
+            assert torch.equal(model.state_dict()[key], source.state_dict()[key])
+
+
+def test_train_recipe_starts_from_a_checkpoint(tmp_path):
+    """``model.init_from`` in a classify recipe: the run records what it copied (results and init_from.json)."""
+    import numpy as np
+    from PIL import Image
+
+    from lightvision.classify.train import load_train_config, train
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in ("a", "b"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(tmp_path / "data" / split / c / f"{i}.png")
+    args = dict(patch_size=4, embed_dim=16, depth=1, num_heads=2)
+    source = timm.create_model("softmax_deit_tiny_patch16_224", img_size=16, num_classes=2, **args)
+    save_pretrained(source, tmp_path / "softmax")
+    cfg = load_train_config(None, [
+        "model.name=lion_s_deit_tiny_patch16_224", "model.img_size=16", "model.drop_path=0.0",
+        "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}", f"model.init_from={tmp_path / 'softmax'}",
+        f"data.root={tmp_path / 'data'}", "data.num_workers=0", "aug.repeated_aug=1", "aug.mixup=0", "aug.cutmix=0",
+        "train.batch_size=2", "train.max_steps=1", "train.mixed_precision='no'", f"run.dir={tmp_path / 'run'}"])
+    results = train(cfg, device="cpu")
+    record = json.loads((tmp_path / "run" / "init_from.json").read_text())
+    assert results["init_from"]["copied"] == len(record["copied"]) > 10
+    assert record["skipped"] == ["blocks.0.attn.gate.bias", "blocks.0.attn.gate.weight"]

@@ -170,3 +170,52 @@ def test_sample_command_takes_external_weights(tmp_path, capsys):
         main([*wrong, "--out", str(tmp_path / "bad")])
     with pytest.raises(SystemExit, match="--pretrained FILE with --model NAME"):
         main(["diffusion", "sample", "--pretrained", str(tmp_path / "DiT-tiny.pt"), "--out", str(tmp_path / "x")])
+
+
+def test_init_from_copies_what_another_attention_shares(tmp_path):
+    """model.init_from: a softmax DiT file (DiT layout) into a softmax DiT predicts like the source, into LION-D and
+    LightNet DiTs copies every tensor of the same name and shape (residual permuted) and reports the rest."""
+    from lightvision.diffusion.convert import init_from, to_project_names
+
+    ref = tiny_diffusers()
+    torch.save(dit_layout(ref), tmp_path / "dit.pt")
+    softmax = tiny_dit()
+    report = init_from(softmax, tmp_path / "dit.pt")
+    assert report["skipped"] == [] and report["unused"] == []
+    x, t, y = inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(softmax(x, t, y), ref(x, timestep=t, class_labels=y).sample, rtol=1e-5, atol=1e-5)
+
+    source = to_project_names(dit_layout(ref))
+    lion = tiny_dit(attention="lion_d")
+    report = init_from(lion, tmp_path / "dit.pt")
+    assert report["skipped"] == ["blocks.0.attn.decay", "blocks.1.attn.decay"] and report["unused"] == []
+    lightnet = tiny_dit(attention="lightnet", depth=3)
+    report = init_from(lightnet, tmp_path / "dit.pt")
+    assert {"blocks.0.attn.qkv.weight", "blocks.1.attn.proj.weight", "t_embedder.mlp.0.weight"} <= set(report["copied"])
+    assert {"blocks.0.ffn.w12.weight", "blocks.2.attn.qkv.weight", "shared_modulation.1.weight"} <= set(report["skipped"])
+    assert "blocks.0.attn.qkv.bias" in report["unused"]  # LightNet's projections have no bias
+    for model in (lion, lightnet):
+        own = model.state_dict()
+        for key in ("blocks.0.attn.qkv.weight", "final_linear.weight", "patch_embed.proj.weight"):
+            assert torch.equal(own[key], source[key])
+
+
+def test_train_recipe_starts_from_a_checkpoint(tmp_path):
+    """``model.init_from`` in a diffusion recipe: the run records what it copied (results and init_from.json)."""
+    import json
+
+    from lightvision.diffusion.train import load_recipe, train
+
+    torch.save(dit_layout(tiny_diffusers(channels=1)), tmp_path / "dit.pt")
+    cfg = load_recipe(None, [
+        f"run_dir={tmp_path / 'run'}", "model.name=lion_s_dit_s_2",
+        f"model.kwargs={{depth: {DEPTH}, hidden_size: {HEADS * HEAD_DIM}, num_heads: {HEADS}}}",
+        f"model.init_from={tmp_path / 'dit.pt'}", "data.source=digits", "data.channels=1", "data.image_size=16",
+        "data.num_classes=10", "data.batch_size=4", "data.num_workers=0", "autoencoder.kind=pixel",
+        "train.max_steps=1", "train.mixed_precision='no'", "train.ckpt_every=1", "sample.every=100"])
+    out = train(cfg)
+    record = json.loads((tmp_path / "run" / "init_from.json").read_text())
+    assert out["init_from"]["copied"] == len(record["copied"]) > 10
+    assert "y_embedder.weight" in record["skipped"]  # 5 classes in the file, 10 here
+    assert "blocks.0.attn.gate.weight" in out["init_from"]["skipped_names"]
