@@ -121,7 +121,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--model", help="with --pretrained: the registered model, e.g. softmax_deit_tiny_patch16_224")
     ev.add_argument("--config", help="with --pretrained: recipe of the validation transform (default: DeiT ImageNet)")
     ev.add_argument("--global-pool", choices=["token", "avg", "avg_all"],
-                    help="with --pretrained: the head's pooling (default: cls token; the LION authors' layout: avg_all)")
+                    help="with --pretrained: the head's pooling (default: cls token; LION authors' layout: avg_all)")
     ev.add_argument("--data", help="validation folder (class sub-folders, or a root with the val split); "
                     "default: the run's own validation data")
     ev.add_argument("--img-size", type=int, nargs="+", required=True, help="resolutions, e.g. 224 288 384 512")

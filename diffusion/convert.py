@@ -123,7 +123,8 @@ def _permute_residual(state: dict[str, torch.Tensor], depth: int, width: int) ->
             rows(f"blocks.{n}.attn.proj.{p}")
             rows(f"blocks.{n}.ffn.fc2.{p}")
             rows(f"blocks.{n}.modulation.1.{p}", 6)
-    for key in ["final_linear.weight"] + [f"blocks.{n}.{m}.weight" for n in range(depth) for m in ("attn.qkv", "ffn.fc1")]:
+    readers = [f"blocks.{n}.{m}.weight" for n in range(depth) for m in ("attn.qkv", "ffn.fc1")]
+    for key in ["final_linear.weight", *readers]:
         state[key] = state[key][:, perm]
     return state
 

@@ -143,7 +143,8 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
         for i, arr in zip(idx, to_uint8(images)):
             Image.fromarray(arr).save(out / "images" / f"{i:06d}.png")
     state.wait_for_everyone()
-    summary = {"checkpoint": str(checkpoint or pretrained), "num_samples": num_samples, "sampler": sampler, "steps": steps, "eta": eta,
+    summary = {"checkpoint": str(checkpoint or pretrained), "num_samples": num_samples, "sampler": sampler,
+               "steps": steps, "eta": eta,
                "cfg_scale": cfg_scale, "guide_channels": guide_channels, "seed": seed, "processes": state.num_processes}
     if state.is_main_process:
         arr = np.stack([np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)])

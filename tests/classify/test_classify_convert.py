@@ -58,7 +58,8 @@ def lion_authors_state(mask: str, pos_embed: bool) -> dict[str, torch.Tensor]:
     """Random tensors under the names and shapes of the LION authors' ``Lion_VisionTransformer``
     (their img_classification/lion/models_lion.py): mask "Lit" | "Decay" | "Selective"."""
     g = torch.Generator().manual_seed(2)
-    shapes = {"cls_token": (1, 1, DIM), "patch_embed.proj.weight": (DIM, 3, PATCH, PATCH), "patch_embed.proj.bias": (DIM,),
+    shapes = {"cls_token": (1, 1, DIM), "patch_embed.proj.weight": (DIM, 3, PATCH, PATCH),
+              "patch_embed.proj.bias": (DIM,),
               "norm.weight": (DIM,), "norm.bias": (DIM,), "head.weight": (CLASSES, DIM), "head.bias": (CLASSES,)}
     if pos_embed:
         shapes["pos_embed"] = (1, 1 + (IMG // PATCH) ** 2, DIM)
@@ -103,7 +104,8 @@ def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Ten
     for blk in range(DEPTH):
         p = f"blocks.{blk}."
         h = F.layer_norm(x, (DIM,), s[p + "norm1.weight"], s[p + "norm1.bias"], 1e-6)
-        q, k, v = F.linear(h, s[p + "attn.qkv.weight"], s[p + "attn.qkv.bias"]).view(b_, n, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
+        qkv = F.linear(h, s[p + "attn.qkv.weight"], s[p + "attn.qkv.bias"])
+        q, k, v = qkv.view(b_, n, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
         phi = (lambda t: F.elu(t) + 1) if mask == "Lit" else (lambda t: F.normalize(F.silu(t) + 0.5, dim=-1))
         attn = phi(q) @ phi(k).transpose(-1, -2) * q.shape[-1] ** -0.5
         if mask == "Decay":
@@ -114,7 +116,8 @@ def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Ten
             a = torch.cat([torch.ones_like(a[..., :1]), a[..., 1:]], -1)  # the cls token does not decay
             attn = attn * lion_mask(a.log())
         attn = attn / (attn.sum(-1, keepdim=True) + 1e-6)
-        x = x + F.linear((attn @ v).transpose(1, 2).reshape(b_, n, DIM), s[p + "attn.proj.weight"], s[p + "attn.proj.bias"])
+        y = (attn @ v).transpose(1, 2).reshape(b_, n, DIM)
+        x = x + F.linear(y, s[p + "attn.proj.weight"], s[p + "attn.proj.bias"])
         h = F.layer_norm(x, (DIM,), s[p + "norm2.weight"], s[p + "norm2.bias"], 1e-6)
         h = F.linear(F.gelu(F.linear(h, s[p + "mlp.fc1.weight"], s[p + "mlp.fc1.bias"])), s[p + "mlp.fc2.weight"],
                      s[p + "mlp.fc2.bias"])
@@ -166,7 +169,8 @@ def test_save_pretrained_round_trip_offline(tmp_path):
                                         num_classes=CLASSES, depth=DEPTH, global_pool="avg_all"))
     save_pretrained(model, tmp_path / "hub")
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
-    assert config["architecture"] == "lion_s_deit_tiny_patch16_224" and (tmp_path / "hub" / "model.safetensors").is_file()
+    assert config["architecture"] == "lion_s_deit_tiny_patch16_224"
+    assert (tmp_path / "hub" / "model.safetensors").is_file()
     loaded = from_pretrained(tmp_path / "hub").eval()
     assert loaded.global_pool == "avg_all" and len(loaded.blocks) == DEPTH
     x = images()
@@ -237,9 +241,10 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
         for c in ("a", "b"):
-            (tmp_path / "data" / split / c).mkdir(parents=True)
+            folder = tmp_path / "data" / split / c
+            folder.mkdir(parents=True)
             for i in range(2):
-                Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(tmp_path / "data" / split / c / f"{i}.png")
+                Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(folder / f"{i}.png")
     args = dict(patch_size=4, embed_dim=16, depth=1, num_heads=2)
     source = timm.create_model("softmax_deit_tiny_patch16_224", img_size=16, num_classes=2, **args)
     save_pretrained(source, tmp_path / "softmax")

@@ -37,7 +37,8 @@ def dit_layout(ref: DiTTransformer2DModel) -> dict[str, torch.Tensor]:
     out = {"x_embedder.proj.weight": s["pos_embed.proj.weight"], "x_embedder.proj.bias": s["pos_embed.proj.bias"],
            "pos_embed": ref.pos_embed.pos_embed.clone(),
            "y_embedder.embedding_table.weight": s[emb + "class_embedder.embedding_table.weight"]}
-    for ours, theirs in (("t_embedder.mlp.0", "timestep_embedder.linear_1"), ("t_embedder.mlp.2", "timestep_embedder.linear_2"),
+    for ours, theirs in (("t_embedder.mlp.0", "timestep_embedder.linear_1"),
+                         ("t_embedder.mlp.2", "timestep_embedder.linear_2"),
                          ("final_layer.adaLN_modulation.1", "proj_out_1"), ("final_layer.linear", "proj_out_2")):
         for p in ("weight", "bias"):
             out[f"{ours}.{p}"] = s[f"{emb if ours.startswith('t_') else ''}{theirs}.{p}"]
@@ -107,7 +108,8 @@ def test_load_pretrained_reads_a_dit_training_checkpoint_and_picks_ema(tmp_path)
 
 def test_a_file_of_another_model_is_refused_naming_the_keys(tmp_path):
     save_file(dit_layout(tiny_diffusers()), tmp_path / "dit.safetensors")
-    with pytest.raises(CheckpointError, match=r"shape mismatches \['blocks.0.attn.proj.bias: checkpoint \(16,\), model \(32,\)"):
+    with pytest.raises(CheckpointError,
+                       match=r"shape mismatches \['blocks.0.attn.proj.bias: checkpoint \(16,\), model \(32,\)"):
         load_pretrained(tiny_dit(hidden_size=32, num_heads=2), tmp_path / "dit.safetensors")
     with pytest.raises(CheckpointError, match="2 blocks, the model 3"):
         load_pretrained(tiny_dit(depth=3), tmp_path / "dit.safetensors")
@@ -152,7 +154,8 @@ def test_sample_command_takes_external_weights(tmp_path, capsys):
     from lightvision.cli import main
 
     torch.save(dit_layout(tiny_diffusers(channels=3)), tmp_path / "DiT-tiny.pt")
-    recipe = ("data: {{image_size: {size}, channels: 3, num_classes: {classes}}}\nautoencoder: {{kind: pixel, path: null}}\n"
+    recipe = ("data: {{image_size: {size}, channels: 3, num_classes: {classes}}}\n"
+              "autoencoder: {{kind: pixel, path: null}}\n"
               "model: {{kwargs: {{depth: {depth}, hidden_size: {width}, num_heads: {heads}}}}}\n")
     (tmp_path / "tiny.yaml").write_text(recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=HEADS * HEAD_DIM,
                                                       heads=HEADS))
@@ -193,7 +196,8 @@ def test_init_from_copies_what_another_attention_shares(tmp_path):
     lightnet = tiny_dit(attention="lightnet", depth=3)
     report = init_from(lightnet, tmp_path / "dit.pt")
     assert {"blocks.0.attn.qkv.weight", "blocks.1.attn.proj.weight", "t_embedder.mlp.0.weight"} <= set(report["copied"])
-    assert {"blocks.0.ffn.w12.weight", "blocks.2.attn.qkv.weight", "shared_modulation.1.weight"} <= set(report["skipped"])
+    assert {"blocks.0.ffn.w12.weight", "blocks.2.attn.qkv.weight", "shared_modulation.1.weight"} <= set(
+        report["skipped"])
     assert "blocks.0.attn.qkv.bias" in report["unused"]  # LightNet's projections have no bias
     for model in (lion, lightnet):
         own = model.state_dict()
