@@ -10,7 +10,8 @@ Layouts, recognised by their keys (``detect_layout``):
   sigmoid(a) in both) or a Linear(D, H) for LION-S (-> ``attn.gate``; a = 1 - sigmoid(W x + b) there,
   sigmoid(-(W x + b)) here). Without ``--cls_tok`` their head reads the mean of every token, cls included
   (``global_pool="avg_all"``); their optional ``pos_embed`` is a learned one (``pos_embed="learned"``).
-  Their S-curve patch order (``a2_i``) is refused: its curve is not this project's snake order.
+  Their S-curve patch order (``--order S``: ``a2_i`` beside ``a_i``) is this project's snake pair (row snake,
+  column snake): it converts to ``lion_d_snake`` / ``lion_s_snake``.
 * Distilled DeiT (``dist_token``, ``head_dist``) is refused: the family has one prefix token and one head.
 
 ``pretrained_kwargs`` reads the model arguments a file implies (classes, patch, image size, position embedding,
@@ -44,9 +45,6 @@ def detect_layout(state: dict[str, torch.Tensor]) -> str:
     if "patch_embed.proj.weight" not in state or "blocks.0.norm1.weight" not in state:
         raise ValueError(f"not a DeiT-style classifier: no patch_embed.proj / blocks.0.norm1 (first keys: "
                          f"{sorted(state)[:6]})")
-    if any(".attn.a2_i" in k for k in state):
-        raise CheckpointError("a LION classifier trained with the S-curve patch order (attn.a2_i) cannot be "
-                              "converted: its curve is not this project's snake order; use a --order Normal model")
     return "lion" if any(".attn.a_i" in k for k in state) else "deit"
 
 
@@ -66,16 +64,19 @@ def pretrained_kwargs(state: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def _from_lion(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The LION authors' mask parameters under this project's names (everything else is named alike)."""
-    out = {}
-    for key, value in state.items():
-        block, sep, rest = key.partition(".attn.a_i")
-        if not sep:
-            out[key] = value
-        elif rest == "":
-            out[f"{block}.attn.decay"] = value.reshape(1, -1)
-        else:
-            out[f"{block}.attn.gate{rest}"] = value
+    """The LION authors' mask parameters under this project's names (everything else is named alike). With their
+    S-curve order, ``a_i`` belongs to the row snake and ``a2_i`` to the column snake: this project's orders 0 and 1
+    (``decay`` rows, ``gate`` output blocks)."""
+    out = {k: v for k, v in state.items() if ".attn.a_i" not in k and ".attn.a2_i" not in k}
+    for key in [k for k in state if k.endswith(".attn.a_i") or k.endswith(".attn.a_i.weight")]:
+        block = key.partition(".attn.a_i")[0]
+        second = f"{block}.attn.a2_i"
+        if key.endswith(".a_i"):
+            out[f"{block}.attn.decay"] = torch.stack([state[key], *([state[second]] if second in state else [])])
+            continue
+        for p in ("weight", "bias"):
+            parts = [state[f"{block}.attn.a_i.{p}"], *([state[f"{second}.{p}"]] if f"{second}.{p}" in state else [])]
+            out[f"{block}.attn.gate.{p}"] = torch.cat(parts)
     return out
 
 

@@ -3,6 +3,7 @@ DeiT family; distilled and S-curve files are refused clearly; a wrong model's fi
 Hub-style save / from_pretrained round trip offline."""
 
 import json
+import math
 
 import pytest
 import timm
@@ -54,9 +55,9 @@ def test_distilled_deit_is_refused():
 
 
 # ----------------------------------------------------------------------------- the LION authors' layout
-def lion_authors_state(mask: str, pos_embed: bool) -> dict[str, torch.Tensor]:
+def lion_authors_state(mask: str, pos_embed: bool, order: str = "Normal") -> dict[str, torch.Tensor]:
     """Random tensors under the names and shapes of the LION authors' ``Lion_VisionTransformer``
-    (their img_classification/lion/models_lion.py): mask "Lit" | "Decay" | "Selective"."""
+    (their img_classification/lion/models_lion.py): mask "Lit" | "Decay" | "Selective", order "Normal" | "S"."""
     g = torch.Generator().manual_seed(2)
     shapes = {"cls_token": (1, 1, DIM), "patch_embed.proj.weight": (DIM, 3, PATCH, PATCH),
               "patch_embed.proj.bias": (DIM,),
@@ -70,10 +71,11 @@ def lion_authors_state(mask: str, pos_embed: bool) -> dict[str, torch.Tensor]:
                        b + "attn.proj.weight": (DIM, DIM), b + "attn.proj.bias": (DIM,),
                        b + "mlp.fc1.weight": (4 * DIM, DIM), b + "mlp.fc1.bias": (4 * DIM,),
                        b + "mlp.fc2.weight": (DIM, 4 * DIM), b + "mlp.fc2.bias": (DIM,)})
-        if mask == "Decay":
-            shapes[b + "attn.a_i"] = (HEADS,)
-        elif mask == "Selective":
-            shapes.update({b + "attn.a_i.weight": (HEADS, DIM), b + "attn.a_i.bias": (HEADS,)})
+        for name in ("a_i", "a2_i") if order == "S" else ("a_i",):
+            if mask == "Decay":
+                shapes[b + f"attn.{name}"] = (HEADS,)
+            elif mask == "Selective":
+                shapes.update({b + f"attn.{name}.weight": (HEADS, DIM), b + f"attn.{name}.bias": (HEADS,)})
     state = {k: 0.3 * torch.randn(s, generator=g) for k, s in shapes.items()}
     for k in state:
         if k.endswith(("norm1.weight", "norm2.weight", "norm.weight")):
@@ -92,9 +94,38 @@ def lion_mask(log_a: torch.Tensor) -> torch.Tensor:
     return torch.where(i > j, lower, torch.where(i < j, upper, 0.0)).exp()
 
 
-def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Tensor) -> torch.Tensor:
-    """The authors' classifier (attention form, Normal order, no cls_tok: mean of every token) from the paper's
-    equations, over their state dict."""
+def curve(side: int, order: str) -> torch.Tensor:
+    """Token indices (class token first) along the authors' S curves: "row" (rows top to bottom, odd rows right to
+    left; their "s") or "col" (the transposed curve, columns left to right; their "sr")."""
+    cells = [(y, x if y % 2 == 0 else side - 1 - x) for y in range(side) for x in range(side)]
+    raster = [y * side + x if order == "row" else x * side + y for y, x in cells]
+    return torch.tensor([0] + [1 + r for r in raster])
+
+
+def lion_authors_mask(state: dict[str, torch.Tensor], p: str, mask: str, h: torch.Tensor, names: tuple[str, ...]):
+    """The mean of the masks of the given orders (("a_i",) for Normal, ("a_i", "a2_i") for their S curves) [.., N, N]
+    in raster order: each built along its order's token sequence (D: lambda^|t - u|; S: ``lion_mask``)."""
+    n = h.shape[1]
+    orders = [torch.arange(n)] if len(names) == 1 else [curve(math.isqrt(n - 1), o) for o in ("row", "col")]
+    total = 0
+    for name, perm in zip(names, orders):
+        pos = torch.argsort(perm)  # raster index -> place along the curve
+        if mask == "Decay":
+            dist = (torch.arange(n)[:, None] - torch.arange(n)[None]).abs()
+            m = torch.sigmoid(state[p + f"attn.{name}"])[:, None, None] ** dist
+        else:
+            a = 1 - torch.sigmoid(F.linear(h, state[p + f"attn.{name}.weight"], state[p + f"attn.{name}.bias"]))
+            a = a.transpose(1, 2)
+            a = torch.cat([torch.ones_like(a[..., :1]), a[..., 1:]], -1)  # the cls token does not decay
+            m = lion_mask(a[..., perm].log())
+        total = total + m[..., pos[:, None], pos[None, :]]
+    return total / len(names)
+
+
+def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Tensor, order: str = "Normal"
+                         ) -> torch.Tensor:
+    """The authors' classifier (attention form, no cls_tok: mean of every token) from the paper's equations, over
+    their state dict."""
     s = state
     x = F.conv2d(x, s["patch_embed.proj.weight"], s["patch_embed.proj.bias"], stride=PATCH).flatten(2).transpose(1, 2)
     x = torch.cat([s["cls_token"].expand(x.shape[0], -1, -1), x], 1)
@@ -108,13 +139,8 @@ def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Ten
         q, k, v = qkv.view(b_, n, 3, HEADS, -1).permute(2, 0, 3, 1, 4)
         phi = (lambda t: F.elu(t) + 1) if mask == "Lit" else (lambda t: F.normalize(F.silu(t) + 0.5, dim=-1))
         attn = phi(q) @ phi(k).transpose(-1, -2) * q.shape[-1] ** -0.5
-        if mask == "Decay":
-            dist = (torch.arange(n)[:, None] - torch.arange(n)[None]).abs()
-            attn = attn * torch.sigmoid(s[p + "attn.a_i"])[:, None, None] ** dist
-        elif mask == "Selective":
-            a = 1 - torch.sigmoid(F.linear(h, s[p + "attn.a_i.weight"], s[p + "attn.a_i.bias"])).transpose(1, 2)
-            a = torch.cat([torch.ones_like(a[..., :1]), a[..., 1:]], -1)  # the cls token does not decay
-            attn = attn * lion_mask(a.log())
+        if mask != "Lit":
+            attn = attn * lion_authors_mask(s, p, mask, h, ("a_i", "a2_i") if order == "S" else ("a_i",))
         attn = attn / (attn.sum(-1, keepdim=True) + 1e-6)
         y = (attn @ v).transpose(1, 2).reshape(b_, n, DIM)
         x = x + F.linear(y, s[p + "attn.proj.weight"], s[p + "attn.proj.bias"])
@@ -126,11 +152,12 @@ def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Ten
     return F.linear(x, s["head.weight"], s["head.bias"])
 
 
-@pytest.mark.parametrize("mask, name, pos_embed", [("Lit", "lion_lit", True), ("Decay", "lion_d", False),
-                                                   ("Selective", "lion_s", False), ("Selective", "lion_s", True)],
-                         ids=["lit-pos", "d", "s", "s-pos"])
-def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos_embed):
-    state = lion_authors_state(mask, pos_embed)
+@pytest.mark.parametrize("mask, name, pos_embed, order", [
+    ("Lit", "lion_lit", True, "Normal"), ("Decay", "lion_d", False, "Normal"), ("Selective", "lion_s", False, "Normal"),
+    ("Selective", "lion_s", True, "Normal"), ("Decay", "lion_d_snake", False, "S"),
+    ("Selective", "lion_s_snake", False, "S")], ids=["lit-pos", "d", "s", "s-pos", "d-curve", "s-curve"])
+def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos_embed, order):
+    state = lion_authors_state(mask, pos_embed, order)
     save_file(state, tmp_path / "lion.safetensors")
     # a LIT file has no mask parameters, so nothing tells it from a DeiT: its pooling is given by hand
     assert pretrained_kwargs(state).get("global_pool") == (None if mask == "Lit" else "avg_all")
@@ -140,16 +167,9 @@ def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos
     assert report["layout"] == ("deit" if mask == "Lit" else "lion")
     x = images()
     with torch.no_grad():
-        expected, got = lion_authors_forward(state, mask, x), model.eval()(x)
+        expected, got = lion_authors_forward(state, mask, x, order), model.eval()(x)
     assert expected.abs().max() > 0.1
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-
-
-def test_lion_s_curve_order_is_refused():
-    state = lion_authors_state("Decay", False)
-    state["blocks.0.attn.a2_i"] = torch.zeros(HEADS)
-    with pytest.raises(CheckpointError, match="S-curve patch order"):
-        detect_layout(state)
 
 
 def test_a_file_of_another_model_is_refused_naming_the_keys(tmp_path):
