@@ -68,6 +68,8 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
     from lightvision.classify.evaluate import evaluate_pretrained
     from lightvision.engine.checkpoint import CheckpointError
 
+    if args.checkpoint:
+        raise SystemExit("lightvision classify eval: give --checkpoint or --pretrained, not both")
     if not (args.model and args.data and args.out):
         raise SystemExit("lightvision classify eval: --pretrained needs --model NAME, --data VAL_FOLDER and --out DIR")
     try:

@@ -112,9 +112,10 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
 
     from lightvision.diffusion.train import build_codec, build_diffusion, load_recipe
 
-    if (checkpoint is None) == (pretrained is None) or (pretrained is not None and not model_name):
+    external = pretrained is not None
+    if (checkpoint is None) != external or (external and not model_name) or (not external and (model_name or recipe)):
         raise ValueError("give a run / checkpoint folder, or --pretrained FILE with --model NAME (e.g. "
-                         "softmax_dit_xl_2)")
+                         "softmax_dit_xl_2) and optionally --config RECIPE")
     state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
     loaded = None
     if pretrained is None:
