@@ -272,8 +272,14 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
         "model.name=lion_s_deit_tiny_patch16_224", "model.img_size=16", "model.drop_path=0.0",
         "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}", f"model.init_from={tmp_path / 'softmax'}",
         f"data.root={tmp_path / 'data'}", "data.num_workers=0", "aug.repeated_aug=1", "aug.mixup=0", "aug.cutmix=0",
-        "train.batch_size=2", "train.max_steps=1", "train.mixed_precision='no'", f"run.dir={tmp_path / 'run'}"])
+        "train.batch_size=2", "train.max_steps=1", "train.mixed_precision='no'", "train.ema_decay=null",
+        f"run.dir={tmp_path / 'run'}"])
     results = train(cfg, device="cpu")
     record = json.loads((tmp_path / "run" / "init_from.json").read_text())
     assert results["init_from"]["copied"] == len(record["copied"]) > 10
     assert record["skipped"] == ["blocks.0.attn.gate.bias", "blocks.0.attn.gate.weight"]
+    # the run folder itself is a starting point (without EMA: its raw weights): everything fits the same model
+    from lightvision.classify.convert import init_from
+
+    same = timm.create_model("lion_s_deit_tiny_patch16_224", img_size=16, num_classes=2, **args)
+    assert init_from(same, tmp_path / "run")["skipped"] == []
