@@ -36,10 +36,7 @@ def _train_yardstick(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_yardstick_config([f"data.root={args.data}", f"run.dir={args.out}", *args.overrides])
-    try:
-        result = train_yardstick(cfg, device=args.device, resume=args.resume)
-    except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"lightvision classify train-yardstick: {err}") from None
+    result = train_yardstick(cfg, device=args.device, resume=args.resume)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -48,14 +45,34 @@ def _eval(args: argparse.Namespace) -> int:
     from lightvision.classify.evaluate import evaluate_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    report = evaluate_checkpoint(
-        args.checkpoint, args.img_size, data=args.data, out_dir=args.out, weights=args.weights,
-        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
-    )
+    if args.pretrained:
+        report = _eval_pretrained(args)
+    else:
+        if not args.checkpoint:
+            raise ValueError("classify eval: give --checkpoint RUN, or --pretrained FILE --model NAME")
+        report = evaluate_checkpoint(
+            args.checkpoint, args.img_size, data=args.data, out_dir=args.out, weights=args.weights,
+            batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
+        )
     if report["paths"]:
         print(open(report["paths"]["markdown"]).read())
         print(f"wrote {', '.join(report['paths'].values())}")
     return 0
+
+
+def _eval_pretrained(args: argparse.Namespace) -> dict:
+    """``eval --pretrained FILE --model NAME``: external weights, converted (``lightvision.classify.convert``)."""
+    from lightvision.classify.evaluate import evaluate_pretrained
+
+    if args.checkpoint:
+        raise ValueError("classify eval: give --checkpoint or --pretrained, not both")
+    if not (args.model and args.data and args.out):
+        raise ValueError("classify eval: --pretrained needs --model NAME, --data VAL_FOLDER and --out DIR")
+    return evaluate_pretrained(
+        args.pretrained, args.model, args.img_size, args.data, args.out, weights=args.weights,
+        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device, recipe=args.config,
+        model_args={"global_pool": args.global_pool} if args.global_pool is not None else None,
+    )
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,11 +110,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ys.set_defaults(func=_train_yardstick)
 
     ev = sub.add_parser("eval", help="top-1/top-5, images/s and peak GPU memory at several resolutions")
-    ev.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")
+    ev.add_argument("--checkpoint", help="run folder (its latest checkpoint) or a checkpoint folder")
+    ev.add_argument("--pretrained", help="external weights instead of --checkpoint: timm / DeiT authors' .pth, the "
+                    "LION authors' classifiers, a .safetensors or a Hub-style folder; needs --model, --data, --out")
+    ev.add_argument("--model", help="with --pretrained: the registered model, e.g. softmax_deit_tiny_patch16_224")
+    ev.add_argument("--config", help="with --pretrained: recipe of the validation transform (default: DeiT ImageNet)")
+    ev.add_argument("--global-pool", choices=["token", "avg", "avg_all"],
+                    help="with --pretrained: the head's pooling (default: cls token; LION authors' layout: avg_all)")
     ev.add_argument("--data", help="validation folder (class sub-folders, or a root with the val split); "
                     "default: the run's own validation data")
     ev.add_argument("--img-size", type=int, nargs="+", required=True, help="resolutions, e.g. 224 288 384 512")
-    ev.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run kept one")
+    ev.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run (or file) kept one")
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument("--num-workers", type=int, default=4)
     ev.add_argument("--out", help="folder for eval.md / eval.json / eval.png (default: <run>/eval)")

@@ -61,6 +61,7 @@ from lightvision.ops._checks import check_choice
 
 __all__ = [
     "FAMILIES",
+    "GLOBAL_POOLS",
     "MODEL_NAMES",
     "POS_EMBEDS",
     "SIZES",
@@ -93,6 +94,8 @@ class Family:
 
 
 POS_EMBEDS = ("learned", "sincos", "none")
+# cls token, mean of the patch tokens, mean of every token with the cls token (the LION authors' classifiers), none
+GLOBAL_POOLS = ("token", "avg", "avg_all", "")
 _DEIT = Family(norm="layernorm", mlp="gelu", pos_embed="learned", tpe_placement="none")
 _LION_MASKED = Family(norm="layernorm", mlp="gelu", pos_embed="none", tpe_placement="none")
 FAMILIES: dict[str, Family] = {
@@ -180,7 +183,8 @@ class DeiT(nn.Module):
         patch_size: square patch side p; the grid is (H / p, W / p).
         in_chans: image channels.
         num_classes: classifier outputs; 0 gives no head (``forward`` returns pooled features).
-        global_pool: "token" (cls token, DeiT), "avg" (mean of the patch tokens) or "" (no pooling).
+        global_pool: "token" (cls token, DeiT), "avg" (mean of the patch tokens), "avg_all" (mean of every token,
+            cls included: the LION authors' classifiers) or "" (no pooling).
         attention: one of ``FAMILIES`` (the ``build_attention`` kinds).
         embed_dim, depth, num_heads: width D, number of blocks, attention heads.
         mlp_ratio: hidden / D of the GELU MLP (GLU families use 8/3).
@@ -217,8 +221,7 @@ class DeiT(nn.Module):
         super().__init__()
         if attention not in FAMILIES:
             raise ValueError(f"attention must be one of {sorted(FAMILIES)}, got {attention!r}")
-        if global_pool not in ("token", "avg", ""):
-            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        check_choice(global_pool, GLOBAL_POOLS, "global_pool")
         family = FAMILIES[attention]
         self.pos_embed_kind = pos_embed or family.pos_embed
         check_choice(self.pos_embed_kind, POS_EMBEDS, "pos_embed")
@@ -334,10 +337,9 @@ class DeiT(nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """New head with ``num_classes`` outputs (0: none); optionally a new pooling ("token", "avg", "")."""
+        """New head with ``num_classes`` outputs (0: none); optionally a new pooling ("token", "avg", "avg_all", "")."""
         if global_pool is not None:
-            if global_pool not in ("token", "avg", ""):
-                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+            check_choice(global_pool, GLOBAL_POOLS, "global_pool")
             self.global_pool = global_pool
         self.num_classes = num_classes
         device = self.cls_token.device
@@ -430,6 +432,8 @@ class DeiT(nn.Module):
             x = x[:, 0]
         elif self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)
+        elif self.global_pool == "avg_all":
+            x = x.mean(dim=1)
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 

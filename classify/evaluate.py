@@ -30,7 +30,8 @@ from lightvision.engine import load_model_weights, read_checkpoint_config, resol
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 
-__all__ = ["check_img_sizes", "evaluate", "evaluate_checkpoint", "evaluate_resolutions", "write_report"]
+__all__ = ["check_img_sizes", "evaluate", "evaluate_checkpoint", "evaluate_pretrained", "evaluate_resolutions",
+           "write_report"]
 
 
 @torch.no_grad()
@@ -198,24 +199,63 @@ def evaluate_checkpoint(
     if weights is None:
         weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
     load_model_weights(ckpt, model, which=weights)
+    meta = {"checkpoint": str(ckpt), "model": mcfg["name"], "train_img_size": mcfg["img_size"], "weights": weights}
+    out = Path(out_dir) if out_dir else ckpt.parent.parent / "eval"
+    return _evaluate_and_report(model, cfg, meta, img_sizes, data, out, batch_size, num_workers, device)
+
+
+def evaluate_pretrained(
+    pretrained: str | Path,
+    model_name: str,
+    img_sizes: Sequence[int],
+    data: str | Path,
+    out_dir: str | Path,
+    weights: str | None = None,
+    batch_size: int = 128,
+    num_workers: int = 4,
+    device: str = "auto",
+    recipe: str | Path | None = None,
+    model_args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate external weights (timm / DeiT authors' / LION authors' layouts, ``lightvision.classify.convert``) as
+    ``model_name`` at every size in ``img_sizes``; the validation transform is the ``recipe``'s (default: the DeiT
+    ImageNet one). ``model_args`` override what the file implies (e.g. {"global_pool": "token"}). Returns
+    ``evaluate_checkpoint``'s dict plus "loaded" (file, layout, tensors)."""
+    from lightvision.classify.convert import create_pretrained
+    from lightvision.classify.train import load_train_config
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    cfg = load_train_config(recipe, [f"model.name={model_name}"])
+    model, loaded = create_pretrained(model_name, pretrained, weights or "ema", **(model_args or {}))
+    print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into {model_name}")
+    meta = {"checkpoint": str(pretrained), "model": model_name, "train_img_size": model.img_size[0],
+            "weights": weights or "ema", "loaded": loaded}
+    cfg["train"]["mixed_precision"] = "no"  # the file does not say how it was trained: evaluate in float32
+    return _evaluate_and_report(model, cfg, meta, img_sizes, data, Path(out_dir), batch_size, num_workers, device)
+
+
+def _evaluate_and_report(model: nn.Module, cfg: dict, meta: dict[str, Any], img_sizes: Sequence[int],
+                         data: str | Path | None, out_dir: Path, batch_size: int, num_workers: int,
+                         device: str) -> dict[str, Any]:
+    """Evaluate ``model`` on the recipe ``cfg``'s validation data at every size; write the report into ``out_dir``."""
     accelerator = Accelerator(
         cpu=device == "cpu",
         mixed_precision=cfg["train"]["mixed_precision"] or "no",  # as trained (and as the process's accelerate state)
     )
+    num_classes = model.num_classes
 
     def make_dataset(size: int) -> Dataset:
         dataset = val_dataset(cfg, size, data)
-        if len(dataset.classes) != mcfg["num_classes"]:
+        if len(dataset.classes) != num_classes:
             raise ValueError(
                 f"{getattr(dataset, 'root', 'the validation set')} has {len(dataset.classes)} classes but the model "
-                f"was trained on {mcfg['num_classes']}: pass the validation split of the training data"
+                f"was trained on {num_classes}: pass the validation split of the training data"
             )
         return dataset
 
     results = evaluate_resolutions(model, make_dataset, img_sizes, accelerator, batch_size, num_workers)
-    meta = {"checkpoint": str(ckpt), "model": mcfg["name"], "train_img_size": mcfg["img_size"], "weights": weights,
-            "device": str(accelerator.device)}
-    title = f"{mcfg['name']} ({weights} weights, trained at {mcfg['img_size']} px)"
-    paths = write_report(results, Path(out_dir) if out_dir else ckpt.parent.parent / "eval", title, meta) \
-        if accelerator.is_main_process else {}
+    meta = {**meta, "device": str(accelerator.device)}
+    title = f"{meta['model']} ({meta['weights']} weights, trained at {meta['train_img_size']} px)"
+    paths = write_report(results, out_dir, title, meta) if accelerator.is_main_process else {}
     return {**meta, "results": results, "paths": paths}

@@ -37,6 +37,7 @@ from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
+from lightvision.engine.weights import record_init
 
 __all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
 
@@ -51,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
         # (patch_size, embed_dim, depth, num_heads, drop_rate, attn_kwargs, pos_embed, tpe_placement, tpe_kwargs, ...);
         # an open section: model.args.KEY=VALUE sets one of them
         "args": {},
+        # start from a checkpoint (a run folder, or timm / DeiT / LION authors' weights; its EMA when it has one):
+        # every tensor of the same name and shape is copied, e.g. a softmax DeiT into LION-S or LightNet
+        "init_from": None,
     },
     "data": {
         "source": "imagefolder",  # "imagefolder" (root/train, root/val) or "digits" (bundled, no download)
@@ -190,6 +194,12 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
     mcfg = model_config(cfg, num_classes)
     torch.manual_seed(t["seed"])  # every process (and a 1-process run) starts from the same weights
     model = create_from_config(mcfg, cfg["model"]["drop_path"])
+    init_report = None
+    if cfg["model"]["init_from"]:
+        from lightvision.classify.convert import init_from
+
+        source = cfg["model"]["init_from"]
+        init_report = record_init(init_from(model, source), source, run_dir, accelerator.is_main_process)
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
     val_set = val_dataset(cfg, cfg["model"]["img_size"])
@@ -266,6 +276,8 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
                "epochs": fit["step"] / steps_per_epoch, "global_batch": global_batch, "lr": lr, "processes": procs,
                "val_set_size": len(val_set), "steps_run": fit["steps_run"], **final}
     trainer.metrics.log(fit["step"], results)
+    if init_report:
+        results["init_from"] = init_report
     if accelerator.is_main_process:
         save_config(results, run_dir / "results.json")
     return results

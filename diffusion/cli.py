@@ -27,7 +27,8 @@ def _sample(args: argparse.Namespace) -> int:
     guide = None if args.guide_channels == "all" else int(args.guide_channels)
     summary = sample_main(args.checkpoint, args.out, num_samples=args.num_samples, batch_size=args.batch_size,
                           sampler=args.sampler, steps=args.steps, eta=args.eta, cfg_scale=args.cfg_scale,
-                          guide_channels=guide, seed=args.seed, image_size=args.image_size, which=args.weights, vae=args.vae)
+                          guide_channels=guide, seed=args.seed, image_size=args.image_size, which=args.weights,
+                          vae=args.vae, pretrained=args.pretrained, model_name=args.model, recipe=args.config)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -41,28 +42,19 @@ def _print_json(result: dict, out: str | None = None) -> None:
 
 def _fid(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import compute_fid
-    from lightvision.engine.checkpoint import CheckpointError
 
-    try:
-        metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
-                              feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
-                              batch_size=args.batch_size, num_samples=args.num_samples or None)
-    except (FileNotFoundError, ValueError, CheckpointError) as err:
-        raise SystemExit(f"lightvision diffusion fid: {err}") from None
+    metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
+                          feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
+                          batch_size=args.batch_size, num_samples=args.num_samples or None)
     _print_json(metrics, args.out)
     return 0
 
 
 def _fid_ref(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import write_reference
-    from lightvision.engine.checkpoint import CheckpointError
 
-    try:
-        summary = write_reference(args.images, args.out, inception_weights=args.inception_weights,
-                                  feature_extractor=args.feature_extractor, device=args.device,
-                                  batch_size=args.batch_size)
-    except (FileNotFoundError, ValueError, CheckpointError) as err:
-        raise SystemExit(f"lightvision diffusion fid-ref: {err}") from None
+    summary = write_reference(args.images, args.out, inception_weights=args.inception_weights,
+                              feature_extractor=args.feature_extractor, device=args.device, batch_size=args.batch_size)
     _print_json(summary)
     return 0
 
@@ -106,7 +98,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_train)
 
     p = sub.add_parser("sample", help="sample PNGs, a grid and an .npz from a checkpoint (all GPUs under accelerate launch)")
-    p.add_argument("checkpoint", help="run folder or checkpoint folder")
+    p.add_argument("checkpoint", nargs="?", help="run folder or checkpoint folder (or --pretrained)")
+    p.add_argument("--pretrained", help="external weights instead: the official DiT-XL-2-256x256.pt, a diffusers "
+                   "DiT (folder or file) or this project's .safetensors; needs --model")
+    p.add_argument("--model", help="with --pretrained: the registered model the file holds, e.g. softmax_dit_xl_2")
+    p.add_argument("--config", help="with --pretrained: recipe for the autoencoder and schedule "
+                   "(default: the ImageNet-256 one, sd-vae-ft-ema)")
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32, help="per process")

@@ -83,11 +83,29 @@ def load_for_sampling(checkpoint: str | Path, device: str | torch.device, which:
     return model.to(device).eval(), info["config"]
 
 
-def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_size: int = 32, sampler: str = "ddpm",
-                steps: int = 250, eta: float = 0.0, cfg_scale: float = 1.0, guide_channels: int | None = 3, seed: int = 0,
-                image_size: int | None = None, which: str = "ema", vae: str | None = None) -> dict:
-    """The ``sample`` command; returns a summary (paths, counts, settings). Bad counts are refused before anything
-    is loaded or written."""
+def load_pretrained_for_sampling(path: str | Path, model_name: str, cfg: dict, codec: Codec,
+                                 device: str | torch.device, which: str = "ema") -> tuple[DiT, dict]:
+    """Model ``model_name`` (eval mode) sized for the recipe ``cfg`` and ``codec``, holding an external weights file
+    (official DiT, diffusers or this project's layout, ``lightvision.diffusion.convert``); returns (model, what was
+    loaded)."""
+    from lightvision.diffusion.convert import load_pretrained
+    from lightvision.diffusion.train import build_model, model_config_for
+
+    cfg["model"]["name"] = model_name
+    latent = codec.latent_size(int(cfg["data"]["image_size"]))
+    model = build_model(model_config_for(cfg, codec.channels, latent))
+    loaded = load_pretrained(model, path, which)
+    return model.to(device).eval(), loaded
+
+
+def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, batch_size: int = 32,
+                sampler: str = "ddpm", steps: int = 250, eta: float = 0.0, cfg_scale: float = 1.0,
+                guide_channels: int | None = 3, seed: int = 0, image_size: int | None = None, which: str = "ema",
+                vae: str | None = None, pretrained: str | None = None, model_name: str | None = None,
+                recipe: str | None = None) -> dict:
+    """The ``sample`` command; returns a summary (paths, counts, settings). ``pretrained`` (with ``model_name`` and
+    optionally a ``recipe`` for the autoencoder and schedule, default the ImageNet-256 one) samples an external
+    weights file instead of a run's ``checkpoint``. Bad counts are refused before anything is loaded or written."""
     for name, value in (("num_samples", num_samples), ("batch_size", batch_size), ("steps", steps)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -95,13 +113,26 @@ def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_s
     from PIL import Image
     from tqdm.auto import tqdm
 
-    from lightvision.diffusion.train import build_codec, build_diffusion
+    from lightvision.diffusion.train import build_codec, build_diffusion, load_recipe
 
+    external = pretrained is not None
+    if (checkpoint is None) != external or (external and not model_name) or (not external and (model_name or recipe)):
+        raise ValueError("give a run / checkpoint folder, or --pretrained FILE with --model NAME (e.g. "
+                         "softmax_dit_xl_2) and optionally --config RECIPE")
     state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
-    model, cfg = load_for_sampling(checkpoint, state.device, which)
+    loaded = None
+    if pretrained is None:
+        model, cfg = load_for_sampling(checkpoint, state.device, which)
+    else:
+        cfg = load_recipe(recipe)
     if vae is not None:
         cfg["autoencoder"]["path"] = vae
     codec = build_codec(cfg, state.device)
+    if pretrained is not None:
+        model, loaded = load_pretrained_for_sampling(pretrained, model_name, cfg, codec, state.device, which)
+        if state.is_main_process:
+            print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into "
+                  f"{model_name}")
     latent = model.config.input_size if image_size is None else codec.latent_size(image_size)
     diffusion = build_diffusion(cfg).respace(steps)
     num_classes = model.config.num_classes
@@ -116,12 +147,15 @@ def sample_main(checkpoint: str, out_dir: str, *, num_samples: int = 64, batch_s
         for i, arr in zip(idx, to_uint8(images)):
             Image.fromarray(arr).save(out / "images" / f"{i:06d}.png")
     state.wait_for_everyone()
-    summary = {"checkpoint": str(checkpoint), "num_samples": num_samples, "sampler": sampler, "steps": steps, "eta": eta,
+    summary = {"checkpoint": str(checkpoint or pretrained), "num_samples": num_samples, "sampler": sampler,
+               "steps": steps, "eta": eta,
                "cfg_scale": cfg_scale, "guide_channels": guide_channels, "seed": seed, "processes": state.num_processes}
     if state.is_main_process:
         arr = np.stack([np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)])
         np.savez(out / "samples.npz", arr_0=arr)
         save_grid(torch.from_numpy(arr[:64]).permute(0, 3, 1, 2).float() / 127.5 - 1, out / "grid.png")
+        if loaded is not None:
+            summary["loaded"] = loaded
         summary.update(npz=str(out / "samples.npz"), grid=str(out / "grid.png"), images=str(out / "images"))
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

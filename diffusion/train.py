@@ -32,7 +32,9 @@ DEFAULTS: dict = {
     "base": None,
     "run_dir": "runs/diffusion",
     "seed": 0,
-    "model": {"name": "softmax_dit_xl_2", "kwargs": {}},
+    # init_from: start from a checkpoint (a run folder, the official DiT or a diffusers DiT; its EMA when it has one):
+    # every tensor of the same name and shape is copied, e.g. a softmax DiT into a LION or LightNet DiT
+    "model": {"name": "softmax_dit_xl_2", "kwargs": {}, "init_from": None},
     "data": {"source": "latents", "root": None, "image_size": 256, "channels": 3, "num_classes": 1000,
              "train_split": "train", "test_split": "val", "batch_size": 256, "num_workers": 4,
              "flip": True},  # flip: random horizontal flips of pixel-space training images (false: deterministic)
@@ -268,6 +270,13 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                              "(or extract latents first for latent diffusion)")
     model_config = model_config_for(cfg, channels, latent_size)
     model = build_model(model_config)
+    init_report = None
+    if cfg["model"]["init_from"]:
+        from lightvision.diffusion.convert import init_from
+        from lightvision.engine.weights import record_init
+
+        source = cfg["model"]["init_from"]
+        init_report = record_init(init_from(model, source), source, run_dir, state.is_main_process)
     diffusion = build_diffusion(cfg)
     t = cfg["train"]
     per_process = int(data["batch_size"]) // (state.num_processes * int(t["grad_accum_steps"]))
@@ -304,7 +313,8 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                       log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_last=int(t["keep_last"]),
                       nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]))
     summary = trainer.fit(resume)
-    summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process)
+    summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process,
+                   **({"init_from": init_report} if init_report else {}))
     if hasattr(dataset, "skipped_images"):  # image folders: unreadable images skipped (this process's count)
         summary["skipped_images"] = dataset.skipped_images()
     if state.is_main_process:

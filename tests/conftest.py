@@ -53,3 +53,20 @@ if os.environ.get("TRITON_INTERPRET") == "1":
 def _seed():
     """Every test draws its random inputs from the same seed, so a run is reproducible (and a failure too)."""
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """Run the ``lightvision`` command on bad input: it must return 1 and end its stderr with one error line (warnings
+    may come before it), no traceback; returns that line (``cli_error(argv)``)."""
+    from lightvision.cli import main
+
+    def run(argv: list[str]) -> str:
+        capsys.readouterr()
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert lines and lines[-1].startswith("lightvision: error: ") and "Traceback" not in err, err
+        return lines[-1]
+
+    return run

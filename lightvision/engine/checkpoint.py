@@ -193,18 +193,23 @@ def _read_weights(path: Path, name: str, model: nn.Module, map_location: Any) ->
         state = load_file(path / f"{name}.safetensors", device=str(map_location))
     except Exception as e:  # safetensors raises its own error types for malformed files
         raise CheckpointError(f"{path / name}.safetensors is not a readable safetensors file: {e}") from e
-    own = unwrap_model(model).state_dict()
+    problems = fit_problems(state, unwrap_model(model).state_dict())
+    if problems:
+        raise CheckpointError(f"'{name}' weights in {path} do not fit the model: " + "; ".join(problems))
+    return state
+
+
+def fit_problems(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> list[str]:
+    """What keeps ``state`` from loading strictly into a model whose state dict is ``own``: missing keys, unexpected
+    keys and shape mismatches (the first 8 of each); empty when it fits."""
     missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
     shapes = [
         f"{k}: checkpoint {tuple(state[k].shape)}, model {tuple(own[k].shape)}"
         for k in sorted(own.keys() & state.keys())
         if state[k].shape != own[k].shape
     ]
-    problems = [f"{label} {items[:8]}" for label, items in
-                [("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)] if items]
-    if problems:
-        raise CheckpointError(f"'{name}' weights in {path} do not fit the model: " + "; ".join(problems))
-    return state
+    return [f"{label} {items[:8]}" for label, items in
+            [("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)] if items]
 
 
 def resolve_checkpoint(path: str | os.PathLike, which: str = "latest") -> Path:

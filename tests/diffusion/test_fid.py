@@ -3,6 +3,7 @@ generated Inception weights against numpy; identities; reference statistics (fid
 (yardstick, classifier checkpoints) and their errors."""
 
 import json
+import re
 import urllib.error
 from unittest import mock
 
@@ -145,7 +146,7 @@ def test_inception_metrics_match_numpy(tmp_path, inception_weights):
     assert (ours["num_samples"], ours["num_reference"]) == (5, 5) and ours["feature_space"].startswith("inception-")
 
 
-def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstick, capsys):
+def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstick, capsys, cli_error):
     ref = write_set(tmp_path / "ref", 0, 12, size=32)
     samples = write_set(tmp_path / "samples", 1, 10, size=32, shift=40)
     cache = tmp_path / "cache"
@@ -181,10 +182,10 @@ def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstic
     from lightvision.classify.yardstick import YardstickNet, save_yardstick
 
     save_yardstick(YardstickNet([8, 8, 16, 16]), other)
-    with pytest.raises(SystemExit, match="feature space 'yardstick-.*', not 'yardstick-"):
-        main(["diffusion", "fid", str(samples), "--reference", str(stats), "--feature-extractor", str(other)])
-    with pytest.raises(SystemExit, match="is neither an image folder nor an .npz"):
-        main(["diffusion", "fid-ref", str(tmp_path / "nothing"), "--out", str(stats), "--feature-extractor", yardstick])
+    assert re.search("feature space 'yardstick-.*', not 'yardstick-", cli_error(
+        ["diffusion", "fid", str(samples), "--reference", str(stats), "--feature-extractor", str(other)]))
+    assert re.search("is neither an image folder nor an .npz", cli_error(
+        ["diffusion", "fid-ref", str(tmp_path / "nothing"), "--out", str(stats), "--feature-extractor", yardstick]))
 
 
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
@@ -200,27 +201,24 @@ def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, cap
     assert list(work.iterdir()) == [] and len(list((tmp_path / "xdg" / "lightvision" / "fid").glob("ref-*.npz"))) == 1
 
 
-def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights, capsys):
+def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights, cli_error):
     import torch_fidelity.feature_extractor_inceptionv3 as fe_mod
 
     ref = write_set(tmp_path / "ref", 0, 3)
     offline = urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
-    with mock.patch.object(fe_mod, "load_state_dict_from_url", side_effect=offline), \
-         pytest.raises(SystemExit) as exit_info:
-        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path / "c")])
-    message = str(exit_info.value)
-    assert "\n" not in message and "--inception-weights FILE" in message and "URLError" in message
-    with pytest.raises(SystemExit, match="Inception weights '.*missing.pth' not found"):
-        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights",
-              str(tmp_path / "missing.pth")])
+    with mock.patch.object(fe_mod, "load_state_dict_from_url", side_effect=offline):
+        message = cli_error(["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path / "c")])
+    assert "--inception-weights FILE" in message and "URLError" in message
+    assert re.search("Inception weights '.*missing.pth' not found", cli_error(
+        ["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights", str(tmp_path / "missing.pth")]))
 
 
-def test_cifar_sized_images_default_to_the_packaged_yardstick(tmp_path, yardstick, no_hub_weights, monkeypatch):
+def test_cifar_sized_images_default_to_the_packaged_yardstick(tmp_path, yardstick, no_hub_weights, monkeypatch, cli_error):
     import lightvision.classify.yardstick as ys
 
     ref = write_set(tmp_path / "ref", 0, 5, size=32)
-    with pytest.raises(SystemExit, match="no packaged CIFAR-10 yardstick"):
-        main(["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"])
+    assert re.search("no packaged CIFAR-10 yardstick", cli_error(
+        ["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"]))
     monkeypatch.setattr(ys, "PACKAGED", __import__("pathlib").Path(yardstick))
     out = compute_fid(ref, ref, cache_dir=tmp_path / "c")
     assert out["feature_space"].startswith("yardstick-") and abs(out["fid"]) < 1e-6
