@@ -70,6 +70,18 @@ def render_attention(files: list[str], **_) -> str:
                   "LION-LIT masked / scan", "fla fwd+rev", "LION-S mask materialised"], rows)
 
 
+def render_lightnet_vs_sdpa(files: list[str], **_) -> str:
+    """LightNet kernel fwd and fwd+bwd CUDA-graph ms per length, its multiple of the memory floor, and SDPA's fwd+bwd."""
+    recs = {(r["op"], r["impl"], r["mode"], r["N"]): r for r in load(files[0])["records"]}
+    rows = []
+    for n, b in sorted({(r["N"], r["B"]) for r in recs.values() if r["op"] == "lightnet"}):
+        fwd, both = recs[("lightnet", "triton", "fwd", n)], recs[("lightnet", "triton", "fwdbwd", n)]
+        sdpa = recs[("softmax", "sdpa", "fwdbwd", n)]["ms_graph"]
+        rows.append([f"{n} / {b}", f"{fwd['ms_graph']:.3f}", f"{both['ms_graph']:.3f}", f"{both['x_floor_graph']:.2f}x",
+                     f"{sdpa:.3f}", f"{sdpa / both['ms_graph']:.1f}x"])
+    return table(["N / B", "fwd", "fwd+bwd", "x memory floor", "SDPA fwd+bwd", "SDPA / LightNet"], rows)
+
+
 def render_checks(files: list[str], **_) -> str:
     """Passed / total kernel checks against the fp64 reference and the largest fp32 error, per file."""
     rows = []
