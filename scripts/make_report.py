@@ -71,7 +71,7 @@ def render_attention(files: list[str], **_) -> str:
 
 
 def render_lightnet_vs_sdpa(files: list[str], **_) -> str:
-    """LightNet kernel fwd and fwd+bwd CUDA-graph ms per length, its multiple of the memory floor, and SDPA's fwd+bwd."""
+    """LightNet kernel fwd and fwd+bwd CUDA-graph ms per length, its multiple of the memory floor, SDPA's fwd+bwd."""
     recs = {(r["op"], r["impl"], r["mode"], r["N"]): r for r in load(files[0])["records"]}
     rows = []
     for n, b in sorted({(r["N"], r["B"]) for r in recs.values() if r["op"] == "lightnet"}):
@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.check:
         if not OUT.is_file() or OUT.read_text() != text:
-            print("make_report: benchmarks/README.md is out of date: run python scripts/make_report.py", file=sys.stderr)
+            print("make_report: benchmarks/README.md is out of date: run python scripts/make_report.py",
+                  file=sys.stderr)
             return 1
         return 0
     OUT.write_text(text)
