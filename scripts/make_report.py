@@ -1,0 +1,219 @@
+"""Writes benchmarks/README.md, the speed and quality report, from the result files that benchmarks/report.yaml names.
+
+    python scripts/make_report.py                      # rewrite benchmarks/README.md
+    python scripts/make_report.py --check              # exit 1 if benchmarks/README.md is not what the files give
+
+Every table is computed from its JSON files and headed by their hardware, torch / Triton versions, dates and the
+softmax backend the YAML states for them; the prose around the tables comes from the YAML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = ROOT / "benchmarks" / "report.yaml"
+OUT = ROOT / "benchmarks" / "README.md"
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def load(name: str) -> dict:
+    """The result file ``benchmarks/results/<name>`` as a dict; a missing file is a ``FileNotFoundError`` naming it."""
+    path = RESULTS / name
+    if not path.is_file():
+        raise FileNotFoundError(f"{path.relative_to(ROOT)} (named in {SPEC.relative_to(ROOT)}) does not exist")
+    return json.loads(path.read_text())
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    """A markdown table of ``rows`` (cells turned into strings) under ``header``."""
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def provenance(files: list[str], softmax: str | None) -> str:
+    """One line per file: link, GPU, versions, date; then the softmax backend the figures used."""
+    lines = []
+    for name in files:
+        env = load(name)["env"]
+        triton = f", Triton {env['triton']}" if env.get("triton") else ""
+        lines.append(f"- [`{name}`](results/{name}): {env['gpu']}, torch {env['torch']}{triton}, "
+                     f"{str(env.get('date') or 'date not recorded')[:10]}")
+    if softmax:
+        lines.append(f"- softmax: {softmax}")
+    return "Data:\n\n" + "\n".join(lines)
+
+
+def _fwdbwd(records: list[dict]) -> dict:
+    return {(r["op"], r["impl"], r["N"]): r["ms_graph"] for r in records if r["mode"] == "fwdbwd"}
+
+
+def render_attention(files: list[str], **_) -> str:
+    """fwd+bwd CUDA-graph ms per length: SDPA, LightNet, LION masked / scan, fla, LION-S with the mask materialised."""
+    main = load(files[0])["records"]
+    ms = _fwdbwd(main) | (_fwdbwd(load(files[1])["records"]) if len(files) > 1 else {})
+    fmt = lambda v: "-" if v is None else f"{v:#.3g}" if v < 10 else f"{v:.1f}"  # noqa: E731
+    rows = []
+    for n, b in sorted({(r["N"], r["B"]) for r in main}):
+        get = lambda op, impl: ms.get((op, impl, n))  # noqa: E731
+        pair = lambda op: f"{fmt(get(op, 'triton_parallel'))} / {fmt(get(op, 'triton_scan'))}"  # noqa: E731
+        rows.append([f"{n} / {b}", fmt(get("softmax", "sdpa")), fmt(get("lightnet", "triton")), pair("lion_d"),
+                     pair("lion_s"), pair("lion_lit"), fmt(get("lion_s", "fla")), fmt(get("lion_s", "torch_mask"))])
+    return table(["N / B", "SDPA", "LightNet (one scan)", "LION-D masked / scan", "LION-S masked / scan",
+                  "LION-LIT masked / scan", "fla fwd+rev", "LION-S mask materialised"], rows)
+
+
+def render_lightnet_vs_sdpa(files: list[str], **_) -> str:
+    """LightNet kernel fwd and fwd+bwd CUDA-graph ms per length, its multiple of the memory floor, SDPA's fwd+bwd."""
+    recs = {(r["op"], r["impl"], r["mode"], r["N"]): r for r in load(files[0])["records"]}
+    rows = []
+    for n, b in sorted({(r["N"], r["B"]) for r in recs.values() if r["op"] == "lightnet"}):
+        fwd, both = recs[("lightnet", "triton", "fwd", n)], recs[("lightnet", "triton", "fwdbwd", n)]
+        sdpa = recs[("softmax", "sdpa", "fwdbwd", n)]["ms_graph"]
+        rows.append([f"{n} / {b}", f"{fwd['ms_graph']:.3f}", f"{both['ms_graph']:.3f}", f"{both['x_floor_graph']:.2f}x",
+                     f"{sdpa:.3f}", f"{sdpa / both['ms_graph']:.1f}x"])
+    return table(["N / B", "fwd", "fwd+bwd", "x memory floor", "SDPA fwd+bwd", "SDPA / LightNet"], rows)
+
+
+def render_checks(files: list[str], **_) -> str:
+    """Passed / total kernel checks against the fp64 reference and the largest fp32 error, per file."""
+    rows = []
+    for name in files:
+        checks = load(name)["checks"]
+        errors = [v for c in checks if c.get("dtype") == "float32" for k, v in c.items()
+                  if isinstance(v, float) and k not in ("decay",)]
+        rows.append([name, load(name)["env"]["gpu"], f"{sum(c['ok'] for c in checks)} / {len(checks)}",
+                     f"{max(errors):.1e}" if errors else "-"])
+    return table(["file", "GPU", "checks passed", "largest fp32 relative error"], rows)
+
+
+def render_models(files: list[str], attentions: list[str] | None = None, **_) -> str:
+    """Training images/s of every attention against softmax's in the same file (and round), with the ratio."""
+    rows = []
+    for name in files:
+        by_key = defaultdict(dict)
+        for r in load(name)["records"]:
+            if r.get("mode") == "train":
+                by_key[(r["model"], r["img_size"], r["batch"], r.get("round"))][r["attention"]] = r["img_per_s"]
+        for (model, px, batch, rnd), speeds in by_key.items():
+            base = speeds.get("softmax")
+            for att, v in speeds.items():
+                if att == "softmax" or base is None or (attentions and att not in attentions):
+                    continue
+                run = name if rnd is None else f"{name} (round {rnd})"
+                rows.append([model, px, batch, att, f"{v:.0f}", f"{base:.0f}", f"{v / base:.3f}x", run])
+    return table(["model", "px", "batch", "attention", "images/s", "softmax images/s", "ratio", "file"], rows)
+
+
+def render_memory(files: list[str], **_) -> str:
+    """Inference activation memory against the token count and its largest growth exponent (1 = linear)."""
+    rows = []
+    for name in files:
+        for g in load(name)["memory_growth"]:
+            rows.append([g["model"], g["attention"], g["batch"], f"{g['tokens'][0]}-{g['tokens'][-1]}",
+                         f"{g['activation_gb'][0]:.3f} -> {g['activation_gb'][-1]:.3f}", f"{g['max_exponent']:.2f}"])
+    return table(["model", "attention", "batch", "tokens", "activation GB", "largest growth exponent"], rows)
+
+
+def render_classify_cifar10(files: list[str], **_) -> str:
+    """Top-1 at the training size (32 px) and at 48 / 64 px without fine-tuning, per attention."""
+    rows = []
+    for kind, r in load(files[0])["results"].items():
+        top1 = {e["img_size"]: f"{e['top1']:.1f}" for e in r["eval"]}
+        rows.append([kind, f"{r['params'] / 1e6:.2f}M", top1.get(32), top1.get(48), top1.get(64)])
+    return table(["attention", "params", "top-1 32 px", "48 px", "64 px"], rows)
+
+
+def render_diffusion_cifar10(files: list[str], **_) -> str:
+    """Params, steps, training speed, test bits/dim and classifier-feature FID per DiT run."""
+    rows = [[r["model"] + (", DiT block layout" if r.get("variant") else ""), f"{r['params'] / 1e6:.1f}M", r["steps"],
+             r["train_steps_per_s"], f"{r['test_bits_per_dim']:.2f}", f"{r['fid_classifier']:.2f}"]
+            for r in load(files[0])["records"]]
+    return table(["model", "params", "steps", "train steps/s", "test bits/dim", "FID (classifier features)"], rows)
+
+
+def render_multi_gpu(files: list[str], **_) -> str:
+    """1 vs 2 GPUs at the same global batch: first loss, loss differences, images/s, and 2 GPUs at twice the batch."""
+    d = load(files[0])
+    rows = []
+    for job in ("classify", "diffusion"):
+        j = d[job]
+        c = j["comparison"]
+        step1 = c["per_step"][0]
+        speed = lambda run: j[run]["throughput"]["images_per_s"]  # noqa: E731
+        rows.append([f"{job} ({d['settings'][job + '_model']})", f"{step1['loss_1']:.5f} / {step1['loss_2']:.5f}",
+                     f"{c['loss_diff']['first_10']['max_rel']:.1e} / {c['loss_diff']['all']['max_rel']:.1e}",
+                     f"{speed('run_1'):.0f} -> {speed('run_2'):.0f} (x{speed('run_2') / speed('run_1'):.2f})",
+                     f"{speed('run_2_weak'):.0f} (x{speed('run_2_weak') / speed('run_1'):.2f})"])
+    return table(["job", "loss step 1 (1 / 2 GPUs)", "max relative loss difference, first 10 / all steps",
+                  "images/s 1 GPU -> 2 GPUs (same global batch)", "2 GPUs, twice the global batch"], rows)
+
+
+def render_index(files: list[str], **_) -> str:
+    """File, GPU, versions, date and producing command of each design measurement."""
+    rows = []
+    for name in files:
+        env = load(name)["env"]
+        cmd = " ".join(str(env.get("command", "")).split())
+        rows.append([f"[`{name}`](results/{name})", env["gpu"].replace("NVIDIA ", ""),
+                     f"{env['torch']} / {env.get('triton')}", str(env.get("date") or "-")[:10],
+                     (cmd[:110] + " ...") if len(cmd) > 110 else cmd])
+    return table(["file", "GPU", "torch / Triton", "date", "command"], rows)
+
+
+RENDER = {k[len("render_"):]: v for k, v in globals().items() if k.startswith("render_")}
+
+
+def named_files(spec: dict) -> list[str]:
+    """Every result file the report spec names (tables, provenance and plain links), in order."""
+    names = []
+    for section in spec["sections"]:
+        names += section.get("files", []) + section.get("links", [])
+    return names
+
+
+def build(spec: dict) -> str:
+    """The report's markdown from ``spec`` (the parsed YAML)."""
+    parts = [f"# {spec['title']}", spec["intro"].strip()]
+    for section in spec["sections"]:
+        parts.append(f"## {section['title']}")
+        if section.get("text"):
+            parts.append(section["text"].strip())
+        if section.get("table"):
+            parts.append(RENDER[section["table"]](section["files"], **section.get("options", {})))
+        if section.get("after"):
+            parts.append(section["after"].strip())
+        if section.get("files") and section.get("table") != "index":
+            parts.append(provenance(section["files"], section.get("softmax")))
+    parts.append("<!-- generated by scripts/make_report.py from benchmarks/report.yaml: edit those, not this file -->")
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="compare with benchmarks/README.md instead of writing it")
+    args = p.parse_args(argv)
+    try:
+        text = build(yaml.safe_load(SPEC.read_text()))
+    except (FileNotFoundError, KeyError) as err:
+        print(f"make_report: error: {err}", file=sys.stderr)
+        return 1
+    if args.check:
+        if not OUT.is_file() or OUT.read_text() != text:
+            print("make_report: benchmarks/README.md is out of date: run python scripts/make_report.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""scripts/make_report.py on the committed results: every file it names exists, benchmarks/README.md is what the files
+give, every table carries its data's GPU and versions, and a missing file is one clear error."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("make_report", ROOT / "scripts" / "make_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def spec(report):
+    return yaml.safe_load(report.SPEC.read_text())
+
+
+def test_every_named_file_exists(report, spec):
+    names = report.named_files(spec)
+    assert len(names) > 20
+    missing = [n for n in names if not (report.RESULTS / n).is_file()]
+    assert not missing
+
+
+def test_committed_report_is_current(report, spec):
+    assert report.OUT.read_text() == report.build(spec), "run python scripts/make_report.py"
+    assert report.main(["--check"]) == 0
+
+
+def test_every_link_of_the_report_resolves(report):
+    text = report.OUT.read_text()
+    links = re.findall(r"\]\(([^)#]+)", text)
+    assert links
+    assert [link for link in links if not (report.OUT.parent / link).exists()] == []
+
+
+def test_tables_name_hardware_versions_and_softmax_backend(report, spec):
+    text = report.build(spec)
+    for section in spec["sections"]:
+        if section.get("table") in (None, "index"):
+            continue
+        body = text.split(f"## {section['title']}\n", 1)[1].split("\n## ", 1)[0]
+        for name in section["files"]:
+            env = report.load(name)["env"]
+            assert f"`{name}`" in body and env["gpu"] in body and f"torch {env['torch']}" in body
+        assert "- softmax: " in body
+
+
+def test_tables_are_computed_from_the_files(report, spec):
+    """The attention table's SDPA cell at N = 196 is the file's fwd+bwd CUDA-graph median."""
+    records = report.load("attention_fwd_bwd_h100_20261122.json")["records"]
+    ms = next(r["ms_graph"] for r in records if (r["op"], r["mode"], r["N"]) == ("softmax", "fwdbwd", 196))
+    row = next(line for line in report.build(spec).splitlines() if line.startswith("| 196 / 256 |"))
+    assert row.split(" | ")[1] == f"{ms:#.3g}"
+
+
+def test_a_missing_file_is_one_clear_error(report, spec, monkeypatch, capsys):
+    broken = {**spec, "sections": [{**spec["sections"][0], "files": ["no_such_result.json"]}]}
+    monkeypatch.setattr(report.yaml, "safe_load", lambda _: broken)
+    assert report.main(["--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no_such_result.json" in err and "does not exist" in err
+
+
+def test_no_work_bookkeeping_in_the_report(report):
+    assert not re.search(r"(?i)session ?\d+|issue #\d+|target", report.OUT.read_text())
