@@ -80,11 +80,10 @@ def _grid(N):
 
 
 def make_sdpa(B, H, N, d, dtype, device):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    """Softmax attention through SDPA's default dispatch, the fastest backend the machine has (cuDNN on Hopper)."""
 
     def fn(q, k, v):
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v)
+        return F.scaled_dot_product_attention(q, k, v)
 
     return fn, _qkv(B, H, N, d, dtype, device)
 
