@@ -26,7 +26,7 @@ Per-attention architecture (``FAMILIES``):
 * ``softmax``: DeiT as published: LayerNorm pre-norm, GELU MLP (ratio 4), learned absolute position
   embedding (cls row included); at another grid it is resampled bicubically on the fly, and
   ``set_input_size`` / checkpoint loading resample it once.
-* ``lightnet`` (LightNet paper, Table 14 and Fig. 3, SPEC 1.4): LightNet attention (one scan, MD-LRPE,
+* ``lightnet`` (LightNet paper, Table 14 and Fig. 3, docs/spec.md 1.4): LightNet attention (one scan, MD-LRPE,
   low-rank output gate), GLU channel mixer, MD-TPE once after the patch embedding, no absolute position
   embedding. The paper does not name the block norm; we use RMSNorm (the TNL / HGRN2 line LightNet
   builds on). The GLU hidden width is 8/3 of the model width (same parameters as a ratio-4 MLP), which
@@ -38,7 +38,7 @@ Per-attention architecture (``FAMILIES``):
   masks carry relative position (LION paper Sec. 4 and D.7: "LION-S does not require any positional
   encodings"), which is what lets them run above the training resolution unchanged.
 
-Sizes (SPEC 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
+Sizes (docs/spec.md 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
 """
 
 from __future__ import annotations
@@ -314,7 +314,9 @@ class DeiT(nn.Module):
         if hasattr(self.patch_embed, "set_input_size"):
             self.patch_embed.set_input_size(img_size)
         if hasattr(self, "pretrained_cfg"):
-            self.pretrained_cfg = dict(self.pretrained_cfg, input_size=(self.pretrained_cfg["input_size"][0], *img_size))
+            self.pretrained_cfg = dict(
+                self.pretrained_cfg, input_size=(self.pretrained_cfg["input_size"][0], *img_size)
+            )
 
     # ----------------------------------------------------------------------------------- timm surface
     @torch.jit.ignore
@@ -325,7 +327,9 @@ class DeiT(nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Regexes grouping parameters into stem / blocks / head for layer-wise lr decay."""
-        return dict(stem=r"^cls_token|pos_embed|patch_embed|tpe", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+        return dict(
+            stem=r"^cls_token|pos_embed|patch_embed|tpe", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]
+        )
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

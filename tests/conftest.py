@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from helpers import rel as _rel
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -70,3 +72,9 @@ def cli_error(capsys):
         return lines[-1]
 
     return run
+
+
+@pytest.fixture
+def rel():
+    """The suite's relative L2 error (tests/helpers.py), for tests that take it as a fixture."""
+    return _rel

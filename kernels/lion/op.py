@@ -25,14 +25,12 @@ from lightvision.ops.heads import merge_heads, split_heads
 from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map, log_gates, split_gate_logits
 
 from .custom import lion_core, lion_packed
-from .parallel import EPS
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 128
 # form="auto": the flash-style parallel kernel below these sequence lengths, the linear-time scan from them
 # on. Every stage of the scan is parallel over chunks, so the choice depends on N alone (not on the batch).
-# Crossovers measured on an H100, bf16, H = 6, d = 64, B * N ~ 50k (docs/kernels_lion.md,
-# benchmarks/results/lion_session9_h100.json, lion_session10_h100.json).
+# Crossovers measured on an H100, bf16, H = 6, d = 64, B * N ~ 50k (docs/kernels_lion.md).
 AUTO_SCAN_MIN_N_TRAIN = {"lit": 512, "d": 512, "s": 512}
 AUTO_SCAN_MIN_N_INFER = {"lit": 1024, "d": 512, "s": 512}
 _FORMS = {"parallel": "parallel", "chunk": "parallel", "scan": "scan", "recurrent": "scan"}

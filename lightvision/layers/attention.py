@@ -67,7 +67,7 @@ class SoftmaxAttention(_QKV):
 
 
 class LightNetAttention(_QKV):
-    """LNA (LightNet Fig. 3, Eq. 9; SPEC 1.4): q, k, v = x W (one fused Linear, no bias);
+    """LNA (LightNet Fig. 3, Eq. 9; docs/spec.md 1.4): q, k, v = x W (one fused Linear, no bias);
     O = lightnet_attention(q, k, v) with MD-LRPE on the grid; O = RMSNorm(O) * sigmoid(x W_u1 W_u2); out = O W_o.
     With the key softmax (the model), the core runs as ``lightnet_attention_qkvpacked`` on the Linear's output
     and the norm and gate as one fused ``rms_norm`` (Triton on CUDA).
@@ -116,7 +116,8 @@ class LightNetAttention(_QKV):
 
 
 class LionAttention(_QKV):
-    """LION attention layer (LION Sec. 4; SPEC 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y W_o.
+    """LION attention layer (LION Sec. 4; docs/spec.md 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y
+    W_o.
 
     phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32. Without snake the
     layer runs ``lightvision.ops.lion_attention_qkvpacked`` on the qkv Linear's output (phi inside; its masked

@@ -1,4 +1,4 @@
-"""GLU feed-forward of the LightNet block (SPEC 1.4)."""
+"""GLU feed-forward of the LightNet block (docs/spec.md 1.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RMSNorm (the Norm of the LightNet layer, SPEC 1.4) and the modulated LayerNorm of adaLN (DiT)."""
+"""RMSNorm (the Norm of the LightNet layer, docs/spec.md 1.4) and the modulated LayerNorm of adaLN (DiT)."""
 
 from __future__ import annotations
 

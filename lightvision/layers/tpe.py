@@ -1,4 +1,4 @@
-"""MD-TPE layer: residual multi-dimensional Toeplitz positional encoding (LightNet Eq. 10-11; SPEC 1.3)."""
+"""MD-TPE layer: residual multi-dimensional Toeplitz positional encoding (LightNet Eq. 10-11; docs/spec.md 1.3)."""
 
 from __future__ import annotations
 

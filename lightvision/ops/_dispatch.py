@@ -10,7 +10,7 @@ runs, with ``backend="triton"`` a RuntimeError is raised.
 
 Under ``torch.compile``, "auto" runs the reference of the ops in ``INDUCTOR_FUSES`` (RMSNorm, SiLU x mul): Inductor
 fuses it with the residual adds and casts around it, which the opaque kernel cannot (one H100, DeiT-S training
-under reduce-overhead, LightNet 4-6% more images/s at 224-1024 px: benchmarks/results/pointwise_ab_session13_h100.json);
+under reduce-overhead, LightNet 4-6% more images/s at 224-1024 px: docs/kernels_lightnet.md);
 "triton" still takes the kernel's custom op. The other fused kernels stay faster than Inductor's code there.
 
 Families are imported lazily, once, the first time an op asks for a kernel (or all at once by
@@ -106,14 +106,14 @@ def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwar
         return NotImplemented
     fn = get_kernel(op_name)
     if fn is None:
+        failed = _IMPORT_ERRORS.get(_FAMILY[op_name])
         if backend == "triton":
             raise RuntimeError(
                 f"{op_name}: backend='triton' but no Triton kernel is registered (importing "
                 f"{_FAMILY[op_name]} did not call register_kernel({op_name!r}, ...)"
-                f"{'; import failed: ' + _IMPORT_ERRORS[_FAMILY[op_name]] if _FAMILY[op_name] in _IMPORT_ERRORS else ''}"
+                f"{'; import failed: ' + failed if failed is not None else ''}"
                 "); use backend='torch' or 'auto'"
             )
-        failed = _IMPORT_ERRORS.get(_FAMILY[op_name])
         warn_once((op_name, "no kernel"), f"{op_name}: no Triton kernel is available"
                   f"{' (' + failed + ')' if failed else ''}; backend='auto' runs the PyTorch reference on {device}")
         return NotImplemented

@@ -1,4 +1,4 @@
-"""LightNet attention: the one-scan additive-decay linear attention (LightNet Eq. 7-9; SPEC 1.1)."""
+"""LightNet attention: the one-scan additive-decay linear attention (LightNet Eq. 7-9; docs/spec.md 1.1)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def lightnet_attention(
     """LightNet attention core on raw projections q, k [B, H, N, d], v [B, H, N, d_v] -> [B, H, N, d_v].
 
     Non-causal (Eq. 8-9): q^ = SiLU(q), k^ = softmax of k over the N tokens per (batch, head, feature),
-    O = q~ (k~^T v) with q~, k~ = MD-LRPE(q^), MD-LRPE(k^) (SPEC 1.2) when ``lrpe`` (a variant of
+    O = q~ (k~^T v) with q~, k~ = MD-LRPE(q^), MD-LRPE(k^) (docs/spec.md 1.2) when ``lrpe`` (a variant of
     ``lightvision.ops.md_lrpe.LRPE_VARIANTS``, True = "per_axis"; False / None = off) and a ``grid`` are given
     (else q~ = q^, k~ = k^). No 1/N or other normaliser: the softmax over tokens is the normaliser.
     Prefix tokens (first ``num_prefix_tokens``) take part in the softmax and get LRPE angle 0.

@@ -1,6 +1,6 @@
 """LION bidirectional masked linear attention: masks LIT / D / S, four equivalent forms, snake orders.
 
-LION Theorem 3.3 and Sec. 4; SPEC 1.5. Per head, with q, k already feature-mapped (positive):
+LION Theorem 3.3 and Sec. 4; docs/spec.md 1.5. Per head, with q, k already feature-mapped (positive):
     A = (Q K^T) * M,    Y = (A V) / (A 1 + 1e-6)
     LIT: M = 1;  D: M_ij = lambda^|i-j| (log lambda per head);
     S:   M_ij = prod_{m=j}^{i-1} a_m (i > j), prod_{m=i+1}^{j} a_m (i < j), 1 (i = j), log a_m given per token.
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from ._checks import check_choice, check_grid, check_qkv, compute_dtype
 from ._dispatch import dispatch, warn_once
-from .heads import merge_heads, split_heads
 from ._scan import bidirectional_scan, segsum
+from .heads import merge_heads, split_heads
 
 MASKS = ("lit", "d", "s")
 FEATURE_MAPS = ("elu", "silu_norm")
@@ -30,7 +30,7 @@ EPS = 1e-6
 # cuBLAS on its unaligned kernels, about twice as slow for these products. Gate logits folded into the qkv
 # projection take QKV_GATE_ALIGN columns, so that the projection's row stride stays a multiple of 64 elements
 # (128 bytes of bf16) when 3C is: with rows of 1160 Inductor padded the stride and copied the tensor into and out of
-# the packed custom op, about 3 ms per DeiT-S step (docs/kernels_lion.md, sessions 20-21).
+# the packed custom op, about 3 ms per DeiT-S step (docs/kernels_lion.md).
 GATE_ALIGN = 8
 QKV_GATE_ALIGN = 64
 
@@ -56,7 +56,7 @@ def log_gates(z: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
 
 
 def lion_feature_map(x: torch.Tensor, kind: str = "silu_norm", *, backend: str = "auto") -> torch.Tensor:
-    """LION's positive feature map phi over the last (head) dim (LION Sec. 4; SPEC 1.5), applied to q and k.
+    """LION's positive feature map phi over the last (head) dim (LION Sec. 4; docs/spec.md 1.5), applied to q and k.
 
     "silu_norm" (LION-D / S): normalize(SiLU(x) + 0.5) in L2, so q . k lies in (0, 1];  "elu" (LIT): elu(x) + 1.
     x [..., d] -> phi(x), same shape and dtype, computed in fp32 (fp64 inputs stay fp64). ``backend``: see
@@ -127,7 +127,9 @@ def lion_attention(
     elif form == "recurrent":
         num, den = _recurrent_form(qf, kf, vf, log_fwd, log_bwd)
     else:
-        out = bidirectional_scan(qf, kf, torch.cat([vf, vf.new_ones(*vf.shape[:3], 1)], -1), log_fwd, log_bwd, chunk_size)
+        out = bidirectional_scan(
+            qf, kf, torch.cat([vf, vf.new_ones(*vf.shape[:3], 1)], -1), log_fwd, log_bwd, chunk_size
+        )
         num, den = out[..., :-1], out[..., -1]
     if not normalize:
         return num, den
@@ -218,7 +220,7 @@ def lion_snake_attention(
     chunk_size: int = 64,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """LION-D/S with snake patch orders ("natural" variants, SPEC 1.5): M = (M_row + M_col) / 2.
+    """LION-D/S with snake patch orders ("natural" variants, docs/spec.md 1.5): M = (M_row + M_col) / 2.
 
     M_row (M_col) is the D or S mask built along the row-snake (column-snake) order of the 2-D grid
     (:func:`snake_permutation`) and permuted back to raster order. Computed by gathering tokens into each
@@ -276,12 +278,18 @@ def check_log_decay(mask: str, log_decay: torch.Tensor | None, q: torch.Tensor, 
         return
     want = (h,) if mask == "d" else (b, h, n)
     if not isinstance(log_decay, torch.Tensor):
-        raise ValueError(f"{name}: mask={mask!r} needs log_decay, a tensor of shape {want}; got {type(log_decay).__name__}")
+        raise ValueError(
+            f"{name}: mask={mask!r} needs log_decay, a tensor of shape {want}; got {type(log_decay).__name__}"
+        )
     if tuple(log_decay.shape) != want:
         layout = "[H] (log lambda per head)" if mask == "d" else "[B, H, N] (log gate per token)"
-        raise ValueError(f"{name}: mask={mask!r} needs log_decay of shape {layout} = {want}, got {tuple(log_decay.shape)}")
+        raise ValueError(
+            f"{name}: mask={mask!r} needs log_decay of shape {layout} = {want}, got {tuple(log_decay.shape)}"
+        )
     if not log_decay.is_floating_point() or log_decay.device != q.device:
-        raise ValueError(f"{name}: log_decay must be a floating tensor on {q.device}, got {log_decay.dtype} on {log_decay.device}")
+        raise ValueError(
+            f"{name}: log_decay must be a floating tensor on {q.device}, got {log_decay.dtype} on {log_decay.device}"
+        )
 
 
 def step_log_decays(
@@ -324,7 +332,7 @@ def _chunk_form(q, k, v, log_fwd, log_bwd, chunk_size):
 
 
 def _recurrent_form(q, k, v, log_fwd, log_bwd):
-    """Forward and backward RNNs (S, z) run token by token, as SPEC 1.5 states them.
+    """Forward and backward RNNs (S, z) run token by token, as docs/spec.md 1.5 states them.
 
     Each direction carries one state S [B, H, d, d_v] and z [B, H, d]: k_i v_i^T is formed at its step only, so
     the forward pass holds O(d d_v) state besides the [B, H, N, d_v] outputs (autograd still keeps one S per step

@@ -1,4 +1,4 @@
-"""Pointwise parts of the LightNet layer: RMSNorm with the sigmoid output gate (LightNet Eq. 9; SPEC 1.4)
+"""Pointwise parts of the LightNet layer: RMSNorm with the sigmoid output gate (LightNet Eq. 9; docs/spec.md 1.4)
 and the SiLU-gated product of the GLU channel mixer."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
     ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`).
     """
     if x.dim() == 0 or weight.shape != x.shape[-1:]:
-        raise ValueError(f"rms_norm: weight must be [C] for x [..., C], got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"rms_norm: weight must be [C] for x [..., C], got x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
     if gate is not None and gate.shape != x.shape:
         raise ValueError(f"rms_norm: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
     if not (x.device == weight.device and (gate is None or gate.device == x.device)):
@@ -38,7 +40,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
 
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
-    """SiLU(a) * b, the gated product of GLU (SPEC 1.4), computed in fp32, returned in a's dtype.
+    """SiLU(a) * b, the gated product of GLU (docs/spec.md 1.4), computed in fp32, returned in a's dtype.
 
     a, b [..., C] of one shape -> [..., C]. Packed form (b None): a [..., 2C] holds the two halves [a | b] side by
     side (the output of GLU's one W_1 | W_2 projection) -> [..., C]; the kernel reads the halves in place and its

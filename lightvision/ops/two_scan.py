@@ -1,4 +1,5 @@
-"""The "two-scan" baseline: bidirectional multiplicative decay as two causal scans (LightNet Sec. 3.1; SPEC 1.6)."""
+"""The "two-scan" baseline: bidirectional multiplicative decay as two causal scans (LightNet Sec. 3.1; docs/spec.md
+1.6)."""
 
 from __future__ import annotations
 
