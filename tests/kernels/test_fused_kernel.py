@@ -304,7 +304,7 @@ def _qk_view(b, n, h, d, dtype, scale=2.0):
     lambda dtype: _qk_view(1, 5, 1, 24, dtype),  # B = H = 1, d = 24 (padded to 32)
     lambda dtype: (torch.randn(3, 50, 48, device=DEV) * 3).to(dtype),  # 3-D, contiguous
     lambda dtype: (torch.randn(2, 1, 9, 128, device=DEV)).to(dtype).transpose(1, 2),  # [2, 9, 1, 128] view
-])
+], ids=["qk_view-n197-d64", "qk_view-b1-h1-d24", "3d-contiguous", "transposed-d128"])
 def test_lion_feature_map_matches_reference(kind, dtype, make):
     x = make(dtype)
     _grads_vs_fp64(lambda x_, backend: lion_feature_map(x_, kind, backend=backend), [x], TOL[dtype])
