@@ -14,10 +14,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
              out_dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
     """y = x / sqrt(mean_c(x^2) + eps) * weight, times sigmoid(gate) when a gate is given.
 
-    x [..., C], weight [C], gate None or x's shape -> y [..., C] in ``out_dtype`` (default x's dtype).
-    Statistics and products in fp32 (fp64 inputs stay fp64), rounded once at the end: an fp32 residual
-    stream x with ``out_dtype=torch.bfloat16`` gives the bf16 input of the next matmul without a second cast.
-    ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`).
+    Statistics and products in fp32 (fp64 inputs stay fp64), rounded once at the end: an fp32 residual stream x
+    with ``out_dtype=torch.bfloat16`` gives the bf16 input of the next matmul without a second cast.
+
+    Args:
+        x: [..., C].
+        weight: [C].
+        gate: None, or x's shape (the LightNet output gate's logits).
+        eps: added to the mean square.
+        out_dtype: dtype of y (default x's dtype).
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        y [..., C] in ``out_dtype``.
+
+    Example:
+        >>> rms_norm(torch.randn(2, 10, 32), torch.ones(32), torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
     """
     if x.dim() == 0 or weight.shape != x.shape[-1:]:
         raise ValueError(
@@ -42,9 +55,21 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
 def silu_mul(a: torch.Tensor, b: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
     """SiLU(a) * b, the gated product of GLU (docs/spec.md 1.4), computed in fp32, returned in a's dtype.
 
-    a, b [..., C] of one shape -> [..., C]. Packed form (b None): a [..., 2C] holds the two halves [a | b] side by
-    side (the output of GLU's one W_1 | W_2 projection) -> [..., C]; the kernel reads the halves in place and its
-    backward writes one [..., 2C] gradient, so no slice copies either way.
+    In the packed form the kernel reads the two halves in place and its backward writes one [..., 2C] gradient,
+    so there are no slice copies either way.
+
+    Args:
+        a: [..., C], or [..., 2C] holding [a | b] side by side when b is None (the output of GLU's one W_1 | W_2
+            projection).
+        b: [..., C] of a's shape, or None for the packed form.
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        [..., C] in a's dtype.
+
+    Example:
+        >>> silu_mul(torch.randn(4, 64)).shape
+        torch.Size([4, 32])
     """
     if b is None:
         if a.dim() == 0 or a.shape[-1] % 2:
