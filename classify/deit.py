@@ -528,104 +528,125 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
 
 @register_model
 def softmax_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with softmax attention (DeiT)."""
     return create_deit("softmax", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def softmax_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with softmax attention (DeiT)."""
     return create_deit("softmax", "small", pretrained, **kwargs)
 
 
 @register_model
 def softmax_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with softmax attention (DeiT)."""
     return create_deit("softmax", "base", pretrained, **kwargs)
 
 
 @register_model
 def lightnet_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LightNet attention (one scan, MD-LRPE)."""
     return create_deit("lightnet", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lightnet_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LightNet attention (one scan, MD-LRPE)."""
     return create_deit("lightnet", "small", pretrained, **kwargs)
 
 
 @register_model
 def lightnet_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LightNet attention (one scan, MD-LRPE)."""
     return create_deit("lightnet", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_lit_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-LIT attention."""
     return create_deit("lion_lit", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_lit_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-LIT attention."""
     return create_deit("lion_lit", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_lit_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-LIT attention."""
     return create_deit("lion_lit", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-D attention."""
     return create_deit("lion_d", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-D attention."""
     return create_deit("lion_d", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-D attention."""
     return create_deit("lion_d", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-S attention."""
     return create_deit("lion_s", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-S attention."""
     return create_deit("lion_s", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-S attention."""
     return create_deit("lion_s", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_snake_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-D attention with snake orders."""
     return create_deit("lion_d_snake", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-D attention with snake orders."""
     return create_deit("lion_d_snake", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-D attention with snake orders."""
     return create_deit("lion_d_snake", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_snake_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "base", pretrained, **kwargs)
