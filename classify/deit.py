@@ -500,7 +500,17 @@ default_cfgs = generate_default_cfgs({name: _cfg() for name in MODEL_NAMES})
 
 
 def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: Any) -> DeiT:
-    """Build ``{attention}_deit_{size}_patch16_224`` through timm; ``kwargs`` override the size preset."""
+    """Build ``{attention}_deit_{size}_patch16_224`` through timm (pretrained weights and features_only included).
+
+    Args:
+        attention: one of ``FAMILIES`` (softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake).
+        size: "tiny" | "small" | "base" (docs/spec.md 3).
+        pretrained: load the weights of the model's pretrained config.
+        **kwargs: :class:`DeiT` arguments that override the size preset (e.g. ``img_size``, ``num_classes``).
+
+    Returns:
+        The :class:`DeiT`, ``forward(images [B, C, H, W]) -> logits [B, num_classes]``.
+    """
     heads = dict(zip(SIZES, FAMILIES[attention].heads))[size]
     model_args = dict(patch_size=16, num_heads=heads, attention=attention, **SIZES[size])
     out_indices = kwargs.pop("out_indices", 3)  # features_only: the last 3 blocks, as timm's ViTs
@@ -515,8 +525,16 @@ def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: A
 
 
 def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0) -> DeiT:
-    """The model a checkpoint's ``model_config`` describes: {"name", "num_classes", "in_chans", "img_size",
-    "args" (more create_model kwargs)}; ``drop_path_rate`` only matters for training."""
+    """The model a checkpoint's ``model_config`` describes.
+
+    Args:
+        model_config: {"name", "num_classes", "in_chans", "img_size", "args" (more ``timm.create_model`` kwargs)},
+            as ``lightvision.classify.train.model_config`` writes it.
+        drop_path_rate: stochastic depth; only matters for training.
+
+    Returns:
+        The :class:`DeiT`.
+    """
     name = model_config["name"]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")

@@ -240,7 +240,14 @@ def model_names() -> list[str]:
 
 
 def model_config(name: str) -> dict:
-    """The DiT constructor arguments for a registered name (depth, width, heads, patch, attention)."""
+    """The DiT constructor arguments of a registered name.
+
+    Args:
+        name: ``{attention}_dit_{s|b|l|xl}_{2|4|8}``.
+
+    Returns:
+        {"depth", "hidden_size", "num_heads", "patch_size", "attention"} (docs/spec.md 3 sizes).
+    """
     kind, sep, rest = name.rpartition("_dit_")
     size, _, patch = rest.partition("_")
     if (
@@ -257,7 +264,19 @@ def model_config(name: str) -> dict:
 
 
 def create_model(name: str, input_size: int = 32, in_channels: int = 4, num_classes: int = 1000, **kwargs) -> DiT:
-    """Build a registered DiT, e.g. ``create_model("lightnet_dit_xl_2")``; ``kwargs`` override the constructor."""
+    """Build a registered DiT, e.g. ``create_model("lightnet_dit_xl_2")``.
+
+    Args:
+        name: ``{attention}_dit_{s|b|l|xl}_{2|4|8}`` (:func:`model_names`).
+        input_size: latent side length (the model accepts any size divisible by the patch).
+        in_channels: latent channels.
+        num_classes: class labels (one more embedding row is the null class of classifier-free guidance).
+        **kwargs: :class:`DiT` constructor arguments that override the preset (e.g. ``learn_sigma``,
+            ``tpe_placement``).
+
+    Returns:
+        The :class:`DiT`, ``forward(x [B, C, H, W], t [B], y [B]) -> [B, C or 2C, H, W]``.
+    """
     config = model_config(name)
     config.update(kwargs)
     return DiT(input_size=input_size, in_channels=in_channels, num_classes=num_classes, **config)
