@@ -3,7 +3,8 @@
     python -m lightvision.classify.benchmark --data /tmp/cifar --out $OUT --epochs 5 \\
         softmax lightnet lion_d lion_s lion_s_snake
 
-Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides): ``{kind}_deit_tiny_patch16_224`` (tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
+Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides): ``{kind}_deit_tiny_patch16_224``
+(tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
 trained with ``configs/classify/cifar10.yaml`` for ``--epochs`` epochs (``--warmup-epochs`` of linear warm-up;
 mixup / cutmix off, RandAugment and random erasing on as in the recipe), then evaluated on the test split at every
 ``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
@@ -30,26 +31,45 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
     returns its results."""
     from lightvision.classify.deit import FAMILIES
     from lightvision.classify.evaluate import evaluate_checkpoint
-    from lightvision.classify.train import load_train_config, train
+    from lightvision.classify.train import load_recipe, train
 
     kind, variant_set = resolve_variant(name, args.variants, FAMILIES)
     run = Path(args.work) / name
-    cfg = load_train_config(RECIPE, [
-        f"model.name={kind}_deit_tiny_patch16_224", f"data.root={args.data}", f"data.num_workers={args.workers}",
-        f"sched.epochs={args.epochs}", f"sched.warmup_epochs={args.warmup_epochs}", f"train.batch_size={args.batch_size}",
-        "aug.mixup=0", "aug.cutmix=0", f"train.eval_every_epochs={args.epochs}", f"run.dir={run}",
-        "train.log_every=50", *variant_set, *args.set,
-    ])
+    cfg = load_recipe(
+        RECIPE,
+        [
+            f"model.name={kind}_deit_tiny_patch16_224",
+            f"data.root={args.data}",
+            f"data.num_workers={args.workers}",
+            f"sched.epochs={args.epochs}",
+            f"sched.warmup_epochs={args.warmup_epochs}",
+            f"train.batch_size={args.batch_size}",
+            "aug.mixup=0",
+            "aug.cutmix=0",
+            f"train.eval_every_epochs={args.epochs}",
+            f"run.dir={run}",
+            "train.log_every=50",
+            *variant_set,
+            *args.set,
+        ],
+    )
     start = time.time()
     final = train(cfg)
     train_seconds = time.time() - start
     report = evaluate_checkpoint(run, args.img_size, batch_size=500, num_workers=args.workers)
     return {
-        "model": cfg["model"]["name"], "variant_set": variant_set, "recipe": {k: cfg[k] for k in ("model", "aug", "optim", "sched", "train")},
-        "params": final["params"], "epochs": final["epochs"], "train_seconds": round(train_seconds, 1),
-        "train_images_per_s": round(final["step"] * args.batch_size / train_seconds, 1), "final": final,
-        "eval": [{k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
-                 for r in report["results"]],
+        "model": cfg["model"]["name"],
+        "variant_set": variant_set,
+        "recipe": {k: cfg[k] for k in ("model", "aug", "optim", "sched", "train")},
+        "params": final["params"],
+        "epochs": final["epochs"],
+        "train_seconds": round(train_seconds, 1),
+        "train_images_per_s": round(final["step"] * args.batch_size / train_seconds, 1),
+        "final": final,
+        "eval": [
+            {k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
+            for r in report["results"]
+        ],
     }
 
 

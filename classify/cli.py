@@ -22,11 +22,11 @@ def _train(args: argparse.Namespace) -> int:
         out = args.out or "runs/classify_default"
         result = run_default(out, device=args.device, overrides=args.overrides)
     else:
-        from lightvision.classify.train import load_train_config, train
+        from lightvision.classify.train import load_recipe, train
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         overrides = [*args.overrides, *([f"run.dir={args.out}"] if args.out else [])]
-        result = train(load_train_config(args.config, overrides), device=args.device, resume=args.resume)
+        result = train(load_recipe(args.config, overrides), device=args.device, resume=args.resume)
     print(json.dumps(result, indent=2))
     return 0
 
@@ -88,7 +88,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "built-in LightNet digits default (overrides apply on top of it) and evaluates it at 16 and 24 px.",
     )
     train.add_argument("--config", help="recipe YAML, e.g. configs/classify/deit_imagenet.yaml")
-    train.add_argument("--out", help="run folder (default: run.dir of the recipe; runs/classify_default without --config)")
+    train.add_argument(
+        "--out", help="run folder (default: run.dir of the recipe; runs/classify_default without --config)"
+    )
     train.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. optim.lr=1e-3")

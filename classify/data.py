@@ -20,9 +20,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 import torch.nn.functional as F
-import timm
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import Dataset
@@ -116,7 +116,9 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None) -> D
                              f"their held-out split, not on {folder}: leave out --data")
         return DigitsDataset("val", img_size, d["in_chans"])
     mean, std = norm_stats(cfg)
-    tf = eval_transform(img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std)
+    tf = eval_transform(
+        img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std
+    )
     if folder is None:
         if d["root"] is None:
             raise ValueError("no validation data: pass --data PATH (a folder of class sub-folders, or one holding "
@@ -149,7 +151,9 @@ def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...],
     )
 
 
-def eval_transform(img_size: int, crop_pct: float, interpolation: str, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:
+def eval_transform(
+    img_size: int, crop_pct: float, interpolation: str, mean: tuple[float, ...], std: tuple[float, ...]
+) -> Any:
     """Resize to img_size / crop_pct, center-crop img_size, normalise."""
     return create_transform(
         input_size=img_size, is_training=False, crop_pct=crop_pct, interpolation=interpolation, mean=mean, std=std

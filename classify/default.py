@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lightvision.classify.evaluate import evaluate_checkpoint
-from lightvision.classify.train import load_train_config, train
+from lightvision.classify.train import load_recipe, train
 
 __all__ = ["DIGITS_RECIPE", "EVAL_SIZES", "run_default"]
 
@@ -63,7 +63,7 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     was reused), "train_seconds", "run_dir", "plot", ...}.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    cfg = load_train_config(None, [*DIGITS_RECIPE, f"run.dir={out_dir}", *overrides])
+    cfg = load_recipe(None, [*DIGITS_RECIPE, f"run.dir={out_dir}", *overrides])
     start = time.perf_counter()
     trained = train(cfg, device=device, resume=True)
     seconds = time.perf_counter() - start

@@ -26,7 +26,7 @@ Per-attention architecture (``FAMILIES``):
 * ``softmax``: DeiT as published: LayerNorm pre-norm, GELU MLP (ratio 4), learned absolute position
   embedding (cls row included); at another grid it is resampled bicubically on the fly, and
   ``set_input_size`` / checkpoint loading resample it once.
-* ``lightnet`` (LightNet paper, Table 14 and Fig. 3, SPEC 1.4): LightNet attention (one scan, MD-LRPE,
+* ``lightnet`` (LightNet paper, Table 14 and Fig. 3, docs/spec.md 1.4): LightNet attention (one scan, MD-LRPE,
   low-rank output gate), GLU channel mixer, MD-TPE once after the patch embedding, no absolute position
   embedding. The paper does not name the block norm; we use RMSNorm (the TNL / HGRN2 line LightNet
   builds on). The GLU hidden width is 8/3 of the model width (same parameters as a ratio-4 MLP), which
@@ -38,7 +38,7 @@ Per-attention architecture (``FAMILIES``):
   masks carry relative position (LION paper Sec. 4 and D.7: "LION-S does not require any positional
   encodings"), which is what lets them run above the training resolution unchanged.
 
-Sizes (SPEC 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
+Sizes (docs/spec.md 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
 """
 
 from __future__ import annotations
@@ -314,7 +314,9 @@ class DeiT(nn.Module):
         if hasattr(self.patch_embed, "set_input_size"):
             self.patch_embed.set_input_size(img_size)
         if hasattr(self, "pretrained_cfg"):
-            self.pretrained_cfg = dict(self.pretrained_cfg, input_size=(self.pretrained_cfg["input_size"][0], *img_size))
+            self.pretrained_cfg = dict(
+                self.pretrained_cfg, input_size=(self.pretrained_cfg["input_size"][0], *img_size)
+            )
 
     # ----------------------------------------------------------------------------------- timm surface
     @torch.jit.ignore
@@ -325,7 +327,9 @@ class DeiT(nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """Regexes grouping parameters into stem / blocks / head for layer-wise lr decay."""
-        return dict(stem=r"^cls_token|pos_embed|patch_embed|tpe", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+        return dict(
+            stem=r"^cls_token|pos_embed|patch_embed|tpe", blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]
+        )
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -496,7 +500,17 @@ default_cfgs = generate_default_cfgs({name: _cfg() for name in MODEL_NAMES})
 
 
 def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: Any) -> DeiT:
-    """Build ``{attention}_deit_{size}_patch16_224`` through timm; ``kwargs`` override the size preset."""
+    """Build ``{attention}_deit_{size}_patch16_224`` through timm (pretrained weights and features_only included).
+
+    Args:
+        attention: one of ``FAMILIES`` (softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake).
+        size: "tiny" | "small" | "base" (docs/spec.md 3).
+        pretrained: load the weights of the model's pretrained config.
+        **kwargs: :class:`DeiT` arguments that override the size preset (e.g. ``img_size``, ``num_classes``).
+
+    Returns:
+        The :class:`DeiT`, ``forward(images [B, C, H, W]) -> logits [B, num_classes]``.
+    """
     heads = dict(zip(SIZES, FAMILIES[attention].heads))[size]
     model_args = dict(patch_size=16, num_heads=heads, attention=attention, **SIZES[size])
     out_indices = kwargs.pop("out_indices", 3)  # features_only: the last 3 blocks, as timm's ViTs
@@ -511,8 +525,16 @@ def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: A
 
 
 def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0) -> DeiT:
-    """The model a checkpoint's ``model_config`` describes: {"name", "num_classes", "in_chans", "img_size",
-    "args" (more create_model kwargs)}; ``drop_path_rate`` only matters for training."""
+    """The model a checkpoint's ``model_config`` describes.
+
+    Args:
+        model_config: {"name", "num_classes", "in_chans", "img_size", "args" (more ``timm.create_model`` kwargs)},
+            as ``lightvision.classify.train.model_config`` writes it.
+        drop_path_rate: stochastic depth; only matters for training.
+
+    Returns:
+        The :class:`DeiT`.
+    """
     name = model_config["name"]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
@@ -524,104 +546,125 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
 
 @register_model
 def softmax_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with softmax attention (DeiT)."""
     return create_deit("softmax", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def softmax_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with softmax attention (DeiT)."""
     return create_deit("softmax", "small", pretrained, **kwargs)
 
 
 @register_model
 def softmax_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with softmax attention (DeiT)."""
     return create_deit("softmax", "base", pretrained, **kwargs)
 
 
 @register_model
 def lightnet_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LightNet attention (one scan, MD-LRPE)."""
     return create_deit("lightnet", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lightnet_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LightNet attention (one scan, MD-LRPE)."""
     return create_deit("lightnet", "small", pretrained, **kwargs)
 
 
 @register_model
 def lightnet_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LightNet attention (one scan, MD-LRPE)."""
     return create_deit("lightnet", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_lit_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-LIT attention."""
     return create_deit("lion_lit", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_lit_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-LIT attention."""
     return create_deit("lion_lit", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_lit_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-LIT attention."""
     return create_deit("lion_lit", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-D attention."""
     return create_deit("lion_d", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-D attention."""
     return create_deit("lion_d", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-D attention."""
     return create_deit("lion_d", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-S attention."""
     return create_deit("lion_s", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-S attention."""
     return create_deit("lion_s", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-S attention."""
     return create_deit("lion_s", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_snake_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-D attention with snake orders."""
     return create_deit("lion_d_snake", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-D attention with snake orders."""
     return create_deit("lion_d_snake", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_d_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-D attention with snake orders."""
     return create_deit("lion_d_snake", "base", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_snake_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "tiny", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "small", pretrained, **kwargs)
 
 
 @register_model
 def lion_s_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "base", pretrained, **kwargs)

@@ -101,7 +101,9 @@ def evaluate_resolutions(
     return results
 
 
-def write_report(results: list[dict[str, Any]], out_dir: str | Path, title: str, meta: dict[str, Any] | None = None) -> dict[str, str]:
+def write_report(
+    results: list[dict[str, Any]], out_dir: str | Path, title: str, meta: dict[str, Any] | None = None
+) -> dict[str, str]:
     """Write ``eval.md`` (table), ``eval.json`` (results + meta) and ``eval.png`` into ``out_dir``.
 
     The plot has accuracy vs resolution on the left and peak GPU memory (images/s where memory is not
@@ -189,7 +191,11 @@ def evaluate_checkpoint(
     ckpt = resolve_checkpoint(checkpoint)
     saved = read_checkpoint_config(ckpt)
     mcfg, cfg = saved["model_config"], saved["config"]
-    if not isinstance(mcfg, dict) or not {"name", "num_classes", "in_chans", "img_size", "args"} <= mcfg.keys() or not cfg:
+    if (
+        not isinstance(mcfg, dict)
+        or not {"name", "num_classes", "in_chans", "img_size", "args"} <= mcfg.keys()
+        or not cfg
+    ):
         raise ValueError(
             f"{ckpt} was not written by `lightvision classify train` (model_config {mcfg}): pass the run folder of "
             "a classifier"
@@ -222,11 +228,11 @@ def evaluate_pretrained(
     ImageNet one). ``model_args`` override what the file implies (e.g. {"global_pool": "token"}). Returns
     ``evaluate_checkpoint``'s dict plus "loaded" (file, layout, tensors)."""
     from lightvision.classify.convert import create_pretrained
-    from lightvision.classify.train import load_train_config
+    from lightvision.classify.train import load_recipe
 
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    cfg = load_train_config(recipe, [f"model.name={model_name}"])
+    cfg = load_recipe(recipe, [f"model.name={model_name}"])
     model, loaded = create_pretrained(model_name, pretrained, weights or "ema", **(model_args or {}))
     print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into {model_name}")
     meta = {"checkpoint": str(pretrained), "model": model_name, "train_img_size": model.img_size[0],

@@ -39,7 +39,7 @@ from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.weights import record_init
 
-__all__ = ["DEFAULTS", "build_accelerator", "load_train_config", "model_config", "train"]
+__all__ = ["DEFAULTS", "build_accelerator", "load_recipe", "model_config", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def load_train_config(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> dict:
     """``DEFAULTS`` <- recipe YAML ``path`` <- ``key=value`` overrides; unknown keys are errors."""
     return load_config(path, overrides, defaults=DEFAULTS)
 

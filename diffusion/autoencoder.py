@@ -52,7 +52,9 @@ class Codec:
     def latent_size(self, image_size: int) -> int:
         """Latent side for an image side (must divide exactly)."""
         if image_size % self.downsample:
-            raise ValueError(f"image size {image_size} is not divisible by the autoencoder's downsampling {self.downsample}")
+            raise ValueError(
+                f"image size {image_size} is not divisible by the autoencoder's downsampling {self.downsample}"
+            )
         return image_size // self.downsample
 
     def describe(self) -> dict:
@@ -61,8 +63,14 @@ class Codec:
                 "scaling_factor": self.scaling_factor}
 
 
-def load_codec(kind: str = "kl", path: str | None = DEFAULT_VAE, *, channels: int = 3, device: str | torch.device = "cpu",
-               dtype: torch.dtype = torch.float32) -> Codec:
+def load_codec(
+    kind: str = "kl",
+    path: str | None = DEFAULT_VAE,
+    *,
+    channels: int = 3,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> Codec:
     """Load a codec: ``kind`` "kl" (AutoencoderKL) or "tiny" (AutoencoderTiny) from ``path`` (local folder or hub id),
     or "pixel" (``channels`` image channels, no autoencoder). A missing local folder, or a hub id that is not cached
     while offline, raises FileNotFoundError naming it."""
@@ -81,9 +89,13 @@ def load_codec(kind: str = "kl", path: str | None = DEFAULT_VAE, *, channels: in
     try:
         vae = cls.from_pretrained(os.path.expanduser(path) if looks_local else path)
     except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"cannot load the {kind} autoencoder {path!r} (not a diffusers folder, or a hub id that "
-                                f"is not cached while offline; pass a local folder): {err}") from err
-    vae = (vae.to(device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)).eval().requires_grad_(False)
+        raise FileNotFoundError(
+            f"cannot load the {kind} autoencoder {path!r} (not a diffusers folder, or a hub id that "
+            f"is not cached while offline; pass a local folder): {err}"
+        ) from err
+    vae = (
+        (vae.to(device) if dtype == torch.float32 else vae.to(device=device, dtype=dtype)).eval().requires_grad_(False)
+    )
     cfg = vae.config
     channels_out = cfg.latent_channels
     downsample = (2 ** (len(cfg.block_out_channels) - 1) if kind == "kl"

@@ -38,9 +38,23 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 def train_classifier(data: str, work: Path, epochs: int) -> Path:
     """A tiny softmax DeiT (patch 4) on CIFAR-10 through ``lightvision classify train``; returns its run folder."""
     run = work / "classifier"
-    cmd = [sys.executable, "-m", "lightvision", "classify", "train", "--config", str(CONFIGS / "classify" / "cifar10.yaml"),
-           "--out", str(run), f"data.root={data}", "model.name=softmax_deit_tiny_patch16_224",
-           "model.args={patch_size: 4}", f"sched.epochs={epochs}", "sched.warmup_epochs=1", "train.eval_every_epochs=100"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lightvision",
+        "classify",
+        "train",
+        "--config",
+        str(CONFIGS / "classify" / "cifar10.yaml"),
+        "--out",
+        str(run),
+        f"data.root={data}",
+        "model.name=softmax_deit_tiny_patch16_224",
+        "model.args={patch_size: 4}",
+        f"sched.epochs={epochs}",
+        "sched.warmup_epochs=1",
+        "train.eval_every_epochs=100",
+    ]
     subprocess.run(cmd, check=True)
     return run
 
@@ -108,7 +122,9 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
         batches = []
         for lo in range(0, args.samples, args.sample_batch):
             idx = list(range(lo, min(lo + args.sample_batch, args.samples)))
-            images = to_uint8(generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device))
+            images = to_uint8(
+                generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device)
+            )
             batches.append(images)
             for i, arr in zip(idx, images):
                 Image.fromarray(arr).save(folder / f"{i:05d}.png")
@@ -165,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         report["classifier_seconds"] = round(time.time() - start, 1)
     report["real_streak_share"] = real_streak_share(args.data, args.samples)
     reference = str(Path(args.data) / "test")
-    run_each(args.kinds, lambda name: run_kind(name, args, classifier, reference), report, report_path("diffusion", args))
+    run_each(
+        args.kinds, lambda name: run_kind(name, args, classifier, reference), report, report_path("diffusion", args)
+    )
     return 0
 
 

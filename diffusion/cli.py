@@ -97,7 +97,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="built-in default only: auto | cpu | cuda")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("sample", help="sample PNGs, a grid and an .npz from a checkpoint (all GPUs under accelerate launch)")
+    p = sub.add_parser(
+        "sample", help="sample PNGs, a grid and an .npz from a checkpoint (all GPUs under accelerate launch)"
+    )
     p.add_argument("checkpoint", nargs="?", help="run folder or checkpoint folder (or --pretrained)")
     p.add_argument("--pretrained", help="external weights instead: the official DiT-XL-2-256x256.pt, a diffusers "
                    "DiT (folder or file) or this project's .safetensors; needs --model")

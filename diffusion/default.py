@@ -17,12 +17,32 @@ from collections.abc import Sequence
 from pathlib import Path
 
 DIGITS_OVERRIDES = [
-    "model.name=lightnet_dit_s_2", "model.kwargs={depth: 4, hidden_size: 64, num_heads: 4, class_dropout_prob: 0.1}",
-    "data.source=digits", "data.image_size=16", "data.channels=1", "data.num_classes=10", "data.batch_size=64",
-    "data.num_workers=0", "autoencoder.kind=pixel", "autoencoder.path=null", "diffusion.clip_denoised=true",
-    "optim.lr=2e-3", "optim.warmup_steps=100", "train.max_steps=1000", "train.ema_decay=0.995", "train.clip_grad=1.0",
-    "train.mixed_precision='no'", "train.log_every=100", "train.ckpt_every=1000", "train.keep_last=1",
-    "sample.every=1000", "sample.num=40", "sample.sampler=ddim", "sample.steps=50", "sample.cfg_scale=2.0", "sample.guide_channels=null",
+    "model.name=lightnet_dit_s_2",
+    "model.kwargs={depth: 4, hidden_size: 64, num_heads: 4, class_dropout_prob: 0.1}",
+    "data.source=digits",
+    "data.image_size=16",
+    "data.channels=1",
+    "data.num_classes=10",
+    "data.batch_size=64",
+    "data.num_workers=0",
+    "autoencoder.kind=pixel",
+    "autoencoder.path=null",
+    "diffusion.clip_denoised=true",
+    "optim.lr=2e-3",
+    "optim.warmup_steps=100",
+    "train.max_steps=1000",
+    "train.ema_decay=0.995",
+    "train.clip_grad=1.0",
+    "train.mixed_precision='no'",
+    "train.log_every=100",
+    "train.ckpt_every=1000",
+    "train.keep_last=1",
+    "sample.every=1000",
+    "sample.num=40",
+    "sample.sampler=ddim",
+    "sample.steps=50",
+    "sample.cfg_scale=2.0",
+    "sample.guide_channels=null",
 ]
 
 
@@ -50,7 +70,9 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     trainer = result.pop("trainer")
     model = trainer.ema.module.eval()
     start = time.time()
-    bpd = evaluate_bits_per_dim(model, cfg, build_dataset(cfg["data"], "test"), trainer.accelerator.device, batch_size=360)
+    bpd = evaluate_bits_per_dim(
+        model, cfg, build_dataset(cfg["data"], "test"), trainer.accelerator.device, batch_size=360
+    )
     summary = {
         "model": cfg["model"]["name"], "params": sum(p.numel() for p in model.parameters()),
         "steps": result["step"], "steps_run": result["steps_run"], "train_seconds": round(train_seconds, 1),

@@ -13,7 +13,7 @@
 adaLN-Zero: every gate and the head start at zero, so each block starts as the identity. Two modulation sources:
 ``adaln="block"`` (DiT: a Linear(D, 6D) per block, FFN = GELU MLP, ratio 4) and ``adaln="shared"`` (LightNet-DiT: one
 Linear(D, 6D) shared by all blocks plus a learned [6, D] offset per block, FFN = GLU of hidden 2/3 * 4D). The shared
-form is how this code meets LightNet Table 13 (SPEC 3): 18 / 18 / 36 / 42 LightNet layers of 12 D^2 weights each
+form is how this code meets LightNet Table 13 (docs/spec.md 3): 18 / 18 / 36 / 42 LightNet layers of 12 D^2 weights each
 have the parameter budget of DiT's 12 / 12 / 24 / 28 blocks of 18 D^2 only without a per-block Linear(D, 6D).
 The paper does not spell out its conditioning path; this choice is ours.
 """
@@ -38,10 +38,10 @@ from lightvision.layers import (
     build_tpe,
     sincos_pos_embed,
 )
-from lightvision.ops._checks import check_choice
 from lightvision.ops import gated_residual
+from lightvision.ops._checks import check_choice
 
-# (depth, width, heads) per size; SPEC 3.
+# (depth, width, heads) per size; docs/spec.md 3.
 DIT_SIZES = {"s": (12, 384, 6), "b": (12, 768, 12), "l": (24, 1024, 16), "xl": (28, 1152, 16)}
 LIGHTNET_DIT_SIZES = {"s": (18, 384, 6), "b": (18, 768, 6), "l": (36, 1024, 16), "xl": (42, 1152, 16)}
 PATCH_SIZES = (2, 4, 8)
@@ -56,7 +56,8 @@ LIGHTNET_POSITION_DEFAULTS = {"pos_embed": "sincos", "tpe_placement": "embed", "
 
 
 class TimestepEmbedder(nn.Module):
-    """t [B] -> [B, D]: sinusoidal features [cos(t w_i), sin(t w_i)], w_i = 10000^(-i/(F/2)), then Linear-SiLU-Linear."""
+    """t [B] -> [B, D]: sinusoidal features [cos(t w_i), sin(t w_i)], w_i = 10000^(-i/(F/2)), then
+    Linear-SiLU-Linear."""
 
     def __init__(self, dim: int, freq_dim: int = 256):
         super().__init__()
@@ -148,7 +149,9 @@ class DiT(ModelMixin, ConfigMixin):
         self.tpe, block_tpes = build_tpe(tpe_placement, hidden_size, depth, tpe_kwargs)
         self.t_embedder = TimestepEmbedder(hidden_size)
         self.y_embedder = nn.Embedding(num_classes + 1, hidden_size)
-        self.shared_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size)) if adaln == "shared" else None
+        self.shared_modulation = (
+            nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size)) if adaln == "shared" else None
+        )
         self.blocks = nn.ModuleList(
             DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {}), ffn, block_tpe)
             for block_tpe in block_tpes)
@@ -181,7 +184,9 @@ class DiT(ModelMixin, ConfigMixin):
         nn.init.normal_(self.y_embedder.weight, std=0.02)
         for layer in (self.t_embedder.mlp[0], self.t_embedder.mlp[2]):
             nn.init.normal_(layer.weight, std=0.02)
-        heads = [self.final_linear] + [m[1] for m in (self.shared_modulation, getattr(self, "final_modulation", None)) if m is not None]
+        heads = [self.final_linear] + [
+            m[1] for m in (self.shared_modulation, getattr(self, "final_modulation", None)) if m is not None
+        ]
         for layer in heads:
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
@@ -235,10 +240,23 @@ def model_names() -> list[str]:
 
 
 def model_config(name: str) -> dict:
-    """The DiT constructor arguments for a registered name (depth, width, heads, patch, attention)."""
+    """The DiT constructor arguments of a registered name.
+
+    Args:
+        name: ``{attention}_dit_{s|b|l|xl}_{2|4|8}``.
+
+    Returns:
+        {"depth", "hidden_size", "num_heads", "patch_size", "attention"} (docs/spec.md 3 sizes).
+    """
     kind, sep, rest = name.rpartition("_dit_")
     size, _, patch = rest.partition("_")
-    if not sep or kind not in ATTENTION_KINDS or size not in DIT_SIZES or not patch.isdigit() or int(patch) not in PATCH_SIZES:
+    if (
+        not sep
+        or kind not in ATTENTION_KINDS
+        or size not in DIT_SIZES
+        or not patch.isdigit()
+        or int(patch) not in PATCH_SIZES
+    ):
         raise ValueError(f"unknown model {name!r}: expected {{attention}}_dit_{{s|b|l|xl}}_{{2|4|8}} with attention in "
                          f"{sorted(ATTENTION_KINDS)}")
     depth, width, heads = (LIGHTNET_DIT_SIZES if kind == "lightnet" else DIT_SIZES)[size]
@@ -246,7 +264,19 @@ def model_config(name: str) -> dict:
 
 
 def create_model(name: str, input_size: int = 32, in_channels: int = 4, num_classes: int = 1000, **kwargs) -> DiT:
-    """Build a registered DiT, e.g. ``create_model("lightnet_dit_xl_2")``; ``kwargs`` override the constructor."""
+    """Build a registered DiT, e.g. ``create_model("lightnet_dit_xl_2")``.
+
+    Args:
+        name: ``{attention}_dit_{s|b|l|xl}_{2|4|8}`` (:func:`model_names`).
+        input_size: latent side length (the model accepts any size divisible by the patch).
+        in_channels: latent channels.
+        num_classes: class labels (one more embedding row is the null class of classifier-free guidance).
+        **kwargs: :class:`DiT` constructor arguments that override the preset (e.g. ``learn_sigma``,
+            ``tpe_placement``).
+
+    Returns:
+        The :class:`DiT`, ``forward(x [B, C, H, W], t [B], y [B]) -> [B, C or 2C, H, W]``.
+    """
     config = model_config(name)
     config.update(kwargs)
     return DiT(input_size=input_size, in_channels=in_channels, num_classes=num_classes, **config)

@@ -9,10 +9,10 @@ Notation (T steps, t = 0 .. T-1, all tensors [B, C, H, W] unless stated):
                 btilde_t = beta_t (1 - abar_{t-1}) / (1 - abar_t)                                  (Ho et al. Eq. 6-7)
     model       output [B, 2C, H, W] = (eps, v):  x0_hat = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t),
                 p(x_{t-1} | x_t) = N(c0_t x0_hat + ct_t x_t, Sigma_t),
-                log Sigma_t = f log beta_t + (1 - f) log btilde_t,  f = (v + 1) / 2                (Nichol & Dhariwal Eq. 15)
+                log Sigma_t = f log beta_t + (1 - f) log btilde_t,  f = (v + 1) / 2       (Nichol & Dhariwal Eq. 15)
                 (f = (v + 1) / 2 so that a zero-initialised output head starts halfway between the two bounds;
                 btilde_0 = 0, so its log is clipped to log btilde_1, as in improved DDPM.)
-    loss        L_hybrid = L_simple + lambda L_vlb,  lambda = 0.001                                 (Nichol & Dhariwal Eq. 16)
+    loss        L_hybrid = L_simple + lambda L_vlb,  lambda = 0.001                        (Nichol & Dhariwal Eq. 16)
                 L_simple = mean ||eps - eps_hat||^2;  L_vlb = sum_t L_t, estimated from the uniformly sampled t
                 by T * L_t, so the per-sample term is lambda * T * L_t (= L_t for T = 1000). L_t uses the mean
                 with a stop-gradient (only Sigma learns from it). L_t for t > 0 is KL(q posterior || p), for t = 0 the
@@ -20,7 +20,8 @@ Notation (T steps, t = 0 .. T-1, all tensors [B, C, H, W] unless stated):
     respacing   kept steps s_0 < ... < s_{K-1}:  beta'_i = 1 - abar_{s_i} / abar_{s_{i-1}}, so the respaced
                 process has exactly the marginals q(x_{s_i} | x_0); the model still receives the original s_i.
     DDIM        x_{t-1} = sqrt(abar_{t-1}) x0_hat + sqrt(1 - abar_{t-1} - sigma^2) eps_hat + sigma z,
-                sigma = eta sqrt((1 - abar_{t-1}) / (1 - abar_t)) sqrt(1 - abar_t / abar_{t-1})    (Song et al. Eq. 12, 16)
+                sigma = eta sqrt((1 - abar_{t-1}) / (1 - abar_t)) sqrt(1 - abar_t / abar_{t-1})
+                                                                                   (Song et al. Eq. 12, 16)
 
 Noise is drawn per sample from its own seeded generator (:class:`SampleNoise`), so a sample depends only on its
 seed: not on the batch it shares, the device count, or the rank that draws it.
@@ -34,7 +35,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 ModelFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""``model_fn(x_t [B, C, H, W], t [B] long) -> [B, 2C, H, W]`` (eps, v) or ``[B, C, H, W]`` (eps only, fixed variance)."""
+"""``model_fn(x_t [B, C, H, W], t [B] long) -> [B, 2C, H, W]`` (eps, v) or ``[B, C, H, W]`` (eps only, fixed
+variance)."""
 
 LN2 = math.log(2.0)
 
@@ -46,7 +48,8 @@ def linear_betas(num_steps: int = 1000) -> torch.Tensor:
 
 
 def spaced_steps(num_steps: int, spec: int | str) -> list[int]:
-    """Steps kept by respacing: ``spec`` (e.g. ``250`` or ``"250"``) steps evenly spread over [0, T-1], both ends kept."""
+    """Steps kept by respacing: ``spec`` (e.g. ``250`` or ``"250"``) steps evenly spread over [0, T-1], both ends
+    kept."""
     count = int(spec)
     if not 1 <= count <= num_steps:
         raise ValueError(f"respacing to {count} steps: need 1 <= steps <= {num_steps}")
@@ -99,7 +102,13 @@ class SampleNoise:
         return x.to(self.device)
 
 
-def guided(model_fn: Callable[..., torch.Tensor], y: torch.Tensor, null_class: int, scale: float, guide_channels: int | None = 3) -> ModelFn:
+def guided(
+    model_fn: Callable[..., torch.Tensor],
+    y: torch.Tensor,
+    null_class: int,
+    scale: float,
+    guide_channels: int | None = 3,
+) -> ModelFn:
     """Classifier-free guidance (Ho & Salimans): eps = eps_u + scale (eps_c - eps_u) over one doubled batch.
 
     ``model_fn(x, t, y)`` returns [B, 2C, H, W] or [B, C, H, W]. ``guide_channels=3`` guides only the first three
@@ -127,8 +136,16 @@ class GaussianDiffusion:
     Sigma_t = btilde_t. ``clip_denoised``: clip x0_hat to [-1, 1] (pixel data) in sampling and the VLB.
     """
 
-    def __init__(self, betas: torch.Tensor, *, learn_sigma: bool = True, vlb_weight: float = 0.001, clip_denoised: bool = False,
-                 timestep_map: Sequence[int] | None = None, num_train_steps: int | None = None):
+    def __init__(
+        self,
+        betas: torch.Tensor,
+        *,
+        learn_sigma: bool = True,
+        vlb_weight: float = 0.001,
+        clip_denoised: bool = False,
+        timestep_map: Sequence[int] | None = None,
+        num_train_steps: int | None = None,
+    ):
         betas = torch.as_tensor(betas, dtype=torch.float64)
         if betas.ndim != 1 or not bool(((betas > 0) & (betas <= 1)).all()):
             raise ValueError("betas must be a 1-D tensor with values in (0, 1]")
@@ -138,7 +155,9 @@ class GaussianDiffusion:
         self.learn_sigma = learn_sigma
         self.vlb_weight = vlb_weight
         self.clip_denoised = clip_denoised
-        self.timestep_map = torch.as_tensor(list(timestep_map) if timestep_map is not None else range(self.num_steps), dtype=torch.long)
+        self.timestep_map = torch.as_tensor(
+            list(timestep_map) if timestep_map is not None else range(self.num_steps), dtype=torch.long
+        )
         alphas = 1.0 - betas
         self.alphas_cumprod = torch.cumprod(alphas, 0)
         self.alphas_cumprod_prev = torch.cat([torch.ones(1, dtype=torch.float64), self.alphas_cumprod[:-1]])
@@ -153,10 +172,16 @@ class GaussianDiffusion:
         self.posterior_coef_xt = torch.sqrt(alphas) * (1.0 - self.alphas_cumprod_prev) / (1.0 - self.alphas_cumprod)
         abar = self.alphas_cumprod
         coefficients = {  # float64 [K], computed once, read per timestep as float32 through _at
-            "abar": abar, "abar_prev": self.alphas_cumprod_prev, "sqrt_abar": abar.sqrt(),
-            "sqrt_one_minus_abar": (1.0 - abar).sqrt(), "log_one_minus_abar": torch.log(1.0 - abar),
-            "rsqrt_abar": torch.rsqrt(abar), "sqrt_recipm1_abar": torch.sqrt(1.0 / abar - 1.0), "log_betas": torch.log(betas),
-            "post_coef_x0": self.posterior_coef_x0, "post_coef_xt": self.posterior_coef_xt,
+            "abar": abar,
+            "abar_prev": self.alphas_cumprod_prev,
+            "sqrt_abar": abar.sqrt(),
+            "sqrt_one_minus_abar": (1.0 - abar).sqrt(),
+            "log_one_minus_abar": torch.log(1.0 - abar),
+            "rsqrt_abar": torch.rsqrt(abar),
+            "sqrt_recipm1_abar": torch.sqrt(1.0 / abar - 1.0),
+            "log_betas": torch.log(betas),
+            "post_coef_x0": self.posterior_coef_x0,
+            "post_coef_xt": self.posterior_coef_xt,
             "post_log_var": self.posterior_log_variance,
         }
         self._tables = {name: values.float() for name, values in coefficients.items()}
@@ -165,11 +190,11 @@ class GaussianDiffusion:
 
     # ---- construction -------------------------------------------------------------------------------------------
     @classmethod
-    def linear(cls, num_steps: int = 1000, **kwargs) -> "GaussianDiffusion":
+    def linear(cls, num_steps: int = 1000, **kwargs) -> GaussianDiffusion:
         """The linear-schedule diffusion of DiT / improved DDPM (T = ``num_steps``)."""
         return cls(linear_betas(num_steps), **kwargs)
 
-    def respace(self, spec: int | str) -> "GaussianDiffusion":
+    def respace(self, spec: int | str) -> GaussianDiffusion:
         """A process on the kept steps of :func:`spaced_steps` with the same marginals (see module docstring)."""
         kept = spaced_steps(self.num_steps, spec)
         abar = self.alphas_cumprod[kept]
@@ -235,7 +260,9 @@ class GaussianDiffusion:
         nll = -discretized_gaussian_log_likelihood(x0, p["mean"], 0.5 * p["log_var"]).flatten(1).mean(1) / LN2
         return torch.where(t == 0, nll, kl)
 
-    def training_losses(self, model_fn: ModelFn, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> dict[str, torch.Tensor]:
+    def training_losses(
+        self, model_fn: ModelFn, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
         """Per-sample losses [B]: ``mse`` (L_simple), ``vlb`` (L_t, bits/dim, 0 without learned sigma) and
         ``loss`` = mse + lambda T vlb, where the VLB sees the mean through a stop-gradient."""
         xt = self.q_sample(x0, t, noise)
@@ -249,7 +276,9 @@ class GaussianDiffusion:
         return {"loss": mse + self.vlb_weight * self.num_train_steps * vlb, "mse": mse, "vlb": vlb}
 
     @torch.no_grad()
-    def bits_per_dim(self, model_fn: ModelFn, x0: torch.Tensor, noise: SampleNoise, num_t_samples: int | None = None) -> dict[str, torch.Tensor]:
+    def bits_per_dim(
+        self, model_fn: ModelFn, x0: torch.Tensor, noise: SampleNoise, num_t_samples: int | None = None
+    ) -> dict[str, torch.Tensor]:
         """Variational bound in bits/dim, [B] each: ``bpd`` = ``prior`` KL(q(x_{K-1}|x0) || N(0, I)) + ``terms``
         sum_t L_t. Needs pixel data (8-bit values in [-1, 1]); on a respaced process it is that chain's (looser) bound.
 
@@ -279,8 +308,16 @@ class GaussianDiffusion:
 
     # ---- samplers -------------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, model_fn: ModelFn, shape: Sequence[int], noise: SampleNoise, *, method: str = "ddpm", eta: float = 0.0,
-               progress: bool = False) -> torch.Tensor:
+    def sample(
+        self,
+        model_fn: ModelFn,
+        shape: Sequence[int],
+        noise: SampleNoise,
+        *,
+        method: str = "ddpm",
+        eta: float = 0.0,
+        progress: bool = False,
+    ) -> torch.Tensor:
         """Draw x0 of ``shape`` [B, C, H, W] by ancestral DDPM (``method="ddpm"``) or DDIM with ``eta`` over this
         process's steps (respace first for fewer steps). Returns [B, C, H, W] float32."""
         if method not in ("ddpm", "ddim"):
@@ -288,7 +325,9 @@ class GaussianDiffusion:
         from tqdm.auto import tqdm
 
         x = noise(shape[1:])
-        for i in tqdm(list(reversed(range(self.num_steps))), desc=f"{method} sampling", disable=not progress, leave=False):
+        for i in tqdm(
+            list(reversed(range(self.num_steps))), desc=f"{method} sampling", disable=not progress, leave=False
+        ):
             t = torch.full((shape[0],), i, device=x.device, dtype=torch.long)
             p = self.p_mean_variance(self._model(model_fn, x, t).float(), x, t)
             if method == "ddpm":
@@ -309,7 +348,9 @@ class GaussianDiffusion:
 
 
 @torch.no_grad()
-def sample_with_scheduler(model_fn: ModelFn, scheduler, shape: Sequence[int], noise: SampleNoise, num_inference_steps: int) -> torch.Tensor:
+def sample_with_scheduler(
+    model_fn: ModelFn, scheduler, shape: Sequence[int], noise: SampleNoise, num_inference_steps: int
+) -> torch.Tensor:
     """Sample with a diffusers scheduler (DDPMScheduler, DDIMScheduler, ...) driving the model's eps output.
 
     The scheduler must use the same betas (``trained_betas=diffusion.scheduler_betas()``) and

@@ -52,7 +52,9 @@ def extract_latents(image_dir: str | Path, out_dir: str | Path, codec: Codec, im
     from tqdm.auto import tqdm
 
     if codec.vae is None:
-        raise ValueError("extract-latents needs an autoencoder (kind 'kl' or 'tiny'); pixel space trains on images directly")
+        raise ValueError(
+            "extract-latents needs an autoencoder (kind 'kl' or 'tiny'); pixel space trains on images directly"
+        )
     dataset = image_folder(image_dir, image_size, flip=False)
     if len(dataset) == 0:
         raise ValueError(f"no images found under {str(image_dir)!r}")

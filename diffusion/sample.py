@@ -49,9 +49,21 @@ def rank_indices(num_samples: int, rank: int, world: int) -> list[int]:
 
 
 @torch.no_grad()
-def generate(model: DiT, diffusion: GaussianDiffusion, codec: Codec, labels: list[int] | None, seeds: list[int], *,
-             latent_size: int | tuple[int, int], sampler: str = "ddpm", eta: float = 0.0, cfg_scale: float = 1.0,
-             guide_channels: int | None = 3, device: str | torch.device = "cpu", progress: bool = False) -> torch.Tensor:
+def generate(
+    model: DiT,
+    diffusion: GaussianDiffusion,
+    codec: Codec,
+    labels: list[int] | None,
+    seeds: list[int],
+    *,
+    latent_size: int | tuple[int, int],
+    sampler: str = "ddpm",
+    eta: float = 0.0,
+    cfg_scale: float = 1.0,
+    guide_channels: int | None = 3,
+    device: str | torch.device = "cpu",
+    progress: bool = False,
+) -> torch.Tensor:
     """Images [len(seeds), C, H, W] in [-1, 1]: sample latents with ``diffusion`` (already respaced), decode.
 
     ``labels`` None = unconditional (null class). ``cfg_scale`` != 1 needs a class-conditional model.
@@ -89,11 +101,11 @@ def load_pretrained_for_sampling(path: str | Path, model_name: str, cfg: dict, c
     (official DiT, diffusers or this project's layout, ``lightvision.diffusion.convert``); returns (model, what was
     loaded)."""
     from lightvision.diffusion.convert import load_pretrained
-    from lightvision.diffusion.train import build_model, model_config_for
+    from lightvision.diffusion.train import build_model, model_config
 
     cfg["model"]["name"] = model_name
     latent = codec.latent_size(int(cfg["data"]["image_size"]))
-    model = build_model(model_config_for(cfg, codec.channels, latent))
+    model = build_model(model_config(cfg, codec.channels, latent))
     loaded = load_pretrained(model, path, which)
     return model.to(device).eval(), loaded
 
@@ -139,7 +151,11 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     mine = rank_indices(num_samples, state.process_index, state.num_processes)
-    for start in tqdm(range(0, len(mine), batch_size), desc=f"sampling (rank {state.process_index})", disable=not state.is_main_process):
+    for start in tqdm(
+        range(0, len(mine), batch_size),
+        desc=f"sampling (rank {state.process_index})",
+        disable=not state.is_main_process,
+    ):
         idx = mine[start:start + batch_size]
         labels = [i % num_classes for i in idx] if num_classes else None
         images = generate(model, diffusion, codec, labels, [seed + i for i in idx], latent_size=latent, sampler=sampler,
@@ -151,7 +167,9 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
                "steps": steps, "eta": eta,
                "cfg_scale": cfg_scale, "guide_channels": guide_channels, "seed": seed, "processes": state.num_processes}
     if state.is_main_process:
-        arr = np.stack([np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)])
+        arr = np.stack(
+            [np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)]
+        )
         np.savez(out / "samples.npz", arr_0=arr)
         save_grid(torch.from_numpy(arr[:64]).permute(0, 3, 1, 2).float() / 127.5 - 1, out / "grid.png")
         if loaded is not None:

@@ -32,7 +32,9 @@ def streak_share(images: torch.Tensor | np.ndarray) -> np.ndarray:
     """
     x = torch.as_tensor(np.array(images) if isinstance(images, np.ndarray) else images)
     if x.dim() != 4:
-        raise ValueError(f"streak_share needs a batch of images [N, H, W, C] (uint8) or [N, C, H, W], got {tuple(x.shape)}")
+        raise ValueError(
+            f"streak_share needs a batch of images [N, H, W, C] (uint8) or [N, C, H, W], got {tuple(x.shape)}"
+        )
     x = x.permute(0, 3, 1, 2).double() if x.dtype == torch.uint8 else x.double()
     if min(x.shape[-2:]) < 3:
         raise ValueError(f"streak_share needs images of at least 3 x 3 pixels, got {tuple(x.shape[-2:])}")

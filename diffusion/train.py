@@ -4,7 +4,8 @@ Recipe = :data:`DEFAULTS` <- the recipe's ``base`` chain (YAML files, each may n
 <- ``key=value`` overrides. Each step draws t ~ U{0..T-1}, eps ~ N(0, I) per sample and minimises the hybrid loss of
 :class:`~lightvision.diffusion.gaussian.GaussianDiffusion` (``loss`` = mse + lambda T vlb; all three are logged).
 A hook writes an EMA sample grid (PNG) every ``sample.every`` steps, another scores ``train.eval_samples`` EMA samples
-(FID, sFID, precision / recall; :func:`eval_hook`) every ``train.eval_every`` steps; the Trainer provides accelerate / bf16, EMA,
+(FID, sFID, precision / recall; :func:`eval_hook`) every ``train.eval_every`` steps; the Trainer provides accelerate /
+bf16, EMA,
 clipping, atomic checkpoints, exact ``--resume``, NaN stop and the JSON-lines log. ``data.batch_size`` is the global
 batch (split over processes and accumulation steps), and the loss draws go through the engine's ``batch_random()``,
 so ``accelerate launch`` on W GPUs trains the same run as one GPU, up to floating-point noise.
@@ -78,29 +79,41 @@ def build_codec(cfg: dict, device: str | torch.device = "cpu") -> Codec:
     return load_codec(ae["kind"], ae.get("path"), channels=int(cfg["data"]["channels"]), device=device)
 
 
-def model_config_for(cfg: dict, codec_channels: int, latent_size: int) -> dict:
+def model_config(cfg: dict, codec_channels: int, latent_size: int) -> dict:
     """What rebuilds the network: registry name, latent geometry, classes and constructor overrides."""
     return {"name": cfg["model"]["name"], "input_size": latent_size, "in_channels": codec_channels,
             "num_classes": int(cfg["data"]["num_classes"]), "learn_sigma": bool(cfg["diffusion"]["learn_sigma"]),
             **copy.deepcopy(cfg["model"]["kwargs"])}
 
 
-def build_model(model_config: dict) -> DiT:
-    """A DiT from :func:`model_config_for`'s dict (as stored in checkpoints)."""
-    kwargs = dict(model_config)
+def build_model(config: dict) -> DiT:
+    """A DiT from :func:`model_config`'s dict (as stored in checkpoints)."""
+    kwargs = dict(config)
     return create_model(kwargs.pop("name"), **kwargs)
 
 
 def build_diffusion(cfg: dict) -> GaussianDiffusion:
     """The training diffusion of a recipe (linear schedule, ``diffusion.steps`` steps)."""
     d = cfg["diffusion"]
-    return GaussianDiffusion.linear(int(d["steps"]), learn_sigma=bool(d["learn_sigma"]), vlb_weight=float(d["vlb_weight"]),
-                                    clip_denoised=bool(d["clip_denoised"]))
+    return GaussianDiffusion.linear(
+        int(d["steps"]),
+        learn_sigma=bool(d["learn_sigma"]),
+        vlb_weight=float(d["vlb_weight"]),
+        clip_denoised=bool(d["clip_denoised"]),
+    )
 
 
 @torch.no_grad()
-def evaluate_bits_per_dim(model: torch.nn.Module, cfg: dict, dataset, device: torch.device | str, *, batch_size: int = 500,
-                          num_t_samples: int | None = 50, num_workers: int = 0) -> float:
+def evaluate_bits_per_dim(
+    model: torch.nn.Module,
+    cfg: dict,
+    dataset,
+    device: torch.device | str,
+    *,
+    batch_size: int = 500,
+    num_t_samples: int | None = 50,
+    num_workers: int = 0,
+) -> float:
     """Mean VLB (bits/dim) of a pixel-space ``dataset`` under the recipe's full training diffusion; noise and t are
     seeded per image (image i: seed i), ``num_t_samples`` stratified timesteps per image (None: all T steps)."""
     from lightvision.diffusion.gaussian import SampleNoise
@@ -268,8 +281,8 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
         if cfg["autoencoder"]["kind"] != "pixel":
             raise ValueError(f"data.source {data['source']!r} trains in pixel space: set autoencoder.kind=pixel "
                              "(or extract latents first for latent diffusion)")
-    model_config = model_config_for(cfg, channels, latent_size)
-    model = build_model(model_config)
+    arch = model_config(cfg, channels, latent_size)
+    model = build_model(arch)
     init_report = None
     if cfg["model"]["init_from"]:
         from lightvision.diffusion.convert import init_from
@@ -287,9 +300,13 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
     loader = DataLoader(dataset, batch_size=per_process, shuffle=True, drop_last=True, num_workers=workers,
                         pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
     o = cfg["optim"]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=float(o["lr"]), betas=tuple(o["betas"]), weight_decay=float(o["weight_decay"]))
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=float(o["lr"]), betas=tuple(o["betas"]), weight_decay=float(o["weight_decay"])
+    )
     warmup = int(o["warmup_steps"])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)) if warmup > 0 else None
+    scheduler = (
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)) if warmup > 0 else None
+    )
     codec_cache: list[Codec] = []
 
     def codec_fn() -> Codec:
@@ -306,9 +323,11 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
             raise ValueError(f"train.eval_samples={t['eval_samples']}: precision / recall need more than "
                              f"{PRC_NEIGHBOURHOOD} samples")
         hooks.append((int(t["eval_every"]), eval_hook(cfg, diffusion, codec_fn, run_dir)))
-    precision = "no" if t["mixed_precision"] in (False, None) else str(t["mixed_precision"])  # YAML 1.1 reads no as false
+    precision = (
+        "no" if t["mixed_precision"] in (False, None) else str(t["mixed_precision"])
+    )  # YAML 1.1 reads no as false
     trainer = Trainer(run_dir, cfg, model, optimizer, scheduler, loader, make_loss_fn(diffusion, scaling_factor),
-                      max_steps=int(t["max_steps"]), model_config=model_config, grad_accum_steps=int(t["grad_accum_steps"]),
+                      max_steps=int(t["max_steps"]), model_config=arch, grad_accum_steps=int(t["grad_accum_steps"]),
                       clip_grad=t["clip_grad"], ema_decay=t["ema_decay"], mixed_precision=precision,
                       log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_last=int(t["keep_last"]),
                       nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]))

@@ -44,13 +44,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the traceback of an error (anywhere on the line; or set LIGHTVISION_DEBUG=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    demo = sub.add_parser("demo", help="run every attention core on a real image grid and check that equivalent forms agree")
+    demo = sub.add_parser(
+        "demo", help="run every attention core on a real image grid and check that equivalent forms agree"
+    )
     demo.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     demo.set_defaults(func=_demo)
 
     quick = sub.add_parser(
         "quickstart",
-        help="the built-in default job: core demo, a digits classifier (eval at two resolutions) and a tiny pixel diffusion model",
+        help="the built-in default job: core demo, a digits classifier (eval at two resolutions) and a tiny pixel "
+        "diffusion model",
     )
     quick.add_argument("--out", default="runs/quickstart", help="output folder (default: runs/quickstart)")
     quick.add_argument("--device", default="auto", help="torch device (default: cuda if available, else cpu)")

@@ -1,4 +1,4 @@
-"""Attention-core benchmark: a registry of (op, impl) implementations timed over SPEC 5 shapes.
+"""Attention-core benchmark: a registry of (op, impl) implementations timed over docs/spec.md 4 shapes.
 
     python3 scripts/bench_attention.py [--check [--check-d 64,128]] [--ops lightnet,softmax]
                                        [--impls triton,sdpa] [--shapes 196x256,4096x12] [--modes fwd,fwdbwd]
@@ -29,7 +29,8 @@ eager calls ("ms", do_bench) and CUDA-graph replays ("ms_graph", do_bench_cudagr
 --check first runs the Triton LightNet kernel against the fp64 reference (forward and dq, dk, dv, relative
 L2 error, outputs NaN-poisoned beforehand) on image grids with and without a cls token (CHECK_CASES,
 --check-d keeps the cases of the listed head dims), as one (b, h), fused-qkv views, and B*H = 288 (the
-kernel's fused plan on an H100; N <= 1024); each row names the plan that ran. --sweep also times the kernel's launch-plan variants
+kernel's fused plan on an H100; N <= 1024); each row names the plan that ran. --sweep also times the kernel's
+launch-plan variants
 (SWEEP) at the listed shapes.
 Results: JSON {"env": {gpu, torch, triton, command, date}, "checks": [...], "records": [...]} with a
 table printed last.
@@ -51,7 +52,7 @@ from lightvision.results import results_env
 
 REGISTRY: dict[tuple[str, str], object] = {}
 
-# SPEC 5: (N, B) at about 50k tokens, H = 6, d = 64 (--head-dim changes d, H = 384 / d); square patch grids, no
+# docs/spec.md 4: (N, B) at about 50k tokens, H = 6, d = 64 (--head-dim changes d, H = 384 / d); square patch grids, no
 # prefix token
 SHAPES = [(196, 256), (576, 96), (1024, 48), (4096, 12), (16384, 3), (65536, 1)]
 H, D = 6, 64
@@ -201,7 +202,7 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
                 if mode == "fwd":
                     def run():
                         with torch.no_grad():
-                            fn(*inputs)
+                            fn(*inputs)  # noqa: F821  (bound in this iteration; deleted after it)
                     tensors = 4
                 else:
                     for t in inputs:
@@ -218,7 +219,7 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
                     del out
 
                     def run():
-                        fn(*inputs).backward(dout)
+                        fn(*inputs).backward(dout)  # noqa: F821  (bound in this iteration; deleted after it)
                     tensors = 11
                 ms = _timed(triton.testing.do_bench, run, warmup=25, rep=100, return_mode="median",
                             grad_to_none=inputs if mode == "fwdbwd" else None)
@@ -293,13 +294,17 @@ def main(argv=None) -> int:
     ap.add_argument("--check-d", default="", help="comma list of head dims to check (default: all cases)")
     ap.add_argument("--ops", default="", help="comma list of ops (default: all)")
     ap.add_argument("--impls", default="", help="comma list of impls (default: all)")
-    ap.add_argument("--shapes", default="", help="comma list of NxB (default: SPEC 5 shapes)")
+    ap.add_argument("--shapes", default="", help="comma list of NxB (default: docs/spec.md 4 shapes)")
     ap.add_argument("--modes", default="fwd,fwdbwd")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--peak-gbs", type=float, default=3000.0, help="copy bandwidth for the floor (H100: 3000)")
     ap.add_argument("--sweep", default="", help="comma list of NxB: also time the SWEEP plan variants there")
-    ap.add_argument("--head-dim", type=int, default=D,
-                    help="d of the timed shapes, with H = 384 / d heads (default 64: SPEC 5; LightNet-DeiT-S: 24)")
+    ap.add_argument(
+        "--head-dim",
+        type=int,
+        default=D,
+        help="d of the timed shapes, with H = 384 / d heads (default 64: docs/spec.md 4; LightNet-DeiT-S: 24)",
+    )
     ap.add_argument("--heads", type=int, default=0,
                     help="H of the timed shapes (default 384 / d; LightNet-DiT-XL/2: --head-dim 72 --heads 16)")
     ap.add_argument("--out", default="")

@@ -6,7 +6,7 @@
 Families and the batch used at each resolution (stated in every record):
 - DeiT-S (``{attention}_deit_small_patch16_224`` from timm, created at ``img_size``) with softmax (SDPA),
   lightnet, lion_d, lion_s, lion_s_snake and ``lion_s_mask`` (the published LION style: mask
-  materialised in PyTorch) at 224 / 384 / 512 / 768 / 1024 px, batches of SPEC 5.
+  materialised in PyTorch) at 224 / 384 / 512 / 768 / 1024 px, batches of docs/spec.md 4.
 - DiT-B/2 and DiT-XL/2 (``{attention}_dit_{b|xl}_2``, latent = px / 8, 4 channels) with softmax,
   lightnet and lion_s at 256 / 512 / 1024 px; DiT-B/2 batches 256 / 64 / 16 (the same latent tokens per step,
   about a quarter of an H100's memory; at a quarter of that, 64 / 16 / 4, an eager step was host-bound on an
@@ -18,10 +18,11 @@ under ``torch.inference_mode``. Each measurement: warm-up steps, then the median
 CUDA events; peak memory from ``torch.cuda.max_memory_allocated`` after a reset. ``--memory-batch B`` adds an
 inference-memory record at the fixed batch B at every size (``mode: infer_memory``): the peak, the memory held before
 the forward (weights, input; ``base_gb``) and their difference, the forward's own memory (``activation_gb``), against
-the token count (``tokens``). ``--memory-only`` measures just that (fast; the issue #7 check that memory grows
+the token count (``tokens``). ``--memory-only`` measures just that (fast; the check that memory grows
 linearly with the tokens): the growth exponent between neighbouring sizes, log(activation ratio) / log(token ratio),
 is printed per attention (1 = linear, 2 = quadratic) and written as a second table. Out-of-memory is
-recorded as ``oom: true``. With ``--compile MODE`` each model is compiled fresh (``torch._dynamo.reset()`` first), as in a process of
+recorded as ``oom: true``. With ``--compile MODE`` each model is compiled fresh (``torch._dynamo.reset()`` first), as
+in a process of
 its own. Output: JSON (``{"env": ..., "records": [...]}``, plus ``memory_growth`` with fixed-batch records), a markdown
 table and a PNG per family (training images/s against resolution; the forward's own memory against the token count,
 log-log, with fixed-batch records, else the inference peak against resolution), the table printed last.
@@ -83,7 +84,8 @@ def _median_ms(fn, warmup: int, steps: int) -> float:
 
 
 def make_train_step(model: torch.nn.Module, inputs, loss_of):
-    """One training step of ``model`` on ``inputs``: bf16 autocast forward, ``loss_of(output)``, backward, fused AdamW."""
+    """One training step of ``model`` on ``inputs``: bf16 autocast forward, ``loss_of(output)``, backward, fused
+    AdamW."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 
     def train_step():
@@ -190,8 +192,10 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
         shown = "OOM" if record.get("oom") else f"{speed} {record['peak_mem_gb']:6.2f} GB"
         if "activation_gb" in record:
             shown += f" (forward's own {record['activation_gb']:.3f} GB, {record['tokens']} tokens)"
-        print(f"{record['model']:8s} {attention:13s} {img_size:5d}px b={record['batch']:<4d} {record['mode']:5s} {shown}",
-              flush=True)
+        print(
+            f"{record['model']:8s} {attention:13s} {img_size:5d}px b={record['batch']:<4d} {record['mode']:5s} {shown}",
+            flush=True,
+        )
     return records
 
 
@@ -269,9 +273,13 @@ def plot(records: list[dict], path: Path) -> None:
     panels = {}
     for model in models:
         modes = {r["mode"] for r in records if r["model"] == model}
-        panels[model] = ([("train", "img_size", "img_per_s", "image px", "train images/s")] if "train" in modes else []) + (
+        panels[model] = (
+            [("train", "img_size", "img_per_s", "image px", "train images/s")] if "train" in modes else []
+        ) + (
             [("infer_memory", "tokens", "activation_gb", "tokens", "forward's own GB, fixed batch")]
-            if "infer_memory" in modes else [("infer", "img_size", "peak_mem_gb", "image px", "inference peak GB")])
+            if "infer_memory" in modes
+            else [("infer", "img_size", "peak_mem_gb", "image px", "inference peak GB")]
+        )
     cols = max(len(p) for p in panels.values())
     fig, axes = plt.subplots(len(models), cols, figsize=(5.5 * cols, 3.6 * len(models)), squeeze=False)
     for row, model in enumerate(models):
@@ -313,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                              "default 8 with --memory-only)")
     parser.add_argument("--memory-only", action="store_true",
                         help="only the fixed-batch inference memory (no timing) and its growth with the token count")
-    parser.add_argument("--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it")
+    parser.add_argument(
+        "--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it"
+    )
     args = parser.parse_args(argv)
     if args.memory_batch < 0:
         parser.error(f"--memory-batch must be >= 0 (0: no memory records), got {args.memory_batch}")

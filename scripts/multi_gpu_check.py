@@ -1,4 +1,4 @@
-"""Multi-GPU check (issue #8): 1 vs 2 processes under ``accelerate launch`` give the same training run.
+"""Multi-GPU check: 1 vs 2 processes under ``accelerate launch`` give the same training run.
 
     source scripts/device_env.sh && cd /tmp && \
         python3 /path/to/repo/scripts/multi_gpu_check.py --data /tmp/cifar --out $OUT/multi_gpu.json
@@ -235,10 +235,14 @@ class Check:
         tol1, tol10 = self.tolerances()
         diffs = comparison["loss_diff"]
         checks = self.report["checks"]
-        checks[f"{family}_steps_complete"] = comparison["steps_1"] == comparison["steps_2"] == comparison["steps_compared"] > 0
+        checks[f"{family}_steps_complete"] = (
+            comparison["steps_1"] == comparison["steps_2"] == comparison["steps_compared"] > 0
+        )
         checks[f"{family}_loss_step1"] = bool(diffs) and diffs["first_1"]["max_rel"] <= tol1
         checks[f"{family}_loss_first10"] = bool(diffs) and diffs.get("first_10", diffs["first_1"])["max_rel"] <= tol10
-        checks[f"{family}_lr_equal"] = comparison["lr_max_rel_diff"] is not None and comparison["lr_max_rel_diff"] <= 1e-9
+        checks[f"{family}_lr_equal"] = (
+            comparison["lr_max_rel_diff"] is not None and comparison["lr_max_rel_diff"] <= 1e-9
+        )
 
     # ------------------------------------------------------------------ stages
     def pair(self, family: str, one) -> dict[int, Path | None]:
@@ -328,7 +332,9 @@ class Check:
 
         runs = self.pair("diffusion", one)
         if runs.get(1) and runs.get(2):
-            self.report["checks"]["diffusion_same_global_batch"] = res["run_1"]["global_batch"] == res["run_2"]["global_batch"]
+            self.report["checks"]["diffusion_same_global_batch"] = (
+                res["run_1"]["global_batch"] == res["run_2"]["global_batch"]
+            )
         if runs.get(2):
             self.stage("sample_2", lambda: self.sample(runs[2]))
 
@@ -428,7 +434,9 @@ class Check:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
     p.add_argument("--out", required=True, help="report JSON")
     p.add_argument("--work", default="/tmp/multi_gpu_check", help="scratch: runs, logs, samples (emptied first)")
@@ -460,7 +468,9 @@ def main(argv: list[str] | None = None) -> int:
     args.data = str(Path(args.data).resolve())
     for split in ("train", "test"):
         if not (Path(args.data) / split).is_dir():
-            p.error(f"--data {args.data} has no {split}/ folder (CIFAR-10 ImageFolder: train/<class>/*, test/<class>/*)")
+            p.error(
+                f"--data {args.data} has no {split}/ folder (CIFAR-10 ImageFolder: train/<class>/*, test/<class>/*)"
+            )
     work = Path(args.work)
     marker = work / ".multi_gpu_check"
     if work.exists() and any(work.iterdir()):

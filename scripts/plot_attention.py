@@ -46,14 +46,19 @@ def table(records: dict, mode: str) -> str:
     ]
     for n in lengths:
         batch = next(r["B"] for (_, _, rn, m), r in records.items() if rn == n and m == mode)
-        cells = [f"{records[(op, impl, n, mode)]['t']:.3f}" if (op, impl, n, mode) in records else "-" for op, impl in series]
+        cells = [
+            f"{records[(op, impl, n, mode)]['t']:.3f}" if (op, impl, n, mode) in records else "-" for op, impl in series
+        ]
         lines.append(f"| {n} | {batch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def ratio_table(records: dict) -> str:
     """Two-scan / one-scan time per length and direction."""
-    lines = ["| N | mode | " + " | ".join(f"{op} scan / one scan" for op, _ in TWO_SCANS) + " |", "| --- | --- | --- | --- |"]
+    lines = [
+        "| N | mode | " + " | ".join(f"{op} scan / one scan" for op, _ in TWO_SCANS) + " |",
+        "| --- | --- | --- | --- |",
+    ]
     for mode in ("fwd", "fwdbwd"):
         for n in sorted({n for _, _, n, m in records if m == mode}):
             one = records.get((*ONE_SCAN, n, mode))

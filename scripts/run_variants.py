@@ -7,7 +7,8 @@ Every name trains in its own process (CUDA MPS shares the GPU when its daemon ru
 its step to ``metrics.jsonl``; from the measured rates the driver predicts when each run ends (training plus
 ``--eval-seconds``), and while the slowest would miss ``--deadline`` it stops the last-listed run still going (names
 are in priority order), which speeds up the others. Unless ``--no-fid`` or ``--classifier`` is among the benchmark
-arguments, one FID classifier trains beside the runs, which wait for it before their FID. The per-name reports are merged into ``diffusion_cifar10_<--tag>.json`` (``stopped`` lists
+arguments, one FID classifier trains beside the runs, which wait for it before their FID. The per-name reports are
+merged into ``diffusion_cifar10_<--tag>.json`` (``stopped`` lists
 the names cut for time). Steps/s in it are rates under sharing, not one run's own speed.
 """
 

@@ -8,6 +8,8 @@ import os
 import pytest
 import torch
 
+from helpers import rel as _rel
+
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -70,3 +72,26 @@ def cli_error(capsys):
         return lines[-1]
 
     return run
+
+
+@pytest.fixture
+def rel():
+    """The suite's relative L2 error (tests/helpers.py), for tests that take it as a fixture."""
+    return _rel
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """Readable ids for parametrised cases that pass no ``ids=``: ``dtype=bfloat16``, ``grid=7x11``, ``b=2``.
+
+    Strings stay as they are; values without a short form (callables, dicts) keep pytest's default id."""
+    if isinstance(val, torch.dtype):
+        return f"{argname}={str(val).removeprefix('torch.')}"
+    if val is None or isinstance(val, bool | int | float):
+        return f"{argname}={val}"
+    if isinstance(val, tuple | list) and all(isinstance(v, int) for v in val):
+        return f"{argname}={'x'.join(map(str, val))}"
+    if isinstance(val, tuple | list) and all(isinstance(v, torch.dtype) for v in val):
+        return f"{argname}=" + ",".join(str(v).removeprefix("torch.") for v in val)
+    if isinstance(val, tuple | list) and all(isinstance(v, float | int) for v in val):
+        return f"{argname}=" + ",".join(map(str, val))
+    return None

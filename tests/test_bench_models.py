@@ -1,4 +1,4 @@
-"""scripts/bench_models.py's CPU-side parts: token counts, the memory-growth exponents (issue #7's linear-memory
+"""scripts/bench_models.py's CPU-side parts: token counts, the memory-growth exponents (the linear-memory
 check), its tables and plot, and an argument error raised before any GPU is needed."""
 
 from __future__ import annotations
@@ -76,7 +76,10 @@ def test_tables_and_plot(bench, tmp_path):
     assert f"| deit_s | lightnet | 1024 | 8 | - | - | {0.1 + 3e-4 * 4097:.2f} / {3e-4 * 4097:.3f} (b=8) |" in table
     assert "| deit_s | lion_s_mask | 1024 | 8 | - | - | OOM |" in table
     growth = bench.memory_growth_table(bench.memory_growth(recs))
-    assert "| deit_s | lightnet | 8 | 224 (197): 0.059, 512 (1025): 0.307, 1024 (4097): 1.229 | 1.00, 1.00 | 1.00 |" in growth
+    assert (
+        "| deit_s | lightnet | 8 | 224 (197): 0.059, 512 (1025): 0.307, 1024 (4097): 1.229 | 1.00, 1.00 | 1.00 |"
+        in growth
+    )
     assert "| deit_s | lion_s_mask | 8 |" in growth and "| 2.00 | 2.00 |" in growth
     timed = [{"model": "deit_s", "attention": "softmax", "img_size": 224, "batch": 256, "tokens": 197, "mode": m,
               "img_per_s": 1000.0, "peak_mem_gb": 8.0} for m in ("infer", "train")]

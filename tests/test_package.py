@@ -1,6 +1,5 @@
 """The installed package: namespace mapping, nothing generic in site-packages, the CLI surface."""
 
-import importlib.metadata
 import subprocess
 import sys
 import zipfile
@@ -40,7 +39,18 @@ def test_installed_distribution_adds_no_generic_top_level_module(tmp_path):
 
 def test_wheel_contains_only_the_lightvision_package(tmp_path):
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
         check=True,
     )
     (wheel,) = tmp_path.glob("lightvision-*.whl")

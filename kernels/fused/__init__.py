@@ -3,7 +3,8 @@ sigmoid output gate and SiLU x mul (GLU) of the LightNet layer; the modulated La
 of the DiT block's adaLN-Zero conditioning; LION's feature map phi; MD-TPE's Toeplitz mixing on 2-D grids.
 
 Importing this package registers them with the ops dispatch, so ``lightvision.ops.rms_norm`` / ``silu_mul`` /
-``modulated_layer_norm`` / ``gated_residual`` / ``lion_feature_map`` / ``md_tpe`` (backend="auto") run them on CUDA inputs.
+``modulated_layer_norm`` / ``gated_residual`` / ``lion_feature_map`` / ``md_tpe`` (backend="auto") run them on CUDA
+inputs.
 """
 
 from lightvision.ops._dispatch import register_kernel

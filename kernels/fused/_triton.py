@@ -1,6 +1,7 @@
 """Triton programs of the fused pointwise ops (math in ``op``, ``adaln`` and ``feature_map``). Tensors are
 contiguous: rows of C for the norms, rows of C or the two halves of rows of 2C for SiLU x mul; the LION feature
-map reads [B, H, N, d] views through their strides. Offsets are int64 so that tensors past 2^31 elements stay addressable."""
+map reads [B, H, N, d] views through their strides. Offsets are int64 so that tensors past 2^31 elements stay
+addressable."""
 
 import triton
 import triton.language as tl

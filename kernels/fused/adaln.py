@@ -114,7 +114,11 @@ def adaln_fwd(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: fl
 @adaln_fwd.register_fake
 def _(x, shift, scale, eps, out_dtype):
     rows = x.shape[0] * x.shape[1]
-    return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((rows,), dtype=torch.float32), x.new_empty((rows,), dtype=torch.float32)
+    return (
+        x.new_empty(x.shape, dtype=out_dtype),
+        x.new_empty((rows,), dtype=torch.float32),
+        x.new_empty((rows,), dtype=torch.float32),
+    )
 
 
 @torch.library.custom_op("lightvision::adaln_bwd", mutates_args=())

@@ -1,4 +1,5 @@
-"""Fused LION feature map phi (LION Sec. 4; SPEC 1.5): launchers, Triton programs, torch custom ops and autograd.
+"""Fused LION feature map phi (LION Sec. 4; docs/spec.md 1.5): launchers, Triton programs, torch custom ops and
+autograd.
 
 Per row x [d] of q or k (fp32 inside):
 

@@ -1,11 +1,13 @@
-"""MD-TPE on a 2-D token grid (LightNet Eq. 10-11; SPEC 1.3) in Triton: programs, launchers, custom ops, autograd.
+"""MD-TPE on a 2-D token grid (LightNet Eq. 10-11; docs/spec.md 1.3) in Triton: programs, launchers, custom ops,
+autograd.
 
 With the per-channel Toeplitz matrices T^0 [C, h, h] and T^1 [C, w, w] (``lightvision.ops.md_tpe.toeplitz_kernel``),
 a grid x [B, h, w, C] (the tokens after ``num_prefix_tokens`` prefix tokens, row-major) maps to
 
     y[b, a, j, c]  = sum_i T^0[c, a, i] x[b, i, j, c] + sum_j' T^1[c, j, j'] x[b, a, j', c]
     dx             = the same with T^0, T^1 transposed
-    dT^0[c, a, i]  = sum_{b, j} dy[b, a, j, c] x[b, i, j, c],   dT^1[c, j, j'] = sum_{b, a} dy[b, a, j, c] x[b, a, j', c]
+    dT^0[c, a, i]  = sum_{b, j} dy[b, a, j, c] x[b, i, j, c]
+    dT^1[c, j, j'] = sum_{b, a} dy[b, a, j, c] x[b, a, j', c]
 
 and the prefix rows of y (and dx) are 0. One program holds a whole grid for a block of channels in registers
 ([h, w, BC], fp32) and reads x in place in its [B, N, C] layout: no transposes. The PyTorch dense form runs the two
@@ -64,7 +66,8 @@ def _tpe2d_apply_kernel(X, T0, T1, Y, P, h, w, C, sxb, sxn, syb, syn, s0a, s0i, 
 @triton.jit
 def _tpe2d_grad_t_kernel(X, DY, DT, B, BPB, P, L, M, sl, sm, C, sxb, sxn, syb, syn,
                          LP: tl.constexpr, BC: tl.constexpr):
-    """Partial dT[pid_b, a, i, c] = sum over batches [pid_b * BPB, +BPB) and m < M of DY[b, tok(a, m), c] X[b, tok(i, m), c]
+    """Partial dT[pid_b, a, i, c] = sum over batches [pid_b * BPB, +BPB) and m < M of DY[b, tok(a, m), c] X[b, tok(i,
+    m), c]
     with tok(l, m) = P + l sl + m sm: the axis of length L has token stride sl, the other axis (length M) sm."""
     pid_c = tl.program_id(0)
     pid_b = tl.program_id(1)

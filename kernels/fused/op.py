@@ -138,7 +138,11 @@ def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: 
 
 @rms_norm_bwd.register_fake
 def _(dy, x, weight, gate, rstd):
-    return x.new_empty(x.shape), weight.new_empty(weight.shape), gate.new_empty(gate.shape) if gate is not None else x.new_empty(0)
+    return (
+        x.new_empty(x.shape),
+        weight.new_empty(weight.shape),
+        gate.new_empty(gate.shape) if gate is not None else x.new_empty(0),
+    )
 
 
 def _norm_setup(ctx, inputs, output):

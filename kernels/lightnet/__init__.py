@@ -11,7 +11,7 @@ and the derivation of the backward.
 from lightvision.ops._dispatch import register_kernel
 
 from .op import *  # noqa: F403  (the names of op.__all__)
-from .op import __all__, lightnet_attention_qkvpacked_triton, lightnet_attention_triton
+from .op import __all__, lightnet_attention_qkvpacked_triton, lightnet_attention_triton  # noqa: F401  (re-exported)
 
 register_kernel("lightnet_attention", lightnet_attention_triton)
 register_kernel("lightnet_attention_qkvpacked", lightnet_attention_qkvpacked_triton)

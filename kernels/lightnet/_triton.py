@@ -1,4 +1,4 @@
-"""Triton programs of the one-scan LightNet attention (SPEC 1.1-1.2), non-causal, key softmax over tokens.
+"""Triton programs of the one-scan LightNet attention (docs/spec.md 1.1-1.2), non-causal, key softmax over tokens.
 
 Per (batch b, head h), with q, k in R^{N x d}, v, o in R^{N x e} (e = d_v), rotation tables C = cos(Theta),
 Sn = sin(Theta) in R^{N x d} (prefix rows: C = 1, Sn = 0):
@@ -509,7 +509,9 @@ def _bwd_dq_kernel(
         q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
         _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
         BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
-    _store_pair(pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, tl.arange(0, BD), ds_c, ds_s, D, DV, BDV, LRPE)
+    _store_pair(
+        pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, tl.arange(0, BD), ds_c, ds_s, D, DV, BDV, LRPE
+    )
 
 
 @triton.jit

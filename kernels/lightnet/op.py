@@ -1,4 +1,4 @@
-"""Fused one-scan LightNet attention: launchers, torch custom ops and autograd (SPEC 1.1-1.2).
+"""Fused one-scan LightNet attention: launchers, torch custom ops and autograd (docs/spec.md 1.1-1.2).
 
 Forward, per (batch, head); q, k: [N, d], v: [N, e] (e = d_v); angles Theta [N, d] from
 ``lightvision.ops.lrpe_angles`` (C = cos Theta, Sn = sin Theta, prefix rows C = 1, Sn = 0):
@@ -57,7 +57,8 @@ HEAD_DIMS = tuple(range(16, 129, 8))  # multiples of 8 up to 128: 72 is LightNet
 COMBINE_ROWS = 16  # most feature rows per combine program (split plan; ``_combine_blocks``)
 COMBINE_SPLITS = 16  # most split partials a combine program reads at once, as one tile
 COMBINE_PROGRAMS_PER_SM = 4  # the combine grid's rows shrink until it has this many programs per SM
-SPLIT_COST = 4  # token tiles' worth of time per extra split (``_split_cost``; fitted to the H100 sweep, session 11)
+# token tiles' worth of time per extra split (``_split_cost``; fitted to the H100 sweep, docs/kernels_lightnet.md)
+SPLIT_COST = 4
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -114,18 +115,19 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
 
     The split count minimises ``_split_cost`` over 1 .. tiles / 2 (each program keeps at least two tiles, so the
     small fp32 S / dS partials stay cheap next to the token traffic), with 2 programs resident per SM (255
-    registers; taken as 1 for head dim 128, 8 warps: as fast or faster than the old rule at N = 1024 and 4096). One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one
-    launch each way). Waves count: at N = 1024, B*H = 288 (1.09 waves of 264 programs on an H100) the fused plan
+    registers; taken as 1 for head dim 128, 8 warps: as fast or faster than assuming 2 at N = 1024 and 4096).
+    One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one launch each way). Waves count: at N =
+    1024, B*H = 288 (1.09 waves of 264 programs on an H100) the fused plan
     ran 0.424 ms fwd+bwd, 2 splits 0.349, 3 splits 0.338; at N = 4096, B*H = 72, 3 splits (one wave of 216)
-    0.318 against 0.352 for 8 (session 11, docs/kernels_lightnet.md). Head dim 128 holds two 128 x d_v matrices
+    0.318 against 0.352 for 8 (docs/kernels_lightnet.md). Head dim 128 holds two 128 x d_v matrices
     per program: 8 warps, fewer stages, and for fp32 16-token tiles keep the matrix-product operands inside
     shared memory (16-bit: 64-token tiles, 0.536 ms fwd+bwd against 0.603 with 32 at d = 128, N = 1024, B*H = 96,
-    H100, session 6), and it always takes the split plan (the fused backward would hold S and dS, four such
-    matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 was 13% faster alone at
-    N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with 32-token tiles removes the
-    register spills ptxas reports for the backward programs (~950 bytes per thread, sm_90a, bf16) but
-    ran 1.7x slower (docs/kernels_lightnet.md, round 2). Pipeline stages: 3, except the fused backward
-    (2: 0.250 against 0.279 ms at N = 196, H100, session 5). The keyword knobs override the defaults (``splits``
+    H100), and it always takes the split plan (the fused backward would hold S and dS, four such
+    matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 is 13% faster alone at
+    N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with
+    32-token tiles remove the register spills ptxas reports for the backward programs (~950 bytes per thread,
+    sm_90a, bf16) but run 1.7x slower (docs/kernels_lightnet.md). Pipeline stages: 3, except the fused backward
+    (2: 0.250 against 0.279 ms at N = 196, H100). The keyword knobs override the defaults (``splits``
     forces the split count; ``scripts/bench_attention.py --sweep`` times them)."""
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     wide = max(bd, bdv) >= 128
@@ -183,7 +185,7 @@ def _combine_blocks(bh: int, d: int, splits: int, device: torch.device) -> tuple
     """(feature rows BR, splits per step SB) of the combine programs. BR halves from COMBINE_ROWS down to 2 until
     the (b, h) x row-block grid has COMBINE_PROGRAMS_PER_SM programs per SM; SB * BR <= 32 keeps a step's
     [SB, BR, e] tiles small.
-    H100, bf16, d = 64 (session 14): at N = 65536 (6 heads, 43 splits) one split per step over 16-row blocks took
+    H100, bf16, d = 64: at N = 65536 (6 heads, 43 splits) one split per step over 16-row blocks took
     41 + 22 us (forward + backward combine), 16 per step over 2-row blocks 9 + 8; at N = 1024 (288 heads, 2
     splits) 2-row blocks were slower than 16-row ones (fwd+bwd 0.354 against 0.338 ms)."""
     rows = COMBINE_ROWS

@@ -93,11 +93,15 @@ def sweep(forms=("parallel", "scan")) -> None:
     for N, B in ((196, 256), (1024, 48), (4096, 12)) if "parallel" in forms else ():
         q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "parallel")
         for tile, warps, stages in ((64, 4, 2), (64, 4, 3), (128, 8, 2), (128, 8, 3), (64, 8, 2)):
-            f = triton.testing.do_bench(lambda: parallel_forward(q, k, v, g, True, tile, warps, stages), return_mode="median")
+            f = triton.testing.do_bench(
+                lambda: parallel_forward(q, k, v, g, True, tile, warps, stages), return_mode="median"
+            )
             tab = parallel_forward(q, k, v, g, True, tile, warps, stages)[2]
             b = triton.testing.do_bench(
                 lambda: parallel_backward(q, k, v, g, do, zinv, delta, tab, tile, warps, stages), return_mode="median")
-            print(f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms")
+            print(
+                f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms"
+            )
     for N, B in ((196, 256), (1024, 48), (4096, 12), (16384, 3), (65536, 1)) if "scan" in forms else ():
         q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "scan")
         for chunk, tb, block, warps in ((64, 16, 512, 4), (64, 16, 1024, 4), (64, 32, 256, 4), (64, 8, 512, 4),

@@ -5,7 +5,7 @@ upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. C
 1024, 4096} (197 / 577 with a cls token, 221 = a 13 x 17 grid), B = 1 and 2, H = 1 and 3, d = 64 and 48,
 fp32 and bf16, LIT / D / S, weak (lambda ~ 0.98) and strong (lambda ~ 0.5) decay, both kernel forms;
 then the packed layer core (lion_attention_qkvpacked from raw qkv, phi inside; N in {50, 197, 577}, H = 6, d = 64,
-both forms), snake orders on 13 x 17 + cls and the two-scan baseline. SPEC 2 tolerances; D's per-head decay
+both forms), snake orders on 13 x 17 + cls and the two-scan baseline. docs/spec.md 2 tolerances; D's per-head decay
 gradient is measured against the summed magnitudes of its per-token terms (tests/kernels/test_lion_kernel.py).
 Writes JSON with --out; exit status 1 when a case fails.
 """
@@ -97,8 +97,9 @@ def _packed_cases(dev: str, max_n: int) -> list[dict]:
                             return lion_attention_qkvpacked(qkv, h, mask=mask, log_decay=ld[0] if ld else None,
                                                             form=form, backend=backend)
 
-                        run = (lambda g, qkv=qkv: lion_attention_qkvpacked(qkv.double(), h, mask="s", log_decay=g,
-                                                                          backend="torch"))
+                        def run(g, qkv=qkv):
+                            return lion_attention_qkvpacked(qkv.double(), h, mask="s", log_decay=g, backend="torch")
+
                         mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, (qkv,) if ld is None else (qkv, ld), mass, names=("y", "dqkv", "dlog"))
                         ok = all(e < TOL[dtype] for e in errs.values())
@@ -147,8 +148,10 @@ def main(argv=None) -> int:
                                                   backend=backend)
 
                         tensors = (q, k, v) if ld is None else (q, k, v, ld)
-                        run = (lambda g, q=q, k=k, v=v: lion_attention(q.double(), k.double(), v.double(), mask="s",
-                                                                      log_decay=g, backend="torch"))
+                        def run(g, q=q, k=k, v=v):
+                            return lion_attention(q.double(), k.double(), v.double(), mask="s", log_decay=g,
+                                                  backend="torch")
+
                         mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, tensors, mass)
                         ok = all(e < TOL[dtype] for e in errs.values())  # NaN fails
@@ -167,7 +170,10 @@ def main(argv=None) -> int:
             if mask == "d":
                 lr, lc = F.logsigmoid(torch.randn(3, device=dev) + 3), F.logsigmoid(torch.randn(3, device=dev) + 1)
             else:
-                lr, lc = F.logsigmoid(torch.randn(2, 3, n, device=dev) + 3), F.logsigmoid(torch.randn(2, 3, n, device=dev))
+                lr, lc = (
+                    F.logsigmoid(torch.randn(2, 3, n, device=dev) + 3),
+                    F.logsigmoid(torch.randn(2, 3, n, device=dev)),
+                )
                 lr[..., 0] = lc[..., 0] = 0.0
 
             def snake(q, k, v, lr, lc, backend, mask=mask):
@@ -186,16 +192,36 @@ def main(argv=None) -> int:
         q = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
         k = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
         v = torch.randn(1, 3, nt, 64, device=dev)
-        ld = F.logsigmoid(torch.randn(1, 3, nt, device=dev) + 2) if per_token else F.logsigmoid(torch.randn(3, device=dev) + 2)
+        ld = (
+            F.logsigmoid(torch.randn(1, 3, nt, device=dev) + 2)
+            if per_token
+            else F.logsigmoid(torch.randn(3, device=dev) + 2)
+        )
 
         def two(q, k, v, ld, backend):
             return two_scan_attention(q, k, v, ld, backend=backend)
 
-        run = (lambda g, q=q, k=k, v=v: two_scan_attention(q.double(), k.double(), v.double(), g, backend="torch"))
+        def run(g, q=q, k=k, v=v):
+            return two_scan_attention(q.double(), k.double(), v.double(), g, backend="torch")
+
         mass = None if per_token else (lambda ups, run=run, ld=ld: _d_mass(run, ld, 1, nt, ups))
         errs = _case(two, (q, k, v, ld), mass)
-        rows.append(dict(case="two_scan", N=nt, prefix=0, B=1, H=3, d=64, dtype="float32", mask="s" if per_token else "d",
-                         decay="medium", form="scan", **errs, ok=all(e < 1e-5 for e in errs.values())))
+        rows.append(
+            dict(
+                case="two_scan",
+                N=nt,
+                prefix=0,
+                B=1,
+                H=3,
+                d=64,
+                dtype="float32",
+                mask="s" if per_token else "d",
+                decay="medium",
+                form="scan",
+                **errs,
+                ok=all(e < 1e-5 for e in errs.values()),
+            )
+        )
         _show(rows[-1])
     _launch.POISON_OUTPUTS = False
     worst = {}
@@ -214,7 +240,13 @@ def main(argv=None) -> int:
                          if kk in w))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(env=results_env(" ".join(["python -m lightvision.kernels.lion.check", *sys.argv[1:]])), checks=rows), f, indent=1)
+            json.dump(
+                dict(
+                    env=results_env(" ".join(["python -m lightvision.kernels.lion.check", *sys.argv[1:]])), checks=rows
+                ),
+                f,
+                indent=1,
+            )
     return 1 if any(not r["ok"] for r in rows) else 0
 
 

@@ -13,8 +13,8 @@ The layer's form on a fused projection (masked kernel only), phi = LION's featur
     torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix) -> (y, fqk, den, tab)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
         [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved.
-        (phi applied by the forward kernel as it loads q, k tiles instead cost 0.2 ms per layer more than this
-        launch at N = 197, session 21.)
+        One feature-map launch rather than phi inside the forward kernel's tile loads: the latter costs 0.2 ms
+        per layer more at N = 197 (H100, docs/kernels_lion.md).
         gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
         are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
         into the qkv projection; the gate table reads them in place)
@@ -23,8 +23,8 @@ The layer's form on a fused projection (masked kernel only), phi = LION's featur
         dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one feature-map
         pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv,
         dL/dz goes into its gate columns and zeros into the G - H padding columns (dg empty).
-        (phi's gradient inside the kernels' epilogues instead cost 30% more backward time in session 17, and in
-        session 21, with session 19's kernels, 0.18 ms per layer more than this pass at N = 197.)
+        One pass rather than phi's gradient inside the kernels' epilogues: the latter costs 0.18 ms per layer
+        more at N = 197 (H100, docs/kernels_lion.md).
 :func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py.
 """
 
@@ -37,7 +37,7 @@ from lightvision.ops.lion import split_gate_logits
 
 from .._launch import empty
 from ..fused.feature_map import feature_map_bwd_inplace, feature_map_fwd_launch
-from .parallel import parallel_backward, parallel_forward, row_grads, gate_table_like
+from .parallel import gate_table_like, parallel_backward, parallel_forward, row_grads
 from .scan import key_states_like, scan_backward, scan_forward
 
 

@@ -25,7 +25,6 @@ from lightvision.ops.heads import merge_heads, split_heads
 from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map, log_gates, split_gate_logits
 
 from .custom import lion_core, lion_packed
-from .parallel import EPS
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 128

@@ -11,8 +11,8 @@ m through a zero token stride (_gate_ptr; then M_ij = lambda^|i-j|); LIT runs wi
 Tiles of T query rows meet tiles of T key rows; the mask is built on the fly from the gates of the two tiles
 and one running scalar: each program walks the key tiles outward from its own diagonal tile, so the log-mask
 of a tile is  near(row) + seg + far(col)  where near/far are in-tile partial sums and seg is the sum of the
-whole tiles in between, accumulated outward (a sum of non-positive numbers: no cancellation; the SPEC 2 trap
-of global cumsum differences does not arise). Because log-gates are <= 0, once seg < -110 every later tile
+whole tiles in between, accumulated outward (a sum of non-positive numbers: no cancellation; the trap of
+global cumsum differences, docs/spec.md 2, does not arise). Because log-gates are <= 0, once seg < -110 every later tile
 has exp(log M) == 0 exactly in fp32, so those tiles are skipped (exact; a large speed-up for strong decay);
 how many tiles each side has before that is counted from prefix sums of the tile totals, from SKIP_MIN_TILES
 tiles on (shorter sequences visit every tile).
@@ -32,10 +32,10 @@ dg_m = sum of W over the pairs whose segment contains m:
     upper (i < j, m in [i+1, j]):  dg_m^U = sum_{i < m <= j} W_ij = excl_cumsum(rU)_m - excl_cumsum(cU)_m
 where rL_i / rU_i are the row sums of W strictly below / above the diagonal and cL_j / cU_j the column sums.
 The dq kernel produces rL, rU, the dk/dv kernel cL, cU; _gate_grad_kernel (fp64 running sums) finishes dg.
-The sums come from the fp32 tiles (the dq kernel forms q k^T for them, a third matmul per tile). Session 8 took
-them as q_i . dq_i(side) and k_j . dk_j(side) instead, with no extra matmul, but dq and dk are sums of the
-bf16-rounded dP, and the gate gradient (differences of prefix sums) amplified that rounding: bf16 gate-gradient
-errors reached 1-1.5e-2 at N >= 1024 (2-3e-3 with the fp32 tiles).
+The sums come from the fp32 tiles (the dq kernel forms q k^T for them, a third matmul per tile), not from
+q_i . dq_i(side) and k_j . dk_j(side): dq and dk are sums of the bf16-rounded dP, and the gate gradient
+(differences of prefix sums) amplifies that rounding to bf16 errors of 1-1.5e-2 at N >= 1024 (2-3e-3 with the
+fp32 tiles; tests/kernels/test_lion_kernel.py checks it).
 LION-D's gate is one log lambda per head (log M_ij = |i - j| log lambda), so dlog lambda = sum_ij W_ij |i - j|: the
 dk/dv kernel alone sums each key's W column weighted by the distance, and the dq kernel skips W (no q k^T there).
 """
@@ -65,7 +65,9 @@ SKIP_MIN_TILES = 5
 @triton.jit
 def _load_rows(ptr, rows, n, cols, ncols, stride_n):
     """Load rows[:, None] x cols[None, :] of a row-major [n, ncols] slab (zeros outside)."""
-    return tl.load(ptr + rows[:, None] * stride_n + cols[None, :], mask=(rows[:, None] < n) & (cols[None, :] < ncols), other=0.0)
+    return tl.load(
+        ptr + rows[:, None] * stride_n + cols[None, :], mask=(rows[:, None] < n) & (cols[None, :] < ncols), other=0.0
+    )
 
 
 @triton.jit
@@ -94,7 +96,7 @@ def _tile_gates(tab, tile, NP, ar, T: tl.constexpr):
 
 @triton.jit
 def _tile_log_mask(inc, exc, ar):
-    """Log of the LION mask within one tile from its local gate cumsums (SPEC 1.5): exc_i - exc_j below the
+    """Log of the LION mask within one tile from its local gate cumsums (docs/spec.md 1.5): exc_i - exc_j below the
     diagonal (sum of log a over j..i-1), inc_j - inc_i above it (sum over i+1..j), 0 on the diagonal."""
     return tl.where(ar[:, None] > ar[None, :], exc[:, None] - exc[None, :],
                     tl.where(ar[:, None] < ar[None, :], inc[None, :] - inc[:, None], 0.0))

@@ -3,7 +3,7 @@
 Same function as the parallel form (see parallel.py for M, A, num, den, Y). The sequence is cut into chunks
 of C tokens; inside a chunk the C x C block of A is formed explicitly with both triangles (the diagonal
 counted once); across chunks the mask factorises through the chunk boundaries, so two decayed states carry
-the rest (SPEC 1.5, the one-position gate shift, written with in-chunk partial sums inc_i = sum_{m<=i} g_m,
+the rest (docs/spec.md 1.5, the one-position gate shift, written with in-chunk partial sums inc_i = sum_{m<=i} g_m,
 exc_i = inc_i - g_i and the chunk total tot_t):
 
     forward state entering chunk t:  S_t = sum_{j < start_t} exp(sum_{m=j}^{start_t - 1} g_m) k_j [v_j, 1]^T
@@ -405,7 +405,7 @@ def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int 
     DV = v.shape[-1]
     states = _entering_states(k, v, None, None, g, False, plan)
     # fp32 inputs normalise outside the kernel: on an H100 (Triton 3.6) the NORMALIZE=True build with fp32 states
-    # gave wrong Y for H = 1 (kernels/lion/check.py, session 8; the fp32 num / den it returns were right)
+    # gives wrong Y for H = 1 (kernels/lion/check.py catches it; the fp32 num / den it returns are right)
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)

@@ -1,4 +1,5 @@
-"""``torch.compile`` for lightvision models: the trainers' ``train.compile`` and ``scripts/bench_models.py --compile``."""
+"""``torch.compile`` for lightvision models: the trainers' ``train.compile`` and ``scripts/bench_models.py
+--compile``."""
 
 from __future__ import annotations
 

@@ -65,7 +65,9 @@ def _positive(name: str, value: int) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-def make_accelerator(mixed_precision: str = "no", grad_accum_steps: int = 1, seed: int = 0, cpu: bool = False) -> Accelerator:
+def make_accelerator(
+    mixed_precision: str = "no", grad_accum_steps: int = 1, seed: int = 0, cpu: bool = False
+) -> Accelerator:
     """The ``Accelerator`` a :class:`Trainer` needs: accumulation without data-loader sync and a sampler seeded
     with ``seed``, so data order is a function of (seed, epoch) and resume is exact."""
     return Accelerator(

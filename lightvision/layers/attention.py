@@ -54,20 +54,39 @@ class _QKV(nn.Module):
 
 class SoftmaxAttention(_QKV):
     """Multi-head softmax attention (SDPA), DeiT / DiT style (qkv bias, projection with bias). Ignores the grid
-    but validates it."""
+    but validates it.
+
+    Args:
+        dim, num_heads: width C and heads H (head dim C / H).
+        qkv_bias: bias on the q / k / v projection.
+
+    Example:
+        >>> SoftmaxAttention(64, 4)(torch.randn(2, 1 + 4 * 4, 64), (4, 4), 1).shape
+        torch.Size([2, 17, 64])
+    """
 
     def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True):
         super().__init__(dim, num_heads, qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Attend over the tokens.
+
+        Args:
+            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
+            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
+            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
+
+        Returns:
+            [B, N, C].
+        """
         _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         q, k, v = self.split(x)
         return self.proj(self.merge(softmax_attention(q, k, v)))
 
 
 class LightNetAttention(_QKV):
-    """LNA (LightNet Fig. 3, Eq. 9; SPEC 1.4): q, k, v = x W (one fused Linear, no bias);
+    """LNA (LightNet Fig. 3, Eq. 9; docs/spec.md 1.4): q, k, v = x W (one fused Linear, no bias);
     O = lightnet_attention(q, k, v) with MD-LRPE on the grid; O = RMSNorm(O) * sigmoid(x W_u1 W_u2); out = O W_o.
     With the key softmax (the model), the core runs as ``lightnet_attention_qkvpacked`` on the Linear's output
     and the norm and gate as one fused ``rms_norm`` (Triton on CUDA).
@@ -81,6 +100,10 @@ class LightNetAttention(_QKV):
         gate_rank: None = low rank with rank = head dim (paper); "full" = one full-rank Linear; 0 = no gate;
             an int r > 0 = rank r.
         backend: "auto" | "torch" | "triton".
+
+    Example:
+        >>> LightNetAttention(64, 4)(torch.randn(2, 1 + 4 * 4, 64), (4, 4), 1).shape
+        torch.Size([2, 17, 64])
     """
 
     def __init__(self, dim: int, num_heads: int, *, lrpe: bool | str | None = "per_axis", key_softmax: bool = True,
@@ -101,6 +124,16 @@ class LightNetAttention(_QKV):
         self.proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Attend over the tokens.
+
+        Args:
+            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
+            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
+            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
+
+        Returns:
+            [B, N, C].
+        """
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         kw = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe, backend=self.backend)
         if self.key_softmax:
@@ -116,7 +149,8 @@ class LightNetAttention(_QKV):
 
 
 class LionAttention(_QKV):
-    """LION attention layer (LION Sec. 4; SPEC 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y W_o.
+    """LION attention layer (LION Sec. 4; docs/spec.md 1.5): q, k = phi(x W_q), phi(x W_k); Y = lion_attention; out = Y
+    W_o.
 
     phi: LIT elu(x) + 1; D / S normalize(SiLU(x) + 0.5) over the head dim (L2), computed in fp32. Without snake the
     layer runs ``lightvision.ops.lion_attention_qkvpacked`` on the qkv Linear's output (phi inside; its masked
@@ -132,6 +166,18 @@ class LionAttention(_QKV):
     snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
     form: passed to lion_attention ("auto": the kernels' measured rule, ``lightvision.kernels.lion.choose_form``;
     the reference: parallel for N <= 1024, linear-time scan beyond).
+
+    Args:
+        dim, num_heads: width C and heads H (head dim C / H).
+        mask: "lit" | "d" | "s" (above).
+        snake: average the row- and column-snake masks (mask "d" or "s", 2-D grids).
+        form: one of ``lightvision.ops.lion.FORMS``.
+        qkv_bias: bias on the q / k / v projection.
+        backend: "auto" | "torch" | "triton".
+
+    Example:
+        >>> LionAttention(64, 4, mask="s")(torch.randn(2, 1 + 4 * 4, 64), (4, 4), 1).shape
+        torch.Size([2, 17, 64])
     """
 
     def __init__(self, dim: int, num_heads: int, *, mask: str = "lit", snake: bool = False, form: str = "auto",
@@ -177,6 +223,16 @@ class LionAttention(_QKV):
         return F.linear(x, weight, torch.cat([qkv_b, -b, b.new_zeros(pad)]))
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Attend over the tokens.
+
+        Args:
+            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
+            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
+            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
+
+        Returns:
+            [B, N, C].
+        """
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
             if self.mask == "s":
@@ -216,9 +272,21 @@ def attention_options(kind: str) -> list[str]:
 
 
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
-    """Attention layer of ``kind`` (one of ATTENTION_KINDS); kwargs forward to its class
-    (e.g. form / backend for LION, lrpe / gate_rank for LightNet); an option the kind does not take is refused
-    with the ones it does."""
+    """The attention layer of ``kind``; an option the kind does not take is refused with the ones it does.
+
+    Args:
+        kind: one of ``ATTENTION_KINDS``.
+        dim, num_heads: width C and heads H.
+        **kwargs: options of the kind's class (:func:`attention_options`), e.g. form / backend for LION,
+            lrpe / gate_rank for LightNet.
+
+    Returns:
+        The layer, ``forward(x [B, N, C], grid, num_prefix_tokens) -> [B, N, C]``.
+
+    Example:
+        >>> type(build_attention("lion_d_snake", 64, 4)).__name__
+        'LionAttention'
+    """
     check_choice(kind, ATTENTION_KINDS, "attention kind")
     cls, fixed = _KINDS[kind]
     clash = set(fixed) & set(kwargs)

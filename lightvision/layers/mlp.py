@@ -1,4 +1,4 @@
-"""GLU feed-forward of the LightNet block (SPEC 1.4)."""
+"""GLU feed-forward of the LightNet block (docs/spec.md 1.4)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,14 @@ class GLU(nn.Module):
     gated product (``lightvision.ops.silu_mul`` in its packed form, one fused Triton kernel each way on CUDA) reads
     the two halves of its output in place. State dicts with separate ``w1`` / ``w2`` (saved before the fusion)
     load into ``w12``.
+
+    Args:
+        dim: input and output width.
+        hidden_dim: width of the gated hidden layer.
+
+    Example:
+        >>> GLU(32, 64)(torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
     """
 
     def __init__(self, dim: int, hidden_dim: int):
@@ -24,6 +32,7 @@ class GLU(nn.Module):
         self.register_load_state_dict_pre_hook(self._join_w1_w2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., dim] -> [..., dim]."""
         return self.w3(silu_mul(self.w12(x)))
 
     def xavier_init_(self) -> None:

@@ -16,7 +16,20 @@ TPE_PLACEMENTS = ("none", "embed", "block")  # no MD-TPE, once after the patch e
 def sincos_pos_embed(dim: int, grid: tuple[int, int], device: torch.device | None = None) -> torch.Tensor:
     """Fixed 2-D sin-cos position embedding [h * w, dim] in row-major order (computed for any grid, so it transfers to
     other resolutions): half the features encode the row, half the column; each half is [sin(pos w_i), cos(pos w_i)],
-    w_i = 10000^(-i / (dim / 4)), i < dim / 4."""
+    w_i = 10000^(-i / (dim / 4)), i < dim / 4.
+
+    Args:
+        dim: embedding width, divisible by 4.
+        grid: (h, w).
+        device: where to build it.
+
+    Returns:
+        [h * w, dim] fp32.
+
+    Example:
+        >>> sincos_pos_embed(64, (7, 9)).shape
+        torch.Size([63, 64])
+    """
     if dim % 4:
         raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
     h, w = grid
@@ -31,8 +44,22 @@ def sincos_pos_embed(dim: int, grid: tuple[int, int], device: torch.device | Non
 
 
 def build_tpe(placement: str, dim: int, depth: int, tpe_kwargs: dict | None) -> tuple[MDTPE | None, list[MDTPE | None]]:
-    """MD-TPE layers for a model of ``depth`` blocks: (the one after the patch embedding, one per block), each None
-    where ``placement`` ("none" | "embed" | "block") puts none; ``tpe_kwargs`` go to every ``MDTPE``."""
+    """MD-TPE layers for a model of ``depth`` blocks (docs/spec.md 1.3).
+
+    Args:
+        placement: "none" | "embed" (once after the patch embedding) | "block" (at the start of every block).
+        dim: model width C.
+        depth: number of blocks.
+        tpe_kwargs: options of every ``MDTPE`` (form, combine, expand, decay, norm); unknown ones are refused.
+
+    Returns:
+        (the layer after the patch embedding or None, a list of ``depth`` per-block layers or Nones).
+
+    Example:
+        >>> embed, blocks = build_tpe("embed", 64, 4, {"form": "pair"})
+        >>> type(embed).__name__, blocks
+        ('MDTPE', [None, None, None, None])
+    """
     check_choice(placement, TPE_PLACEMENTS, "MD-TPE placement")
     kwargs = dict(tpe_kwargs or {})
     options = list(inspect.signature(MDTPE.__init__).parameters)[2:]

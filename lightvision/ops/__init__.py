@@ -1,12 +1,12 @@
-"""Plain PyTorch attention cores: the executable specification (SPEC sections 1-2).
+"""Plain PyTorch attention cores: the executable specification (docs/spec.md sections 1-2).
 
 Every public op takes [B, H, N, d] tensors like SDPA and dispatches to a Triton kernel when one is
 registered (see :mod:`lightvision.ops._dispatch`: ``register_kernel`` / ``get_kernel``).
 """
 
 from ._checks import check_grid
-from .adaln import gated_residual, modulated_layer_norm
 from ._dispatch import get_kernel, preload_kernels, register_kernel
+from .adaln import gated_residual, modulated_layer_norm
 from .heads import merge_heads, split_heads
 from .lightnet import lightnet_attention, lightnet_attention_qkvpacked
 from .lion import lion_attention, lion_attention_qkvpacked, lion_feature_map, lion_snake_attention, snake_permutation

@@ -51,9 +51,13 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str) -> N
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ValueError(f"{name}: {tn} must be a 4-D tensor [B, H, N, d], got {shape}")
     if q.shape != k.shape:
-        raise ValueError(f"{name}: q and k must have the same shape [B, H, N, d], got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(
+            f"{name}: q and k must have the same shape [B, H, N, d], got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
     if v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"{name}: v must be [B, H, N, d_v] with q's B, H, N {tuple(q.shape[:3])}, got {tuple(v.shape)}")
+        raise ValueError(
+            f"{name}: v must be [B, H, N, d_v] with q's B, H, N {tuple(q.shape[:3])}, got {tuple(v.shape)}"
+        )
     if not (q.device == k.device == v.device):
         raise ValueError(f"{name}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if q.shape[2] == 0:

@@ -106,14 +106,14 @@ def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwar
         return NotImplemented
     fn = get_kernel(op_name)
     if fn is None:
+        failed = _IMPORT_ERRORS.get(_FAMILY[op_name])
         if backend == "triton":
             raise RuntimeError(
                 f"{op_name}: backend='triton' but no Triton kernel is registered (importing "
                 f"{_FAMILY[op_name]} did not call register_kernel({op_name!r}, ...)"
-                f"{'; import failed: ' + _IMPORT_ERRORS[_FAMILY[op_name]] if _FAMILY[op_name] in _IMPORT_ERRORS else ''}"
+                f"{'; import failed: ' + failed if failed is not None else ''}"
                 "); use backend='torch' or 'auto'"
             )
-        failed = _IMPORT_ERRORS.get(_FAMILY[op_name])
         warn_once((op_name, "no kernel"), f"{op_name}: no Triton kernel is available"
                   f"{' (' + failed + ')' if failed else ''}; backend='auto' runs the PyTorch reference on {device}")
         return NotImplemented

@@ -27,9 +27,22 @@ def modulated_layer_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tens
     """y[b, n] = (x[b, n] - mu) / sqrt(sigma^2 + eps) * (1 + scale[b]) + shift[b]  (LayerNorm without affine
     weights, mean and biased variance over C, then adaLN's per-sample modulation).
 
-    x [B, N, C], shift / scale [B, C] -> y [B, N, C] in ``out_dtype`` (default x's dtype). Statistics and products
-    in fp32 (fp64 inputs stay fp64), rounded once: inside autocast pass the autocast dtype, the input of the next
-    matmul. ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`).
+    Statistics and products in fp32 (fp64 inputs stay fp64), rounded once: inside autocast pass the autocast
+    dtype, the input of the next matmul.
+
+    Args:
+        x: [B, N, C].
+        shift, scale: [B, C], one vector per sample.
+        eps: added to the variance.
+        out_dtype: dtype of y (default x's dtype).
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        y [B, N, C] in ``out_dtype``.
+
+    Example:
+        >>> modulated_layer_norm(torch.randn(2, 16, 8), torch.zeros(2, 8), torch.zeros(2, 8)).shape
+        torch.Size([2, 16, 8])
     """
     _check_per_sample(x, {"shift": shift, "scale": scale}, "modulated_layer_norm")
     out_dtype = out_dtype or x.dtype
@@ -42,8 +55,23 @@ def modulated_layer_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tens
 
 
 def gated_residual(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, *, backend: str = "auto") -> torch.Tensor:
-    """x + gate[b] * y: x, y [B, N, C], gate [B, C] -> [B, N, C], computed in fp32 and returned in the dtype that
-    PyTorch's promotion gives the three (what ``x + gate[:, None] * y`` returns, under autocast too)."""
+    """x + gate[b] * y, computed in fp32.
+
+    Args:
+        x: [B, N, C] residual stream.
+        gate: [B, C], one vector per sample.
+        y: [B, N, C] branch output.
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        [B, N, C] in the dtype PyTorch's promotion gives the three (what ``x + gate[:, None] * y`` returns, under
+        autocast too).
+
+    Example:
+        >>> x = torch.randn(2, 16, 8)
+        >>> torch.equal(gated_residual(x, torch.zeros(2, 8), torch.randn(2, 16, 8)), x)
+        True
+    """
     _check_per_sample(x, {"gate": gate}, "gated_residual")
     if y.shape != x.shape or y.device != x.device:
         raise ValueError(f"gated_residual: y must be x's shape {tuple(x.shape)} on {x.device}, got {tuple(y.shape)} "

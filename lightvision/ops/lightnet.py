@@ -1,4 +1,18 @@
-"""LightNet attention: the one-scan additive-decay linear attention (LightNet Eq. 7-9; SPEC 1.1)."""
+"""LightNet attention: the one-scan additive-decay linear attention (LightNet Eq. 7-9; docs/spec.md 1.1).
+
+Per batch and head, on raw projections q, k [N, d], v [N, d_v]:
+
+    q^ = SiLU(q),   k^ = softmax of k over the N tokens, per feature        (Eq. 8-9)
+    q~, k~ = MD-LRPE(q^), MD-LRPE(k^)   when an ``lrpe`` variant and a grid are given (docs/spec.md 1.2), else q^, k^
+    O = q~ (k~^T v)
+
+No 1/N or other normaliser: the softmax over tokens is the normaliser. Prefix tokens take part in the softmax
+and get LRPE angle 0. The causal form (Eq. 7) is s_t = s_{t-1} + exp(k_t),
+kv_t = diag(1 - exp(k_t) / s_t) kv_{t-1} + exp(k_t) / s_t v_t^T, o_t = q~_t^T kv_t; unrolled,
+kv_t = sum_{j<=t} exp(k_j - L_t) v_j^T with L = logcumsumexp(k) (fp32), evaluated in chunks with every exponent
+<= 0; its final state is the non-causal k~^T v. ``key_softmax=False`` is the "no decay" ablation: k^ = SiLU(k)
+(causal: plain causal linear attention). Statistics are fp32 (fp64 inputs stay fp64).
+"""
 
 from __future__ import annotations
 
@@ -27,19 +41,26 @@ def lightnet_attention(
     key_softmax: bool = True,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """LightNet attention core on raw projections q, k [B, H, N, d], v [B, H, N, d_v] -> [B, H, N, d_v].
+    """LightNet attention core (module docstring) on raw projections.
 
-    Non-causal (Eq. 8-9): q^ = SiLU(q), k^ = softmax of k over the N tokens per (batch, head, feature),
-    O = q~ (k~^T v) with q~, k~ = MD-LRPE(q^), MD-LRPE(k^) (SPEC 1.2) when ``lrpe`` (a variant of
-    ``lightvision.ops.md_lrpe.LRPE_VARIANTS``, True = "per_axis"; False / None = off) and a ``grid`` are given
-    (else q~ = q^, k~ = k^). No 1/N or other normaliser: the softmax over tokens is the normaliser.
-    Prefix tokens (first ``num_prefix_tokens``) take part in the softmax and get LRPE angle 0.
-    ``causal=True`` (Eq. 7): s_t = s_{t-1} + exp(k_t), kv_t = diag(1 - exp(k_t)/s_t) kv_{t-1} + exp(k_t)/s_t v_t^T,
-    o_t = q~_t^T kv_t; unrolled, kv_t = sum_{j<=t} exp(k_j - L_t) v_j^T with L = logcumsumexp(k) (fp32),
-    evaluated in chunks with every exponent <= 0; its final state is the non-causal k~^T v.
-    ``key_softmax=False`` is the "no decay" ablation: k^ = SiLU(k) (causal: plain causal linear attention).
-    Statistics in fp32 (fp64 inputs stay fp64); returns q's dtype.
-    ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`).
+    Args:
+        q, k: [B, H, N, d] query and key projections (before SiLU / the key softmax).
+        v: [B, H, N, d_v] values.
+        grid: token grid (h, w) or any number of axes; prod(grid) + num_prefix_tokens == N. None: no MD-LRPE.
+        num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
+        lrpe: an MD-LRPE variant of ``lightvision.ops.md_lrpe.LRPE_VARIANTS``, True (= "per_axis"), or
+            False / None (off).
+        causal: the causal form (Eq. 7) instead of the non-causal one.
+        key_softmax: False for the "no decay" ablation (SiLU on k).
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        O [B, H, N, d_v] in q's dtype.
+
+    Example:
+        >>> q, k, v = (torch.randn(2, 6, 1 + 14 * 14, 64) for _ in range(3))
+        >>> lightnet_attention(q, k, v, grid=(14, 14), num_prefix_tokens=1).shape
+        torch.Size([2, 6, 197, 64])
     """
     check_qkv(q, k, v, "lightnet_attention")
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
@@ -78,11 +99,23 @@ def lightnet_attention_qkvpacked(
     lrpe: bool | str | None = "per_axis",
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Non-causal LightNet attention on a fused projection: qkv [B, N, 3 * H * d] -> o [B, N, H * d].
+    """Non-causal LightNet attention on a fused projection.
 
     The same math as ``lightnet_attention(*split_heads(qkv, num_heads), ...)`` followed by ``merge_heads``; the
     Triton kernel reads q, k, v in place, writes o in the [B, N, H, d] layout of the output projection and the
     gradient straight into one [B, N, 3 * H * d] tensor (no stack of dq, dk, dv, no transposing copies).
+
+    Args:
+        qkv: [B, N, 3 * H * d], the output of one fused q / k / v Linear.
+        num_heads: H.
+        grid, num_prefix_tokens, lrpe, backend: as in :func:`lightnet_attention`.
+
+    Returns:
+        o [B, N, H * d] in qkv's dtype.
+
+    Example:
+        >>> lightnet_attention_qkvpacked(torch.randn(2, 1 + 7 * 9, 3 * 384), 6, grid=(7, 9), num_prefix_tokens=1).shape
+        torch.Size([2, 64, 384])
     """
     if not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")

@@ -1,6 +1,6 @@
 """LION bidirectional masked linear attention: masks LIT / D / S, four equivalent forms, snake orders.
 
-LION Theorem 3.3 and Sec. 4; SPEC 1.5. Per head, with q, k already feature-mapped (positive):
+LION Theorem 3.3 and Sec. 4; docs/spec.md 1.5. Per head, with q, k already feature-mapped (positive):
     A = (Q K^T) * M,    Y = (A V) / (A 1 + 1e-6)
     LIT: M = 1;  D: M_ij = lambda^|i-j| (log lambda per head);
     S:   M_ij = prod_{m=j}^{i-1} a_m (i > j), prod_{m=i+1}^{j} a_m (i < j), 1 (i = j), log a_m given per token.
@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from ._checks import check_choice, check_grid, check_qkv, compute_dtype
 from ._dispatch import dispatch, warn_once
-from .heads import merge_heads, split_heads
 from ._scan import bidirectional_scan, segsum
+from .heads import merge_heads, split_heads
 
 MASKS = ("lit", "d", "s")
 FEATURE_MAPS = ("elu", "silu_norm")
@@ -30,7 +30,7 @@ EPS = 1e-6
 # cuBLAS on its unaligned kernels, about twice as slow for these products. Gate logits folded into the qkv
 # projection take QKV_GATE_ALIGN columns, so that the projection's row stride stays a multiple of 64 elements
 # (128 bytes of bf16) when 3C is: with rows of 1160 Inductor padded the stride and copied the tensor into and out of
-# the packed custom op, about 3 ms per DeiT-S step (docs/kernels_lion.md, sessions 20-21).
+# the packed custom op, about 3 ms per DeiT-S step (docs/kernels_lion.md).
 GATE_ALIGN = 8
 QKV_GATE_ALIGN = 64
 
@@ -56,11 +56,23 @@ def log_gates(z: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
 
 
 def lion_feature_map(x: torch.Tensor, kind: str = "silu_norm", *, backend: str = "auto") -> torch.Tensor:
-    """LION's positive feature map phi over the last (head) dim (LION Sec. 4; SPEC 1.5), applied to q and k.
+    """LION's positive feature map phi over the last (head) dim (LION Sec. 4; docs/spec.md 1.5), applied to q and k.
 
     "silu_norm" (LION-D / S): normalize(SiLU(x) + 0.5) in L2, so q . k lies in (0, 1];  "elu" (LIT): elu(x) + 1.
-    x [..., d] -> phi(x), same shape and dtype, computed in fp32 (fp64 inputs stay fp64). ``backend``: see
-    :mod:`lightvision.ops._dispatch` (the Triton kernel reads strided [B, H, N, d] views in place).
+    Computed in fp32 (fp64 inputs stay fp64).
+
+    Args:
+        x: [..., d], e.g. q or k [B, H, N, d] (the Triton kernel reads strided views in place).
+        kind: one of ``FEATURE_MAPS``.
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        phi(x), x's shape and dtype.
+
+    Example:
+        >>> y = lion_feature_map(torch.randn(2, 3, 10, 16))
+        >>> bool((y > 0).all()), torch.allclose(y.norm(dim=-1), torch.ones(2, 3, 10))
+        (True, True)
     """
     check_choice(kind, FEATURE_MAPS, "LION feature map")
     out = dispatch("lion_feature_map", backend, x.device, (x,), dict(kind=kind))
@@ -83,11 +95,9 @@ def lion_attention(
     normalize: bool = True,
     backend: str = "auto",
 ):
-    """LION attention. q, k: [B, H, N, d] feature-mapped (positive); v: [B, H, N, d_v].
+    """LION attention (module docstring) on feature-mapped q, k.
 
-    ``log_decay``: None for "lit"; [H] = log lambda per head for "d"; [B, H, N] = log a_m per token for "s"
-    (the caller sets prefix gates to 1, i.e. log 0). Log-decays are used in fp32 (fp64 stays fp64).
-    ``form`` (all compute the same function, Theorem 3.3):
+    ``form`` (all compute the same function, LION Theorem 3.3):
       "parallel"  materialised [N, N] mask, log M from segment sums, exp of finite values only;
       "chunk"     blocks of ``chunk_size`` keys, O(N * chunk) memory (log-gate prefix sums in fp64);
       "recurrent" forward and backward RNNs, y_i = q_i^T (S^F_i - k_i v_i^T/2) + q_i^T (S^B_i - k_i v_i^T/2),
@@ -96,10 +106,31 @@ def lion_attention(
       "scan"      two chunked causal scalar-decay scans (forward, reversed), diagonal once, normaliser from
                   a ones column appended to V;
       "auto"      "parallel" for N <= AUTO_PARALLEL_MAX_N, else "scan".
-    Returns Y [B, H, N, d_v] in q's dtype, or with ``normalize=False`` the pair (A V [B, H, N, d_v],
-    A 1 [B, H, N]) in the fp32 compute dtype, so that masks can be summed before dividing.
-    Differentiable in q, k, v and log_decay. ``backend``: see :mod:`lightvision.ops._dispatch`; the Triton kernels
-    run "recurrent" as their chunked scan (the same function) and say so in a warning.
+    Differentiable in q, k, v and log_decay. The Triton kernels run "recurrent" as their chunked scan (the same
+    function) and say so in a warning.
+
+    Args:
+        q, k: [B, H, N, d], feature-mapped (positive, e.g. :func:`lion_feature_map`).
+        v: [B, H, N, d_v].
+        mask: "lit" | "d" | "s" (``MASKS``).
+        log_decay: None for "lit"; [H] = log lambda per head for "d"; [B, H, N] = log a_m per token for "s"
+            (the caller sets prefix gates to 1, i.e. log 0). Used in fp32 (fp64 stays fp64).
+        form: one of ``FORMS`` (above).
+        chunk_size: keys per block of the "chunk" and "scan" forms.
+        normalize: False returns the numerator and the normaliser instead of their ratio.
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        Y [B, H, N, d_v] in q's dtype; with ``normalize=False`` the pair (A V [B, H, N, d_v], A 1 [B, H, N]) in the
+        fp32 compute dtype, so that masks can be summed before dividing.
+
+    Example:
+        >>> q, k = (lion_feature_map(torch.randn(2, 3, 50, 16)) for _ in range(2))
+        >>> v = torch.randn(2, 3, 50, 16)
+        >>> y = lion_attention(q, k, v, mask="d", log_decay=torch.full((3,), -0.1))
+        >>> torch.allclose(y, lion_attention(q, k, v, mask="d", log_decay=torch.full((3,), -0.1), form="scan"),
+        ...                atol=1e-5)
+        True
     """
     check_qkv(q, k, v, "lion_attention")
     check_choice(mask, MASKS, "mask")
@@ -127,7 +158,9 @@ def lion_attention(
     elif form == "recurrent":
         num, den = _recurrent_form(qf, kf, vf, log_fwd, log_bwd)
     else:
-        out = bidirectional_scan(qf, kf, torch.cat([vf, vf.new_ones(*vf.shape[:3], 1)], -1), log_fwd, log_bwd, chunk_size)
+        out = bidirectional_scan(
+            qf, kf, torch.cat([vf, vf.new_ones(*vf.shape[:3], 1)], -1), log_fwd, log_bwd, chunk_size
+        )
         num, den = out[..., :-1], out[..., -1]
     if not normalize:
         return num, den
@@ -145,17 +178,31 @@ def lion_attention_qkvpacked(
     form: str = "parallel",
     backend: str = "auto",
 ) -> torch.Tensor:
-    """LION layer core on a fused projection: qkv [B, N, 3 * H * d] -> Y [B, N, H * d] (qkv's dtype).
+    """LION layer core on a fused projection, feature map included.
 
     The same math as ``merge_heads(lion_attention(phi(q), phi(k), v, ...))`` with q, k, v = ``split_heads(qkv)``
-    and phi = ``lion_feature_map`` of the mask's kind (MASK_FEATURE_MAP: LIT elu(x) + 1, D / S normalize(SiLU(x) +
-    0.5)). ``log_decay`` ([H] or [B, H, N] of the split heads) and ``form`` as :func:`lion_attention`.
-    ``gates_in_qkv`` (mask "s", no log_decay): qkv is [B, N, 3 * H * d + gate_columns(H)] and carries LION-S's
-    per-token gate logits z in columns 3 H d .. 3 H d + H - 1: log a = logsigmoid(z), 0 on the first
-    ``num_prefix_tokens`` tokens (:func:`log_gates`; the padding columns get gradient 0), so one Linear makes
-    q, k, v and the gates. The masked Triton kernel reads q, k, v and the gates in place, writes Y in the
-    [B, N, H, d] layout of the output projection and the gradient straight into one tensor laid out as qkv (no
-    stack of dq, dk, dv, no transposing copies, no concatenation with the gates' gradient).
+    and phi = ``lion_feature_map`` of the mask's kind (``MASK_FEATURE_MAP``: LIT elu(x) + 1, D / S
+    normalize(SiLU(x) + 0.5)). With ``gates_in_qkv`` one Linear makes q, k, v and LION-S's gates. The masked
+    Triton kernel reads q, k, v and the gates in place, writes Y in the [B, N, H, d] layout of the output
+    projection and the gradient straight into one tensor laid out as qkv (no stack of dq, dk, dv, no transposing
+    copies, no concatenation with the gates' gradient).
+
+    Args:
+        qkv: [B, N, 3 * H * d], or [B, N, 3 * H * d + gate_columns(H)] with ``gates_in_qkv``.
+        num_heads: H.
+        mask, form, backend: as in :func:`lion_attention`.
+        log_decay: [H] or [B, H, N] of the split heads, as in :func:`lion_attention`.
+        gates_in_qkv: (mask "s", no log_decay) columns 3 H d .. 3 H d + H - 1 of qkv are the per-token gate
+            logits z: log a = logsigmoid(z), 0 on the first ``num_prefix_tokens`` tokens (:func:`log_gates`; the
+            padding columns get gradient 0).
+        num_prefix_tokens: leading tokens whose gate is 1 (``gates_in_qkv`` only).
+
+    Returns:
+        Y [B, N, H * d] in qkv's dtype.
+
+    Example:
+        >>> lion_attention_qkvpacked(torch.randn(2, 50, 3 * 48), 3).shape
+        torch.Size([2, 50, 48])
     """
     if not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
@@ -218,16 +265,31 @@ def lion_snake_attention(
     chunk_size: int = 64,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """LION-D/S with snake patch orders ("natural" variants, SPEC 1.5): M = (M_row + M_col) / 2.
+    """LION-D/S with snake patch orders ("natural" variants, docs/spec.md 1.5): M = (M_row + M_col) / 2.
 
     M_row (M_col) is the D or S mask built along the row-snake (column-snake) order of the 2-D grid
     (:func:`snake_permutation`) and permuted back to raster order. Computed by gathering tokens into each
     order, running :func:`lion_attention` with normalize=False, scattering back, averaging numerators and
     denominators, then Y = num / (den + 1e-6). Prefix tokens stay first in both orders. ``backend`` is
     passed to each :func:`lion_attention` call, so a registered LION kernel runs both orders.
-    q, k: [B, H, N, d] feature-mapped; v: [B, H, N, d_v]; grid (h, w) with h*w + num_prefix_tokens = N.
-    log_decay_row / _col: [H] (mask "d") or [B, H, N] in RASTER order (mask "s"), one per order.
-    Returns [B, H, N, d_v] in q's dtype.
+
+    Args:
+        q, k: [B, H, N, d] feature-mapped; v: [B, H, N, d_v].
+        grid: (h, w) with h * w + num_prefix_tokens = N.
+        num_prefix_tokens: leading tokens, first in both orders.
+        mask: "d" or "s".
+        log_decay_row, log_decay_col: one per order, [H] (mask "d") or [B, H, N] in RASTER order (mask "s").
+        form, chunk_size, backend: as in :func:`lion_attention`.
+
+    Returns:
+        Y [B, H, N, d_v] in q's dtype.
+
+    Example:
+        >>> q, k = (lion_feature_map(torch.randn(1, 2, 1 + 4 * 5, 8)) for _ in range(2))
+        >>> ld = torch.full((2,), -0.2)
+        >>> lion_snake_attention(q, k, torch.randn(1, 2, 21, 8), grid=(4, 5), num_prefix_tokens=1,
+        ...                      log_decay_row=ld, log_decay_col=ld).shape
+        torch.Size([1, 2, 21, 8])
     """
     check_qkv(q, k, v, "lion_snake_attention")
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
@@ -276,12 +338,18 @@ def check_log_decay(mask: str, log_decay: torch.Tensor | None, q: torch.Tensor, 
         return
     want = (h,) if mask == "d" else (b, h, n)
     if not isinstance(log_decay, torch.Tensor):
-        raise ValueError(f"{name}: mask={mask!r} needs log_decay, a tensor of shape {want}; got {type(log_decay).__name__}")
+        raise ValueError(
+            f"{name}: mask={mask!r} needs log_decay, a tensor of shape {want}; got {type(log_decay).__name__}"
+        )
     if tuple(log_decay.shape) != want:
         layout = "[H] (log lambda per head)" if mask == "d" else "[B, H, N] (log gate per token)"
-        raise ValueError(f"{name}: mask={mask!r} needs log_decay of shape {layout} = {want}, got {tuple(log_decay.shape)}")
+        raise ValueError(
+            f"{name}: mask={mask!r} needs log_decay of shape {layout} = {want}, got {tuple(log_decay.shape)}"
+        )
     if not log_decay.is_floating_point() or log_decay.device != q.device:
-        raise ValueError(f"{name}: log_decay must be a floating tensor on {q.device}, got {log_decay.dtype} on {log_decay.device}")
+        raise ValueError(
+            f"{name}: log_decay must be a floating tensor on {q.device}, got {log_decay.dtype} on {log_decay.device}"
+        )
 
 
 def step_log_decays(
@@ -324,7 +392,7 @@ def _chunk_form(q, k, v, log_fwd, log_bwd, chunk_size):
 
 
 def _recurrent_form(q, k, v, log_fwd, log_bwd):
-    """Forward and backward RNNs (S, z) run token by token, as SPEC 1.5 states them.
+    """Forward and backward RNNs (S, z) run token by token, as docs/spec.md 1.5 states them.
 
     Each direction carries one state S [B, H, d, d_v] and z [B, H, d]: k_i v_i^T is formed at its step only, so
     the forward pass holds O(d d_v) state besides the [B, H, N, d_v] outputs (autograd still keeps one S per step

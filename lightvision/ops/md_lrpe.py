@@ -1,4 +1,4 @@
-"""MD-LRPE: multi-dimensional linearised relative positional encoding (LightNet Eq. 12-16, App. A.2; SPEC 1.2).
+"""MD-LRPE: multi-dimensional linearised relative positional encoding (LightNet Eq. 12-16, App. A.2; docs/spec.md 1.2).
 
 Every feature i of a token at grid coordinates c (one per axis) is rotated by an angle linear in c,
 
@@ -36,7 +36,8 @@ _GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
 
 
 def lrpe_variant(lrpe: bool | str | None) -> str | None:
-    """Normalise an ``lrpe`` switch: a variant name, True (= "per_axis"), or False / None / "none" (off) -> name or None.
+    """Normalise an ``lrpe`` switch: a variant name, True (= "per_axis"), or False / None / "none" (off) -> name or
+    None.
 
     Raises ValueError listing the allowed values for anything else."""
     if lrpe is True:

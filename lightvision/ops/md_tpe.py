@@ -1,4 +1,4 @@
-"""MD-TPE: multi-dimensional Toeplitz positional encoding (LightNet Eq. 10-11; SPEC 1.3).
+"""MD-TPE: multi-dimensional Toeplitz positional encoding (LightNet Eq. 10-11; docs/spec.md 1.3).
 
 Axis j of the grid carries a per-channel Toeplitz kernel t^j_n[c] = sum_r coeffs[j, c, r] * lambda_{j,r}^|n| (an SSM
 with e hidden states; one-sided: n >= 0 only). Two ways to combine the axes:
@@ -73,7 +73,9 @@ def md_tpe(
     if coeffs.dim() != 3 or coeffs.shape[:2] != (len(grid), c):
         raise ValueError(f"md_tpe: coeffs must be [num_axes={len(grid)}, C={c}, e], got {tuple(coeffs.shape)}")
     if tuple(log_lambda.shape) != (len(grid), coeffs.shape[2]):
-        raise ValueError(f"md_tpe: log_lambda must be [num_axes, e] = {(len(grid), coeffs.shape[2])}, got {tuple(log_lambda.shape)}")
+        raise ValueError(
+            f"md_tpe: log_lambda must be [num_axes, e] = {(len(grid), coeffs.shape[2])}, got {tuple(log_lambda.shape)}"
+        )
     out = dispatch("md_tpe", backend, x.device, (x, coeffs, log_lambda),
                    dict(grid=grid, num_prefix_tokens=num_prefix_tokens, causal=causal, impl=impl, combine=combine))
     if out is not NotImplemented:

@@ -1,4 +1,4 @@
-"""Pointwise parts of the LightNet layer: RMSNorm with the sigmoid output gate (LightNet Eq. 9; SPEC 1.4)
+"""Pointwise parts of the LightNet layer: RMSNorm with the sigmoid output gate (LightNet Eq. 9; docs/spec.md 1.4)
 and the SiLU-gated product of the GLU channel mixer."""
 
 from __future__ import annotations
@@ -14,13 +14,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
              out_dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
     """y = x / sqrt(mean_c(x^2) + eps) * weight, times sigmoid(gate) when a gate is given.
 
-    x [..., C], weight [C], gate None or x's shape -> y [..., C] in ``out_dtype`` (default x's dtype).
-    Statistics and products in fp32 (fp64 inputs stay fp64), rounded once at the end: an fp32 residual
-    stream x with ``out_dtype=torch.bfloat16`` gives the bf16 input of the next matmul without a second cast.
-    ``backend``: "torch" | "auto" | "triton" (see :mod:`lightvision.ops._dispatch`).
+    Statistics and products in fp32 (fp64 inputs stay fp64), rounded once at the end: an fp32 residual stream x
+    with ``out_dtype=torch.bfloat16`` gives the bf16 input of the next matmul without a second cast.
+
+    Args:
+        x: [..., C].
+        weight: [C].
+        gate: None, or x's shape (the LightNet output gate's logits).
+        eps: added to the mean square.
+        out_dtype: dtype of y (default x's dtype).
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        y [..., C] in ``out_dtype``.
+
+    Example:
+        >>> rms_norm(torch.randn(2, 10, 32), torch.ones(32), torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
     """
     if x.dim() == 0 or weight.shape != x.shape[-1:]:
-        raise ValueError(f"rms_norm: weight must be [C] for x [..., C], got x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"rms_norm: weight must be [C] for x [..., C], got x {tuple(x.shape)}, weight {tuple(weight.shape)}"
+        )
     if gate is not None and gate.shape != x.shape:
         raise ValueError(f"rms_norm: gate must have x's shape {tuple(x.shape)}, got {tuple(gate.shape)}")
     if not (x.device == weight.device and (gate is None or gate.device == x.device)):
@@ -38,11 +53,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = 
 
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor | None = None, *, backend: str = "auto") -> torch.Tensor:
-    """SiLU(a) * b, the gated product of GLU (SPEC 1.4), computed in fp32, returned in a's dtype.
+    """SiLU(a) * b, the gated product of GLU (docs/spec.md 1.4), computed in fp32, returned in a's dtype.
 
-    a, b [..., C] of one shape -> [..., C]. Packed form (b None): a [..., 2C] holds the two halves [a | b] side by
-    side (the output of GLU's one W_1 | W_2 projection) -> [..., C]; the kernel reads the halves in place and its
-    backward writes one [..., 2C] gradient, so no slice copies either way.
+    In the packed form the kernel reads the two halves in place and its backward writes one [..., 2C] gradient,
+    so there are no slice copies either way.
+
+    Args:
+        a: [..., C], or [..., 2C] holding [a | b] side by side when b is None (the output of GLU's one W_1 | W_2
+            projection).
+        b: [..., C] of a's shape, or None for the packed form.
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        [..., C] in a's dtype.
+
+    Example:
+        >>> silu_mul(torch.randn(4, 64)).shape
+        torch.Size([4, 32])
     """
     if b is None:
         if a.dim() == 0 or a.shape[-1] % 2:

@@ -1,4 +1,5 @@
-"""The "two-scan" baseline: bidirectional multiplicative decay as two causal scans (LightNet Sec. 3.1; SPEC 1.6)."""
+"""The "two-scan" baseline: bidirectional multiplicative decay as two causal scans (LightNet Sec. 3.1; docs/spec.md
+1.6)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,23 @@ def two_scan_attention(
 ) -> torch.Tensor:
     """Forward causal decay scan + backward one, diagonal once: O_i = sum_j M_ij (q_i . k_j) v_j.
 
-    q, k: [B, H, N, d]; v: [B, H, N, d_v]. ``log_decay``: [H] (log lambda per head, M_ij = lambda^|i-j|,
-    the Vim / Vision-RWKV / RetNet pattern) or [B, H, N] (log gates a_m with LION-S's convention, forward
-    lam_i = a_{i-1}, backward lam_i = a_{i+1}). Normalisation: none (O = A V, as the fwd+rev
-    chunk_simple_gla runs the speed anchors time); LION's normalised output is lion_attention(form="scan").
-    Each scan is chunked (``chunk_size``), fp32 accumulation; returns q's dtype.
+    No normalisation (O = A V, as the forward + reverse ``chunk_simple_gla`` of flash-linear-attention runs it);
+    LION's normalised output is ``lion_attention(form="scan")``. Each scan is chunked, fp32 accumulation.
+
+    Args:
+        q, k: [B, H, N, d]; v: [B, H, N, d_v].
+        log_decay: [H] (log lambda per head, M_ij = lambda^|i-j|, the Vim / Vision-RWKV / RetNet pattern) or
+            [B, H, N] (log gates a_m with LION-S's convention: forward lam_i = a_{i-1}, backward lam_i = a_{i+1}).
+        chunk_size: tokens per chunk of each scan.
+        backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
+
+    Returns:
+        O [B, H, N, d_v] in q's dtype.
+
+    Example:
+        >>> q, k, v = (torch.randn(2, 3, 40, 16) for _ in range(3))
+        >>> two_scan_attention(q, k, v, torch.full((3,), -0.1)).shape
+        torch.Size([2, 3, 40, 16])
     """
     check_qkv(q, k, v, "two_scan_attention")
     if not isinstance(log_decay, torch.Tensor) or log_decay.dim() not in (1, 3):

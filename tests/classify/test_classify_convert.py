@@ -257,7 +257,7 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
     import numpy as np
     from PIL import Image
 
-    from lightvision.classify.train import load_train_config, train
+    from lightvision.classify.train import load_recipe, train
 
     rng = np.random.default_rng(0)
     for split in ("train", "val"):
@@ -269,7 +269,7 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
     args = dict(patch_size=4, embed_dim=16, depth=1, num_heads=2)
     source = timm.create_model("softmax_deit_tiny_patch16_224", img_size=16, num_classes=2, **args)
     save_pretrained(source, tmp_path / "softmax")
-    cfg = load_train_config(None, [
+    cfg = load_recipe(None, [
         "model.name=lion_s_deit_tiny_patch16_224", "model.img_size=16", "model.drop_path=0.0",
         "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}", f"model.init_from={tmp_path / 'softmax'}",
         f"data.root={tmp_path / 'data'}", "data.num_workers=0", "aug.repeated_aug=1", "aug.mixup=0", "aug.cutmix=0",

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lightvision.classify.data import image_folder
 from lightvision import cli
+from lightvision.classify.data import image_folder
 from lightvision.engine import CheckpointError, ConfigError
 
 TINY_ARGS = "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}"

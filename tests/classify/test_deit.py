@@ -1,18 +1,18 @@
-"""DeiT family: parameter counts vs SPEC 3, timm registration and the checks timm applies to its own models."""
+"""DeiT family: parameter counts vs docs/spec.md 3, timm registration and the checks timm applies to its own models."""
 
 from __future__ import annotations
 
 import pytest
 import timm
 import torch
-from torch import nn
 from safetensors.torch import save_file
+from torch import nn
 
 import lightvision  # noqa: F401  registers the models
 from lightvision.classify.deit import FAMILIES, MODEL_NAMES, SIZES, DeiT, model_name
 
-# SPEC 3 (paper figures, millions); LION-* are "as DeiT".
-SPEC_PARAMS_M = {
+# docs/spec.md 3 (paper figures, millions); LION-* are "as DeiT".
+PAPER_PARAMS_M = {
     "softmax": (5.7, 22.0, 86.0),
     "lightnet": (6.0, 22.64, 87.74),
     **{kind: (5.7, 22.0, 86.0) for kind in ("lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")},
@@ -32,18 +32,18 @@ def test_registered_names():
 
 def test_param_counts_match_spec(capsys):
     rows = []
-    for attention, targets in SPEC_PARAMS_M.items():
+    for attention, targets in PAPER_PARAMS_M.items():
         for size, target in zip(SIZES, targets):
             with torch.device("meta"):
                 model = timm.create_model(model_name(attention, size))
             count = sum(p.numel() for p in model.parameters()) / 1e6
             rows.append((model_name(attention, size), count, target, 100 * (count / target - 1)))
     with capsys.disabled():
-        print("\nmodel | params (M) | SPEC 3 (M) | diff (%)")
+        print("\nmodel | params (M) | docs/spec.md 3 (M) | diff (%)")
         for name, count, target, diff in rows:
             print(f"{name} | {count:.2f} | {target} | {diff:+.1f}")
     bad = [r for r in rows if abs(r[3]) > 5]
-    assert not bad, f"more than 5% off SPEC 3: {bad}"
+    assert not bad, f"more than 5% off docs/spec.md 3: {bad}"
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
@@ -232,14 +232,14 @@ def test_every_shipped_variant_builds_the_model_it_describes():
     import yaml
 
     from lightvision.classify.deit import create_from_config
-    from lightvision.classify.train import load_train_config
+    from lightvision.classify.train import load_recipe
     from lightvision.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "classify_cifar10.yaml"
     for name in yaml.safe_load(path.read_text()):
         kind, overrides = resolve_variant(name, path, FAMILIES)
-        cfg = load_train_config(root / "classify" / "cifar10.yaml", [f"model.name={kind}_deit_tiny_patch16_224",
+        cfg = load_recipe(root / "classify" / "cifar10.yaml", [f"model.name={kind}_deit_tiny_patch16_224",
                                                                       *overrides])
         model = create_from_config({"name": cfg["model"]["name"], "num_classes": 10, "in_chans": 3, "img_size": 32,
                                     "args": dict(cfg["model"]["args"], depth=1)})

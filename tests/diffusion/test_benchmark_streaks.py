@@ -61,22 +61,57 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
 
     _cifar_like(tmp_path / "data")
     variants = tmp_path / "variants.yaml"
-    variants.write_text("lightnet_pair_tpe:\n  attention: lightnet\n  about: a one-sided MD-TPE pair after the embedding\n"
-                        "  set: [model.kwargs.tpe_placement=embed, 'model.kwargs.tpe_kwargs={form: pair, combine: product}',\n"
-                        "        'model.kwargs.attention_kwargs={lrpe: mixed}']\n")
+    variants.write_text(
+        "lightnet_pair_tpe:\n  attention: lightnet\n  about: a one-sided MD-TPE pair after the embedding\n"
+        "  set: [model.kwargs.tpe_placement=embed, 'model.kwargs.tpe_kwargs={form: pair, combine: product}',\n"
+        "        'model.kwargs.attention_kwargs={lrpe: mixed}']\n"
+    )
     out = tmp_path / "out"
     tiny = ["model.kwargs.depth=1", "model.kwargs.hidden_size=32", "model.kwargs.num_heads=2"]
-    code = benchmark.main(["softmax", "lightnet_pair_tpe", "nope", "--data", str(tmp_path / "data"), "--out", str(out),
-                           "--work", str(tmp_path / "work"), "--variants", str(variants), "--tag", "tiny", "--no-fid",
-                           "--steps", "2", "--batch-size", "4", "--bpd-images", "2", "--samples", "3",
-                           "--sample-steps", "2", "--sample-batch", "2", "--save-samples", "--set", "data.num_workers=0",
-                           "train.mixed_precision=no", "data.num_classes=2", *tiny])
+    code = benchmark.main(
+        [
+            "softmax",
+            "lightnet_pair_tpe",
+            "nope",
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--variants",
+            str(variants),
+            "--tag",
+            "tiny",
+            "--no-fid",
+            "--steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--bpd-images",
+            "2",
+            "--samples",
+            "3",
+            "--sample-steps",
+            "2",
+            "--sample-batch",
+            "2",
+            "--save-samples",
+            "--set",
+            "data.num_workers=0",
+            "train.mixed_precision=no",
+            "data.num_classes=2",
+            *tiny,
+        ]
+    )
     assert code == 0
     report = json.loads((out / "diffusion_cifar10_tiny.json").read_text())
     assert report["real_streak_share"]["images"] == 3 and 0 < report["real_streak_share"]["mean"] < 1
     variant = report["results"]["lightnet_pair_tpe"]
     assert variant["model"] == "lightnet_dit_s_2" and variant["steps"] == 2
-    assert variant["model_config"]["tpe_placement"] == "embed" and variant["model_config"]["tpe_kwargs"]["form"] == "pair"
+    assert (
+        variant["model_config"]["tpe_placement"] == "embed" and variant["model_config"]["tpe_kwargs"]["form"] == "pair"
+    )
     assert variant["model_config"]["attention_kwargs"] == {"lrpe": "mixed"}
     for name in ("softmax", "lightnet_pair_tpe"):
         r = report["results"][name]
@@ -97,7 +132,7 @@ def test_every_shipped_variant_builds_the_model_it_describes():
     import yaml
 
     from lightvision.diffusion.dit import ATTENTION_KINDS
-    from lightvision.diffusion.train import build_model, load_recipe, model_config_for
+    from lightvision.diffusion.train import build_model, load_recipe, model_config
     from lightvision.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
@@ -109,10 +144,10 @@ def test_every_shipped_variant_builds_the_model_it_describes():
         assert entry["about"] and overrides
         cfg = load_recipe(root / "diffusion" / "cifar10.yaml", [f"model.name={kind}_dit_s_2", *overrides])
         with torch.device("meta"):
-            model = build_model(model_config_for(cfg, 3, 32))
+            model = build_model(model_config(cfg, 3, 32))
         assert model.config.attention == kind
     paper = load_recipe(root / "diffusion" / "cifar10.yaml",
                         ["model.name=lightnet_dit_s_2", *resolve_variant("lightnet_paper", path, ATTENTION_KINDS)[1]])
     with torch.device("meta"):
-        model = build_model(model_config_for(paper, 3, 32))
+        model = build_model(model_config(paper, 3, 32))
     assert (model.config.pos_embed, model.tpe.form, model.blocks[0].attn.lrpe) == ("none", "one_sided", "global")

@@ -70,7 +70,12 @@ def test_train_resume_and_sample(tmp_path, latents_dir, vae_dir):
     records = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert {"loss", "mse", "vlb"} <= set(records[0])
     results = json.loads((tmp_path / "a" / "results.json").read_text())
-    assert (results["step"], results["processes"], results["global_batch"], results["per_process_batch"]) == (4, 1, 4, 4)
+    assert (results["step"], results["processes"], results["global_batch"], results["per_process_batch"]) == (
+        4,
+        1,
+        4,
+        4,
+    )
     train(recipe(tmp_path / "b", latents_dir, vae_dir, 2))
     train(recipe(tmp_path / "b", latents_dir, vae_dir, 4), resume=True)
     from safetensors.torch import load_file
@@ -107,8 +112,8 @@ def test_missing_autoencoder_is_a_clear_error(tmp_path):
 def test_every_recipe_resolves_to_a_registered_model():
     from pathlib import Path
 
-    from lightvision.diffusion.dit import model_config
     from lightvision.diffusion.default import DIGITS_OVERRIDES
+    from lightvision.diffusion.dit import model_config
 
     recipes = sorted(Path(__file__).parents[2].joinpath("configs", "diffusion").glob("*.yaml"))
     assert len(recipes) >= 22
@@ -129,7 +134,9 @@ def test_digits_pixels_are_8_bit_in_range():
     assert (len(train_set), len(test_set)) == (1437, 360)
     x, y = test_set[0]
     levels = (x + 1) * 127.5
-    assert x.shape == (1, 16, 16) and x.min() >= -1 and x.max() <= 1 and torch.allclose(levels, levels.round(), atol=1e-4)
+    assert (
+        x.shape == (1, 16, 16) and x.min() >= -1 and x.max() <= 1 and torch.allclose(levels, levels.round(), atol=1e-4)
+    )
 
 
 def test_pixel_flips_can_be_switched_off(tmp_path):
@@ -140,7 +147,13 @@ def test_pixel_flips_can_be_switched_off(tmp_path):
     for split in ("train", "test"):
         (tmp_path / split / "a").mkdir(parents=True)
         Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / split / "a" / "0.png")
-    data = {"source": "imagefolder", "root": str(tmp_path), "image_size": 8, "train_split": "train", "test_split": "test"}
+    data = {
+        "source": "imagefolder",
+        "root": str(tmp_path),
+        "image_size": 8,
+        "train_split": "train",
+        "test_split": "test",
+    }
 
     def flips(dataset) -> bool:
         return any(isinstance(t, T.RandomHorizontalFlip) for t in dataset.transform.transforms)
@@ -202,7 +215,6 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
     """`lightvision diffusion train` without --config: key=value overrides apply to the built-in digits job; running
     it again reuses the finished run and says so instead of reporting a training time."""
     from lightvision import cli
-
     from lightvision.diffusion import train as diffusion_train
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # restored afterwards (run_default sets it for device cpu)

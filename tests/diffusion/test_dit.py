@@ -1,4 +1,5 @@
-"""DiT family: parameter counts (SPEC 3), every attention kind on a non-square latent, errors, save/load, learning."""
+"""DiT family: parameter counts (docs/spec.md 3), every attention kind on a non-square latent, errors, save/load,
+learning."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from lightvision.diffusion.dit import DiT, model_config
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.layers import ATTENTION_KINDS, GLU
 
-# SPEC 3 (LightNet XL: the paper gives 672M and 680M; the midpoint)
+# docs/spec.md 3 (LightNet XL: the paper gives 672M and 680M; the midpoint)
 PAPER_PARAMS = {
     "softmax": {"s": 33e6, "b": 130e6, "l": 458e6, "xl": 675e6},
     "lightnet": {"s": 33e6, "b": 131e6, "l": 470e6, "xl": 676e6},
@@ -28,7 +29,9 @@ def test_parameter_counts_match_the_papers(family):
         with torch.device("meta"):
             model = create_model(f"{family}_dit_{size}_2")
         count = sum(p.numel() for p in model.parameters())
-        print(f"{family}_dit_{size}_2: {count / 1e6:.2f}M (paper {paper / 1e6:.0f}M, {100 * (count / paper - 1):+.1f}%)")
+        print(
+            f"{family}_dit_{size}_2: {count / 1e6:.2f}M (paper {paper / 1e6:.0f}M, {100 * (count / paper - 1):+.1f}%)"
+        )
         assert abs(count / paper - 1) < 0.05
     assert model_config(f"{family}_dit_xl_8")["patch_size"] == 8
 

@@ -76,11 +76,11 @@ def test_samples_split_over_processes_count_once(tmp_path, yardstick, reference)
     """Three ranks' shares (rank_indices) merged by index are the one-process feature set, row for row."""
     from lightvision.diffusion.features import YardstickFeatures
     from lightvision.diffusion.sample import rank_indices
-    from lightvision.diffusion.train import build_codec, build_diffusion, build_model, model_config_for
+    from lightvision.diffusion.train import build_codec, build_diffusion, build_model, model_config
 
     cfg = recipe(tmp_path / "s", yardstick, reference, 1)
     torch.manual_seed(0)
-    model = build_model(model_config_for(cfg, 1, 16)).eval()
+    model = build_model(model_config(cfg, 1, 16)).eval()
     torch.nn.init.normal_(model.final_linear.weight, std=0.5)  # adaLN-Zero starts at zero output: make samples differ
     diffusion, codec = build_diffusion(cfg).respace(2), build_codec(cfg)
     net = YardstickFeatures(yardstick)

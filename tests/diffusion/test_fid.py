@@ -1,5 +1,6 @@
 """Sample-quality metrics: the Frechet distance against closed forms; FID, sFID, IS and precision / recall with
-generated Inception weights against numpy; identities; reference statistics (fid-ref, caches, .npz batches); feature networks
+generated Inception weights against numpy; identities; reference statistics (fid-ref, caches, .npz batches); feature
+networks
 (yardstick, classifier checkpoints) and their errors."""
 
 import json
@@ -84,10 +85,10 @@ def digits_classifier(run_dir, **overrides):
     """A checkpoint of the built-in digits classifier recipe (1 channel, untrained weights)."""
     from lightvision.classify.default import DIGITS_RECIPE
     from lightvision.classify.deit import create_from_config
-    from lightvision.classify.train import load_train_config, model_config
+    from lightvision.classify.train import load_recipe, model_config
     from lightvision.engine.checkpoint import CheckpointManager
 
-    cfg = load_train_config(None, [*DIGITS_RECIPE, *[f"{k}={v}" for k, v in overrides.items()]])
+    cfg = load_recipe(None, [*DIGITS_RECIPE, *[f"{k}={v}" for k, v in overrides.items()]])
     mcfg = model_config(cfg, 10)
     model = create_from_config(mcfg)
     CheckpointManager(run_dir).save(1, models={"model": model}, model_config=mcfg, train_state={"step": 1}, config=cfg)
@@ -213,7 +214,9 @@ def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights,
         ["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights", str(tmp_path / "missing.pth")]))
 
 
-def test_cifar_sized_images_default_to_the_packaged_yardstick(tmp_path, yardstick, no_hub_weights, monkeypatch, cli_error):
+def test_cifar_sized_images_default_to_the_packaged_yardstick(
+    tmp_path, yardstick, no_hub_weights, monkeypatch, cli_error
+):
     import lightvision.classify.yardstick as ys
 
     ref = write_set(tmp_path / "ref", 0, 5, size=32)

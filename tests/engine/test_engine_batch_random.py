@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from lightvision.engine import BatchRandom, MetricsLogger, batch_random, use_batch_random
 from lightvision.engine.batch_random import batch_seed
-
 from train_tiny import build
 
 

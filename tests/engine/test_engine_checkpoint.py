@@ -103,6 +103,8 @@ def corrupt_truncate(path):
         ("manifest.json", lambda p: p.write_text("{not json"), "unreadable"),
         ("ema.safetensors", lambda p: p.unlink(), "missing"),
     ],
+    ids=["model-flipped", "ema-truncated", "train_state-truncated", "config-flipped", "manifest-deleted",
+         "manifest-not_json", "ema-deleted"],
 )
 def test_damaged_checkpoint_refused_and_model_untouched(tmp_path, file, damage, message):
     path = save(CheckpointManager(tmp_path), 1, tiny())

@@ -1,4 +1,4 @@
-"""Issue 8: SIGKILL during a step and during a checkpoint write, SIGTERM (preemption); resume continues the
+"""Faults: SIGKILL during a step and during a checkpoint write, SIGTERM (preemption); resume continues the
 exact loss curve."""
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import pytest
 
 from lightvision.engine import CheckpointManager, MetricsLogger
 from lightvision.engine.checkpoint import PAUSE_IN_SAVE_ENV
-
 from train_tiny import MODEL_CONFIG, TinyNet, build
 
 SCRIPT = Path(__file__).with_name("train_tiny.py")

@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from lightvision.engine import CheckpointManager, MetricsLogger, NonFiniteError, check_finite, unwrap_model
-
 from train_tiny import TinyNet, build, tiny_loss
 
 

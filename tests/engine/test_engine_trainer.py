@@ -16,7 +16,6 @@ from lightvision.engine import (
     load_model_weights,
     read_checkpoint_config,
 )
-
 from train_tiny import MODEL_CONFIG, TinyNet, build
 
 

@@ -2,7 +2,7 @@
 
 Forward and all three gradients vs the reference evaluated in fp64, fresh random inputs per case, odd
 sizes, fp32 / bf16 / fp16, every kernel output and workspace NaN-poisoned before the launches.
-On CPU the kernels run in the Triton interpreter (tests/kernels/conftest.py); shapes stay tiny.
+On CPU the kernels run in the Triton interpreter (tests/conftest.py); shapes stay tiny.
 """
 
 import functools
@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import lightvision.kernels.lightnet as lk
+from helpers import TOL, rel
 from lightvision.kernels import _launch
 from lightvision.kernels.lightnet import op as lop
 from lightvision.ops._dispatch import get_kernel
@@ -19,7 +20,6 @@ from lightvision.ops.lightnet import lightnet_attention
 from lightvision.ops.md_lrpe import lrpe_angles
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}  # SPEC 2, relative L2 vs fp64
 
 
 @pytest.fixture(autouse=True)
@@ -31,10 +31,6 @@ def _poison(monkeypatch):
     yield
     lop._config.cache_clear()
 
-
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    assert torch.isfinite(a).all(), "non-finite element: an output was not written"
-    return ((a.double() - ref).norm() / ref.norm()).item()
 
 
 def _inputs(b, h, n, d, dv, dtype, k_scale=2.0):
@@ -55,7 +51,7 @@ def _check(q, k, v, dtype, **kw):
     o_ref = lightnet_attention(*ref_leaves, backend="torch", **kw)
     ref_grads = torch.autograd.grad(o_ref, ref_leaves, do.double())
     tol = TOL[dtype]
-    errs = [_rel(o, o_ref)] + [_rel(g, r) for g, r in zip(grads, ref_grads)]
+    errs = [rel(o, o_ref)] + [rel(g, r) for g, r in zip(grads, ref_grads)]
     assert max(errs) < tol, f"rel errors o, dq, dk, dv = {errs}"
     for g, t in zip(grads, (q, k, v)):
         assert g.dtype == t.dtype and g.shape == t.shape
@@ -105,7 +101,9 @@ VARIANT_CASES = [(v, dtype, path) for v in ("global", "mixed", "per_axis") for d
                  ((torch.float32, "split"), (torch.bfloat16, "fused"))]
 
 
-@pytest.mark.parametrize("variant,dtype,path", VARIANT_CASES, ids=[f"{v}-{str(t)[6:]}-{p}" for v, t, p in VARIANT_CASES])
+@pytest.mark.parametrize(
+    "variant,dtype,path", VARIANT_CASES, ids=[f"{v}-{str(t)[6:]}-{p}" for v, t, p in VARIANT_CASES]
+)
 def test_lrpe_variants_match_reference(variant, dtype, path):
     """Every MD-LRPE variant's tables through both entries (separate q, k, v and the packed projection): output and
     every gradient against the fp64 reference on a non-square grid with a prefix token."""
@@ -124,7 +122,7 @@ def test_lrpe_variants_match_reference(variant, dtype, path):
     ref_qkv = qkv.detach().double().requires_grad_()
     o_ref = lightnet_attention_qkvpacked(ref_qkv, 2, backend="torch", **kw)
     (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
-    assert max(_rel(o, o_ref), _rel(g, g_ref)) < TOL[dtype]
+    assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
 
 
 @pytest.mark.parametrize("b,n,grid,path", [(1, 7, None, "fused"), (1, 37, (37,), "split"), (2, 37, None, "fused")])
@@ -197,8 +195,8 @@ def test_saved_state_is_the_normalised_reduction():
     ang = lrpe_angles(grid, d, 1, device=DEV).double()
     kh = torch.softmax(k.double(), dim=2)
     kt = torch.cat([kh * torch.cos(ang), kh * torch.sin(ang)], -1)
-    assert _rel(s, kt.transpose(-1, -2) @ v.double()) < 1e-6
-    assert _rel(lse, torch.logsumexp(k.double(), dim=2)) < 1e-6
+    assert rel(s, kt.transpose(-1, -2) @ v.double()) < 1e-6
+    assert rel(lse, torch.logsumexp(k.double(), dim=2)) < 1e-6
 
 
 def test_dispatch_registration_and_fallbacks():
@@ -278,7 +276,7 @@ def test_qkvpacked_matches_reference(b, h, grid, prefix, d, dtype, group, path):
     ref_qkv = qkv.detach().double().requires_grad_()
     o_ref = lightnet_attention_qkvpacked(ref_qkv, h, grid=grid, num_prefix_tokens=prefix, backend="torch")
     (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
-    assert max(_rel(o, o_ref), _rel(g, g_ref)) < TOL[dtype]
+    assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
     assert g.dtype == dtype and g.shape == qkv.shape
 
 

@@ -3,7 +3,7 @@
 
 Forward and every gradient (q, k, v, log-decay or per-token gates), fresh random inputs per case, odd
 sizes, fp32 / bf16, weak and strong decay, all kernel outputs and workspaces NaN-poisoned. On CPU the
-kernels run in the Triton interpreter (tests/kernels/conftest.py): shapes stay tiny.
+kernels run in the Triton interpreter (tests/conftest.py): shapes stay tiny.
 """
 
 import pytest
@@ -13,26 +13,26 @@ import triton
 import triton.language as tl
 
 import lightvision.kernels.lion as lk
+from helpers import TOL, rel
 from lightvision.kernels import _launch
 from lightvision.kernels.lion.check import _case, _d_mass
 from lightvision.kernels.lion.parallel import _gate_row, _span
-from lightvision.ops import (get_kernel, lion_attention, lion_attention_qkvpacked, lion_snake_attention,
-                             two_scan_attention)
+from lightvision.ops import (
+    get_kernel,
+    lion_attention,
+    lion_attention_qkvpacked,
+    lion_snake_attention,
+    two_scan_attention,
+)
 from lightvision.ops.lion import gate_columns
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}  # SPEC 2, relative L2 vs fp64
 
 
 @pytest.fixture(autouse=True)
 def _poison(monkeypatch):
     monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)
 
-
-def _rel(a: torch.Tensor, ref: torch.Tensor) -> float:
-    assert a.shape == ref.shape, (a.shape, ref.shape)
-    assert torch.isfinite(a).all(), "non-finite element: an output was not written"
-    return ((a.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
 def _inputs(b, h, n, d, dv, dtype):
@@ -73,7 +73,7 @@ def _check(fn, tensors, dtype, normalize=True, scales=None, grad_names=("dq", "d
     if normalize:
         assert outs[0].dtype == dtype
     names = [f"out{i}" for i in range(len(outs))] + list(grad_names[: len(leaves)])
-    errs = {n: _rel(a, b) for n, a, b in zip(names, (*outs, *grads), (*refs, *ref_grads))}
+    errs = {n: rel(a, b) for n, a, b in zip(names, (*outs, *grads), (*refs, *ref_grads))}
     for n, scale in (scales or {}).items():
         errs[n] = errs[n] * ref_grads[names.index(n) - len(outs)].norm().item() / scale(ups)
     bad = {n: e for n, e in errs.items() if not e < tol}
@@ -90,7 +90,7 @@ def _d_grad_mass(fn, tensors, ld, ups):
     """D's per-head gradient is a sum over B * N tokens that cancels: its error is measured against the
     norm over heads of the summed magnitudes of the per-token terms (the gradient of the same mask run as
     S with constant gates [B, H, N], through the reference fn(*tensors, gates); B, N from tensors[0], which is
-    q [B, H, N, d] or qkv [B, N, 3 * H * d]), the conditioning-aware version of SPEC 2's relative error."""
+    q [B, H, N, d] or qkv [B, N, 3 * H * d]), the conditioning-aware version of docs/spec.md 2's relative error."""
     leaves = [t.detach().double() for t in tensors]
     return _d_mass(lambda g: fn(*leaves, g, backend="torch"), ld, tensors[0].shape[0], tensors[0].shape[-2],
                    ups[0]).item()
@@ -218,7 +218,7 @@ def test_across_many_tiles(monkeypatch, form, sequential, mask, dtype):
 
 def test_masked_gate_gradient_accuracy_long():
     """The masked form's bf16 gate gradient at N = 1024 (16 tiles) keeps the accuracy of W sums taken from the
-    fp32 tiles: 2.4-3.2e-3 over these three draws. Sums taken from the bf16-rounded dP (session 8) gave 3.0e-3 to
+    fp32 tiles: 2.4-3.2e-3 over these three draws. Sums taken from the bf16-rounded dP give 3.0e-3 to
     1.2e-2 on the same draws: the prefix-sum differences of the gate gradient amplify that rounding with N."""
     worst = 0.0
     for _ in range(3):
@@ -330,7 +330,7 @@ def test_snake(mask):
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_two_scan(per_token):
-    """Two-scan baseline (SPEC 1.6, unnormalised) through the scan kernel; [H] and [B, H, N] decays."""
+    """Two-scan baseline (docs/spec.md 1.6, unnormalised) through the scan kernel; [H] and [B, H, N] decays."""
     b, h, n, d = 2, 2, 70, 16
     q, k, v = _inputs(b, h, n, d, d, torch.float32)
     ld = F.logsigmoid(torch.randn(b, h, n, device=DEV) + 1.0) if per_token else F.logsigmoid(torch.randn(h, device=DEV))
@@ -349,7 +349,9 @@ def test_auto_form_and_fallback():
     assert lk.choose_form(1 << 16, mask="d") == "scan" and lk.choose_form(576, mask="lit") == "scan"
     assert lk.choose_form(196, needs_grad=False) == "parallel" and lk.choose_form(576, needs_grad=False) == "scan"
     assert lk.choose_form(576, needs_grad=False, mask="lit") == "parallel"
-    assert lk.choose_form(1024, needs_grad=False, mask="lit") == "scan" and lk.choose_form(511, mask="lit") == "parallel"
+    assert (
+        lk.choose_form(1024, needs_grad=False, mask="lit") == "scan" and lk.choose_form(511, mask="lit") == "parallel"
+    )
     q, k, v = _inputs(1, 1, 9, 16, 16, torch.float64)
     assert lk.lion_attention(q, k, v, mask="lit", form="auto") is NotImplemented
 
@@ -445,4 +447,4 @@ def test_lion_s_layer_kernels_match_reference():
         res.append([y, xi.grad] + [p.grad for p in layer.parameters()])
     assert len(res[0]) == 2 + 6
     for a, b in zip(*res):
-        assert _rel(a, b) < 1e-5
+        assert rel(a, b) < 1e-5

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import rel
 from lightvision.layers import (
     ATTENTION_KINDS,
     GLU,
@@ -18,11 +19,6 @@ from lightvision.layers import (
     build_attention,
 )
 from lightvision.ops import lightnet_attention, lion_attention
-
-
-def _rel(a, ref):
-    a, ref = a.detach().double(), ref.detach().double()
-    return float((a - ref).norm() / ref.norm())
 
 
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
@@ -65,10 +61,10 @@ def test_lion_layer_composition(qkv_bias):
     o = lion_attention(phi(q), phi(k), v, mask="s", log_decay=la)
     ref = attn.proj(o.transpose(1, 2).reshape(2, 21, 12))
     out = attn(x, (4, 5), 1)
-    assert _rel(out, ref) < 1e-12
+    assert rel(out, ref) < 1e-12
     up = torch.randn_like(ref)
     for p in (attn.gate.weight, attn.gate.bias, attn.qkv.weight, *([attn.qkv.bias] if qkv_bias else [])):
-        assert _rel(torch.autograd.grad(out, p, up, retain_graph=True)[0],
+        assert rel(torch.autograd.grad(out, p, up, retain_graph=True)[0],
                     torch.autograd.grad(ref, p, up, retain_graph=True)[0]) < 1e-12
     lam = torch.sigmoid(LionAttention(12, 4, mask="d").decay)
     assert torch.allclose(lam, torch.linspace(0.9, 0.99, 4)[None], atol=1e-6)
@@ -84,7 +80,7 @@ def test_lightnet_layer_composition(gate_rank, norm):
         o = o / torch.sqrt(o.pow(2).mean(-1, keepdim=True) + 1e-6)
     if gate_rank != 0:
         o = o * torch.sigmoid(attn.gate(x))
-    assert _rel(attn(x, (4, 5), 1), attn.proj(o)) < 1e-12
+    assert rel(attn(x, (4, 5), 1), attn.proj(o)) < 1e-12
     rank = {None: 4, "full": None, 0: 0, 2: 2}[gate_rank]
     n_gate = 12 * 12 if rank is None else 2 * 12 * rank
     assert sum(p.numel() for p in attn.parameters()) == 4 * 12 * 12 + n_gate + (12 if norm else 0)
@@ -97,7 +93,7 @@ def test_bf16(kind):
     x = torch.randn(2, 1 + 35, 16)
     ref = attn.double()(x.double(), (5, 7), 1)
     y = attn.bfloat16()(x.bfloat16(), (5, 7), 1)
-    assert y.dtype == torch.bfloat16 and _rel(y, ref) < 1e-2
+    assert y.dtype == torch.bfloat16 and rel(y, ref) < 1e-2
 
 
 def test_factory_errors():

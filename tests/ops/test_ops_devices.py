@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import TOL, assert_close
 from lightvision.ops import (
     lightnet_attention,
     lion_attention,
@@ -17,7 +18,6 @@ from lightvision.ops import (
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 GRID, P = (7, 11), 1
 N = 78
 
@@ -32,13 +32,51 @@ def _cases():
     co, ll = torch.randn(2, d, 3, dtype=torch.float64), F.logsigmoid(torch.randn(2, 3, dtype=torch.float64))
     fp32 = lambda t: t.float()  # noqa: E731  (decays / parameters stay fp32)
     return {
-        "lightnet": ((q, k, v), {}, lambda a, b_, c: lightnet_attention(a, b_, c, grid=GRID, num_prefix_tokens=P, backend="torch")),
-        "lightnet_causal": ((q, k, v), {}, lambda a, b_, c: lightnet_attention(a, b_, c, grid=GRID, num_prefix_tokens=P, causal=True, backend="torch")),
-        "lion_s_scan": ((qf, kf, v), {"ls": ls}, lambda a, b_, c, ls: lion_attention(a, b_, c, mask="s", log_decay=ls, form="scan", chunk_size=32, backend="torch")),
-        "lion_d_chunk": ((qf, kf, v), {"ld": ld}, lambda a, b_, c, ld: lion_attention(a, b_, c, mask="d", log_decay=ld, form="chunk", chunk_size=32, backend="torch")),
-        "lion_s_recurrent": ((qf, kf, v), {"ls": ls}, lambda a, b_, c, ls: lion_attention(a, b_, c, mask="s", log_decay=ls, form="recurrent", backend="torch")),
+        "lightnet": (
+            (q, k, v),
+            {},
+            lambda a, b_, c: lightnet_attention(a, b_, c, grid=GRID, num_prefix_tokens=P, backend="torch"),
+        ),
+        "lightnet_causal": (
+            (q, k, v),
+            {},
+            lambda a, b_, c: lightnet_attention(a, b_, c, grid=GRID, num_prefix_tokens=P, causal=True, backend="torch"),
+        ),
+        "lion_s_scan": (
+            (qf, kf, v),
+            {"ls": ls},
+            lambda a, b_, c, ls: lion_attention(
+                a, b_, c, mask="s", log_decay=ls, form="scan", chunk_size=32, backend="torch"
+            ),
+        ),
+        "lion_d_chunk": (
+            (qf, kf, v),
+            {"ld": ld},
+            lambda a, b_, c, ld: lion_attention(
+                a, b_, c, mask="d", log_decay=ld, form="chunk", chunk_size=32, backend="torch"
+            ),
+        ),
+        "lion_s_recurrent": (
+            (qf, kf, v),
+            {"ls": ls},
+            lambda a, b_, c, ls: lion_attention(a, b_, c, mask="s", log_decay=ls, form="recurrent", backend="torch"),
+        ),
         "lion_lit": ((F.elu(q) + 1, F.elu(k) + 1, v), {}, lambda a, b_, c: lion_attention(a, b_, c, backend="torch")),
-        "snake_s": ((qf, kf, v), {"ls": ls}, lambda a, b_, c, ls: lion_snake_attention(a, b_, c, grid=GRID, num_prefix_tokens=P, mask="s", log_decay_row=ls, log_decay_col=ls.flip(-1), backend="torch")),
+        "snake_s": (
+            (qf, kf, v),
+            {"ls": ls},
+            lambda a, b_, c, ls: lion_snake_attention(
+                a,
+                b_,
+                c,
+                grid=GRID,
+                num_prefix_tokens=P,
+                mask="s",
+                log_decay_row=ls,
+                log_decay_col=ls.flip(-1),
+                backend="torch",
+            ),
+        ),
         "two_scan": ((qf, kf, v), {"ld": ld}, lambda a, b_, c, ld: two_scan_attention(a, b_, c, ld, backend="torch")),
         "softmax": ((q, k, v), {}, softmax_attention),
         "md_lrpe": ((q,), {}, lambda a: md_lrpe(a, GRID, P)),
@@ -56,8 +94,7 @@ def test_all_cores(device, dtype):
         ps = {key: fp32(p).to(device).requires_grad_(True) for key, p in params.items()}
         y = fn(*ins, **ps)
         assert y.dtype == dtype and y.device.type == device, name
-        err = float((y.detach().double().cpu() - ref).norm() / ref.norm())
-        assert err < TOL[dtype], (name, err)
+        assert_close(y, ref, TOL[dtype], name)
         y.float().square().sum().backward()
         for t in ins + list(ps.values()):
             assert t.grad is not None and torch.isfinite(t.grad).all() and t.grad.abs().sum() > 0, name

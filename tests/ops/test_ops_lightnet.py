@@ -1,4 +1,4 @@
-"""LightNet attention (SPEC 1.1) vs explicit-loop references, causal Eq. 7, ablations, dtypes, gradients."""
+"""LightNet attention (docs/spec.md 1.1) vs explicit-loop references, causal Eq. 7, ablations, dtypes, gradients."""
 
 import math
 
@@ -12,7 +12,7 @@ F64 = torch.float64
 
 
 def _angles_loop(grid, d, prefix, variant="per_axis"):
-    """Theta [N, d] by loops: contiguous feature groups, one per axis, row-major coords (SPEC 1.2). Frequencies:
+    """Theta [N, d] by loops: contiguous feature groups, one per axis, row-major coords (docs/spec.md 1.2). Frequencies:
     global 10000^(-2i/d) over the global index i; per_axis / mixed 10000^(-2r/g) within a group of g; mixed
     rotates feature r of group j along the direction j pi / k + r (3 - sqrt 5) pi."""
     k = len(grid)

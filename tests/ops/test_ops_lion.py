@@ -1,4 +1,4 @@
-"""LION (SPEC 1.5): masks vs explicit loops, the four forms agree (values and gradients), snake orders,
+"""LION (docs/spec.md 1.5): masks vs explicit loops, the four forms agree (values and gradients), snake orders,
 the two-scan baseline, validation."""
 
 import math
@@ -7,8 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lightvision.ops import (lion_attention, lion_attention_qkvpacked, lion_snake_attention, snake_permutation,
-                             two_scan_attention)
+from lightvision.ops import (
+    lion_attention,
+    lion_attention_qkvpacked,
+    lion_snake_attention,
+    snake_permutation,
+    two_scan_attention,
+)
 from lightvision.ops.lion import gate_columns
 
 FORMS = ("chunk", "recurrent", "scan")
@@ -238,7 +243,9 @@ def test_qkvpacked_gates_in_qkv(h):
     (gx,) = torch.autograd.grad(y, x, up)
     (gr,) = torch.autograd.grad(ref, x, up)
     assert torch.allclose(gx, gr, rtol=1e-10, atol=1e-12)
-    assert (gx[..., c3 + h:] == 0).all() and (gx[:, :prefix, c3:] == 0).all() and (gx[:, prefix:, c3: c3 + h] != 0).all()
+    assert (
+        (gx[..., c3 + h :] == 0).all() and (gx[:, :prefix, c3:] == 0).all() and (gx[:, prefix:, c3 : c3 + h] != 0).all()
+    )
 
 
 def test_qkvpacked_gates_in_qkv_errors():

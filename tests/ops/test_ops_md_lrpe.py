@@ -1,4 +1,4 @@
-"""MD-LRPE (SPEC 1.2): angle layout, the [x cos, x sin] form, relative-position property."""
+"""MD-LRPE (docs/spec.md 1.2): angle layout, the [x cos, x sin] form, relative-position property."""
 
 import itertools
 import math
@@ -13,7 +13,7 @@ F64 = torch.float64
 
 
 def _spectrum(variant, size, start, dim):
-    """The frequencies of one axis group of ``size`` features starting at feature ``start`` (SPEC 1.2)."""
+    """The frequencies of one axis group of ``size`` features starting at feature ``start`` (docs/spec.md 1.2)."""
     i = torch.arange(size, dtype=F64)
     return 10000.0 ** (-2.0 * (start + i) / dim) if variant == "global" else 10000.0 ** (-2.0 * i / size)
 
@@ -55,7 +55,8 @@ def test_mixed_directions():
 
 
 def test_global_spectrum_starves_the_last_axis():
-    """The trap of the printed Eq. 14 (SPEC 1.2): at a 16 x 16 grid, d = 64, the global spectrum turns the second
+    """The trap of the printed Eq. 14 (docs/spec.md 1.2): at a 16 x 16 grid, d = 64, the global spectrum turns the
+    second
     axis group by at most ~0.0015 rad across the grid; per_axis gives it the full spectrum (1 rad per token)."""
     span = {v: lrpe_angles((16, 16), 64, variant=v)[-1, 32:].abs().max().item() for v in ("global", "per_axis")}
     assert span["global"] < 2e-3 and span["per_axis"] == pytest.approx(15.0)

@@ -1,4 +1,4 @@
-"""MD-TPE (SPEC 1.3): dense Toeplitz vs explicit definition vs scan, causal option, prefix tokens, gradients."""
+"""MD-TPE (docs/spec.md 1.3): dense Toeplitz vs explicit definition vs scan, causal option, prefix tokens, gradients."""
 
 import math
 
