@@ -51,6 +51,19 @@ class _QKV(nn.Module):
 
     merge = staticmethod(merge_heads)
 
+    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        """Attend over the tokens.
+
+        Args:
+            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
+            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
+            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
+
+        Returns:
+            [B, N, C].
+        """
+        raise NotImplementedError  # each attention kind implements it (``inspect.getdoc`` gives them this text)
+
 
 class SoftmaxAttention(_QKV):
     """Multi-head softmax attention (SDPA), DeiT / DiT style (qkv bias, projection with bias). Ignores the grid
@@ -70,16 +83,6 @@ class SoftmaxAttention(_QKV):
         self.proj = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
-        """Attend over the tokens.
-
-        Args:
-            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
-            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
-            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
-
-        Returns:
-            [B, N, C].
-        """
         _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         q, k, v = self.split(x)
         return self.proj(self.merge(softmax_attention(q, k, v)))
@@ -124,16 +127,6 @@ class LightNetAttention(_QKV):
         self.proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
-        """Attend over the tokens.
-
-        Args:
-            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
-            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
-            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
-
-        Returns:
-            [B, N, C].
-        """
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         kw = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe, backend=self.backend)
         if self.key_softmax:
@@ -223,16 +216,6 @@ class LionAttention(_QKV):
         return F.linear(x, weight, torch.cat([qkv_b, -b, b.new_zeros(pad)]))
 
     def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
-        """Attend over the tokens.
-
-        Args:
-            x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
-            grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
-            num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
-
-        Returns:
-            [B, N, C].
-        """
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
             if self.mask == "s":
