@@ -6,6 +6,7 @@
         model.name=lightnet_deit_small_patch16_224
     lightvision classify eval --checkpoint runs/classify --data /imagenet/val --img-size 224 288 384 512
     lightvision classify train-yardstick --data data/cifar10 --out runs/yardstick
+    lightvision classify attention-maps --checkpoint runs/cifar10 --image cat.png --img-size 32 64 --out maps
 """
 
 from __future__ import annotations
@@ -75,6 +76,20 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
     )
 
 
+def _attention_maps(args: argparse.Namespace) -> int:
+    from lightvision.classify.attention_maps import attention_maps_main
+
+    query = None
+    if args.query is not None:
+        parts = args.query.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"--query must be ROW,COL (two non-negative ints), got {args.query!r}")
+        query = (int(parts[0]), int(parts[1]))
+    report = attention_maps_main(args.checkpoint, args.image, args.img_size, args.out, query, args.weights)
+    print(json.dumps({k: v for k, v in report.items() if k != "sizes"} | {"out": args.out}, indent=2))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``classify`` command group (``train``, ``eval``) to the top-level parser."""
     group = subparsers.add_parser("classify", help="DeiT-family image classifiers: train, evaluate at many resolutions")
@@ -128,3 +143,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--out", help="folder for eval.md / eval.json / eval.png (default: <run>/eval)")
     ev.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
     ev.set_defaults(func=_eval)
+
+    am = sub.add_parser("attention-maps", help="a query patch's attention over the grid, per layer and head, and the "
+                        "mean attention distance, at several resolutions")
+    am.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")
+    am.add_argument("--image", required=True, help="an image file")
+    am.add_argument("--img-size", type=int, nargs="+", required=True, help="resolutions, e.g. 32 64")
+    am.add_argument("--query", help="ROW,COL of the query patch on the training-size grid (default: the centre)")
+    am.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run kept one")
+    am.add_argument("--out", required=True, help="folder for the figures and attention_maps.json")
+    am.set_defaults(func=_attention_maps)

@@ -31,7 +31,7 @@ from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 
 __all__ = ["check_img_sizes", "evaluate", "evaluate_checkpoint", "evaluate_pretrained", "evaluate_resolutions",
-           "write_report"]
+           "load_classifier", "write_report"]
 
 
 @torch.no_grad()
@@ -188,6 +188,23 @@ def evaluate_checkpoint(
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     device = resolve_device(device)
+    model, meta, cfg = load_classifier(checkpoint, weights, img_sizes)
+    out = Path(out_dir) if out_dir else Path(meta["checkpoint"]).parent.parent / "eval"
+    return _evaluate_and_report(model, cfg, meta, img_sizes, data, out, batch_size, num_workers, device)
+
+
+def load_classifier(checkpoint: str | Path, weights: str | None = None,
+                    img_sizes: Sequence[int] = ()) -> tuple[nn.Module, dict[str, Any], dict]:
+    """The classifier of a ``lightvision classify train`` run (or one checkpoint folder) with its weights.
+
+    Args:
+        checkpoint: run folder (its latest checkpoint) or checkpoint folder.
+        weights: "ema" or "model"; None: EMA when the run kept one.
+        img_sizes: sizes the model will see, checked before the weights load.
+
+    Returns:
+        (model, meta {"checkpoint", "model", "train_img_size", "weights"}, the run's recipe).
+    """
     ckpt = resolve_checkpoint(checkpoint)
     saved = read_checkpoint_config(ckpt)
     mcfg, cfg = saved["model_config"], saved["config"]
@@ -206,8 +223,7 @@ def evaluate_checkpoint(
         weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
     load_model_weights(ckpt, model, which=weights)
     meta = {"checkpoint": str(ckpt), "model": mcfg["name"], "train_img_size": mcfg["img_size"], "weights": weights}
-    out = Path(out_dir) if out_dir else ckpt.parent.parent / "eval"
-    return _evaluate_and_report(model, cfg, meta, img_sizes, data, out, batch_size, num_workers, device)
+    return model, meta, cfg
 
 
 def evaluate_pretrained(

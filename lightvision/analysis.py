@@ -84,3 +84,57 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
                                log_decay_col=decays[1], form="parallel", backend="torch")
         return core_matrix(lion_attention, q, k, max_bytes=max_bytes, mask=layer.mask, log_decay=decays[0],
                            form="parallel", backend="torch")
+
+
+def attention_maps(model: torch.nn.Module, images: torch.Tensor, *, max_bytes: int = MAX_BYTES) -> list[torch.Tensor]:
+    """The effective attention of every block of a model whose blocks call ``block.attn(x, grid=..., ...)`` (the
+    DeiT and DiT families), for one forward pass on ``images``.
+
+    Args:
+        model: a classifier (``model(images)``); its blocks' attention layers are read through forward pre-hooks.
+        images: [B, C, H, W] as the model takes them.
+        max_bytes: memory guard of each layer's matrix.
+
+    Returns:
+        One A [B, H, N, N] per block, in block order.
+    """
+    maps, handles = [], []
+
+    def capture(layer, args, kwargs):
+        x = args[0]
+        grid = kwargs.get("grid", args[1] if len(args) > 1 else None)
+        prefix = kwargs.get("num_prefix_tokens", args[2] if len(args) > 2 else 0)
+        maps.append(effective_attention(layer, x, grid, prefix, max_bytes=max_bytes))
+
+    for block in model.blocks:
+        handles.append(block.attn.register_forward_pre_hook(capture, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in handles:
+            h.remove()
+    return maps
+
+
+def mean_attention_distance(a: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0) -> torch.Tensor:
+    """Mean attention distance (the ViT diagnostic), in patches: sum_j w_ij ||p_i - p_j|| averaged over the grid
+    queries i, with w_i the query's weights over the grid keys, |A| renormalised to sum 1 (LightNet's A has signed
+    entries).
+
+    Args:
+        a: [B, H, N, N] effective attention (``effective_attention``).
+        grid: (h, w) of the N - num_prefix_tokens grid tokens, row-major.
+        num_prefix_tokens: leading tokens, left out as queries and keys.
+
+    Returns:
+        [B, H] distances.
+    """
+    h, w = grid
+    p = num_prefix_tokens
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    pos = torch.stack([rows.reshape(-1), cols.reshape(-1)], -1).to(a.device, torch.float64)
+    dist = torch.cdist(pos, pos)  # [n, n]
+    wts = a[..., p:, p:].abs().double()
+    wts = wts / wts.sum(-1, keepdim=True).clamp_min(1e-30)
+    return (wts * dist).sum(-1).mean(-1).to(a.dtype)

@@ -30,3 +30,17 @@ def assert_close(a: torch.Tensor, ref: torch.Tensor, tol: float | None = None, n
     tol = TOL[a.dtype] if tol is None else tol
     err = rel(a, ref)
     assert err < tol, f"{name or 'output'}: relative error {err:.3g} >= {tol:g}"
+
+
+def digits_classifier(run_dir, **overrides):
+    """A checkpoint of the built-in digits classifier recipe (1 channel, untrained weights)."""
+    from lightvision.classify.default import DIGITS_RECIPE
+    from lightvision.classify.deit import create_from_config
+    from lightvision.classify.train import load_recipe, model_config
+    from lightvision.engine.checkpoint import CheckpointManager
+
+    cfg = load_recipe(None, [*DIGITS_RECIPE, *[f"{k}={v}" for k, v in overrides.items()]])
+    mcfg = model_config(cfg, 10)
+    model = create_from_config(mcfg)
+    CheckpointManager(run_dir).save(1, models={"model": model}, model_config=mcfg, train_state={"step": 1}, config=cfg)
+    return str(run_dir)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from helpers import digits_classifier
 from lightvision.cli import main
 from lightvision.diffusion.fid import compute_fid, frechet_distance
 
@@ -79,20 +80,6 @@ def no_hub_weights(tmp_path, monkeypatch):
 
 RGB_DATA = {"data.in_chans": 3, "data.source": "imagefolder", "data.mean": "[0.5, 0.5, 0.5]",
             "data.std": "[0.5, 0.5, 0.5]"}
-
-
-def digits_classifier(run_dir, **overrides):
-    """A checkpoint of the built-in digits classifier recipe (1 channel, untrained weights)."""
-    from lightvision.classify.default import DIGITS_RECIPE
-    from lightvision.classify.deit import create_from_config
-    from lightvision.classify.train import load_recipe, model_config
-    from lightvision.engine.checkpoint import CheckpointManager
-
-    cfg = load_recipe(None, [*DIGITS_RECIPE, *[f"{k}={v}" for k, v in overrides.items()]])
-    mcfg = model_config(cfg, 10)
-    model = create_from_config(mcfg)
-    CheckpointManager(run_dir).save(1, models={"model": model}, model_config=mcfg, train_state={"step": 1}, config=cfg)
-    return str(run_dir)
 
 
 def numpy_reference_metrics(sample_files, ref_files, weights):
