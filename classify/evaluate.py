@@ -194,13 +194,13 @@ def evaluate_checkpoint(
 
 
 def load_classifier(checkpoint: str | Path, weights: str | None = None,
-                    img_sizes: Sequence[int] = ()) -> tuple[nn.Module, dict[str, Any], dict]:
+                    img_sizes: Sequence[int] | None = None) -> tuple[nn.Module, dict[str, Any], dict]:
     """The classifier of a ``lightvision classify train`` run (or one checkpoint folder) with its weights.
 
     Args:
         checkpoint: run folder (its latest checkpoint) or checkpoint folder.
         weights: "ema" or "model"; None: EMA when the run kept one.
-        img_sizes: sizes the model will see, checked before the weights load.
+        img_sizes: sizes the model will see, checked before the weights load (None: no check).
 
     Returns:
         (model, meta {"checkpoint", "model", "train_img_size", "weights"}, the run's recipe).
@@ -218,7 +218,8 @@ def load_classifier(checkpoint: str | Path, weights: str | None = None,
             "a classifier"
         )
     model = create_from_config(mcfg)
-    check_img_sizes(model, img_sizes)
+    if img_sizes is not None:
+        check_img_sizes(model, img_sizes)
     if weights is None:
         weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
     load_model_weights(ckpt, model, which=weights)

@@ -106,33 +106,25 @@ class YardstickFeatures:
 class ClassifierFeatures:
     """Pooled pre-logit features of a ``lightvision classify`` checkpoint (EMA weights when present).
 
-    The model is rebuilt with :func:`lightvision.classify.deit.create_from_config` from the checkpoint's
-    ``model_config``; uint8 images [B, 3, H, W] are resized to its ``img_size``, scaled to [0, 1], averaged to grey
-    for a 1-channel model, and normalised as its training data was (:func:`lightvision.classify.data.norm_stats`).
+    The model comes from :func:`lightvision.classify.evaluate.load_classifier`; uint8 images [B, 3, H, W] are resized
+    to its ``img_size``, scaled to [0, 1], averaged to grey for a 1-channel model, and normalised as its training data was (:func:`lightvision.classify.data.norm_stats`).
     """
 
     def __init__(self, checkpoint: str | Path, device: str | torch.device = "cpu"):
         from lightvision.classify.data import norm_stats
-        from lightvision.classify.deit import create_from_config
-        from lightvision.engine.checkpoint import CheckpointError, load_model_weights, read_checkpoint_config
+        from lightvision.classify.evaluate import load_classifier
 
-        info = read_checkpoint_config(checkpoint)
-        model_config, config = info["model_config"], info.get("config") or {}
-        model = create_from_config(model_config)
-        try:
-            self.checkpoint = load_model_weights(checkpoint, model, which="ema")
-        except CheckpointError:
-            self.checkpoint = load_model_weights(checkpoint, model, which="model")
+        model, meta, config = load_classifier(checkpoint)
+        self.checkpoint = meta["checkpoint"]
         self.model = model.to(device).eval()
         self.device = torch.device(device)
-        self.in_chans = int(model_config["in_chans"])
-        mean, std = norm_stats(config) if config.get("data") else ((0.5,) * self.in_chans,) * 2
+        self.in_chans = model.patch_embed.proj.in_channels
+        mean, std = norm_stats(config)
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
-        size = model_config["img_size"]
-        self.size = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
+        self.size = tuple(model.img_size)
         weights = sorted(Path(self.checkpoint).glob("*.safetensors"))
-        self.id = f"{model_config['name']}-{content_hash(weights)[:16]}"
+        self.id = f"{meta['model']}-{content_hash(weights)[:16]}"
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
