@@ -16,7 +16,7 @@
    are evaluated fairly);
 3. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
    ``grid_<name>.png`` under ``--out`` (``--save-samples``: the samples too, ``samples_<name>.npz``, for metrics
-   computed elsewhere); runs, checkpoints and sample PNGs stay in ``--work``.
+   computed elsewhere); runs, checkpoints and the samples otherwise stay in ``--work``.
 """
 
 from __future__ import annotations
@@ -88,8 +88,6 @@ def wait_for(path: str | None, timeout: float = 1800.0) -> None:
 
 def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, reference: str) -> dict:
     """Train one attention kind or variant and evaluate it; returns its results."""
-    from PIL import Image
-
     from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.fid import compute_fid
     from lightvision.diffusion.latents import build_dataset
@@ -117,8 +115,6 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
         start = time.time()
         diffusion = build_diffusion(cfg).respace(args.sample_steps)
         codec = build_codec(cfg, device)
-        folder = work / "samples" / name
-        folder.mkdir(parents=True, exist_ok=True)
         batches = []
         for lo in range(0, args.samples, args.sample_batch):
             idx = list(range(lo, min(lo + args.sample_batch, args.samples)))
@@ -126,11 +122,10 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
                 generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device)
             )
             batches.append(images)
-            for i, arr in zip(idx, images):
-                Image.fromarray(arr).save(folder / f"{i:05d}.png")
         samples = np.concatenate(batches)
-        if args.save_samples:  # the ADM batch layout: uint8 [N, H, W, 3] as arr_0
-            np.savez(out / f"samples_{name}.npz", arr_0=samples)
+        batch_file = (out if args.save_samples else work / "samples") / f"samples_{name}.npz"
+        batch_file.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(batch_file, arr_0=samples)  # the ADM batch layout: uint8 [N, H, W, 3] as arr_0
         sample_seconds = time.time() - start
     record = {"model": cfg["model"]["name"], "variant_set": variant_set,
               "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
@@ -139,7 +134,7 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
     if classifier is not None:
         try:  # the run's other numbers stand without it
             wait_for(args.classifier_ready)
-            fid = compute_fid(folder, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache",
+            fid = compute_fid(batch_file, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache",
                               device=str(device), batch_size=500)
             record["fid_classifier"] = round(fid["fid"], 3)
         except (RuntimeError, TimeoutError, ValueError, OSError) as err:
