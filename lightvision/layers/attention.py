@@ -21,7 +21,7 @@ from ..ops import (
     softmax_attention,
     split_heads,
 )
-from ..ops._checks import BACKENDS, check_choice, compute_dtype
+from ..ops._checks import BACKENDS, check_choice, check_options, compute_dtype
 from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns, log_gates
 from ..ops.md_lrpe import lrpe_variant
 from .norm import RMSNorm
@@ -275,8 +275,5 @@ def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
     clash = set(fixed) & set(kwargs)
     if clash:
         raise ValueError(f"attention kind {kind!r} fixes {sorted(clash)}; do not pass them")
-    unknown = sorted(set(kwargs) - set(attention_options(kind)))
-    if unknown:
-        raise ValueError(f"attention kind {kind!r} has no option {', '.join(map(repr, unknown))}; valid: "
-                         f"{', '.join(attention_options(kind))}")
+    check_options(kwargs, attention_options(kind), f"attention kind {kind!r}")
     return cls(dim, num_heads, **fixed, **kwargs)

@@ -7,7 +7,7 @@ import inspect
 
 import torch
 
-from ..ops._checks import check_choice
+from ..ops._checks import check_choice, check_options
 from .tpe import MDTPE
 
 TPE_PLACEMENTS = ("none", "embed", "block")  # no MD-TPE, once after the patch embedding, at the start of every block
@@ -62,9 +62,6 @@ def build_tpe(placement: str, dim: int, depth: int, tpe_kwargs: dict | None) -> 
     """
     check_choice(placement, TPE_PLACEMENTS, "MD-TPE placement")
     kwargs = dict(tpe_kwargs or {})
-    options = list(inspect.signature(MDTPE.__init__).parameters)[2:]
-    unknown = sorted(set(kwargs) - set(options))
-    if unknown:
-        raise ValueError(f"MD-TPE has no option {', '.join(map(repr, unknown))}; valid: {', '.join(options)}")
+    check_options(kwargs, list(inspect.signature(MDTPE.__init__).parameters)[2:], "MD-TPE")
     embed = MDTPE(dim, **kwargs) if placement == "embed" else None
     return embed, [MDTPE(dim, **kwargs) if placement == "block" else None for _ in range(depth)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -68,6 +68,13 @@ def check_choice(value: object, choices: Sequence[str], what: str) -> None:
     """Raise ValueError listing the valid choices when value is not one of them."""
     if value not in choices:
         raise ValueError(f"unknown {what} {value!r}; valid: {', '.join(repr(c) for c in choices)}")
+
+
+def check_options(given: Iterable[str], options: Sequence[str], what: str) -> None:
+    """Raise ValueError naming the options in ``given`` that ``what`` does not take, and the ones it does."""
+    unknown = sorted(set(given) - set(options))
+    if unknown:
+        raise ValueError(f"{what} has no option {', '.join(map(repr, unknown))}; valid: {', '.join(options)}")
 
 
 def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
