@@ -107,7 +107,8 @@ class ClassifierFeatures:
     """Pooled pre-logit features of a ``lightvision classify`` checkpoint (EMA weights when present).
 
     The model comes from :func:`lightvision.classify.evaluate.load_classifier`; uint8 images [B, 3, H, W] are resized
-    to its ``img_size``, scaled to [0, 1], averaged to grey for a 1-channel model, and normalised as its training data was (:func:`lightvision.classify.data.norm_stats`).
+    to its ``img_size``, scaled to [0, 1], averaged to grey for a 1-channel model, and normalised as its training
+    data was (:func:`lightvision.classify.data.norm_stats`).
     """
 
     def __init__(self, checkpoint: str | Path, device: str | torch.device = "cpu"):
