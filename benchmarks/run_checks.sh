@@ -37,11 +37,11 @@ for stage in "$@"; do
       (CUDA_VISIBLE_DEVICES=0 python3 -m lightvision.classify.benchmark softmax lightnet lion_d lion_s lion_s_snake \
          --data /tmp/cifar --out "$out" --epochs 4 --workers 12 > "$out/classify.log" 2>&1; stamp "classify done rc=$?") &
       (CUDA_VISIBLE_DEVICES=1 python3 -m lightvision.diffusion.benchmark softmax lightnet lion_s --data /tmp/cifar \
-         --out "$out" --steps 800 --batch-size 128 --classifier-epochs 3 --bpd-images 1000 --fid-samples 2000 \
+         --out "$out" --steps 800 --batch-size 128 --bpd-images 1000 --samples 2000 \
          --sample-steps 50 --sample-batch 500 > "$out/diffusion.log" 2>&1; stamp "diffusion done rc=$?") &
       wait
       grep -A 12 "^| attention" "$out/classify.log"
-      grep -E '"(test_bits_per_dim|fid_classifier|train_steps_per_s|error)"' "$out/diffusion.log"
+      grep -E '"(test_bits_per_dim|fid|precision|recall|train_steps_per_s|error)"' "$out/diffusion.log"
       ;;
     kernels)
       python3 -m lightvision.kernels.lion.check --out "$out/lion_check.json" > "$out/lion_check.log" 2>&1

@@ -47,6 +47,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 DEFAULTS: dict[str, Any] = {
     "model": {"widths": [64, 128, 256, 512]},
     "data": {"root": None, "train_split": "train", "test_split": "test"},
+    "augment": {"pad": 4, "cutout": 0},
     "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
     "train": {"epochs": 40, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
               "eval_every_epochs": 5, "log_every": 50, "compile": False},
@@ -205,8 +206,10 @@ def _batch_as_is(batch: Any) -> Any:
     return batch
 
 
-def augment(images: torch.Tensor, pad: int = 4) -> torch.Tensor:
-    """Random crop of the reflect-padded batch and random horizontal flip, per sample, on the batch's device.
+def augment(images: torch.Tensor, pad: int = 4, cutout: int = 0) -> torch.Tensor:
+    """Random crop of the reflect-padded batch, random horizontal flip and (``cutout`` > 0) a ``cutout`` x ``cutout``
+    square, centred anywhere in the image and clipped at its border, set to the CIFAR-10 mean colour; per sample, on
+    the batch's device.
 
     Args:
         images: uint8 [B, 3, H, W].
@@ -221,7 +224,15 @@ def augment(images: torch.Tensor, pad: int = 4) -> torch.Tensor:
     rows = dy[:, None] + torch.arange(h, device=x.device)
     cols = dx[:, None] + torch.arange(w, device=x.device)
     cols = torch.where(flip[:, None], cols.flip(1), cols)
-    return x[torch.arange(b, device=x.device)[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    x = x[torch.arange(b, device=x.device)[:, None, None], :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
+    if cutout > 0:
+        cy, cx = draws.randint(0, h, (b,), device=x.device), draws.randint(0, w, (b,), device=x.device)
+        lo = cutout // 2
+        inside_y = (torch.arange(h, device=x.device) - cy[:, None] + lo).clamp(min=-1) // cutout == 0  # [B, H]
+        inside_x = (torch.arange(w, device=x.device) - cx[:, None] + lo).clamp(min=-1) // cutout == 0  # [B, W]
+        square = (inside_y[:, :, None] & inside_x[:, None, :])[:, None]
+        x = torch.where(square, torch.tensor(CIFAR10_MEAN, device=x.device)[None, :, None, None], x)
+    return x
 
 
 @torch.no_grad()
@@ -257,7 +268,7 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> di
         raise ValueError("no training data: pass --data ROOT (train/ and test/ class folders, or the CIFAR-10 "
                          "archives)")
     start = time.perf_counter()
-    t, o, d = cfg["train"], cfg["optim"], cfg["data"]
+    t, o, d, a = cfg["train"], cfg["optim"], cfg["data"], cfg["augment"]
     run_dir = Path(cfg["run"]["dir"])
     images, labels, classes = load_images(d["root"], d["train_split"])
     test_images, test_labels, test_classes = load_images(d["root"], d["test_split"])
@@ -285,7 +296,7 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> di
 
     def loss_fn(net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = batch
-        x = augment(x).contiguous(memory_format=torch.channels_last)
+        x = augment(x, int(a["pad"]), int(a["cutout"])).contiguous(memory_format=torch.channels_last)
         return F.cross_entropy(net(x), y, label_smoothing=smoothing)
 
     cuda = accelerator.device.type == "cuda"

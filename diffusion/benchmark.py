@@ -3,18 +3,18 @@
     python -m lightvision.diffusion.benchmark --data /tmp/cifar --out $OUT --steps 4000 softmax lion_s lightnet \\
         lightnet_paper --variants configs/variants/diffusion_cifar10.yaml
 
-1. unless ``--no-fid``: a small CIFAR-10 classifier trained with ``lightvision classify train`` (its feature space
-   replaces Inception, which is not available offline), or ``--classifier RUN``;
-2. per name (an attention kind, or a variant of ``--variants``: an attention kind plus recipe overrides, e.g. an
+1. per name (an attention kind, or a variant of ``--variants``: an attention kind plus recipe overrides, e.g. an
    ablation of the LightNet block): the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_{size}_2``
    (``--size``, default s; ``--set`` adds overrides for every name) for ``--steps`` steps; then test-set bits/dim
    (stratified VLB estimate on ``--bpd-images`` test images), ``--samples`` DDPM samples (``--sample-steps``
-   respaced steps, label i % 10, seed i), their streak share (``lightvision.diffusion.streaks``) and FID against
-   the test set in the classifier's feature space, and an EMA sample grid (100 samples, guidance 1.5, same steps).
+   respaced steps, label i % classes, seed i), their streak share (``lightvision.diffusion.streaks``), and unless
+   ``--no-fid`` FID, precision, recall and KID against the test set in the features of ``--feature-extractor``
+   (default: the packaged CIFAR-10 yardstick, :mod:`lightvision.classify.yardstick`; Inception is not available
+   offline), and an EMA sample grid (100 samples, guidance 1.5, same steps).
    Evaluation uses the EMA weights of the recipe (decay 0.9999 with the engine's warm-up
    ``min(0.9999, (1 + s) / (10 + s))``: after s steps the EMA averages roughly the last s / 10 steps, so short runs
    are evaluated fairly);
-3. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
+2. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
    ``grid_<name>.png`` under ``--out`` (``--save-samples``: the samples too, ``samples_<name>.npz``, for metrics
    computed elsewhere); runs, checkpoints and the samples otherwise stay in ``--work``.
 """
@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,30 +32,6 @@ import torch
 from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def train_classifier(data: str, work: Path, epochs: int) -> Path:
-    """A tiny softmax DeiT (patch 4) on CIFAR-10 through ``lightvision classify train``; returns its run folder."""
-    run = work / "classifier"
-    cmd = [
-        sys.executable,
-        "-m",
-        "lightvision",
-        "classify",
-        "train",
-        "--config",
-        str(CONFIGS / "classify" / "cifar10.yaml"),
-        "--out",
-        str(run),
-        f"data.root={data}",
-        "model.name=softmax_deit_tiny_patch16_224",
-        "model.args={patch_size: 4}",
-        f"sched.epochs={epochs}",
-        "sched.warmup_epochs=1",
-        "train.eval_every_epochs=100",
-    ]
-    subprocess.run(cmd, check=True)
-    return run
 
 
 def streak_summary(shares: np.ndarray) -> dict:
@@ -74,19 +49,7 @@ def real_streak_share(data: str, count: int) -> dict:
     return streak_summary(folder_streak_share(files[:: max(1, len(files) // count)], count))
 
 
-def wait_for(path: str | None, timeout: float = 1800.0) -> None:
-    """Block until the file ``path`` exists (a classifier trained beside this run; no-op for None); raise if it says
-    that the classifier failed."""
-    start = time.time()
-    while path is not None and not Path(path).exists():
-        if time.time() - start > timeout:
-            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s: the FID classifier did not finish")
-        time.sleep(5)
-    if path is not None and Path(path).read_text().startswith("failed"):
-        raise RuntimeError(f"the FID classifier did not train: {Path(path).read_text()}")
-
-
-def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, reference: str) -> dict:
+def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     """Train one attention kind or variant and evaluate it; returns its results."""
     from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.fid import compute_fid
@@ -115,11 +78,12 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
         start = time.time()
         diffusion = build_diffusion(cfg).respace(args.sample_steps)
         codec = build_codec(cfg, device)
+        classes = int(model.config["num_classes"])
         batches = []
         for lo in range(0, args.samples, args.sample_batch):
             idx = list(range(lo, min(lo + args.sample_batch, args.samples)))
             images = to_uint8(
-                generate(model, diffusion, codec, [i % 10 for i in idx], idx, latent_size=32, device=device)
+                generate(model, diffusion, codec, [i % classes for i in idx], idx, latent_size=32, device=device)
             )
             batches.append(images)
         samples = np.concatenate(batches)
@@ -131,13 +95,13 @@ def run_kind(name: str, args: argparse.Namespace, classifier: Path | None, refer
               "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
               "params": sum(p.numel() for p in model.parameters()), "steps": result["step"],
               "batch_size": args.batch_size, "train_seconds": round(train_seconds, 1)}
-    if classifier is not None:
-        try:  # the run's other numbers stand without it
-            wait_for(args.classifier_ready)
-            fid = compute_fid(batch_file, reference, feature_extractor=str(classifier), cache_dir=work / "fid_cache",
-                              device=str(device), batch_size=500)
-            record["fid_classifier"] = round(fid["fid"], 3)
-        except (RuntimeError, TimeoutError, ValueError, OSError) as err:
+    if not args.no_fid:
+        try:  # the run's other numbers stand without them
+            fid = compute_fid(batch_file, reference, feature_extractor=args.feature_extractor,
+                              cache_dir=work / "fid_cache", device=str(device), batch_size=500, num_samples=None)
+            record.update({k: round(fid[k], 4) for k in ("fid", "precision", "recall", "kid") if k in fid})
+            record["feature_space"] = fid["feature_space"]
+        except (RuntimeError, ValueError, OSError) as err:
             record["fid_error"] = f"{type(err).__name__}: {err}"
     grid_out = out / f"grid_{name}.png"
     grid_out.write_bytes((Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
@@ -155,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--classifier", help="a CIFAR-10 classifier run folder to measure FID with (default: train one)")
-    p.add_argument("--classifier-ready", help="a file whose appearance says that --classifier has finished training")
-    p.add_argument("--no-fid", action="store_true", help="skip the classifier and FID (bits/dim and streaks only)")
-    p.add_argument("--classifier-epochs", type=int, default=4)
+    p.add_argument("--feature-extractor", default="yardstick",
+                   help="feature network of FID / precision / recall: 'yardstick' (the packaged CIFAR-10 yardstick), "
+                        "a yardstick .safetensors file or a classifier run folder")
+    p.add_argument("--no-fid", action="store_true", help="skip FID, precision and recall (bits/dim and streaks only)")
     p.add_argument("--bpd-images", type=int, default=2000)
     p.add_argument("--samples", type=int, default=2000, help="samples for FID and the streak share")
     p.add_argument("--sample-steps", type=int, default=100)
@@ -168,16 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     out, report = comparison_report("diffusion", args, argv)
-    start = time.time()
-    classifier = None
-    if not args.no_fid:
-        classifier = Path(args.classifier) if args.classifier else train_classifier(args.data, Path(args.work),
-                                                                                    args.classifier_epochs)
-        report["classifier_seconds"] = round(time.time() - start, 1)
     report["real_streak_share"] = real_streak_share(args.data, args.samples)
     reference = str(Path(args.data) / "test")
     run_each(
-        args.kinds, lambda name: run_kind(name, args, classifier, reference), report, report_path("diffusion", args)
+        args.kinds, lambda name: run_kind(name, args, reference), report, report_path("diffusion", args)
     )
     return 0
 

@@ -6,10 +6,9 @@
 Every name trains in its own process (CUDA MPS shares the GPU when its daemon runs), all at once. Each process logs
 its step to ``metrics.jsonl``; from the measured rates the driver predicts when each run ends (training plus
 ``--eval-seconds``), and while the slowest would miss ``--deadline`` it stops the last-listed run still going (names
-are in priority order), which speeds up the others. Unless ``--no-fid`` or ``--classifier`` is among the benchmark
-arguments, one FID classifier trains beside the runs, which wait for it before their FID. The per-name reports are
-merged into ``diffusion_cifar10_<--tag>.json`` (``stopped`` lists
-the names cut for time). Steps/s in it are rates under sharing, not one run's own speed.
+are in priority order), which speeds up the others. The per-name reports are merged into
+``diffusion_cifar10_<--tag>.json`` (``stopped`` lists the names cut for time). Steps/s in it are rates under sharing,
+not one run's own speed.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -55,20 +53,6 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     out, work = Path(args.out), Path(args.work)
     (out / "parts").mkdir(parents=True, exist_ok=True)
-    if "--no-fid" not in extra and "--classifier" not in extra:  # one FID classifier, trained beside the runs
-        from lightvision.diffusion.benchmark import train_classifier
-
-        ready = work / "classifier.done"
-        ready.unlink(missing_ok=True)
-        def classifier() -> None:
-            try:
-                train_classifier(args.data, work, 4)
-                ready.write_text("ok")
-            except Exception as err:  # noqa: BLE001 - the runs read it and report their FID as failed
-                ready.write_text(f"failed: {err}")
-
-        threading.Thread(target=classifier, daemon=True).start()
-        extra += ["--classifier", str(work / "classifier"), "--classifier-ready", str(ready)]
     procs = {}
     for name in args.names:
         cmd = [sys.executable, "-m", "lightvision.diffusion.benchmark", name, "--data", args.data, "--out",
@@ -121,17 +105,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(report: dict) -> str:
-    """Markdown: name, parameters, steps, bits/dim, FID, streak share, steps/s."""
-    real = report.get("real_streak_share") or {}
-    lines = ["| name | params (M) | steps | test bits/dim | FID (classifier) | streak share | steps/s (shared) |",
-             "| --- | --- | --- | --- | --- | --- | --- |",
-             f"| real test images | | | | | {real.get('mean', float('nan')):.3f} | |"]
+    """Markdown: name, parameters, steps, bits/dim, FID, precision, recall, streak share, steps/s."""
+    real, nan = report.get("real_streak_share") or {}, float("nan")
+    lines = ["| name | params (M) | steps | test bits/dim | FID | precision | recall | streak share "
+             "| steps/s (shared) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+             f"| real test images | | | | | | | {real.get('mean', nan):.3f} | |"]
     for name, r in report["results"].items():
         if "error" in r:
-            lines.append(f"| {name} | error: {r['error'][:80]} | | | | | |")
+            lines.append(f"| {name} | error: {r['error'][:80]} | | | | | | | |")
             continue
         lines.append(f"| {name} | {r['params'] / 1e6:.1f} | {r['steps']} | {r['test_bits_per_dim']:.3f} | "
-                     f"{r.get('fid_classifier', float('nan')):.2f} | {r['streak_share']['mean']:.3f} | "
+                     f"{r.get('fid', nan):.2f} | {r.get('precision', nan):.3f} | {r.get('recall', nan):.3f} | "
+                     f"{r['streak_share']['mean']:.3f} | "
                      f"{r['train_steps_per_s']:.2f} |")
     return "\n".join(lines)
 

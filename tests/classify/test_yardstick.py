@@ -56,6 +56,26 @@ def test_augment_is_a_padded_crop_and_flip_of_each_image():
     assert 16 < flips < 48  # about half
 
 
+def test_cutout_sets_one_clipped_square_per_image_to_the_mean_colour():
+    from lightvision.classify.yardstick import CIFAR10_MEAN
+
+    x = torch.randint(0, 256, (64, 3, 12, 12), dtype=torch.uint8)
+    with use_batch_random(BatchRandom(3)):
+        plain = augment(x, pad=2)
+    with use_batch_random(BatchRandom(3)):
+        cut = augment(x, pad=2, cutout=5)
+    mean = torch.tensor(CIFAR10_MEAN)[:, None, None]
+    changed = (cut != plain).any(1)  # [B, H, W]
+    clipped = 0
+    for i in range(64):
+        ys, xs = torch.nonzero((cut[i] == mean).all(0), as_tuple=True)
+        assert len(ys) > 0 and torch.equal(changed[i] & ~(cut[i] == mean).all(0), torch.zeros_like(changed[i]))
+        height, width = int(ys.max() - ys.min() + 1), int(xs.max() - xs.min() + 1)
+        assert height <= 5 and width <= 5 and len(ys) == height * width  # one filled rectangle
+        clipped += height * width < 25
+    assert 0 < clipped < 64  # squares near a border are clipped, others whole
+
+
 def test_yardstick_trains_through_the_cli_and_loads_as_a_feature_network(tmp_path, capsys):
     from lightvision.cli import main
     from lightvision.diffusion.features import YardstickFeatures, feature_network

@@ -56,7 +56,9 @@ def _cifar_like(root, per_class=3):
 
 def test_benchmark_runs_kinds_and_variants(tmp_path):
     """Two names (a kind and a variant of a variants file) train, report bits/dim and the streak share of their
-    samples next to the real images'; the variant's overrides reach the model; an unknown name is reported."""
+    samples next to the real images', and FID / precision / recall in a yardstick's features; the variant's overrides
+    reach the model; an unknown name is reported."""
+    from lightvision.classify.yardstick import YardstickNet, save_yardstick
     from lightvision.diffusion import benchmark
 
     _cifar_like(tmp_path / "data")
@@ -66,6 +68,8 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
         "  set: [model.kwargs.tpe_placement=embed, 'model.kwargs.tpe_kwargs={form: pair, combine: product}',\n"
         "        'model.kwargs.attention_kwargs={lrpe: mixed}']\n"
     )
+    torch.manual_seed(0)
+    yardstick = save_yardstick(YardstickNet([8, 8, 16, 16], 2), tmp_path / "yardstick.safetensors")
     out = tmp_path / "out"
     tiny = ["model.kwargs.depth=1", "model.kwargs.hidden_size=32", "model.kwargs.num_heads=2"]
     code = benchmark.main(
@@ -83,7 +87,8 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
             str(variants),
             "--tag",
             "tiny",
-            "--no-fid",
+            "--feature-extractor",
+            str(yardstick),
             "--steps",
             "2",
             "--batch-size",
@@ -91,7 +96,7 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
             "--bpd-images",
             "2",
             "--samples",
-            "3",
+            "5",
             "--sample-steps",
             "2",
             "--sample-batch",
@@ -106,7 +111,7 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
     )
     assert code == 0
     report = json.loads((out / "diffusion_cifar10_tiny.json").read_text())
-    assert report["real_streak_share"]["images"] == 3 and 0 < report["real_streak_share"]["mean"] < 1
+    assert report["real_streak_share"]["images"] == 5 and 0 < report["real_streak_share"]["mean"] < 1
     variant = report["results"]["lightnet_pair_tpe"]
     assert variant["model"] == "lightnet_dit_s_2" and variant["steps"] == 2
     assert (
@@ -115,12 +120,13 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
     assert variant["model_config"]["attention_kwargs"] == {"lrpe": "mixed"}
     for name in ("softmax", "lightnet_pair_tpe"):
         r = report["results"][name]
-        assert r["streak_share"]["images"] == 3 and 0 < r["streak_share"]["mean"] < 1
+        assert r["streak_share"]["images"] == 5 and 0 < r["streak_share"]["mean"] < 1
         assert math.isfinite(r["test_bits_per_dim"]) and (out / r["grid"]).is_file()
-        assert "fid_classifier" not in r
+        assert r["fid"] >= 0 and 0 <= r["precision"] <= 1 and 0 <= r["recall"] <= 1, r
+        assert r["feature_space"].startswith("yardstick-")
     assert "unknown attention kind or variant 'nope'" in report["results"]["nope"]["error"]
     saved = np.load(out / "samples_lightnet_pair_tpe.npz")["arr_0"]
-    assert saved.shape == (3, 32, 32, 3) and saved.dtype == np.uint8
+    assert saved.shape == (5, 32, 32, 3) and saved.dtype == np.uint8
     np.testing.assert_allclose(streak_share(saved).mean(), variant["streak_share"]["mean"], atol=1e-4)
 
 
