@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from torch import nn
@@ -39,7 +38,7 @@ from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.weights import record_init
 
-__all__ = ["DEFAULTS", "build_accelerator", "load_recipe", "model_config", "train"]
+__all__ = ["DEFAULTS", "load_recipe", "model_config", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -118,22 +117,6 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
     return load_config(path, overrides, defaults=DEFAULTS)
 
 
-def build_accelerator(cfg: dict, device: str = "auto") -> Accelerator:
-    """The accelerator the ``Trainer`` needs (accumulation without data-loader sync, seedable sampler).
-
-    device: "auto" (GPU when available), "cpu" or "cuda" (which needs a visible GPU)."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
-    device = resolve_device(device)
-    t = cfg["train"]
-    return make_accelerator(
-        t["mixed_precision"] or "no",  # YAML reads a bare `no` as False
-        t["grad_accum_steps"],
-        t["seed"],
-        cpu=device == "cpu",
-    )
-
-
 def model_config(cfg: dict, num_classes: int) -> dict:
     """What rebuilds the architecture (stored with every checkpoint, checked on resume and eval)."""
     m = cfg["model"]
@@ -179,14 +162,18 @@ def _check_schedule(sched: dict[str, Any]) -> None:
         raise ValueError(f"sched.warmup_epochs must be 0 or more, got {sched['warmup_epochs']!r}")
 
 
-def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, Any]:
+def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
     """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics.
 
-    resume: continue from the newest checkpoint of ``run.dir`` (refused without it if one exists).
+    Args:
+        device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
+        resume: True continues from the newest checkpoint of ``run.dir``, a path from that checkpoint or run folder;
+            False starts fresh (refused if ``run.dir`` has checkpoints).
     """
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
     _check_schedule(s)
-    accelerator = build_accelerator(cfg, device)
+    accelerator = make_accelerator(t["mixed_precision"] or "no", t["grad_accum_steps"], t["seed"],  # YAML: no -> False
+                                   cpu=resolve_device(device) == "cpu")
     run_dir = Path(cfg["run"]["dir"])
 
     train_set = train_dataset(cfg)
@@ -269,7 +256,7 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
         log.info("%s: %d classes, %d train / %d val images, %d epochs x %d steps (%d trained), global batch %d "
                  "(%d processes), lr %.3g", mcfg["name"], num_classes, len(train_set), len(val_set), s["epochs"],
                  steps_per_epoch, max_steps, global_batch, procs, lr)
-    fit = trainer.fit(resume=True if resume else None)
+    fit = trainer.fit(resume=resume or None)
     final = validate(trainer)
     final.pop("metric")
     results = {"model": mcfg["name"], "params": sum(p.numel() for p in model.parameters()), "step": fit["step"],

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightvision.engine import Trainer, batch_random, load_config, make_accelerator, save_config
+from lightvision.engine.device import resolve_device
 
 __all__ = ["DEFAULTS", "YardstickNet", "augment", "load_images", "load_yardstick", "load_yardstick_config",
            "packaged_yardstick", "save_yardstick", "train_yardstick"]
@@ -259,7 +260,7 @@ def _optimizer(model: nn.Module, o: dict) -> torch.optim.Optimizer:
                            lr=float(o["lr"]), momentum=float(o["momentum"]), nesterov=True)
 
 
-def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, Any]:
+def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
     """Train the yardstick with a resolved config (``DEFAULTS`` keys; :func:`load_config`); returns the results
     (test top-1, parameters, steps, seconds, the weights file), also written to ``run.dir/results.json``."""
     import time
@@ -275,8 +276,7 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> di
     if test_classes != classes:
         raise ValueError(f"train and test class folders differ ({len(classes)} vs {len(test_classes)})")
     decode_seconds = time.perf_counter() - start
-    accelerator = make_accelerator(t["mixed_precision"] or "no", 1, int(t["seed"]),
-                                   cpu=device == "cpu" or not torch.cuda.is_available())
+    accelerator = make_accelerator(t["mixed_precision"] or "no", 1, int(t["seed"]), cpu=resolve_device(device) == "cpu")
     torch.manual_seed(int(t["seed"]))
     model = YardstickNet(cfg["model"]["widths"], len(classes)).to(memory_format=torch.channels_last)
     batch = int(t["batch_size"])
@@ -311,7 +311,7 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool = False) -> di
                       ckpt_every=max_steps, keep_last=1, seed=int(t["seed"]), accelerator=accelerator,
                       hooks=[(int(t["eval_every_epochs"]) * steps_per_epoch, evaluate)],
                       torch_compile=bool(t["compile"]))
-    fit = trainer.fit(resume=True if resume else None)
+    fit = trainer.fit(resume=resume or None)
     net = trainer.unwrapped_model
     top1 = accuracy(net, test_images, test_labels, accelerator.device, autocast=cuda)
     results = {"test_top1": round(top1, 2), "params": sum(p.numel() for p in net.parameters()), "step": fit["step"],

@@ -15,7 +15,7 @@ def _train(args: argparse.Namespace) -> int:
     from lightvision.diffusion.train import load_recipe, train
 
     cfg = load_recipe(args.config, args.overrides)
-    result = train(cfg, resume=args.resume or None)
+    result = train(cfg, device=args.device, resume=args.resume)
     result.pop("trainer")
     print(json.dumps(result, indent=2, default=str))
     return 0
@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", nargs="?", const=True, default=False,
                    help="continue the run folder's newest checkpoint, or the given checkpoint / run folder")
     p.add_argument("--out", default="runs/diffusion_default", help="output folder of the built-in default")
-    p.add_argument("--device", default="auto", help="built-in default only: auto | cpu | cuda")
+    p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
     p.set_defaults(func=_train)
 
     p = sub.add_parser(

@@ -60,12 +60,8 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     out = Path(out_dir)
     cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run_dir={out / 'run'}", *overrides])
     cfg["sample"]["every"] = min(int(cfg["sample"]["every"]), int(cfg["train"]["max_steps"]))  # a grid at the end
-    if device == "cpu":
-        import os
-
-        os.environ["ACCELERATE_USE_CPU"] = "true"
     start = time.time()
-    result = train(cfg, resume=True)
+    result = train(cfg, device=device, resume=True)
     train_seconds = time.time() - start
     trainer = result.pop("trainer")
     model = trainer.ema.module.eval()

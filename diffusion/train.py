@@ -259,14 +259,22 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
     return hook
 
 
-def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -> dict:
+def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
     """Train a recipe; returns the Trainer summary (also written to ``run_dir/results.json``, with the number of
-    processes and the global / per-process batch) plus the run folder. ``data.batch_size`` is the global batch."""
+    processes and the global / per-process batch) plus the run folder. ``data.batch_size`` is the global batch.
+
+    Args:
+        device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
+        resume: True continues from the newest checkpoint of ``run_dir``, a path from that checkpoint or run folder;
+            False starts fresh (refused if ``run_dir`` has checkpoints).
+    """
     from accelerate import PartialState
 
-    from lightvision.engine.trainer import Trainer
+    from lightvision.engine.device import resolve_device
+    from lightvision.engine.trainer import Trainer, make_accelerator
 
-    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
+    cpu = resolve_device(device) == "cpu"
+    state = PartialState(cpu=cpu)  # cpu: several CPU processes join one gloo group
     torch.manual_seed(int(cfg["seed"]))
     run_dir = Path(cfg["run_dir"])
     data = cfg["data"]
@@ -314,7 +322,7 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
             codec_cache.append(build_codec(cfg, state.device))
         return codec_cache[0]
 
-    hooks = [(int(cfg["sample"]["every"]), sample_hook(cfg, diffusion, codec_fn, run_dir)), *extra_hooks]
+    hooks = [(int(cfg["sample"]["every"]), sample_hook(cfg, diffusion, codec_fn, run_dir))]
     if int(t["eval_every"]) > 0:
         if cfg["eval"]["reference"] is None:
             raise ValueError("train.eval_every needs eval.reference=PATH (image folder, .npz batch or "
@@ -330,8 +338,9 @@ def train(cfg: dict, resume: bool | str | None = None, extra_hooks: list = ()) -
                       max_steps=int(t["max_steps"]), model_config=arch, grad_accum_steps=int(t["grad_accum_steps"]),
                       clip_grad=t["clip_grad"], ema_decay=t["ema_decay"], mixed_precision=precision,
                       log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_last=int(t["keep_last"]),
-                      nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]))
-    summary = trainer.fit(resume)
+                      nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]),
+                      accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), int(cfg["seed"]), cpu=cpu))
+    summary = trainer.fit(resume or None)
     summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process,
                    **({"init_from": init_report} if init_report else {}))
     if hasattr(dataset, "skipped_images"):  # image folders: unreadable images skipped (this process's count)
