@@ -92,13 +92,14 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
                            form="parallel", backend="torch")
 
 
-def attention_maps(model: torch.nn.Module, images: torch.Tensor, *, max_bytes: int = MAX_BYTES) -> list[torch.Tensor]:
+def attention_maps(model: torch.nn.Module, *inputs: torch.Tensor, max_bytes: int = MAX_BYTES) -> list[torch.Tensor]:
     """The effective attention of every block of a model whose blocks call ``block.attn(x, grid=..., ...)`` (the
-    DeiT and DiT families), for one forward pass on ``images``.
+    DeiT and DiT families), for one forward pass ``model(*inputs)``.
 
     Args:
-        model: a classifier (``model(images)``); its blocks' attention layers are read through forward pre-hooks.
-        images: [B, C, H, W] as the model takes them.
+        model: a DeiT (``model(images)``) or a DiT (``model(x_t, t, y)``); its blocks' attention layers are read
+            through forward pre-hooks.
+        inputs: what the model's forward takes, e.g. images [B, C, H, W], or a DiT's x_t [B, C, H, W], t [B], y [B].
         max_bytes: memory guard of each layer's matrix.
 
     Returns:
@@ -116,7 +117,7 @@ def attention_maps(model: torch.nn.Module, images: torch.Tensor, *, max_bytes: i
         handles.append(block.attn.register_forward_pre_hook(capture, with_kwargs=True))
     try:
         with torch.no_grad():
-            model(images)
+            model(*inputs)
     finally:
         for h in handles:
             h.remove()
