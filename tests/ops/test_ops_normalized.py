@@ -8,13 +8,15 @@ from lightvision.ops import normalized_attention
 from lightvision.ops.normalized import LOG_ETA_MAX
 
 F64 = torch.float64
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def _inputs(b, h, n, d, dtype, seed=0):
+def _inputs(b, h, n, d, dtype, seed=0, device="cpu"):
+    """q, k, v [B, H, N, d] in ``dtype`` and log eta [B, H, N] (fp32) around log N, leaves that require grad."""
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=F64) / d**0.25 for _ in range(3))
     log_eta = torch.log(torch.tensor(float(n), dtype=F64)) + torch.randn(b, h, n, generator=g, dtype=F64)
-    return [t.to(dtype).requires_grad_() for t in (q, k, v)] + [log_eta.float().requires_grad_()]
+    return [t.to(device, dtype).requires_grad_() for t in (q, k, v)] + [log_eta.float().to(device).requires_grad_()]
 
 
 def test_matches_the_equation_by_loops():
@@ -36,18 +38,20 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("b,h,n,d", CASES)
-def test_linear_form_forward_and_gradients(b, h, n, d, dtype):
-    """The fast form against the fp64 materialised reference: output and the gradients of q, k, v and log eta."""
-    q, k, v, log_eta = _inputs(b, h, n, d, dtype)
-    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, log_eta)]
+def test_linear_form_forward_and_gradients(b, h, n, d, dtype, device):
+    """The fast form against the fp64 materialised reference on the CPU: output and the gradients of q, k, v and
+    log eta."""
+    q, k, v, log_eta = _inputs(b, h, n, d, dtype, device=device)
+    ref_in = [t.detach().cpu().double().requires_grad_() for t in (q, k, v, log_eta)]
     out = normalized_attention(q, k, v, log_eta)
     ref = normalized_attention(*ref_in, form="parallel")
-    assert out.dtype == dtype
+    assert out.dtype == dtype and out.device.type == device
     assert_close(out, ref, name="output")
     up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
-    grads = torch.autograd.grad(out, (q, k, v, log_eta), up.to(dtype))
+    grads = torch.autograd.grad(out, (q, k, v, log_eta), up.to(device, dtype))
     ref_grads = torch.autograd.grad(ref, ref_in, up)
     for name, g, rg in zip(("dq", "dk", "dv", "dlog_eta"), grads, ref_grads):
         assert g.dtype == (torch.float32 if name == "dlog_eta" else dtype)
