@@ -1,7 +1,7 @@
 """CIFAR-10 comparison of attention kinds with one recipe and epoch count (the GPU check of the classifiers).
 
     python -m lightvision.classify.benchmark --data /tmp/cifar --out $OUT --epochs 5 \\
-        softmax lightnet lion_d lion_s lion_s_snake
+        softmax lightnet lion_d lion_s lion_s_snake normalized
 
 Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides): ``{kind}_deit_tiny_patch16_224``
 (tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
@@ -88,7 +88,7 @@ def table(results: dict, sizes: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = comparison_parser("classify", __doc__.splitlines()[0], "softmax lightnet lion_d lion_s lion_s_snake",
+    p = comparison_parser("classify", __doc__.splitlines()[0], "softmax lightnet lion_d lion_s lion_s_snake normalized",
                           "model.args={patch_size: 4}")
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--warmup-epochs", type=int, default=1)

@@ -77,15 +77,11 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
 
 
 def _attention_maps(args: argparse.Namespace) -> int:
+    from lightvision.attention_figures import parse_query
     from lightvision.classify.attention_maps import attention_maps_main
 
-    query = None
-    if args.query is not None:
-        parts = args.query.split(",")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise ValueError(f"--query must be ROW,COL (two non-negative ints), got {args.query!r}")
-        query = (int(parts[0]), int(parts[1]))
-    report = attention_maps_main(args.checkpoint, args.image, args.img_size, args.out, query, args.weights)
+    report = attention_maps_main(args.checkpoint, args.image, args.img_size, args.out, parse_query(args.query),
+                                 args.weights)
     print(json.dumps({k: v for k, v in report.items() if k != "sizes"} | {"out": args.out}, indent=2))
     return 0
 

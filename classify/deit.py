@@ -1,11 +1,11 @@
 """DeiT image classifiers with pluggable attention, registered in timm.
 
-One family, seven token mixers (``lightvision.layers.build_attention`` kinds), three sizes::
+One family, eight token mixers (``lightvision.layers.build_attention`` kinds), three sizes::
 
     {attention}_deit_{tiny|small|base}_patch16_224
-    attention in softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake
+    attention in softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake, normalized
 
-``import lightvision`` registers the 21 names, so ``timm.create_model`` builds them like any timm model::
+``import lightvision`` registers the 24 names, so ``timm.create_model`` builds them like any timm model::
 
     model = timm.create_model("lightnet_deit_small_patch16_224", num_classes=10, img_size=32, patch_size=4)
     model = timm.create_model("lion_s_deit_tiny_patch16_224", pretrained=True, num_classes=10,
@@ -37,6 +37,13 @@ Per-attention architecture (``FAMILIES``):
 * ``lion_d``, ``lion_s``, ``lion_d_snake``, ``lion_s_snake``: no absolute position embedding. Their decay
   masks carry relative position (LION paper Sec. 4 and D.7: "LION-S does not require any positional
   encodings"), which is what lets them run above the training resolution unchanged.
+* ``normalized`` (normalized attention, Sieber et al. Eq. 21; ``lightvision.ops.normalized``): DeiT's block as
+  published (LayerNorm, GELU MLP, learned absolute position embedding, heads 3 / 6 / 12), only the token mixer
+  changes, so a comparison with ``softmax`` and ``lion_lit`` measures the attention alone. The core has no
+  position signal of its own (like LION-LIT), hence the absolute embedding. The LayerNorm also keeps the normaliser
+  in range: eta = exp(w^T u) reads the normed token u, whose length is set by the norm's affine parameters rather
+  than by the residual stream's growth with depth, so the clamp of log eta is a guard, not a regime. The extra
+  Linear(dim, heads) adds under 0.1% parameters.
 
 Sizes (docs/spec.md 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
 """
@@ -106,6 +113,7 @@ FAMILIES: dict[str, Family] = {
     "lion_s": _LION_MASKED,
     "lion_d_snake": _LION_MASKED,
     "lion_s_snake": _LION_MASKED,
+    "normalized": _DEIT,
 }
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(depth=12, embed_dim=192),
@@ -503,7 +511,8 @@ def create_deit(attention: str, size: str, pretrained: bool = False, **kwargs: A
     """Build ``{attention}_deit_{size}_patch16_224`` through timm (pretrained weights and features_only included).
 
     Args:
-        attention: one of ``FAMILIES`` (softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake).
+        attention: one of ``FAMILIES`` (softmax, lightnet, lion_lit, lion_d, lion_s, lion_d_snake, lion_s_snake,
+            normalized).
         size: "tiny" | "small" | "base" (docs/spec.md 3).
         pretrained: load the weights of the model's pretrained config.
         **kwargs: :class:`DeiT` arguments that override the size preset (e.g. ``img_size``, ``num_classes``).
@@ -668,3 +677,21 @@ def lion_s_snake_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any)
 def lion_s_snake_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
     """DeiT-Base, patch 16, 224 px, with LION-S attention with snake orders."""
     return create_deit("lion_s_snake", "base", pretrained, **kwargs)
+
+
+@register_model
+def normalized_deit_tiny_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Tiny, patch 16, 224 px, with normalized attention (learned per-token normaliser)."""
+    return create_deit("normalized", "tiny", pretrained, **kwargs)
+
+
+@register_model
+def normalized_deit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Small, patch 16, 224 px, with normalized attention (learned per-token normaliser)."""
+    return create_deit("normalized", "small", pretrained, **kwargs)
+
+
+@register_model
+def normalized_deit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> DeiT:
+    """DeiT-Base, patch 16, 224 px, with normalized attention (learned per-token normaliser)."""
+    return create_deit("normalized", "base", pretrained, **kwargs)

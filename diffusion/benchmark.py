@@ -1,7 +1,7 @@
 """CIFAR-10 pixel-space comparison of attention kinds and model variants at an equal number of steps (the GPU check).
 
     python -m lightvision.diffusion.benchmark --data /tmp/cifar --out $OUT --steps 4000 softmax lion_s lightnet \\
-        lightnet_paper --variants configs/variants/diffusion_cifar10.yaml
+        normalized lightnet_paper --variants configs/variants/diffusion_cifar10.yaml
 
 1. per name (an attention kind, or a variant of ``--variants``: an attention kind plus recipe overrides, e.g. an
    ablation of the LightNet block): the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_{size}_2``
@@ -114,7 +114,7 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = comparison_parser("diffusion", __doc__.splitlines()[0], "softmax lightnet lion_s",
+    p = comparison_parser("diffusion", __doc__.splitlines()[0], "softmax lightnet lion_s normalized",
                           "model.kwargs={depth: 12, adaln: block}")
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
     p.add_argument("--steps", type=int, default=1000)

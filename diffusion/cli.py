@@ -1,4 +1,5 @@
-"""``lightvision diffusion``: train | sample | fid | fid-ref | extract-latents (heavy imports inside the handlers)."""
+"""``lightvision diffusion``: train | sample | fid | fid-ref | extract-latents | attention-maps (heavy imports inside
+the handlers)."""
 
 from __future__ import annotations
 
@@ -80,10 +81,21 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attention_maps(args: argparse.Namespace) -> int:
+    from lightvision.attention_figures import parse_query
+    from lightvision.diffusion.attention_maps import attention_maps_main
+
+    report = attention_maps_main(args.checkpoint, args.image, args.timestep, args.label, args.out,
+                                 parse_query(args.query), args.weights, args.seed)
+    print(json.dumps({k: v for k, v in report.items() if k != "timesteps"} | {"out": args.out}, indent=2))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``diffusion`` command group to the top-level parser."""
     group = subparsers.add_parser("diffusion",
-                                  help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents")
+                                  help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents, "
+                                  "attention-maps")
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)",
@@ -149,3 +161,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
     p.set_defaults(func=_extract)
+
+    p = sub.add_parser("attention-maps", help="a query patch's attention over the grid, per layer and head, and the "
+                       "mean attention distance, of a DiT on a noised image at chosen timesteps")
+    p.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")
+    p.add_argument("--image", required=True, help="an image file (resized to the run's image size)")
+    p.add_argument("--timestep", type=int, nargs="+", required=True,
+                   help="diffusion steps t of the run's schedule, e.g. 100 500 900")
+    p.add_argument("--label", type=int, help="class label y (default: the null class, unconditional)")
+    p.add_argument("--query", help="ROW,COL of the query patch on the token grid (default: the centre)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the noise (the same at every timestep)")
+    p.add_argument("--weights", choices=("ema", "model"), default="ema")
+    p.add_argument("--out", required=True, help="folder for the figures and attention_maps.json")
+    p.set_defaults(func=_attention_maps)

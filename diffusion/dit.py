@@ -46,7 +46,8 @@ DIT_SIZES = {"s": (12, 384, 6), "b": (12, 768, 12), "l": (24, 1024, 16), "xl": (
 LIGHTNET_DIT_SIZES = {"s": (18, 384, 6), "b": (18, 768, 6), "l": (36, 1024, 16), "xl": (42, 1152, 16)}
 PATCH_SIZES = (2, 4, 8)
 POS_EMBEDS = ("sincos", "none")
-# Position signals when the constructor leaves them unset (None): DiT's sin-cos embedding for softmax and LION. LightNet
+# Position signals when the constructor leaves them unset (None): DiT's sin-cos embedding for softmax, LION and
+# normalized attention (DiT's block as published, only the token mixer changes; its core has no position). LightNet
 # adds to it a one-sided MD-TPE pair with short initial decays after the patch embedding: MD-TPE as the only absolute
 # signal (the printed form) makes samples a plaid of row and column streaks; beside the sin-cos embedding this form
 # keeps the likelihood gain without the plaid (CIFAR-10 DiT-S/2 ablation in the README).

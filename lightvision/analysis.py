@@ -9,6 +9,7 @@ map the layer applies (MD-LRPE, decay masks, snake orders and normalisation incl
 * softmax: A = softmax(q k^T / sqrt(d));
 * LightNet: A = q~ k~^T with q~, k~ the MD-LRPE-rotated SiLU(q) and key softmax (rows do not sum to 1);
 * LION LIT / D / S (and snake orders): the masked, row-normalised matrix;
+* normalized attention: A = (q k^T) / eta, eta_i = exp(log eta_i) per query token (rows do not sum to 1);
 * the two-scan baseline (``two_scan_attention``): the unnormalised decay-masked q k^T.
 """
 
@@ -18,9 +19,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .layers.attention import LightNetAttention, LionAttention, SoftmaxAttention
-from .ops import lightnet_attention, lion_attention, lion_snake_attention, softmax_attention
+from .layers.attention import LightNetAttention, LionAttention, NormalizedAttention, SoftmaxAttention
+from .ops import lightnet_attention, lion_attention, lion_snake_attention, normalized_attention, softmax_attention
 
+LAYERS = (SoftmaxAttention, LightNetAttention, LionAttention, NormalizedAttention)
 MAX_BYTES = 2 * 2**30  # the identity and the matrix are each B * H * N * N elements
 
 
@@ -57,7 +59,8 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
     """The matrix A with which an attention layer's core mixes its values: core output = A v (module docstring).
 
     Args:
-        layer: a ``SoftmaxAttention``, ``LightNetAttention`` or ``LionAttention`` (any mask, snake or not).
+        layer: a ``SoftmaxAttention``, ``LightNetAttention``, ``LionAttention`` (any mask, snake or not) or
+            ``NormalizedAttention``.
         x: [B, N, C] the layer's input (after the block's norm).
         grid: token grid as the layer is called with; num_prefix_tokens: leading tokens without a position.
         max_bytes: memory guard for the [B, H, N, N] matrices.
@@ -65,8 +68,8 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
     Returns:
         A [B, H, N, N]; v is the layer's value projection split into heads.
     """
-    if not isinstance(layer, (SoftmaxAttention, LightNetAttention, LionAttention)):
-        raise ValueError(f"effective_attention takes SoftmaxAttention, LightNetAttention or LionAttention layers, "
+    if not isinstance(layer, LAYERS):
+        raise ValueError(f"effective_attention takes {', '.join(c.__name__ for c in LAYERS)} layers, "
                          f"got {type(layer).__name__}")
     with torch.no_grad():
         q, k, _ = layer.split(x)
@@ -76,6 +79,9 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
             return core_matrix(lightnet_attention, q, k, max_bytes=max_bytes, grid=grid,
                                num_prefix_tokens=num_prefix_tokens, lrpe=layer.lrpe, key_softmax=layer.key_softmax,
                                backend="torch")
+        if isinstance(layer, NormalizedAttention):
+            return core_matrix(normalized_attention, q, k, max_bytes=max_bytes, log_eta=layer.log_eta(x),
+                               form="parallel")
         decays = layer._log_decays(x, num_prefix_tokens)  # LION: its feature map and decays
         q, k = layer._phi(q), layer._phi(k)
         if layer.snake:
@@ -86,13 +92,14 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
                            form="parallel", backend="torch")
 
 
-def attention_maps(model: torch.nn.Module, images: torch.Tensor, *, max_bytes: int = MAX_BYTES) -> list[torch.Tensor]:
+def attention_maps(model: torch.nn.Module, *inputs: torch.Tensor, max_bytes: int = MAX_BYTES) -> list[torch.Tensor]:
     """The effective attention of every block of a model whose blocks call ``block.attn(x, grid=..., ...)`` (the
-    DeiT and DiT families), for one forward pass on ``images``.
+    DeiT and DiT families), for one forward pass ``model(*inputs)``.
 
     Args:
-        model: a classifier (``model(images)``); its blocks' attention layers are read through forward pre-hooks.
-        images: [B, C, H, W] as the model takes them.
+        model: a DeiT (``model(images)``) or a DiT (``model(x_t, t, y)``); its blocks' attention layers are read
+            through forward pre-hooks.
+        inputs: what the model's forward takes, e.g. images [B, C, H, W], or a DiT's x_t [B, C, H, W], t [B], y [B].
         max_bytes: memory guard of each layer's matrix.
 
     Returns:
@@ -110,7 +117,7 @@ def attention_maps(model: torch.nn.Module, images: torch.Tensor, *, max_bytes: i
         handles.append(block.attn.register_forward_pre_hook(capture, with_kwargs=True))
     try:
         with torch.no_grad():
-            model(images)
+            model(*inputs)
     finally:
         for h in handles:
             h.remove()

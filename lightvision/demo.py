@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 import torch.nn.functional as F
 
-from .ops import lightnet_attention, lion_attention, lion_snake_attention, md_tpe
+from .ops import lightnet_attention, lion_attention, lion_snake_attention, md_tpe, normalized_attention
 
 GRID = (12, 17)  # non-square patch grid
 PATCH = 8
@@ -69,6 +70,11 @@ def run_demo(device: str = "cpu") -> int:
                                          log_decay_col=ld_c, form=f) for f in ("parallel", "chunk", "scan")}
         err = max(_rel(snake[f], snake["parallel"]) for f in ("chunk", "scan"))
         rows.append((f"LION-{mask.upper()} snake: chunk / scan vs parallel", err, TOL_FP32))
+
+    log_eta = project(0.5).mean(-1) + math.log(n)  # [B, H, N], a normaliser per token
+    linear = normalized_attention(q_raw, k_raw, v, log_eta)
+    rows.append(("Normalized: q (K^T V) vs materialised (q k^T / eta) V",
+                 _rel(linear, normalized_attention(q_raw, k_raw, v, log_eta, form="parallel")), TOL_FP32))
 
     xt = tokens.expand(b, -1, -1)
     coeffs = torch.randn(2, xt.shape[-1], 4, generator=gen).to(dev)

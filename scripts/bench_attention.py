@@ -18,8 +18,8 @@ requiring grad ("fwdbwd"), medians of ``triton.testing.do_bench``. A module regi
 
 This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists (it also registers
 flash-linear-attention, ``fla``, an optional benchmark-only dependency, as the two-scan anchor when installed).
-op in softmax / lightnet / lion_lit / lion_d / lion_s; impl names the implementation (sdpa, torch, triton...;
-``triton_packed``: LightNet on one fused qkv tensor, the models' path, where small heads share a program).
+op in softmax / lightnet / lion_lit / lion_d / lion_s / normalized; impl names the implementation (sdpa, torch,
+triton...; ``triton_packed``: LightNet on one fused qkv tensor, the models' path, where small heads share a program).
 
 Memory floor: the forward reads q, k, v and writes o (4 tensors of B*H*N*d elements at d = d_v), the
 forward + backward touches 11 (q, k, v, o; then q, k, v, dO read, dq, dk, dv written); each record
@@ -115,10 +115,22 @@ def make_lightnet_packed(B, H, N, d, dtype, device):
     return fn, [torch.randn(B, N, 3 * H * d, device=device, dtype=dtype)]
 
 
+def make_normalized(B, H, N, d, dtype, device):
+    """Normalized attention's fast form, q (K^T V) / eta (two batched matmuls), with a fp32 log-normaliser input."""
+    from lightvision.ops.normalized import normalized_attention
+
+    def fn(q, k, v, log_eta):
+        return normalized_attention(q, k, v, log_eta)
+
+    log_eta = torch.full((B, H, N), math.log(N), device=device) + torch.randn(B, H, N, device=device)
+    return fn, [*_qkv(B, H, N, d, dtype, device), log_eta]
+
+
 add("softmax", "sdpa", make_sdpa)
 add("lightnet", "torch", _make_lightnet("torch"))
 add("lightnet", "triton", _make_lightnet("triton"))
 add("lightnet", "triton_packed", make_lightnet_packed)
+add("normalized", "torch", make_normalized)
 
 
 def _load_plugins() -> None:

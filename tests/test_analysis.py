@@ -22,9 +22,10 @@ def _layer_output_from(layer, x, a):
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
 def test_matrix_reproduces_the_layer(kind):
     """A v, through the layer's own norm / gate / projection, is the layer's output (fp64, a non-square grid with a
-    cls token); the normalised kinds' rows sum to 1."""
+    cls token); the rows of the kinds normalised over the keys sum to 1."""
     torch.manual_seed(0)
-    layer = build_attention(kind, 16, 2, **({} if kind == "softmax" else {"backend": "torch"})).double()
+    layer = build_attention(kind, 16, 2, **({} if kind in ("softmax", "normalized") else {"backend": "torch"}))
+    layer = layer.double()
     with torch.no_grad():
         for p in layer.parameters():
             p.add_(torch.randn_like(p) * 0.1)
@@ -34,9 +35,24 @@ def test_matrix_reproduces_the_layer(kind):
     assert a.shape == (2, 2, 16, 16) and a.dtype == F64
     with torch.no_grad():
         torch.testing.assert_close(_layer_output_from(layer, x, a), layer(x, grid, prefix), rtol=1e-10, atol=1e-10)
-    if kind != "lightnet":
+    if kind not in ("lightnet", "normalized"):
         torch.testing.assert_close(a.sum(-1), torch.ones(2, 2, 16, dtype=F64))
-    assert (a >= 0).all() or kind == "lightnet"
+    assert (a >= 0).all() or kind in ("lightnet", "normalized")
+
+
+def test_normalized_matrix_is_the_scores_over_eta():
+    """Normalized attention: A_ij = (q_i . k_j) / eta_i with eta_i = N exp(w_h^T x_i + b_h), from the layer's own
+    projections (trained-like w, so eta differs between tokens)."""
+    torch.manual_seed(0)
+    layer = build_attention("normalized", 16, 2).double()
+    with torch.no_grad():
+        layer.normalizer.weight.normal_(0, 0.5)
+    x = torch.randn(2, 1 + 12, 16, dtype=F64)
+    q, k, _ = layer.split(x)
+    eta = 13 * torch.exp(layer.normalizer(x)).transpose(1, 2)  # [B, H, N]
+    want = (q @ k.transpose(-1, -2)) / eta[..., None]
+    torch.testing.assert_close(effective_attention(layer, x, (3, 4), 1), want.detach(), rtol=1e-12, atol=1e-12)
+    assert eta.std() > 0.1 * eta.mean()
 
 
 def test_two_scan_matrix_is_the_decay_masked_scores():
@@ -53,5 +69,5 @@ def test_memory_guard_refuses_large_grids():
     layer = build_attention("softmax", 16, 2)
     with pytest.raises(ValueError, match=r"effective attention of 4097 tokens needs .* GiB .*use fewer tokens"):
         effective_attention(layer, torch.randn(32, 4097, 16), (64, 64), 1)
-    with pytest.raises(ValueError, match="takes SoftmaxAttention, LightNetAttention or LionAttention"):
+    with pytest.raises(ValueError, match="takes SoftmaxAttention, LightNetAttention, LionAttention, Normalized"):
         effective_attention(torch.nn.Linear(16, 16), torch.randn(1, 4, 16))

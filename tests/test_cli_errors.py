@@ -81,7 +81,7 @@ def test_import_lightvision_registers_the_models_when_timm_comes_later():
              "assert importlib.util.find_spec('timm') and 'timm' not in sys.modules; "  # a probe as libraries make
              "import timm; print(len(timm.list_models('*_deit_*')))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "21"
+    assert out.stdout.strip() == "24"
 
 
 def test_worker_errors_keep_only_their_message():

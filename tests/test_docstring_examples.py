@@ -6,7 +6,8 @@ import importlib
 import pytest
 import torch
 
-MODULES = [f"ops.{m}" for m in ("adaln", "lightnet", "lion", "md_lrpe", "md_tpe", "norm", "softmax", "two_scan")] + [
+MODULES = [f"ops.{m}" for m in ("adaln", "lightnet", "lion", "md_lrpe", "md_tpe", "norm", "normalized", "softmax",
+                                      "two_scan")] + [
     f"layers.{m}" for m in ("attention", "mlp", "norm", "patch_embed", "position", "tpe")
 ]
 

@@ -1,6 +1,13 @@
 """nn.Module layers on the attention cores; every attention layer is called as ``attn(x, grid, num_prefix_tokens)``."""
 
-from .attention import ATTENTION_KINDS, LightNetAttention, LionAttention, SoftmaxAttention, build_attention
+from .attention import (
+    ATTENTION_KINDS,
+    LightNetAttention,
+    LionAttention,
+    NormalizedAttention,
+    SoftmaxAttention,
+    build_attention,
+)
 from .mlp import GLU
 from .norm import ModulatedLayerNorm, RMSNorm
 from .patch_embed import PatchEmbed
@@ -14,6 +21,7 @@ __all__ = [
     "LionAttention",
     "MDTPE",
     "ModulatedLayerNorm",
+    "NormalizedAttention",
     "PatchEmbed",
     "RMSNorm",
     "SoftmaxAttention",

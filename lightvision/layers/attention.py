@@ -18,15 +18,19 @@ from ..ops import (
     lion_feature_map,
     lion_snake_attention,
     merge_heads,
+    normalized_attention,
     softmax_attention,
     split_heads,
 )
 from ..ops._checks import BACKENDS, check_choice, check_options, compute_dtype
 from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns, log_gates
 from ..ops.md_lrpe import lrpe_variant
+from ..ops.normalized import FORMS as NORMALIZED_FORMS
 from .norm import RMSNorm
 
-ATTENTION_KINDS = ("softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")
+ATTENTION_KINDS = (
+    "softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake", "normalized",
+)
 
 
 def _check_tokens(x: torch.Tensor, grid: Sequence[int] | None, num_prefix_tokens: int, dim: int, name: str):
@@ -236,6 +240,49 @@ class LionAttention(_QKV):
         return self.proj(self.merge(o))
 
 
+class NormalizedAttention(_QKV):
+    """Normalized attention layer (Sieber et al. Eq. 21, :mod:`lightvision.ops.normalized`): q, k, v = x W (one
+    fused Linear), O_i = sum_j (q_i . k_j) v_j / eta_i, out = O W_o.
+
+    eta_i = N exp(w_h^T x_i + b_h) per head h: w_h is the paper's W_eta (a Linear(dim, num_heads), x the layer's
+    input token); the bias b_h (not in the paper) lets each head learn its overall scale and starts at
+    log sqrt(head_dim), the usual attention scale; the fixed factor N (the token count) makes the sum over tokens a
+    mean, so the output scale does not change with the resolution. w starts at zero: every token starts with the
+    same normaliser and learns to differ. log eta is computed in fp32 (fp64 stays fp64), also under autocast.
+    Prefix tokens are ordinary tokens (their own eta; the grid is validated, not used: no position information).
+
+    Args:
+        dim, num_heads: width C and heads H (head dim C / H).
+        form: "linear" (q (K^T V), default) or "parallel" (the materialised [N, N] matrix).
+        qkv_bias: bias on the q / k / v projection.
+
+    Example:
+        >>> NormalizedAttention(64, 4)(torch.randn(2, 1 + 4 * 4, 64), (4, 4), 1).shape
+        torch.Size([2, 17, 64])
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, form: str = "linear", qkv_bias: bool = True):
+        super().__init__(dim, num_heads, qkv_bias)
+        check_choice(form, NORMALIZED_FORMS, "normalized attention form")
+        self.form = form
+        self.normalizer = nn.Linear(dim, num_heads)
+        nn.init.zeros_(self.normalizer.weight)
+        nn.init.constant_(self.normalizer.bias, 0.5 * math.log(self.head_dim))
+        self.proj = nn.Linear(dim, dim)
+
+    def log_eta(self, x: torch.Tensor) -> torch.Tensor:
+        """log eta_i = w_h^T x_i + b_h + log N: x [B, N, C] -> [B, H, N] in fp32 (fp64 for fp64 inputs)."""
+        dt = compute_dtype(x, self.normalizer.weight)
+        with torch.autocast(x.device.type, enabled=False):
+            z = F.linear(x.to(dt), self.normalizer.weight.to(dt), self.normalizer.bias.to(dt))
+        return (z + math.log(x.shape[1])).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+        _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
+        q, k, v = self.split(x)
+        return self.proj(self.merge(normalized_attention(q, k, v, self.log_eta(x), form=self.form)))
+
+
 _KINDS = {
     "softmax": (SoftmaxAttention, {}),
     "lightnet": (LightNetAttention, {}),
@@ -244,6 +291,7 @@ _KINDS = {
     "lion_s": (LionAttention, {"mask": "s"}),
     "lion_d_snake": (LionAttention, {"mask": "d", "snake": True}),
     "lion_s_snake": (LionAttention, {"mask": "s", "snake": True}),
+    "normalized": (NormalizedAttention, {}),
 }
 
 

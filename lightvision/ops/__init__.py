@@ -13,6 +13,7 @@ from .lion import lion_attention, lion_attention_qkvpacked, lion_feature_map, li
 from .md_lrpe import lrpe_angles, lrpe_group_sizes, md_lrpe
 from .md_tpe import md_tpe, toeplitz_kernel
 from .norm import rms_norm, silu_mul
+from .normalized import normalized_attention
 from .softmax import softmax_attention
 from .two_scan import two_scan_attention
 
@@ -32,6 +33,7 @@ __all__ = [
     "md_tpe",
     "merge_heads",
     "modulated_layer_norm",
+    "normalized_attention",
     "preload_kernels",
     "register_kernel",
     "rms_norm",

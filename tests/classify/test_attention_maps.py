@@ -32,7 +32,7 @@ def test_mean_attention_distance_by_loops():
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.parametrize("attention", ["softmax", "lightnet", "lion_s"])
+@pytest.mark.parametrize("attention", ["softmax", "lightnet", "lion_s", "normalized"])
 def test_maps_are_each_blocks_effective_attention(attention):
     """One matrix per block; the first equals the effective attention of the first block's attention input."""
     torch.manual_seed(0)

@@ -215,14 +215,14 @@ def test_cifar10_benchmark_runs_every_kind(tmp_path):
     write_image_folder(data, corrupt=False)
     (data / "val").rename(data / "test")  # the CIFAR-10 recipe validates on test/
     out = tmp_path / "out"
-    code = benchmark.main(["softmax", "lightnet", "no_such_kind", "--data", str(data), "--out", str(out),
+    code = benchmark.main(["softmax", "lightnet", "normalized", "no_such_kind", "--data", str(data), "--out", str(out),
                            "--work", str(tmp_path / "work"), "--epochs", "1", "--warmup-epochs", "0",
                            "--batch-size", "4", "--workers", "0", "--img-size", "32", "48",
                            "--set", TINY_ARGS, "train.mixed_precision=no"])
     assert code == 0
     report = json.loads((out / "classify_cifar10.json").read_text())
     assert report["env"]["command"].startswith("python -m lightvision.classify.benchmark")
-    for kind in ("softmax", "lightnet"):
+    for kind in ("softmax", "lightnet", "normalized"):
         result = report["results"][kind]
         assert result["model"] == f"{kind}_deit_tiny_patch16_224"
         assert [e["img_size"] for e in result["eval"]] == [32, 48]

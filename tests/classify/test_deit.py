@@ -16,6 +16,7 @@ PAPER_PARAMS_M = {
     "softmax": (5.7, 22.0, 86.0),
     "lightnet": (6.0, 22.64, 87.74),
     **{kind: (5.7, 22.0, 86.0) for kind in ("lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake")},
+    "normalized": (5.7, 22.0, 86.0),  # DeiT's block with a Linear(dim, heads) more per layer
 }
 TINY = dict(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=7)
 
@@ -27,7 +28,7 @@ def tiny(attention: str, **kwargs) -> DeiT:
 
 def test_registered_names():
     assert sorted(timm.list_models("*_deit_*")) == sorted(MODEL_NAMES)
-    assert len(MODEL_NAMES) == len(FAMILIES) * len(SIZES) == 21
+    assert len(MODEL_NAMES) == len(FAMILIES) * len(SIZES) == 24
 
 
 def test_param_counts_match_spec(capsys):
@@ -139,8 +140,9 @@ def test_not_divisible_error():
         tiny("softmax", img_size=18)
 
 
-def test_softmax_pos_embed_resampled():
-    model = tiny("softmax").eval()
+@pytest.mark.parametrize("attention", ["softmax", "normalized"])
+def test_learned_pos_embed_resampled(attention):
+    model = tiny(attention).eval()
     x = torch.randn(1, 3, 32, 32)
     on_the_fly = model(x)
     model.set_input_size(32)
@@ -148,10 +150,10 @@ def test_softmax_pos_embed_resampled():
     assert model.pretrained_cfg["input_size"] == (3, 32, 32)
     torch.testing.assert_close(model(x), on_the_fly)
     assert tiny("lightnet").pos_embed is None and tiny("lion_d").pos_embed is None
-    assert tiny("lion_lit").pos_embed is not None
+    assert tiny("lion_lit").pos_embed is not None and tiny("normalized").pos_embed is not None
 
 
-@pytest.mark.parametrize("attention", ["softmax", "lightnet"])
+@pytest.mark.parametrize("attention", ["softmax", "lightnet", "normalized"])
 def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path, attention):
     source = tiny(attention).eval()
     file = tmp_path / "weights.safetensors"
@@ -167,11 +169,11 @@ def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path, attention):
                            **{**TINY, "num_classes": 3, "img_size": 32})
     assert ft.head.out_features == 3
     torch.testing.assert_close(ft.patch_embed.proj.weight, source.patch_embed.proj.weight)
-    if attention == "softmax":
+    if attention != "lightnet":
         assert ft.pos_embed.shape == (1, 1 + 64, 32)
 
 
-@pytest.mark.parametrize("attention", ["lightnet", "lion_s_snake"])
+@pytest.mark.parametrize("attention", ["lightnet", "lion_s_snake", "normalized"])
 def test_traces_as_one_graph(attention):
     # torch.compile sees the whole model as one graph on the reference path (the MD-LRPE angles once broke it
     # at every layer: a repeat_interleave with tensor repeats has a data-dependent shape)

@@ -55,7 +55,7 @@ def _cifar_like(root, per_class=3):
 
 
 def test_benchmark_runs_kinds_and_variants(tmp_path):
-    """Two names (a kind and a variant of a variants file) train, report bits/dim and the streak share of their
+    """Three names (two kinds and a variant of a variants file) train, report bits/dim and the streak share of their
     samples next to the real images', and FID / precision / recall in a yardstick's features; the variant's overrides
     reach the model; an unknown name is reported."""
     from lightvision.classify.yardstick import YardstickNet, save_yardstick
@@ -75,6 +75,7 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
     code = benchmark.main(
         [
             "softmax",
+            "normalized",
             "lightnet_pair_tpe",
             "nope",
             "--data",
@@ -118,7 +119,8 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
         variant["model_config"]["tpe_placement"] == "embed" and variant["model_config"]["tpe_kwargs"]["form"] == "pair"
     )
     assert variant["model_config"]["attention_kwargs"] == {"lrpe": "mixed"}
-    for name in ("softmax", "lightnet_pair_tpe"):
+    assert report["results"]["normalized"]["model"] == "normalized_dit_s_2"
+    for name in ("softmax", "normalized", "lightnet_pair_tpe"):
         r = report["results"][name]
         assert r["streak_share"]["images"] == 5 and 0 < r["streak_share"]["mean"] < 1
         assert math.isfinite(r["test_bits_per_dim"]) and (out / r["grid"]).is_file()

@@ -5,7 +5,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from diffusers import AutoencoderKL
 from PIL import Image
 
 from lightvision.diffusion.autoencoder import load_codec
@@ -13,17 +12,6 @@ from lightvision.diffusion.latents import LatentDataset, draw_latents, extract_l
 from lightvision.diffusion.sample import sample_main
 from lightvision.diffusion.train import load_recipe, train
 from lightvision.engine.checkpoint import CheckpointManager
-
-
-@pytest.fixture(scope="module")
-def vae_dir(tmp_path_factory):
-    torch.manual_seed(0)
-    vae = AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, layers_per_block=1,
-                        norm_num_groups=4, sample_size=16, scaling_factor=0.5)
-    path = tmp_path_factory.mktemp("vae") / "tiny-vae"
-    vae.save_pretrained(path)
-    return path
 
 
 @pytest.fixture(scope="module")

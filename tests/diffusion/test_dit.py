@@ -13,6 +13,7 @@ from lightvision.layers import ATTENTION_KINDS, GLU
 PAPER_PARAMS = {
     "softmax": {"s": 33e6, "b": 130e6, "l": 458e6, "xl": 675e6},
     "lightnet": {"s": 33e6, "b": 131e6, "l": 470e6, "xl": 676e6},
+    "normalized": {"s": 33e6, "b": 130e6, "l": 458e6, "xl": 675e6},  # DiT's blocks with a Linear(D, heads) more
 }
 
 
@@ -87,14 +88,15 @@ def test_clear_errors():
         tiny("mamba")
 
 
-def test_save_pretrained_round_trip(tmp_path):
+@pytest.mark.parametrize("kind", ["lightnet", "normalized"])
+def test_save_pretrained_round_trip(tmp_path, kind):
     torch.manual_seed(0)
-    model = tiny("lightnet").eval()
+    model = tiny(kind).eval()
     for p in model.parameters():
         p.data.normal_(0, 0.05)
     model.save_pretrained(tmp_path / "dit")
     loaded = DiT.from_pretrained(tmp_path / "dit").eval()
-    assert loaded.config.attention == "lightnet" and loaded.null_class == 5
+    assert loaded.config.attention == kind and loaded.null_class == 5
     x, t, y = torch.randn(2, 3, 8, 8), torch.tensor([1, 2]), torch.tensor([0, 5])
     torch.testing.assert_close(loaded(x, t, y), model(x, t, y), rtol=0, atol=0)
 

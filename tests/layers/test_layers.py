@@ -14,11 +14,12 @@ from lightvision.layers import (
     MDTPE,
     LightNetAttention,
     LionAttention,
+    NormalizedAttention,
     PatchEmbed,
     RMSNorm,
     build_attention,
 )
-from lightvision.ops import lightnet_attention, lion_attention
+from lightvision.ops import lightnet_attention, lion_attention, normalized_attention
 
 
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
@@ -86,6 +87,45 @@ def test_lightnet_layer_composition(gate_rank, norm):
     assert sum(p.numel() for p in attn.parameters()) == 4 * 12 * 12 + n_gate + (12 if norm else 0)
 
 
+def test_normalized_layer_composition():
+    """The layer against its parts: eta = N exp(w^T x + b) from the layer input, the core, the projection; the
+    normaliser's Linear gets gradients; permuting the tokens permutes the output (no position information)."""
+    torch.manual_seed(0)
+    attn = NormalizedAttention(12, 3).double()
+    assert (attn.normalizer.weight == 0).all()
+    torch.testing.assert_close(attn.normalizer.bias, torch.full((3,), math.log(2), dtype=torch.float64))  # log sqrt 4
+    with torch.no_grad():
+        attn.normalizer.weight.normal_(0, 0.3)
+    x = torch.randn(2, 21, 12, dtype=torch.float64)
+    q, k, v = attn.qkv(x).view(2, 21, 3, 3, 4).permute(2, 0, 3, 1, 4)
+    eta = 21 * torch.exp(attn.normalizer(x)).transpose(1, 2)[..., None]  # [B, H, N, 1]
+    ref = attn.proj(((q @ k.transpose(-1, -2) @ v) / eta).transpose(1, 2).reshape(2, 21, 12))
+    out = attn(x, (4, 5), 1)
+    assert rel(out, ref) < 1e-12
+    (out ** 2).sum().backward()
+    assert (attn.normalizer.weight.grad.abs().sum(-1) > 0).all() and (attn.normalizer.bias.grad.abs() > 0).all()
+    perm = torch.randperm(21)
+    assert rel(attn(x[:, perm], (4, 5), 1), out[:, perm]) < 1e-12
+
+
+def test_normalized_layer_forms_and_autocast():
+    """Both forms give one layer output; under bf16 autocast log eta stays fp32 and the output is bf16 and close to
+    the fp32 one."""
+    torch.manual_seed(0)
+    attn = NormalizedAttention(16, 2)
+    parallel = NormalizedAttention(16, 2, form="parallel")
+    parallel.load_state_dict(attn.state_dict())
+    x = torch.randn(2, 1 + 35, 16)
+    out = attn(x, (5, 7), 1)
+    assert rel(parallel(x, (5, 7), 1), out) < 1e-5
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attn.log_eta(x).dtype == torch.float32
+        y = attn(x, (5, 7), 1)
+    assert y.dtype == torch.bfloat16 and rel(y, out) < 1e-2
+    q, k, v = attn.split(x)
+    torch.testing.assert_close(attn.proj(attn.merge(normalized_attention(q, k, v, attn.log_eta(x)))), out)
+
+
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
 def test_bf16(kind):
     torch.manual_seed(1)
@@ -112,6 +152,10 @@ def test_factory_errors():
     with pytest.raises(ValueError, match="unknown backend"):
         build_attention("lightnet", 8, 2, backend="cuda")
     assert build_attention("lion_s", 8, 2, form="chunk", backend="torch").form == "chunk"
+    with pytest.raises(ValueError, match="unknown normalized attention form 'scan'"):
+        build_attention("normalized", 8, 2, form="scan")
+    with pytest.raises(ValueError, match="attention kind 'normalized' has no option 'backend'; valid: form, qkv_bias"):
+        build_attention("normalized", 8, 2, backend="torch")
 
 
 def test_mdtpe_residual():

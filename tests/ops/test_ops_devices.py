@@ -12,6 +12,7 @@ from lightvision.ops import (
     lion_snake_attention,
     md_lrpe,
     md_tpe,
+    normalized_attention,
     softmax_attention,
     two_scan_attention,
 )
@@ -29,6 +30,7 @@ def _cases():
     ld = F.logsigmoid(torch.randn(h, dtype=torch.float64) + 3)
     ls = F.logsigmoid(torch.randn(b, h, N, dtype=torch.float64) + 3)
     x = torch.randn(b, N, d, dtype=torch.float64)
+    le = torch.randn(b, h, N, dtype=torch.float64) + torch.log(torch.tensor(float(N), dtype=torch.float64))
     co, ll = torch.randn(2, d, 3, dtype=torch.float64), F.logsigmoid(torch.randn(2, 3, dtype=torch.float64))
     fp32 = lambda t: t.float()  # noqa: E731  (decays / parameters stay fp32)
     return {
@@ -79,6 +81,12 @@ def _cases():
         ),
         "two_scan": ((qf, kf, v), {"ld": ld}, lambda a, b_, c, ld: two_scan_attention(a, b_, c, ld, backend="torch")),
         "softmax": ((q, k, v), {}, softmax_attention),
+        "normalized": ((q, k, v), {"le": le}, lambda a, b_, c, le: normalized_attention(a, b_, c, le)),
+        "normalized_parallel": (
+            (q, k, v),
+            {"le": le},
+            lambda a, b_, c, le: normalized_attention(a, b_, c, le, form="parallel"),
+        ),
         "md_lrpe": ((q,), {}, lambda a: md_lrpe(a, GRID, P)),
         "md_tpe": ((x,), {"co": co, "ll": ll}, lambda a, co, ll: md_tpe(a, GRID, co, ll, num_prefix_tokens=P)),
     }, fp32

@@ -81,7 +81,7 @@ def test_demo_passes(capsys):
 
     assert run_demo("cpu") == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and out.count("PASS") >= 8
+    assert "FAIL" not in out and out.count("PASS") >= 9 and "Normalized: q (K^T V)" in out
 
 
 def test_auto_fallback_on_cuda_warns_once_per_reason(empty_registry, monkeypatch):
