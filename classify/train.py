@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from lightvision.classify.data import build_mixup, build_repeat_sampler, train_dataset, val_dataset
-from lightvision.classify.deit import create_from_config
+from lightvision.classify.deit import create_from_config, position_args
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.data import loader_workers
@@ -121,7 +121,7 @@ def model_config(cfg: dict, num_classes: int) -> dict:
     """What rebuilds the architecture (stored with every checkpoint, checked on resume and eval)."""
     m = cfg["model"]
     return {"name": m["name"], "num_classes": num_classes, "in_chans": cfg["data"]["in_chans"],
-            "img_size": m["img_size"], "args": dict(m["args"] or {})}
+            "img_size": m["img_size"], "args": position_args(m["name"], m["args"] or {})}
 
 
 def _loss_fn(mixup: Any, smoothing: float):

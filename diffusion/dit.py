@@ -141,7 +141,9 @@ class DiT(ModelMixin, ConfigMixin):
         defaults = LIGHTNET_POSITION_DEFAULTS if attention == "lightnet" else POSITION_DEFAULTS
         pos_embed = pos_embed or defaults["pos_embed"]
         tpe_placement = tpe_placement or defaults["tpe_placement"]
-        tpe_kwargs = dict(defaults["tpe_kwargs"] if tpe_kwargs is None else tpe_kwargs)
+        if tpe_kwargs is None:  # the family's MD-TPE options, unless there is no MD-TPE to take them
+            tpe_kwargs = defaults["tpe_kwargs"] if tpe_placement != "none" else {}
+        tpe_kwargs = dict(tpe_kwargs)
         check_choice(pos_embed, POS_EMBEDS, "pos_embed")
         self.register_to_config(adaln=adaln, ffn=ffn, pos_embed=pos_embed, tpe_placement=tpe_placement,
                                 tpe_kwargs=tpe_kwargs)

@@ -132,11 +132,22 @@ def render_classify_cifar10(files: list[str], **_) -> str:
 
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:
-    """Params, steps, training speed, test bits/dim and classifier-feature FID per DiT run."""
-    rows = [[r["model"] + (", DiT block layout" if r.get("variant") else ""), f"{r['params'] / 1e6:.1f}M", r["steps"],
-             r["train_steps_per_s"], f"{r['test_bits_per_dim']:.2f}", f"{r['fid_classifier']:.2f}"]
-            for r in load(files[0])["records"]]
-    return table(["model", "params", "steps", "train steps/s", "test bits/dim", "FID (classifier features)"], rows)
+    """Per DiT run of ``scripts/run_variants.py`` reports: params, steps, test bits/dim, FID / precision / recall in
+    the report's feature network, streak share (the real test images' first) and the shared-GPU steps/s."""
+    first = load(files[0])
+    real = first["real_streak_share"]
+    rows = [["real test images", "", "", "", "", "", "", f"{real['mean']:.3f}", ""]]
+    for name in files:
+        for kind, r in load(name)["results"].items():
+            if "error" in r:
+                rows.append([kind, "error", "", "", "", "", "", "", ""])
+                continue
+            rows.append([f"{kind} ({r['model']})", f"{r['params'] / 1e6:.1f}M", r["steps"],
+                         f"{r['test_bits_per_dim']:.3f}", f"{r['fid']:.1f}", f"{r['precision']:.3f}",
+                         f"{r['recall']:.3f}",
+                         f"{r['streak_share']['mean']:.3f}", r["train_steps_per_s"]])
+    return table(["run", "params", "steps", "test bits/dim", "FID", "precision", "recall", "streak share",
+                  "steps/s (shared GPU)"], rows)
 
 
 def render_multi_gpu(files: list[str], **_) -> str:

@@ -50,7 +50,8 @@ def build_tpe(placement: str, dim: int, depth: int, tpe_kwargs: dict | None) -> 
         placement: "none" | "embed" (once after the patch embedding) | "block" (at the start of every block).
         dim: model width C.
         depth: number of blocks.
-        tpe_kwargs: options of every ``MDTPE`` (form, combine, expand, decay, norm); unknown ones are refused.
+        tpe_kwargs: options of every ``MDTPE`` (form, combine, expand, decay, norm); unknown ones are refused, and
+            so are options with placement "none" (they would have no layer to reach).
 
     Returns:
         (the layer after the patch embedding or None, a list of ``depth`` per-block layers or Nones).
@@ -63,5 +64,8 @@ def build_tpe(placement: str, dim: int, depth: int, tpe_kwargs: dict | None) -> 
     check_choice(placement, TPE_PLACEMENTS, "MD-TPE placement")
     kwargs = dict(tpe_kwargs or {})
     check_options(kwargs, list(inspect.signature(MDTPE.__init__).parameters)[2:], "MD-TPE")
+    if kwargs and placement == "none":
+        raise ValueError(f"MD-TPE options {sorted(kwargs)} given without MD-TPE (placement 'none'): set "
+                         "tpe_placement to 'embed' or 'block', or drop the options")
     embed = MDTPE(dim, **kwargs) if placement == "embed" else None
     return embed, [MDTPE(dim, **kwargs) if placement == "block" else None for _ in range(depth)]

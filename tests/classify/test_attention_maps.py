@@ -42,12 +42,7 @@ def test_maps_are_each_blocks_effective_attention(attention):
     maps = attention_maps(model, x)
     assert len(maps) == 2 and all(a.shape == (1, 2, 1 + 4 * 6, 1 + 4 * 6) for a in maps)
     with torch.no_grad():
-        tokens, grid = model.patch_embed(x)
-        tokens = torch.cat([model.cls_token.expand(1, -1, -1), tokens], 1)
-        if model.pos_embed is not None:
-            tokens = tokens + model._pos_embed_for(tuple(grid))
-        if model.tpe is not None:
-            tokens = model.tpe(tokens, grid, 1)
+        tokens, grid = model.embed(x)
         first = effective_attention(model.blocks[0].attn, model.blocks[0].norm1(tokens), grid, 1)
     torch.testing.assert_close(maps[0], first)
 

@@ -183,11 +183,12 @@ def test_traces_as_one_graph(attention):
 
 
 DEIT_ABLATIONS = {  # switch -> (create_model kwargs, what it must change in the built model)
-    "no_tpe": (dict(tpe_placement="none"), lambda m: m.tpe is None),
+    "tpe_embed": (dict(tpe_placement="embed", pos_embed="none"), lambda m: m.tpe is not None and m.pos_embed is None),
     "tpe_block": (dict(tpe_placement="block", tpe_kwargs={"combine": "product"}),
                   lambda m: m.tpe is None and all(b.tpe.combine == "product" for b in m.blocks)),
-    "tpe_one_sided": (dict(tpe_kwargs={"form": "one_sided", "decay": (0.3, 0.6)}), lambda m: m.tpe.form == "one_sided"),
-    "sincos": (dict(pos_embed="sincos"), lambda m: m.pos_embed is None and m.pos_embed_kind == "sincos"),
+    "tpe_one_sided": (dict(tpe_placement="embed", tpe_kwargs={"form": "one_sided", "decay": (0.3, 0.6)}),
+                      lambda m: m.tpe.form == "one_sided"),
+    "no_pos_embed": (dict(pos_embed="none"), lambda m: m.pos_embed is None and m.pos_embed_kind == "none"),
     "learned": (dict(pos_embed="learned"), lambda m: m.pos_embed is not None),
     "lrpe_mixed": (dict(attn_kwargs={"lrpe": "mixed"}), lambda m: m.blocks[0].attn.lrpe == "mixed"),
     "no_lrpe": (dict(attn_kwargs={"lrpe": "none"}), lambda m: m.blocks[1].attn.lrpe is None),
@@ -222,7 +223,9 @@ def test_ablation_values_refused_with_the_allowed_ones():
     with pytest.raises(ValueError, match="unknown pos_embed 'rope'; valid: 'learned', 'sincos', 'none'"):
         tiny("lightnet", pos_embed="rope")
     with pytest.raises(ValueError, match="unknown MD-TPE form 'two-sided'; valid: 'two_sided', 'one_sided', 'pair'"):
-        tiny("lightnet", tpe_kwargs={"form": "two-sided"})
+        tiny("lightnet", tpe_placement="embed", tpe_kwargs={"form": "two-sided"})
+    with pytest.raises(ValueError, match=r"MD-TPE options \['form'\] given without MD-TPE"):
+        tiny("lightnet", tpe_kwargs={"form": "pair"})
     with pytest.raises(ValueError, match="attention kind 'lightnet' has no option 'lrp'"):
         tiny("lightnet", attn_kwargs={"lrp": "global"})
 
@@ -234,20 +237,20 @@ def test_every_shipped_variant_builds_the_model_it_describes():
     import yaml
 
     from lightvision.classify.deit import create_from_config
-    from lightvision.classify.train import load_recipe
+    from lightvision.classify.train import load_recipe, model_config
     from lightvision.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "classify_cifar10.yaml"
+    built = {}
     for name in yaml.safe_load(path.read_text()):
         kind, overrides = resolve_variant(name, path, FAMILIES)
         cfg = load_recipe(root / "classify" / "cifar10.yaml", [f"model.name={kind}_deit_tiny_patch16_224",
-                                                                      *overrides])
-        model = create_from_config({"name": cfg["model"]["name"], "num_classes": 10, "in_chans": 3, "img_size": 32,
-                                    "args": dict(cfg["model"]["args"], depth=1)})
+                                                                      "model.args.depth=1", *overrides])
+        built[name] = model = create_from_config(model_config(cfg, 10))
         assert model.attention == kind and model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
-    sincos = resolve_variant("lightnet_sincos", path, FAMILIES)[1]
-    assert sincos == ["model.args.pos_embed=sincos", "model.args.tpe_placement=none"]
+    assert built["lightnet_tpe"].tpe is not None and built["lightnet_tpe"].pos_embed_kind == "none"
+    assert built["lightnet_sincos_tpe_pair"].tpe.form == "pair" and built["lightnet_mixed"].tpe is None
 
 
 @pytest.mark.parametrize("attention", ["softmax", "lightnet", "lion_s_snake"])
