@@ -32,9 +32,9 @@ Per-attention architecture (``FAMILIES``):
   sin-cos alone scored 60.7 / 46.1 / 28.1% top-1 against 59.1 / 42.1 / 29.0% with that MD-TPE, so MD-TPE is an
   option (``tpe_placement="embed"``, ``pos_embed="none"``: the family default of checkpoints that do not record
   their position settings, ``LEGACY_POSITION``). The paper does not name the block norm; we use RMSNorm (the
-  TNL / HGRN2 line LightNet builds on). The GLU hidden width is 8/3 of the model width (same parameters as a ratio-4 MLP), which
-  gives 5.80M / 22.15M / 87.21M against the paper's 6.0M / 22.64M / 87.74M (within 4%); heads are the
-  paper's 6 / 16 / 16.
+  TNL / HGRN2 line LightNet builds on). The GLU hidden width is 8/3 of the model width (same parameters as a
+  ratio-4 MLP), which gives 5.80M / 22.15M / 87.21M against the paper's 6.0M / 22.64M / 87.74M (within 4%);
+  heads are the paper's 6 / 16 / 16.
 * ``lion_lit``: the LION-LIT ViT (linear attention, elu + 1, no mask) keeps DeiT's absolute position
   embedding: nothing else gives it position (LION paper, Table 12 row 5 and Sec. D.7).
 * ``lion_d``, ``lion_s``, ``lion_d_snake``, ``lion_s_snake``: no absolute position embedding. Their decay
