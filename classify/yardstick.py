@@ -48,9 +48,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 DEFAULTS: dict[str, Any] = {
     "model": {"widths": [64, 128, 256, 512]},
     "data": {"root": None, "train_split": "train", "test_split": "test"},
-    "augment": {"pad": 4, "cutout": 0},
+    "augment": {"pad": 4, "cutout": 8},
     "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
-    "train": {"epochs": 40, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
+    "train": {"epochs": 60, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
               "eval_every_epochs": 5, "log_every": 50, "compile": False},
     "run": {"dir": "runs/yardstick"},
 }
