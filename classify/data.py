@@ -174,8 +174,8 @@ def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | Non
                    ) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None:
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device.
 
-    None for ``data.pipeline: cpu`` (the batch already is that); for ``gpu``: decode the (EncodedImages, labels)
-    batch on the labels' device (unreadable images counted by ``dataset``), then the DeiT train transform
+    None for ``data.pipeline: cpu`` (the batch already is that); for ``gpu``: decode the encoded batch
+    (:func:`~lightvision.classify.encoded.collate_encoded`) on the labels' device (unreadable images counted by ``dataset``), then the DeiT train transform
     (``train``) or the eval transform at ``img_size`` (default ``model.img_size``)."""
     d = cfg["data"]
     if d["pipeline"] != "gpu":
@@ -189,7 +189,7 @@ def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | Non
         transform = DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std)
 
     def prepare(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = decode_batch(*batch, skips=dataset)
+        images, labels = decode_batch(batch["images"], batch["labels"], skips=dataset)
         return transform(images), labels
 
     return prepare

@@ -3,7 +3,8 @@
 Workers return each image's bytes (checked cheaply: a known image signature, and a JPEG must end with its
 end-of-image marker, so truncated files are skipped there like :class:`~lightvision.engine.data.SafeImageFolder`
 skips them); ``collate_encoded`` packs a batch into one flat uint8 tensor (one shared-memory transfer per batch)
-as :class:`EncodedImages`, which accelerate leaves on the CPU (no ``.to``) while it moves the labels.
+as :class:`EncodedImages`, which accelerate leaves on the CPU (no ``.to``) while it moves the labels; a batch is
+the mapping ``{"labels": labels, "images": EncodedImages}`` (labels first: accelerate reads the batch size there).
 :func:`decode_batch` then decodes the JPEGs of the batch in one ``torchvision.io.decode_jpeg`` call on the labels'
 device (nvjpeg on CUDA, libjpeg on CPU); other formats (PNG, ...) and JPEGs the batched call rejects are decoded one
 by one on the CPU; an image nothing decodes is skipped, counted, and its slot takes the next good image of the
@@ -60,11 +61,12 @@ class EncodedImages:
         return list(self.data.split(self.lengths))
 
 
-def collate_encoded(items: Sequence[tuple[tuple[torch.Tensor, str], int]]) -> tuple[EncodedImages, torch.Tensor]:
-    """DataLoader ``collate_fn`` of ``((bytes uint8 [len], name), label)`` items -> (EncodedImages, labels [B])."""
+def collate_encoded(items: Sequence[tuple[tuple[torch.Tensor, str], int]]) -> dict[str, Any]:
+    """DataLoader ``collate_fn`` of ``((bytes uint8 [len], name), label)`` items
+    -> ``{"labels": int64 [B], "images": EncodedImages}``."""
     encoded = [item[0] for item in items]
-    batch = EncodedImages(torch.cat([e[0] for e in encoded]), [len(e[0]) for e in encoded], [e[1] for e in encoded])
-    return batch, torch.tensor([int(item[1]) for item in items], dtype=torch.long)
+    images = EncodedImages(torch.cat([e[0] for e in encoded]), [len(e[0]) for e in encoded], [e[1] for e in encoded])
+    return {"labels": torch.tensor([int(item[1]) for item in items], dtype=torch.long), "images": images}
 
 
 def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -8,8 +8,8 @@ names, image count), which the reader needs for the classes and the epoch length
 a shuffled order (seeded), the others in folder order.
 
 Reading (:class:`ShardDataset`): every loader worker reads its own shards; training shuffles the shard order and a
-buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r (at random) and yields
-it r times, so an epoch has about as many samples as the split has images, as the folder's ``RepeatAugSampler``
+buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
+stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's ``RepeatAugSampler``
 gives. Items are what the folder datasets give: (transformed image, label) for ``data.pipeline: cpu``, ((bytes,
 key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
 """
@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset
 
 from lightvision.classify.encoded import check_image_bytes
 
-__all__ = ["ShardDataset", "make_shards", "read_index"]
+__all__ = ["ShardDataset", "encoded_item", "make_shards", "pil_item", "read_index"]
 
 META_KEYS = ("cls", "path")
 SHUFFLE_BUFFER = 2000
@@ -105,8 +105,9 @@ class ShardDataset(IterableDataset):
             self._skipped.value += n
 
     def _repeat(self, samples: Iterator[dict]) -> Iterator[dict]:
-        for sample in samples:
-            if random.random() * self.repeats < 1:
+        offset = random.randrange(self.repeats)  # which one of every r samples (in shuffled shard order) is kept
+        for i, sample in enumerate(samples):
+            if (i + offset) % self.repeats == 0:
                 yield from [sample] * self.repeats
 
     def _items(self, samples: Iterator[dict]) -> Iterator[Any]:
