@@ -175,8 +175,9 @@ def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | Non
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device.
 
     None for ``data.pipeline: cpu`` (the batch already is that); for ``gpu``: decode the encoded batch
-    (:func:`~lightvision.classify.encoded.collate_encoded`) on the labels' device (unreadable images counted by ``dataset``), then the DeiT train transform
-    (``train``) or the eval transform at ``img_size`` (default ``model.img_size``)."""
+    (:func:`~lightvision.classify.encoded.collate_encoded`) on the labels' device (unreadable images counted by
+    ``dataset``), then the DeiT train transform (``train``) or the eval transform at ``img_size`` (default
+    ``model.img_size``)."""
     d = cfg["data"]
     if d["pipeline"] != "gpu":
         return None

@@ -9,9 +9,9 @@ a shuffled order (seeded), the others in folder order.
 
 Reading (:class:`ShardDataset`): every loader worker reads its own shards; training shuffles the shard order and a
 buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
-stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's ``RepeatAugSampler``
-gives. Items are what the folder datasets give: (transformed image, label) for ``data.pipeline: cpu``, ((bytes,
-key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
+stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
+``RepeatAugSampler`` gives. Items are what the folder datasets give: (transformed image, label) for
+``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
 """
 
 from __future__ import annotations
