@@ -47,6 +47,7 @@ __all__ = [
     "train_dataset",
     "val_dataset",
     "DIGITS_STD",
+    "DeviceBatches",
     "DigitsDataset",
     "FORMATS",
     "PIPELINES",
@@ -170,30 +171,41 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipe
     return image_folder(root.parent, root.name, tf, loader)
 
 
-def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None
-                   ) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]] | None:
-    """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device.
+class DeviceBatches:
+    """(images float [B, C, S, S], labels [B]) on the labels' device from an encoded loader batch
+    (:func:`~lightvision.classify.encoded.collate_encoded`): :meth:`decode`, then ``transform``.
 
-    None for ``data.pipeline: cpu`` (the batch already is that); for ``gpu``: decode the encoded batch
-    (:func:`~lightvision.classify.encoded.collate_encoded`) on the labels' device (unreadable images counted by
-    ``dataset``), then the DeiT train transform (``train``) or the eval transform at ``img_size`` (default
-    ``model.img_size``)."""
+    Args:
+        transform: a :mod:`~lightvision.classify.device_transforms` transform (decoded images -> batch).
+        skips: the dataset that counts undecodable images (``add_skipped``).
+    """
+
+    def __init__(self, transform: Any, skips: Any):
+        self.transform, self.skips = transform, skips
+
+    def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """uint8 [3, H_i, W_i] per image and labels [B], on the labels' device."""
+        return decode_batch(batch["images"], batch["labels"], skips=self.skips)
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = self.decode(batch)
+        return self.transform(images), labels
+
+
+def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None) -> DeviceBatches | None:
+    """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
+    ``data.pipeline: cpu`` (the batch already is that); for ``gpu`` a :class:`DeviceBatches` with the DeiT train
+    transform (``train``) or the eval transform at ``img_size`` (default ``model.img_size``); ``dataset`` counts
+    the images that do not decode."""
     d = cfg["data"]
     if d["pipeline"] != "gpu":
         return None
     size = img_size or cfg["model"]["img_size"]
     mean, std = norm_stats(cfg)
     if train:
-        transform: Any = DeviceTrainTransform(cfg["aug"], size, mean, std)
-    else:
-        crop_pct = d["crop_pct"] or _pretrained_cfg(cfg).crop_pct
-        transform = DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std)
-
-    def prepare(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = decode_batch(batch["images"], batch["labels"], skips=dataset)
-        return transform(images), labels
-
-    return prepare
+        return DeviceBatches(DeviceTrainTransform(cfg["aug"], size, mean, std), dataset)
+    crop_pct = d["crop_pct"] or _pretrained_cfg(cfg).crop_pct
+    return DeviceBatches(DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std), dataset)
 
 
 class _MappedLoader:

@@ -46,7 +46,7 @@ from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.weights import record_init
 
-__all__ = ["DEFAULTS", "build_accelerator", "load_recipe", "make_loss_fn", "model_config", "train"]
+__all__ = ["DEFAULTS", "build_accelerator", "load_recipe", "make_criterion", "make_loss_fn", "model_config", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -150,15 +150,17 @@ def model_config(cfg: dict, num_classes: int) -> dict:
             "img_size": m["img_size"], "args": dict(m["args"] or {})}
 
 
+def make_criterion(mixup: Any, smoothing: float) -> nn.Module:
+    """Soft-target CE after Mixup/CutMix (their targets carry the smoothing), else label-smoothing CE, else CE."""
+    if mixup is not None:
+        return SoftTargetCrossEntropy()
+    return LabelSmoothingCrossEntropy(smoothing) if smoothing > 0 else nn.CrossEntropyLoss()
+
+
 def make_loss_fn(mixup: Any, smoothing: float, prepare: Any = None):
     """``loss_fn(model, batch)`` for the Trainer: (``prepare``: decode + augment on the device,
-    :func:`~lightvision.classify.data.device_batches`), Mixup/CutMix, then soft-target CE."""
-    if mixup is not None:
-        criterion: nn.Module = SoftTargetCrossEntropy()
-    elif smoothing > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing)
-    else:
-        criterion = nn.CrossEntropyLoss()
+    :func:`~lightvision.classify.data.device_batches`), Mixup/CutMix, then :func:`make_criterion`'s loss."""
+    criterion = make_criterion(mixup, smoothing)
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch if prepare is None else prepare(batch)
