@@ -122,6 +122,8 @@ class DeviceEvalTransform:
     def __init__(self, img_size: int, crop_pct: float, interpolation: str, mean: Sequence[float],
                  std: Sequence[float]):
         check_choice(interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
+        if not 0 < crop_pct <= 1:
+            raise ValueError(f"data.crop_pct must be in (0, 1] for data.pipeline=gpu (no padding), got {crop_pct}")
         self.img_size, self.short = img_size, math.floor(img_size / crop_pct)
         self.interpolation = interpolation
         self.mean, self.std = torch.tensor(mean), torch.tensor(std)

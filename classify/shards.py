@@ -122,7 +122,7 @@ class ShardDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False,
-                                  nodesplitter=wds.split_by_node, empty_check=False)
+                                  empty_check=False)
         if self.train:
             if self.repeats > 1:
                 pipeline = pipeline.compose(self._repeat)

@@ -199,6 +199,9 @@ def train(cfg: dict, device: str = "auto", resume: bool = False) -> dict[str, An
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
     _check_schedule(s)
     accelerator = build_accelerator(cfg, device)
+    if cfg["data"]["format"] == "shards" and accelerator.num_processes > 1:
+        raise ValueError(f"data.format=shards reads on one process only ({accelerator.num_processes} were launched): "
+                         "train from the image folder (data.format=folder, data.pipeline=gpu works there)")
     run_dir = Path(cfg["run"]["dir"])
 
     train_set = train_dataset(cfg)
