@@ -17,7 +17,8 @@ Two sources, chosen by ``data.source`` in the recipe:
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
   bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images.
 
-Batches are (images [B, C, H, W] float, labels [B] int64).
+Batches are (images [B, C, H, W] float, labels [B] int64); with ``data.pipeline: gpu`` the loader's batches are
+encoded (``{"labels", "images"}``) and :func:`device_batches` makes them that on the device.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipe
     itself (class sub-folders directly inside).
     pipeline: "cpu" (transformed images) or "gpu" (encoded images, see :func:`device_batches`); None: the recipe's
     ``data.pipeline``."""
-    d = {"pipeline": "cpu", "format": "folder", **cfg["data"]}
+    d = {"pipeline": "cpu", "format": "folder", **cfg["data"]}  # a run's saved config may predate these keys
     check_data_options(d)
     gpu = (pipeline or d["pipeline"]) == "gpu"
     if d["source"] == "digits":

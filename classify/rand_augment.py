@@ -23,11 +23,14 @@ from timm.data.auto_augment import rand_augment_transform
 from lightvision.engine import batch_random
 from lightvision.ops._checks import check_choice
 
-__all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "apply_op", "level_to_arg"]
+__all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "OPS", "apply_op", "level_to_arg"]
 
 LEVEL_DENOM = 10.0
 GEOMETRIC_OPS = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 GRID_MODES = ("bilinear", "bicubic", "nearest")
+OPS = (*GEOMETRIC_OPS, "AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "PosterizeOriginal",
+       "Solarize", "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
+       "Brightness", "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing")
 
 
 def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate_pct: float = 0.45) -> torch.Tensor:
@@ -122,7 +125,7 @@ def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, 
 
     Args:
         x: uint8 [N, 3, H, W].
-        name: a timm op name (``timm.data.auto_augment.NAME_TO_OP`` keys, except the blur / desaturate ones).
+        name: one of ``OPS`` (timm's ``NAME_TO_OP`` keys but the blur / desaturate / absolute-translate ones).
         arg: float [N] on x's device, the op's argument (:func:`level_to_arg`).
         fill: float [3], the colour geometric ops fill with (0..255).
         mode: grid_sample interpolation of the geometric ops.
@@ -182,8 +185,10 @@ class BatchRandAugment:
         if ra.choice_weights is not None:
             raise ValueError(f"aug.auto_augment={config!r}: weighted op choice has no batched form; "
                              "use data.pipeline=cpu")
-        for op in ra.ops:
-            apply_op(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), op.name, torch.ones(1), torch.zeros(3))
+        unknown = sorted({op.name for op in ra.ops} - set(OPS))
+        if unknown:
+            raise ValueError(f"aug.auto_augment={config!r}: RandAugment op(s) {', '.join(unknown)} have no batched "
+                             "form; use data.pipeline=cpu")
         self.names = [op.name for op in ra.ops]
         self.prob = ra.ops[0].prob
         self.magnitude = float(ra.ops[0].magnitude)

@@ -118,8 +118,9 @@ def test_rand_augment_parses_recipe_and_draws_like_timm():
         x = torch.from_numpy(textured()).permute(2, 0, 1)[None].repeat(16, 1, 1, 1)
         out = ra(x)
     assert out.dtype == torch.uint8 and out.shape == x.shape and not torch.equal(out, x)
-    with pytest.raises(ValueError, match="RandAugment"):
-        BatchRandAugment("augmix-m5-w4-d2", 224, MEAN)
+    for config, refusal in (("augmix-m5-w4-d2", "RandAugment"), ("rand-m9-t3a", "GaussianBlur have no batched")):
+        with pytest.raises(ValueError, match=refusal):
+            BatchRandAugment(config, 224, MEAN)
 
 
 def test_train_transform_is_reproducible_and_erases_at_reprob():
