@@ -6,9 +6,10 @@ skips them); ``collate_encoded`` packs a batch into one flat uint8 tensor (one s
 as :class:`EncodedImages`, which accelerate leaves on the CPU (no ``.to``) while it moves the labels; a batch is
 the mapping ``{"labels": labels, "images": EncodedImages}`` (labels first: accelerate reads the batch size there).
 :func:`decode_batch` then decodes the JPEGs of the batch in one ``torchvision.io.decode_jpeg`` call on the labels'
-device (nvjpeg on CUDA, libjpeg on CPU); other formats (PNG, ...) and JPEGs the batched call rejects are decoded one
-by one on the CPU; an image nothing decodes is skipped, counted, and its slot takes the next good image of the
-batch (with its label), so the batch keeps its size.
+device (nvjpeg on CUDA, libjpeg on CPU). When that call fails, each JPEG is decoded alone on the device, and
+what still fails (CMYK JPEGs nvjpeg declines), like other formats (PNG, ...), by ``torchvision.io.decode_image``
+on the CPU; an image nothing decodes is skipped, counted, and its slot takes the next good image of the batch
+(with its label), so the batch keeps its size.
 """
 
 from __future__ import annotations

@@ -217,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         index = make_shards(image_folder(args.data, "train", None), args.work / "shards", "train", args.shard_size)
         print(f"wrote {len(index['shards'])} shards of {index['count']} images in "
               f"{time.perf_counter() - start:.1f} s", flush=True)
-    env = {**results_env(" ".join(["python", *map(shlex.quote, sys.argv)])), "torchvision": torchvision.__version__,
+    command = shlex.join(["python", "scripts/bench_input.py", *(sys.argv[1:] if argv is None else argv)])
+    env = {**results_env(command), "torchvision": torchvision.__version__,
            "cpu": platform.processor() or platform.machine(), "cpu_cores": os.cpu_count(),
            "available_cores": available_cpus(), "device": str(device)}
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}

@@ -70,7 +70,7 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     ]) == 0
     report = json.loads(out.read_text())
     env = report["env"]
-    assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "bench_input" in env["command"]
+    assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "--img-size 16" in env["command"]
     results = report["results"]
     assert list(results) == ["synthetic", "folder_cpu", "folder_gpu", "shards_gpu"]
     for name, r in results.items():
