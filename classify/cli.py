@@ -7,6 +7,7 @@
     lightvision classify eval --checkpoint runs/classify --data /imagenet/val --img-size 224 288 384 512
     lightvision classify train-yardstick --data data/cifar10 --out runs/yardstick
     lightvision classify attention-maps --checkpoint runs/cifar10 --image cat.png --img-size 32 64 --out maps
+    lightvision classify make-shards --data /imagenet --out /imagenet-shards --split train --shard-size 1000
 """
 
 from __future__ import annotations
@@ -86,6 +87,16 @@ def _attention_maps(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_shards(args: argparse.Namespace) -> int:
+    from lightvision.classify.data import image_folder
+    from lightvision.classify.shards import make_shards
+
+    index = make_shards(image_folder(args.data, args.split, None), args.out, args.split, args.shard_size, args.seed)
+    print(json.dumps({k: index[k] for k in ("split", "count")} | {"classes": len(index["classes"]),
+                                                                   "shards": len(index["shards"]), "out": args.out}))
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``classify`` command group (``train``, ``eval``) to the top-level parser."""
     group = subparsers.add_parser("classify", help="DeiT-family image classifiers: train, evaluate at many resolutions")
@@ -149,3 +160,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     am.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run kept one")
     am.add_argument("--out", required=True, help="folder for the figures and attention_maps.json")
     am.set_defaults(func=_attention_maps)
+
+    ms = sub.add_parser("make-shards", help="write an ImageFolder split as webdataset tar shards (data.format=shards)",
+                        description="Pack DATA/SPLIT/<class>/<image files> into OUT/SPLIT-000000.tar ... (the file "
+                        "bytes and the class index per sample) plus OUT/SPLIT.json; the train split is shuffled.")
+    ms.add_argument("--data", required=True, help="ImageFolder root holding the split folder")
+    ms.add_argument("--out", required=True, help="shard folder (data.root of a data.format=shards recipe)")
+    ms.add_argument("--split", default="train", help="split folder to pack (default: train)")
+    ms.add_argument("--shard-size", type=int, default=1000, help="images per shard (default: 1000)")
+    ms.add_argument("--seed", type=int, default=0, help="seed of the train split's shuffled order")
+    ms.set_defaults(func=_make_shards)

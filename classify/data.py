@@ -8,15 +8,23 @@ Two sources, chosen by ``data.source`` in the recipe:
   ``size / crop_pct`` and center-crops ``size``.
   Images that cannot be decoded are skipped with a warning naming the file (the shared reader,
   :class:`lightvision.engine.data.SafeImageFolder`).
+  ``data.format: shards`` reads the same splits from webdataset tar shards (:mod:`lightvision.classify.shards`,
+  written by ``lightvision classify make-shards``) instead of the folders.
+  ``data.pipeline: cpu`` decodes (PIL) and augments each image in the DataLoader workers. ``data.pipeline: gpu``:
+  the workers only read the files' bytes (:mod:`lightvision.classify.encoded`); the batch is decoded on the
+  training device and augmented there with the same steps (:mod:`lightvision.classify.device_transforms`):
+  :func:`device_batches` turns a loader batch into (images, labels) on the device.
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
   bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images.
 
-Batches are (images [B, C, H, W] float, labels [B] int64).
+Batches are (images [B, C, H, W] float, labels [B] int64); with ``data.pipeline: gpu`` the loader's batches are
+encoded (``{"labels", "images"}``) and :func:`device_batches` makes them that on the device.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +33,31 @@ import torch
 import torch.nn.functional as F
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lightvision.classify.deit import MODEL_NAMES
+from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
+from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
+from lightvision.classify.shards import ShardDataset, encoded_item, pil_item
 from lightvision.engine.data import SafeImageFolder
+from lightvision.ops._checks import check_choice
 
 __all__ = [
     "DIGITS_MEAN",
     "train_dataset",
     "val_dataset",
     "DIGITS_STD",
+    "DeviceBatches",
     "DigitsDataset",
+    "FORMATS",
+    "PIPELINES",
     "SafeImageFolder",
     "build_mixup",
+    "check_data_options",
+    "device_batches",
+    "make_train_loader",
+    "make_val_loader",
     "build_repeat_sampler",
     "eval_transform",
     "image_folder",
@@ -48,10 +67,21 @@ __all__ = [
 
 DIGITS_MEAN = (0.3,)
 DIGITS_STD = (0.4,)
+PIPELINES = ("cpu", "gpu")
+FORMATS = ("folder", "shards")
 
 
-def image_folder(root: str | Path, split: str, transform: Any) -> SafeImageFolder:
-    """``root/split`` as a ``SafeImageFolder``, with errors that say what the layout must be."""
+def check_data_options(d: dict[str, Any]) -> None:
+    """``data.pipeline`` and ``data.format`` are known values (and usable with ``data.source``)."""
+    check_choice(d["pipeline"], PIPELINES, "data.pipeline")
+    check_choice(d["format"], FORMATS, "data.format")
+    if d["source"] == "digits" and (d["pipeline"], d["format"]) != ("cpu", "folder"):
+        raise ValueError("data.source=digits is an in-memory set: it takes data.pipeline=cpu and data.format=folder")
+
+
+def image_folder(root: str | Path, split: str, transform: Any, loader: Any = None) -> SafeImageFolder:
+    """``root/split`` as a ``SafeImageFolder`` (``loader``: how a file is read, default PIL RGB), with errors that
+    say what the layout must be."""
     folder = Path(root) / split
     layout = f"expected {Path(root)}/{split}/<class name>/<image files>"
     if not Path(root).is_dir():
@@ -62,7 +92,7 @@ def image_folder(root: str | Path, split: str, transform: Any) -> SafeImageFolde
     if not classes:
         raise FileNotFoundError(f"{folder} has no class sub-folders: {layout}")
     try:
-        return SafeImageFolder(folder, transform=transform)
+        return SafeImageFolder(folder, transform=transform, loader=loader)
     except FileNotFoundError as err:  # torchvision: a class folder without any image file
         raise FileNotFoundError(f"{err}. Every class folder needs images with one of {IMG_EXTENSIONS}") from None
 
@@ -91,6 +121,7 @@ def norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
 def train_dataset(cfg: dict) -> Dataset:
     """Training set of a train recipe (``classify.train.DEFAULTS`` keys) at ``model.img_size``, augmented."""
     d = cfg["data"]
+    check_data_options(d)
     if d["source"] == "digits":
         return DigitsDataset("train", cfg["model"]["img_size"], d["in_chans"])
     if d["source"] != "imagefolder":
@@ -100,34 +131,122 @@ def train_dataset(cfg: dict) -> Dataset:
             "data.root is not set: pass data.root=PATH (a folder with train/ and val/ ImageFolder splits), "
             "or run `lightvision classify train` without --config for the built-in digits default"
         )
-    mean, std = norm_stats(cfg)
-    return image_folder(d["root"], d["train_split"], train_transform(cfg["aug"], cfg["model"]["img_size"], mean, std))
+    gpu = d["pipeline"] == "gpu"
+    tf = None if gpu else train_transform(cfg["aug"], cfg["model"]["img_size"], *norm_stats(cfg))
+    if d["format"] == "shards":
+        item = encoded_item if gpu else pil_item(tf)
+        return ShardDataset(d["root"], d["train_split"], item, train=True, repeats=cfg["aug"]["repeated_aug"])
+    return image_folder(d["root"], d["train_split"], tf, loader=read_image_bytes if gpu else None)
 
 
-def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None) -> Dataset:
+def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipeline: str | None = None) -> Dataset:
     """Validation set of a train recipe at ``img_size``.
 
     folder: evaluate another folder than ``data.root``: a root holding the val split, or the split folder
-    itself (class sub-folders directly inside)."""
-    d = cfg["data"]
+    itself (class sub-folders directly inside).
+    pipeline: "cpu" (transformed images) or "gpu" (encoded images, see :func:`device_batches`); None: the recipe's
+    ``data.pipeline``."""
+    d = {"pipeline": "cpu", "format": "folder", **cfg["data"]}  # a run's saved config may predate these keys
+    check_data_options(d)
+    gpu = (pipeline or d["pipeline"]) == "gpu"
     if d["source"] == "digits":
         if folder is not None:
             raise ValueError(f"this run was trained on the bundled digits (data.source=digits) and is evaluated on "
                              f"their held-out split, not on {folder}: leave out --data")
         return DigitsDataset("val", img_size, d["in_chans"])
     mean, std = norm_stats(cfg)
-    tf = eval_transform(
+    tf = None if gpu else eval_transform(
         img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std
     )
+    loader = read_image_bytes if gpu else None
     if folder is None:
         if d["root"] is None:
             raise ValueError("no validation data: pass --data PATH (a folder of class sub-folders, or one holding "
                              f"{d['val_split']}/)")
-        return image_folder(d["root"], d["val_split"], tf)
+        if d["format"] == "shards":
+            return ShardDataset(d["root"], d["val_split"], encoded_item if gpu else pil_item(tf), train=False)
+        return image_folder(d["root"], d["val_split"], tf, loader)
     root = Path(folder)
     if (root / d["val_split"]).is_dir():
-        return image_folder(root, d["val_split"], tf)
-    return image_folder(root.parent, root.name, tf)
+        return image_folder(root, d["val_split"], tf, loader)
+    return image_folder(root.parent, root.name, tf, loader)
+
+
+class DeviceBatches:
+    """(images float [B, C, S, S], labels [B]) on the labels' device from an encoded loader batch
+    (:func:`~lightvision.classify.encoded.collate_encoded`): :meth:`decode`, then ``transform``.
+
+    Args:
+        transform: a :mod:`~lightvision.classify.device_transforms` transform (decoded images -> batch).
+        skips: the dataset that counts undecodable images (``add_skipped``).
+    """
+
+    def __init__(self, transform: Any, skips: Any):
+        self.transform, self.skips = transform, skips
+
+    def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """uint8 [3, H_i, W_i] per image and labels [B], on the labels' device."""
+        return decode_batch(batch["images"], batch["labels"], skips=self.skips)
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = self.decode(batch)
+        return self.transform(images), labels
+
+
+def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None) -> DeviceBatches | None:
+    """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
+    ``data.pipeline: cpu`` (the batch already is that); for ``gpu`` a :class:`DeviceBatches` with the DeiT train
+    transform (``train``) or the eval transform at ``img_size`` (default ``model.img_size``); ``dataset`` counts
+    the images that do not decode."""
+    d = cfg["data"]
+    if d["pipeline"] != "gpu":
+        return None
+    size = img_size or cfg["model"]["img_size"]
+    mean, std = norm_stats(cfg)
+    if train:
+        return DeviceBatches(DeviceTrainTransform(cfg["aug"], size, mean, std), dataset)
+    crop_pct = d["crop_pct"] or _pretrained_cfg(cfg).crop_pct
+    return DeviceBatches(DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std), dataset)
+
+
+class _MappedLoader:
+    """A loader whose batches go through ``fn`` (keeps ``len``)."""
+
+    def __init__(self, loader: Any, fn: Callable[[Any], Any]):
+        self.loader, self.fn = loader, fn
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (self.fn(batch) for batch in self.loader)
+
+
+def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: bool) -> DataLoader:
+    """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
+    augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
+    for ``data.pipeline: gpu``."""
+    repeats = cfg["aug"]["repeated_aug"]
+    iterable = isinstance(dataset, ShardDataset)
+    sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
+    gpu = cfg["data"]["pipeline"] == "gpu"
+    return DataLoader(
+        dataset, batch_size=cfg["train"]["batch_size"], shuffle=sampler is None and not iterable, sampler=sampler,
+        drop_last=True, num_workers=workers, pin_memory=pin_memory and not gpu, persistent_workers=workers > 0,
+        collate_fn=collate_encoded if gpu else None,
+    )
+
+
+def make_val_loader(cfg: dict, dataset: Dataset, batch_size: int, workers: int, pin_memory: bool,
+                    prepare: Callable[[Any], Any] | None = None, accelerator: Any = None) -> Any:
+    """The validation loader (prepared by ``accelerator`` when given); with ``prepare`` (:func:`device_batches`)
+    its batches are decoded and transformed on the device."""
+    gpu = prepare is not None
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
+                        pin_memory=pin_memory and not gpu, collate_fn=collate_encoded if gpu else None)
+    if accelerator is not None:
+        loader = accelerator.prepare(loader)
+    return _MappedLoader(loader, prepare) if gpu else loader
 
 
 def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:

@@ -269,7 +269,7 @@ def _evaluate_and_report(model: nn.Module, cfg: dict, meta: dict[str, Any], img_
     num_classes = model.num_classes
 
     def make_dataset(size: int) -> Dataset:
-        dataset = val_dataset(cfg, size, data)
+        dataset = val_dataset(cfg, size, data, pipeline="cpu")
         if len(dataset.classes) != num_classes:
             raise ValueError(
                 f"{getattr(dataset, 'root', 'the validation set')} has {len(dataset.classes)} classes but the model "

@@ -28,9 +28,16 @@ import torch
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import IterableDataset
 
-from lightvision.classify.data import build_mixup, build_repeat_sampler, train_dataset, val_dataset
+from lightvision.classify.data import (
+    build_mixup,
+    device_batches,
+    make_train_loader,
+    make_val_loader,
+    train_dataset,
+    val_dataset,
+)
 from lightvision.classify.deit import create_from_config, position_args
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
@@ -38,7 +45,7 @@ from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.weights import record_init
 
-__all__ = ["DEFAULTS", "load_recipe", "model_config", "train"]
+__all__ = ["DEFAULTS", "load_recipe", "make_criterion", "make_loss_fn", "model_config", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,8 @@ DEFAULTS: dict[str, Any] = {
         "std": None,
         "crop_pct": None,  # eval resize = size / crop_pct; None: the model's pretrained_cfg (0.875)
         "num_workers": 8,
+        "pipeline": "cpu",  # "cpu": decode + augment in loader workers; "gpu": workers read bytes, the device decodes
+        "format": "folder",  # "folder": root/<split>/<class>/*; "shards": root/<split>-*.tar (classify make-shards)
     },
     "aug": {
         "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
@@ -124,17 +133,20 @@ def model_config(cfg: dict, num_classes: int) -> dict:
             "img_size": m["img_size"], "args": position_args(m["name"], m["args"] or {})}
 
 
-def _loss_fn(mixup: Any, smoothing: float):
-    """``loss_fn(model, (images, labels))`` for the Trainer: Mixup/CutMix then soft-target CE."""
+def make_criterion(mixup: Any, smoothing: float) -> nn.Module:
+    """Soft-target CE after Mixup/CutMix (their targets carry the smoothing), else label-smoothing CE, else CE."""
     if mixup is not None:
-        criterion: nn.Module = SoftTargetCrossEntropy()
-    elif smoothing > 0:
-        criterion = LabelSmoothingCrossEntropy(smoothing)
-    else:
-        criterion = nn.CrossEntropyLoss()
+        return SoftTargetCrossEntropy()
+    return LabelSmoothingCrossEntropy(smoothing) if smoothing > 0 else nn.CrossEntropyLoss()
 
-    def loss_fn(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        images, labels = batch
+
+def make_loss_fn(mixup: Any, smoothing: float, prepare: Any = None):
+    """``loss_fn(model, batch)`` for the Trainer: (``prepare``: decode + augment on the device,
+    :func:`~lightvision.classify.data.device_batches`), Mixup/CutMix, then :func:`make_criterion`'s loss."""
+    criterion = make_criterion(mixup, smoothing)
+
+    def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
+        images, labels = batch if prepare is None else prepare(batch)
         if mixup is not None:
             images, labels = mixup(images, labels)
         return criterion(model(images), labels)
@@ -174,6 +186,9 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
     _check_schedule(s)
     accelerator = make_accelerator(t["mixed_precision"] or "no", t["grad_accum_steps"], t["seed"],  # YAML: no -> False
                                    cpu=resolve_device(device) == "cpu")
+    if cfg["data"]["format"] == "shards" and accelerator.num_processes > 1:
+        raise ValueError(f"data.format=shards reads on one process only ({accelerator.num_processes} were launched): "
+                         "train from the image folder (data.format=folder, data.pipeline=gpu works there)")
     run_dir = Path(cfg["run"]["dir"])
 
     train_set = train_dataset(cfg)
@@ -199,20 +214,14 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
     mixup = build_mixup(a, num_classes)
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
-    repeats = a["repeated_aug"]
-    sampler = build_repeat_sampler(train_set, repeats) if repeats > 1 else None
     workers = loader_workers(cfg["data"]["num_workers"])
     cuda = accelerator.device.type == "cuda"
-    train_loader = DataLoader(
-        train_set, batch_size=t["batch_size"], shuffle=sampler is None, sampler=sampler, drop_last=True,
-        num_workers=workers, pin_memory=cuda, persistent_workers=workers > 0,
-    )
-    val_loader = accelerator.prepare(DataLoader(
-        val_set, batch_size=t["eval_batch_size"], shuffle=False, num_workers=workers, pin_memory=cuda,
-    ))
+    train_loader = make_train_loader(cfg, train_set, workers, cuda)
+    val_loader = make_val_loader(cfg, val_set, t["eval_batch_size"], workers, cuda,
+                                 device_batches(cfg, val_set, train=False), accelerator)
 
     procs = accelerator.num_processes
-    samples = len(sampler) if sampler is not None else len(train_set)
+    samples = len(train_set) if isinstance(train_set, IterableDataset) else len(train_loader.sampler)
     steps_per_epoch = samples // (t["batch_size"] * procs) // t["grad_accum_steps"]
     if steps_per_epoch < 1:
         raise ValueError(
@@ -244,8 +253,9 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         return out
 
     eval_every = t["eval_every_epochs"] * steps_per_epoch
+    loss_fn = make_loss_fn(mixup, a["smoothing"], device_batches(cfg, train_set, train=True))
     trainer = Trainer(
-        run_dir, cfg, model, optimizer, scheduler, train_loader, _loss_fn(mixup, a["smoothing"]),
+        run_dir, cfg, model, optimizer, scheduler, train_loader, loss_fn,
         max_steps=max_steps, model_config=mcfg, grad_accum_steps=t["grad_accum_steps"], clip_grad=o["clip_grad"],
         ema_decay=t["ema_decay"], log_every=min(t["log_every"], max_steps),
         ckpt_every=t["ckpt_every_epochs"] * steps_per_epoch, keep_last=t["keep_last"], nan_policy=t["nan_policy"],

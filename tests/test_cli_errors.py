@@ -23,6 +23,11 @@ CASES = {  # name: (arguments, extra environment, pattern the error line must ma
                       r"no latest checkpoint in"),
     "sample count": (["diffusion", "sample", "{tmp}", "--out", "{tmp}/samples", "--num-samples", "0"], {},
                      r"--num-samples must be a positive integer, got 0"),
+    "unknown pipeline": (["classify", "train", "--device", "cpu", "--out", "{tmp}/p", "data.pipeline=tpu"], {},
+                         r"unknown data\.pipeline 'tpu'; valid: 'cpu', 'gpu'"),
+    "no shards": (["classify", "train", "--device", "cpu", "--out", "{tmp}/s", "data.source=imagefolder",
+                   "data.in_chans=3", "data.format=shards", "data.root={tmp}"], {},
+                  r"no shard index .*train\.json: make the shards with"),
     "debug flag": (["classify", "train", "optim.lrr=1", "--debug"], {}, None),
 }
 

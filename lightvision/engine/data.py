@@ -25,16 +25,21 @@ class SafeImageFolder(ImageFolder):
 
     The counter lives in shared memory, so ``skipped_images()`` sees the skips of every DataLoader worker.
     More than ``MAX_CONSECUTIVE_FAILURES`` failures in a row means the folder is not images: raises instead of
-    looping. Items are (transform(PIL RGB image), class index).
+    looping. Items are (transform(loader(path)), class index); the default loader opens a PIL RGB image.
     """
 
-    def __init__(self, root: str | Path, transform: Any = None) -> None:
-        super().__init__(str(root), transform=transform)
+    def __init__(self, root: str | Path, transform: Any = None, loader: Any = None) -> None:
+        super().__init__(str(root), transform=transform, **({"loader": loader} if loader is not None else {}))
         self._skipped = multiprocessing.Value("i", 0)
 
     def skipped_images(self) -> int:
-        """How many unreadable images were skipped so far (all workers)."""
+        """How many unreadable images were skipped so far (all workers, and the device decoder)."""
         return self._skipped.value
+
+    def add_skipped(self, n: int) -> None:
+        """Count ``n`` more skipped images (an image found unreadable after loading, e.g. when decoded on the GPU)."""
+        with self._skipped.get_lock():
+            self._skipped.value += n
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
         for attempt in range(MAX_CONSECUTIVE_FAILURES):
@@ -43,8 +48,7 @@ class SafeImageFolder(ImageFolder):
             try:
                 return super().__getitem__(slot)
             except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for truncated / bad files
-                with self._skipped.get_lock():
-                    self._skipped.value += 1
+                self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
         raise ValueError(
             f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row near {path}: check that {self.root} "

@@ -1,0 +1,227 @@
+"""RandAugment on a batch of uint8 images on any device, with timm's ops, levels and draws.
+
+timm parses the recipe string (``rand-m9-mstd0.5-inc1``: magnitude 9, magnitude noise std 0.5, the "increasing"
+op set; see ``timm.data.auto_augment.rand_augment_transform``); :class:`BatchRandAugment` keeps its op names,
+probability, magnitude and layer count and applies them to a whole batch: every image draws its own op per
+layer (uniform, with replacement), applies it with the op's probability, at magnitude N(m, std) clipped to
+[0, mmax], with a random sign where timm negates. The ops follow PIL's (what timm calls) on uint8 values:
+colour ops blend with PIL's degenerate images and truncate like ``Image.blend``; geometric ops sample the
+output through the same affine maps as PIL (rotation about the centre, shear about the top-left corner,
+translation by a fraction of the size) with the recipe's interpolation, and fill with the mean colour.
+Draws come from :func:`~lightvision.engine.batch_random` (on the CPU, so the device never waits for them).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+import torchvision.transforms.v2.functional as TF
+from timm.data.auto_augment import rand_augment_transform
+
+from lightvision.engine import batch_random
+from lightvision.ops._checks import check_choice
+
+__all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "OPS", "apply_op", "level_to_arg"]
+
+LEVEL_DENOM = 10.0
+GEOMETRIC_OPS = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+GRID_MODES = ("bilinear", "bicubic", "nearest")
+OPS = (*GEOMETRIC_OPS, "AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "PosterizeOriginal",
+       "Solarize", "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
+       "Brightness", "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing")
+
+
+def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate_pct: float = 0.45) -> torch.Tensor:
+    """timm's ``LEVEL_TO_ARG[name]`` for a batch of magnitudes.
+
+    Args:
+        level: float [N], magnitudes already clipped to [0, mmax].
+        negate: bool [N], where timm's ``_randomly_negate`` flips the sign (ignored by unsigned ops).
+    Returns:
+        float [N], the op argument (degrees, blend factor, shear, fraction, bits, threshold, offset; 0 when the op
+        takes none).
+    """
+    x = level / LEVEL_DENOM
+    sign = torch.where(negate, -1.0, 1.0)
+    if name == "Rotate":
+        return x * 30.0 * sign
+    if name in ("ShearX", "ShearY"):
+        return x * 0.3 * sign
+    if name in ("TranslateXRel", "TranslateYRel"):
+        return x * translate_pct * sign
+    if name.endswith("Increasing") and name[: -len("Increasing")] in ("Color", "Contrast", "Brightness", "Sharpness"):
+        return (1.0 + x * 0.9 * sign).clamp(min=0.1)
+    if name in ("Color", "Contrast", "Brightness", "Sharpness"):
+        return x * 1.8 + 0.1
+    if name == "Posterize":
+        return (x * 4).floor()
+    if name == "PosterizeIncreasing":
+        return 4 - (x * 4).floor()
+    if name == "PosterizeOriginal":
+        return (x * 4).floor() + 4
+    if name == "Solarize":
+        return (x * 256).floor().clamp(max=256)
+    if name == "SolarizeIncreasing":
+        return 256 - (x * 256).floor().clamp(max=256)
+    if name == "SolarizeAdd":
+        return (x * 110).floor().clamp(max=128)
+    return torch.zeros_like(level)
+
+
+def _luma(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ``convert("L")`` (ITU-R 601-2, fixed point): uint8 [N, 3, H, W] -> int32 [N, 1, H, W]."""
+    r, g, b = x.int().unbind(1)
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16)[:, None]
+
+
+def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL ``Image.blend(degenerate, x, factor)``: interpolate or extrapolate, clip, truncate to uint8."""
+    d = degenerate.float()
+    return (d + factor.view(-1, 1, 1, 1) * (x.float() - d)).clamp(0, 255).to(torch.uint8)
+
+
+def _smooth(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageFilter.SMOOTH`` (3x3, centre 5, others 1, / 13, rounded); the border keeps its pixels."""
+    kernel = torch.ones(3, 1, 3, 3, device=x.device)
+    kernel[:, :, 1, 1] = 5.0
+    inner = (F.conv2d(x.float(), kernel, groups=3) / 13.0).round().to(torch.uint8)
+    out = x.clone()
+    out[..., 1:-1, 1:-1] = inner
+    return out
+
+
+def _affine(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
+    """PIL's ``Image.transform(AFFINE)`` / ``rotate``: each output pixel centre (u, v) samples the input at
+    (a u + b v + c, d u + e v + f), with coordinates in pixels from the top-left corner."""
+    n, _, h, w = x.shape
+    one, zero = torch.ones_like(arg), torch.zeros_like(arg)
+    if name == "Rotate":  # counter-clockwise by arg degrees about the centre (PIL rotate)
+        rad = -arg * math.pi / 180.0
+        cos, sin = rad.cos(), rad.sin()
+        cx, cy = w / 2.0, h / 2.0
+        rows = (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
+    elif name == "ShearX":
+        rows = (one, arg, zero, zero, one, zero)
+    elif name == "ShearY":
+        rows = (one, zero, zero, arg, one, zero)
+    elif name == "TranslateXRel":
+        rows = (one, zero, arg * w, zero, one, zero)
+    else:  # TranslateYRel
+        rows = (one, zero, zero, zero, one, arg * h)
+    m = torch.stack(rows, 1).view(n, 2, 3)
+    v, u = torch.meshgrid(torch.arange(h, device=x.device) + 0.5, torch.arange(w, device=x.device) + 0.5,
+                          indexing="ij")
+    src = torch.einsum("nij,hwj->nhwi", m, torch.stack([u, v, torch.ones_like(u)], -1))  # [N, H, W, 2] pixels
+    grid = torch.stack([2 * src[..., 0] / w - 1, 2 * src[..., 1] / h - 1], -1)
+    fill = fill.view(1, -1, 1, 1)
+    out = F.grid_sample(x.float() - fill, grid, mode=mode, padding_mode="zeros", align_corners=False) + fill
+    return out.round().clamp(0, 255).to(torch.uint8)
+
+
+def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, mode: str = "bicubic") -> torch.Tensor:
+    """One timm RandAugment op on a batch, each image with its own argument.
+
+    Args:
+        x: uint8 [N, 3, H, W].
+        name: one of ``OPS`` (timm's ``NAME_TO_OP`` keys but the blur / desaturate / absolute-translate ones).
+        arg: float [N] on x's device, the op's argument (:func:`level_to_arg`).
+        fill: float [3], the colour geometric ops fill with (0..255).
+        mode: grid_sample interpolation of the geometric ops.
+    Returns:
+        uint8 [N, 3, H, W].
+    """
+    base = name[: -len("Increasing")] if name.endswith("Increasing") else name
+    if name in GEOMETRIC_OPS:
+        return _affine(x, name, arg, fill, mode)
+    if base == "AutoContrast":
+        return TF.autocontrast(x)
+    if base == "Equalize":
+        return TF.equalize(x)
+    if base == "Invert":
+        return 255 - x
+    if base in ("Posterize", "PosterizeOriginal"):
+        bits = arg.long().clamp(0, 8)
+        mask = ((0xFF << (8 - bits)) & 0xFF).to(torch.uint8)
+        return x & mask.view(-1, 1, 1, 1)
+    if base == "Solarize":
+        return torch.where(x.int() >= arg.view(-1, 1, 1, 1), 255 - x, x)
+    if base == "SolarizeAdd":
+        added = (x.int() + arg.view(-1, 1, 1, 1).int()).clamp(max=255).to(torch.uint8)
+        return torch.where(x < 128, added, x)
+    if base == "Color":
+        return _blend(_luma(x).expand_as(x), x, arg)
+    if base == "Contrast":
+        mean = (_luma(x).float().mean((1, 2, 3)) + 0.5).floor()
+        return _blend(mean.view(-1, 1, 1, 1).expand_as(x), x, arg)
+    if base == "Brightness":
+        return _blend(torch.zeros_like(x), x, arg)
+    if base == "Sharpness":
+        return _blend(_smooth(x), x, arg)
+    raise ValueError(f"RandAugment op {name!r} has no batched form: use data.pipeline=cpu for this aug.auto_augment")
+
+
+class BatchRandAugment:
+    """timm's RandAugment (parsed from its config string) applied to uint8 batches.
+
+    Args:
+        config: timm's RandAugment string, e.g. ``rand-m9-mstd0.5-inc1``.
+        img_size: training image size (timm's ``translate_const``).
+        mean: per-channel normalisation mean (0..1); its 0..255 colour fills the geometric ops.
+        interpolation: "bicubic", "bilinear" or "nearest" for the geometric ops.
+    """
+
+    def __init__(self, config: str, img_size: int, mean: tuple[float, ...], interpolation: str = "bicubic"):
+        if not config.startswith("rand"):
+            raise ValueError(f"aug.auto_augment={config!r}: data.pipeline=gpu runs RandAugment ('rand-...') only; "
+                             "use data.pipeline=cpu for other policies")
+        check_choice(interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
+        fill = tuple(min(255, round(255 * m)) for m in mean)
+        try:
+            ra = rand_augment_transform(config, {"translate_const": int(img_size * 0.45), "img_mean": fill})
+        except (AssertionError, ValueError, KeyError) as err:
+            raise ValueError(f"aug.auto_augment={config!r} is not a timm RandAugment string ({err})") from None
+        if ra.choice_weights is not None:
+            raise ValueError(f"aug.auto_augment={config!r}: weighted op choice has no batched form; "
+                             "use data.pipeline=cpu")
+        unknown = sorted({op.name for op in ra.ops} - set(OPS))
+        if unknown:
+            raise ValueError(f"aug.auto_augment={config!r}: RandAugment op(s) {', '.join(unknown)} have no batched "
+                             "form; use data.pipeline=cpu")
+        self.names = [op.name for op in ra.ops]
+        self.prob = ra.ops[0].prob
+        self.magnitude = float(ra.ops[0].magnitude)
+        self.magnitude_std = float(ra.ops[0].magnitude_std)
+        self.magnitude_max = float(ra.ops[0].magnitude_max or LEVEL_DENOM)
+        self.translate_pct = float(ra.ops[0].hparams.get("translate_pct", 0.45))
+        self.num_layers = ra.num_layers
+        self.fill = torch.tensor(fill, dtype=torch.float32)
+        self.interpolation = interpolation
+
+    def draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per layer and image: op index, applied, magnitude, negated; [num_layers, n] each (CPU)."""
+        br, shape = batch_random(), (n, self.num_layers)
+        op = br.randint(0, len(self.names), shape, device="cpu").T
+        applied = (br.rand(shape, device="cpu") < self.prob).T
+        if math.isinf(self.magnitude_std):
+            level = br.rand(shape, device="cpu").T * self.magnitude
+        else:
+            level = self.magnitude + self.magnitude_std * br.randn(shape, device="cpu").T
+        negate = (br.rand(shape, device="cpu") > 0.5).T
+        return op, applied, level.clamp(0, self.magnitude_max), negate
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Augment uint8 [N, 3, H, W] (any device); returns a new uint8 tensor of the same shape."""
+        op, applied, level, negate = self.draw(x.shape[0])
+        x = x.clone()
+        fill = self.fill.to(x.device)
+        for layer in range(self.num_layers):
+            for k, name in enumerate(self.names):
+                rows = torch.nonzero((op[layer] == k) & applied[layer]).flatten()
+                if rows.numel():
+                    arg = level_to_arg(name, level[layer, rows], negate[layer, rows], self.translate_pct)
+                    idx = rows.to(x.device, non_blocking=True)
+                    x[idx] = apply_op(x[idx], name, arg.to(x.device, non_blocking=True), fill, self.interpolation)
+        return x
+

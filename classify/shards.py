@@ -1,0 +1,144 @@
+"""ImageFolder splits as webdataset tar shards (``data.format: shards``), written and read back.
+
+    lightvision classify make-shards --data /imagenet --out /imagenet-shards --split train --shard-size 1000
+
+Layout: ``OUT/<split>-000000.tar`` ... (webdataset samples: key ``%08d``, the file's bytes under its extension,
+``cls`` the class index, ``path`` the file's path in the split) and ``OUT/<split>.json`` (class names, shard
+names, image count), which the reader needs for the classes and the epoch length. The train split is written in
+a shuffled order (seeded), the others in folder order.
+
+Reading (:class:`ShardDataset`): every loader worker reads its own shards; training shuffles the shard order and a
+buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
+stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
+``RepeatAugSampler`` gives. Items are what the folder datasets give: (transformed image, label) for
+``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import random
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import webdataset as wds
+from PIL import Image
+from torch.utils.data import IterableDataset
+
+from lightvision.classify.encoded import check_image_bytes
+
+__all__ = ["ShardDataset", "encoded_item", "make_shards", "pil_item", "read_index"]
+
+META_KEYS = ("cls", "path")
+SHUFFLE_BUFFER = 2000
+
+
+def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Write an ImageFolder split as tar shards.
+
+    Args:
+        folder: the split as a torchvision ImageFolder (``samples``, ``classes``, ``root``).
+        out: output folder (created); split: the split's name (file prefix); shard_size: images per shard.
+    Returns:
+        the index written to ``out/<split>.json``.
+    """
+    if shard_size < 1:
+        raise ValueError(f"--shard-size must be at least 1 image, got {shard_size}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    samples = list(folder.samples)
+    if split == "train":
+        random.Random(seed).shuffle(samples)
+    root = Path(folder.root)
+    with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
+        for i, (path, label) in enumerate(samples):
+            ext = Path(path).suffix.lower().lstrip(".") or "img"
+            sink.write({"__key__": f"{i:08d}", ext: Path(path).read_bytes(), "cls": str(label).encode(),
+                        "path": str(Path(path).relative_to(root)).encode()})
+        shards = sink.shard
+    index = {"split": split, "classes": list(folder.classes), "count": len(samples),
+             "shards": [f"{split}-{i:06d}.tar" for i in range(shards)]}
+    (out / f"{split}.json").write_text(json.dumps(index, indent=1))
+    return index
+
+
+def read_index(root: str | Path, split: str) -> dict[str, Any]:
+    """``root/<split>.json`` of :func:`make_shards`, with an error that says how to make it."""
+    path = Path(root) / f"{split}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no shard index {path}: make the shards with `lightvision classify make-shards "
+                                f"--data IMAGEFOLDER --out {root} --split {split}` (data.format=shards reads them)")
+    return json.loads(path.read_text())
+
+
+class ShardDataset(IterableDataset):
+    """The samples of one split's shards (see the module docstring).
+
+    Args:
+        root: the shard folder; split: which split.
+        item: ``item(image bytes, key) -> sample`` (raises OSError / ValueError for an unreadable image).
+        train: shuffle shards and samples, and repeat; repeats: ``aug.repeated_aug``.
+    """
+
+    def __init__(self, root: str | Path, split: str, item: Callable[[bytes, str], Any], train: bool,
+                 repeats: int = 1):
+        index = read_index(root, split)
+        self.classes, self.count = index["classes"], index["count"]
+        self.urls = [str(Path(root) / name) for name in index["shards"]]
+        self.item, self.train, self.repeats = item, train, max(1, repeats)
+        self._skipped = multiprocessing.Value("i", 0)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def skipped_images(self) -> int:
+        """How many unreadable images were skipped so far (all workers, and the device decoder)."""
+        return self._skipped.value
+
+    def add_skipped(self, n: int) -> None:
+        """Count ``n`` more skipped images."""
+        with self._skipped.get_lock():
+            self._skipped.value += n
+
+    def _repeat(self, samples: Iterator[dict]) -> Iterator[dict]:
+        offset = random.randrange(self.repeats)  # which one of every r samples (in shuffled shard order) is kept
+        for i, sample in enumerate(samples):
+            if (i + offset) % self.repeats == 0:
+                yield from [sample] * self.repeats
+
+    def _items(self, samples: Iterator[dict]) -> Iterator[Any]:
+        for sample in samples:
+            key = sample.get("path", sample["__key__"].encode()).decode()
+            ext = next(k for k in sample if not k.startswith("__") and k not in META_KEYS)
+            try:
+                yield self.item(sample[ext], key), int(sample["cls"])
+            except (OSError, ValueError, SyntaxError) as err:
+                self.add_skipped(1)
+                warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
+
+    def __iter__(self) -> Iterator[Any]:
+        pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False,
+                                  empty_check=False)
+        if self.train:
+            if self.repeats > 1:
+                pipeline = pipeline.compose(self._repeat)
+            pipeline = pipeline.shuffle(SHUFFLE_BUFFER)
+        return iter(pipeline.compose(self._items))
+
+
+def pil_item(transform: Any) -> Callable[[bytes, str], Any]:
+    """``item`` of the cpu pipeline: decode with PIL (RGB), then ``transform``."""
+
+    def item(data: bytes, key: str) -> Any:
+        return transform(Image.open(io.BytesIO(data)).convert("RGB"))
+
+    return item
+
+
+def encoded_item(data: bytes, key: str) -> tuple[Any, str]:
+    """``item`` of the gpu pipeline: the checked bytes and the key, decoded later on the device."""
+    return check_image_bytes(data, key), key

@@ -1,0 +1,238 @@
+"""Classifier input pipeline throughput: DeiT training images/s fed from each input path, and where the time goes.
+
+    python scripts/make_imagenet_like.py --cifar /work/shared/data/cifar10 --out /tmp/imagenet_like --count 20000
+    python scripts/bench_input.py --data /tmp/imagenet_like --out benchmarks/results/input_h100.json
+
+Settings, each a training loop of the DeiT recipe (``configs/classify/deit_imagenet.yaml``: DeiT-S at 224 px,
+RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, Mixup / CutMix, repeated augmentation x3, AdamW, bf16
+autocast; ``--set`` overrides any key) on one device:
+
+- ``synthetic``: random images already on the device (the model step alone: the ceiling);
+- ``folder_cpu``: the JPEG folder, ``data.pipeline=cpu`` (PIL decode + timm transforms in ``--workers`` loader
+  processes);
+- ``folder_gpu``: the JPEG folder, ``data.pipeline=gpu`` (workers read bytes; nvjpeg decode + augmentation on
+  the device);
+- ``shards_gpu``: the folder's train split as webdataset shards (written once into ``--work``), ``gpu``.
+
+Per setting: ``images_per_s`` over ``--steps`` steps after ``--warmup`` (the device synchronised only at the ends,
+so loading overlaps the steps as in training); ``loader_images_per_s``: the loader alone, nothing else running
+(what the workers can supply; the batches it had buffered left out); per-stage milliseconds per batch over
+``--stage-steps`` more steps, synchronised after each stage: ``read`` (waiting for the loader), ``decode``,
+``augment`` (device transforms and Mixup / CutMix; in the workers for ``folder_cpu``, so 0 there) and ``step``
+(forward, backward, optimizer). A setting is input-bound when ``images_per_s`` is well under ``synthetic``; the
+stage times say which stage to blame. Output: JSON (``env``: hardware, versions, command; ``results``) at
+``--out``, and the table printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+from timm.optim import create_optimizer_v2
+
+from lightvision.classify.data import (
+    build_mixup,
+    device_batches,
+    image_folder,
+    make_train_loader,
+    train_dataset,
+)
+from lightvision.classify.deit import create_from_config
+from lightvision.classify.shards import make_shards
+from lightvision.classify.train import load_recipe, make_criterion, model_config
+from lightvision.engine import BatchRandom, use_batch_random
+from lightvision.engine.batch_random import batch_seed
+from lightvision.engine.data import available_cpus, loader_workers
+from lightvision.results import results_env
+
+RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
+SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu")
+STAGES = ("read", "decode", "augment", "step")
+NUM_CLASSES = 1000  # ImageNet's head; the folder's labels are a subset
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """What accelerate does to a loader batch: tensors to the device, encoded images stay on the CPU."""
+    if isinstance(batch, dict):
+        return {**batch, "labels": batch["labels"].to(device, non_blocking=True)}
+    return tuple(t.to(device, non_blocking=True) for t in batch)
+
+
+class Loop:
+    """One setting's training loop, split in stages so that each can be timed.
+
+    Args:
+        cfg: the resolved recipe; batches: endless iterator of loader batches (None: synthetic); dataset: the
+        training set (None: synthetic); device: where the model runs.
+    """
+
+    def __init__(self, cfg: dict, batches: Any, dataset: Any, device: torch.device):
+        torch.manual_seed(0)
+        self.cfg, self.batches, self.device = cfg, batches, device
+        self.model = create_from_config(model_config(cfg, NUM_CLASSES), cfg["model"]["drop_path"]).to(device)
+        o = cfg["optim"]
+        self.optimizer = create_optimizer_v2(self.model, opt=o["opt"], lr=o["lr"], weight_decay=o["weight_decay"])
+        self.mixup = build_mixup(cfg["aug"], NUM_CLASSES)
+        self.prepare = device_batches(cfg, dataset, train=True) if dataset is not None else None
+        self.criterion = make_criterion(self.mixup, cfg["aug"]["smoothing"])
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg["train"]["mixed_precision"])
+        b, s = cfg["train"]["batch_size"], cfg["model"]["img_size"]
+        self.synthetic = (torch.randn(b, 3, s, s, device=device), torch.randint(0, NUM_CLASSES, (b,), device=device))
+        self.step_index = 0
+
+    def read(self, _: Any = None) -> Any:
+        """The next batch on the device (labels; images too unless encoded)."""
+        if self.batches is None:
+            return self.synthetic[0].clone(), self.synthetic[1]  # Mixup mixes in place
+        return _to_device(next(self.batches), self.device)
+
+    def decode(self, batch: Any) -> Any:
+        return self.prepare.decode(batch) if self.prepare is not None else batch
+
+    def augment(self, decoded: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = decoded
+        if self.prepare is not None:
+            images = self.prepare.transform(images)
+        return self.mixup(images, labels) if self.mixup is not None else (images, labels)
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        images, labels = batch
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
+            loss = self.criterion(self.model(images), labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def run(self, steps: int, timed_stages: bool = False) -> dict[str, float]:
+        """``steps`` training steps; returns the seconds of each stage (when ``timed_stages``: synchronised after
+        each, else 0) and in all."""
+        totals = dict.fromkeys(STAGES, 0.0)
+        _sync(self.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            with use_batch_random(BatchRandom(batch_seed(0, self.step_index, 0))):
+                value, mark = None, time.perf_counter()
+                for name in STAGES:
+                    value = getattr(self, name)(value)
+                    if timed_stages:
+                        _sync(self.device)
+                        now = time.perf_counter()
+                        totals[name] += now - mark
+                        mark = now
+            self.step_index += 1
+        _sync(self.device)
+        totals["total"] = time.perf_counter() - start
+        return totals
+
+
+def _endless(loader: Any) -> Any:
+    while True:
+        yield from loader
+
+
+def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """images/s, loader-only images/s and per-stage ms per batch of one setting."""
+    pipeline = "cpu" if name == "folder_cpu" else "gpu"
+    fmt = "shards" if name.startswith("shards") else "folder"
+    root = args.work / "shards" if fmt == "shards" else args.data
+    cfg = load_recipe(RECIPE, [f"data.root={root}", f"data.pipeline={pipeline}", f"data.format={fmt}",
+                               f"data.num_workers={args.workers}", f"train.batch_size={args.batch_size}",
+                               f"model.img_size={args.img_size}", *args.set])
+    batch = cfg["train"]["batch_size"]
+    dataset = loader = batches = None
+    if name != "synthetic":
+        dataset = train_dataset(cfg)
+        workers = loader_workers(cfg["data"]["num_workers"])
+        loader = make_train_loader(cfg, dataset, workers, pin_memory=device.type == "cuda")
+        batches = _endless(loader)
+    loop = Loop(cfg, batches, dataset, device)
+    loop.run(args.warmup)
+    total = loop.run(args.steps)["total"]
+    stages = loop.run(args.stage_steps, timed_stages=True)
+    out: dict[str, Any] = {
+        "pipeline": pipeline if name != "synthetic" else None, "format": fmt if name != "synthetic" else None,
+        "batch_size": batch, "img_size": cfg["model"]["img_size"], "steps": args.steps,
+        "images_per_s": args.steps * batch / total,
+        **{f"{k}_ms": 1000 * v / args.stage_steps for k, v in stages.items() if k != "total"},
+    }
+    if batches is not None:
+        buffered = 2 * max(1, loader.num_workers)  # prefetch_factor 2 per worker, already filled
+        for _ in range(buffered):
+            next(batches)
+        start = time.perf_counter()
+        for _ in range(args.loader_steps):
+            next(batches)
+        out["loader_images_per_s"] = args.loader_steps * batch / (time.perf_counter() - start)
+        out["skipped_images"] = dataset.skipped_images()
+    return out
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    cols = ("images_per_s", "loader_images_per_s", "read_ms", "decode_ms", "augment_ms", "step_ms")
+    lines = ["| setting | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for name, r in results.items():
+        cells = [r.get("error", "")[:60] if c == cols[0] and "error" in r else
+                 (f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-") for c in cols]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, required=True, help="ImageFolder root with train/ (make_imagenet_like.py)")
+    p.add_argument("--out", type=Path, required=True, help="JSON results file")
+    p.add_argument("--work", type=Path, default=Path("/tmp/lightvision_bench_input"), help="scratch for the shards")
+    p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--workers", type=int, default=available_cpus(), help="loader processes (default: every core)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (worker start-up, kernel choice)")
+    p.add_argument("--steps", type=int, default=40, help="timed steps")
+    p.add_argument("--stage-steps", type=int, default=10, help="steps timed stage by stage")
+    p.add_argument("--loader-steps", type=int, default=30, help="batches of the loader-only measurement")
+    p.add_argument("--shard-size", type=int, default=500)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",
+                   help="recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    if "shards_gpu" in args.settings:
+        start = time.perf_counter()
+        index = make_shards(image_folder(args.data, "train", None), args.work / "shards", "train", args.shard_size)
+        print(f"wrote {len(index['shards'])} shards of {index['count']} images in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
+    command = shlex.join(["python", "scripts/bench_input.py", *(sys.argv[1:] if argv is None else argv)])
+    env = {**results_env(command), "torchvision": torchvision.__version__,
+           "cpu": platform.processor() or platform.machine(), "cpu_cores": os.cpu_count(),
+           "available_cores": available_cpus(), "device": str(device)}
+    report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
+    for name in args.settings:
+        try:
+            report["results"][name] = measure(name, args, device)
+        except Exception as err:  # noqa: BLE001 - recorded; the other settings still run
+            report["results"][name] = {"error": f"{type(err).__name__}: {err}"}
+        print(json.dumps({name: report["results"][name]}), flush=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+    print(table(report["results"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""data.pipeline=gpu on CPU tensors: the batched draws follow timm's distributions, the ops follow timm's PIL ops,
+eval matches the CPU eval transform, unreadable files are skipped and counted, and `classify train` runs."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from scipy.stats import ks_2samp
+from timm.data.auto_augment import _RAND_INCREASING_TRANSFORMS, NAME_TO_OP
+from timm.data.transforms import RandomResizedCropAndInterpolation
+from timm.loss import SoftTargetCrossEntropy
+from torch.utils.data import DataLoader
+from torchvision.io import ImageReadMode, decode_jpeg
+
+from lightvision import cli
+from lightvision.classify.data import build_mixup, eval_transform, image_folder
+from lightvision.classify.device_transforms import (
+    DeviceEvalTransform,
+    DeviceTrainTransform,
+    erase_boxes,
+    resized_crop_params,
+)
+from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
+from lightvision.classify.rand_augment import BatchRandAugment, apply_op
+from lightvision.classify.train import DEFAULTS, make_loss_fn
+from lightvision.engine import BatchRandom, use_batch_random
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+FILL = tuple(round(255 * m) for m in MEAN)
+DRAWS = 4000
+
+
+def jpeg_bytes(h: int, w: int, seed: int = 0, quality: int = 90) -> bytes:
+    """A smooth random colour field (bicubic-upsampled noise) as JPEG bytes."""
+    rng = np.random.default_rng(seed)
+    small = Image.fromarray(rng.integers(0, 256, (h // 4 + 1, w // 4 + 1, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    small.resize((w, h), Image.BICUBIC).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def textured(h: int = 48, w: int = 64) -> np.ndarray:
+    """uint8 [h, w, 3]: gradients plus noise, so every op changes it."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([(xx * 4) % 256, (yy * 5) % 256, ((xx + yy) * 3) % 256], -1).astype(np.float32)
+    return np.clip(img + np.random.default_rng(0).normal(0, 10, img.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.mark.parametrize("height,width,scale", [(375, 500, (0.08, 1.0)), (40, 400, (0.08, 1.0)),
+                                                (300, 200, (0.5, 1.0))], ids=["375x500", "40x400-wide", "300x200-s0.5"])
+def test_resized_crop_draws_follow_timm(height, width, scale):
+    random.seed(0)
+    img = Image.new("RGB", (width, height))
+    ref = np.array([RandomResizedCropAndInterpolation.get_params(img, scale, (3 / 4, 4 / 3)) for _ in range(2 * DRAWS)])
+    with use_batch_random(BatchRandom(1)):
+        ours = resized_crop_params(torch.tensor([[height, width]] * 2 * DRAWS), scale).numpy()
+    assert (ours[:, 0] >= 0).all() and (ours[:, 0] + ours[:, 2] <= height).all()
+    assert (ours[:, 1] >= 0).all() and (ours[:, 1] + ours[:, 3] <= width).all()
+    for name, stat in (("area", lambda p: p[:, 2] * p[:, 3]), ("aspect", lambda p: p[:, 3] / p[:, 2]),
+                       ("top", lambda p: p[:, 0]), ("left", lambda p: p[:, 1])):
+        ks = ks_2samp(stat(ours), stat(ref)).statistic
+        assert ks < 0.04, f"{name}: KS {ks:.3f} between the batched draws and timm's"
+
+
+def test_crop_keeps_whole_image_and_flips_half():
+    n, img = 2000, torch.arange(8, dtype=torch.uint8).repeat(3, 8, 1) * 30  # [3, 8, 8], left-right ramp
+    tf = DeviceTrainTransform({"scale": [1.0, 1.0], "auto_augment": None, "color_jitter": None, "reprob": 0.0},
+                              8, MEAN, STD)
+    with use_batch_random(BatchRandom(2)):
+        out = tf.crop_flip([img] * n)
+    flipped = (out == img.flip(-1)).flatten(1).all(1)
+    assert ((out == img).flatten(1).all(1) | flipped).all()  # scale 1: the whole image, resized to itself
+    assert abs(flipped.float().mean().item() - 0.5) < 0.04
+
+
+@pytest.mark.parametrize("name,arg", [("AutoContrast", 0), ("Equalize", 0), ("Invert", 0), ("PosterizeIncreasing", 1),
+                                      ("SolarizeIncreasing", 40), ("SolarizeAdd", 99), ("ColorIncreasing", 1.8),
+                                      ("ContrastIncreasing", 0.3), ("BrightnessIncreasing", 1.5),
+                                      ("SharpnessIncreasing", 1.9), ("SharpnessIncreasing", 0.1)])
+def test_colour_ops_equal_timm(name, arg):
+    img = textured()
+    args = () if name in ("AutoContrast", "Equalize", "Invert") else (arg,)
+    ref = torch.from_numpy(np.array(NAME_TO_OP[name](Image.fromarray(img), *args))).permute(2, 0, 1)
+    out = apply_op(torch.from_numpy(img).permute(2, 0, 1)[None], name, torch.tensor([float(arg)]),
+                   torch.tensor(FILL, dtype=torch.float32))[0]
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("name,arg", [("Rotate", 20.0), ("Rotate", -13.0), ("ShearX", 0.25), ("ShearY", -0.2),
+                                      ("TranslateXRel", 0.3), ("TranslateYRel", -0.4)])
+def test_geometric_ops_match_timm(name, arg):
+    img = textured()
+    ref = np.array(NAME_TO_OP[name](Image.fromarray(img), arg, fillcolor=FILL, resample=Image.BICUBIC))
+    ref = torch.from_numpy(ref).permute(2, 0, 1).float()
+    x = torch.from_numpy(img).permute(2, 0, 1)[None]
+    out = apply_op(x, name, torch.tensor([arg]), torch.tensor(FILL, dtype=torch.float32))[0].float()
+    assert (out - ref).abs().mean() < 2.5  # resampling kernels differ (PIL bicubic a=-0.5, grid_sample -0.75)
+    assert (x[0].float() - ref).abs().mean() > 10  # ... much less than the op changes
+
+
+def test_rand_augment_parses_recipe_and_draws_like_timm():
+    ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)
+    assert ra.names == _RAND_INCREASING_TRANSFORMS and ra.num_layers == 2 and ra.prob == 0.5
+    with use_batch_random(BatchRandom(3)):
+        op, applied, level, _ = ra.draw(DRAWS)
+    counts = torch.bincount(op.flatten(), minlength=len(ra.names)).float() / op.numel()
+    assert (counts - 1 / len(ra.names)).abs().max() < 0.02
+    assert abs(applied.float().mean().item() - 0.5) < 0.02
+    assert abs(level.mean().item() - 9.0) < 0.05 and abs(level.std().item() - 0.5) < 0.05 and level.max() <= 10
+    with use_batch_random(BatchRandom(3)):
+        x = torch.from_numpy(textured()).permute(2, 0, 1)[None].repeat(16, 1, 1, 1)
+        out = ra(x)
+    assert out.dtype == torch.uint8 and out.shape == x.shape and not torch.equal(out, x)
+    for config, refusal in (("augmix-m5-w4-d2", "RandAugment"), ("rand-m9-t3a", "GaussianBlur have no batched")):
+        with pytest.raises(ValueError, match=refusal):
+            BatchRandAugment(config, 224, MEAN)
+
+
+def test_train_transform_is_reproducible_and_erases_at_reprob():
+    images = [decode_jpeg(torch.frombuffer(bytearray(jpeg_bytes(60 + 7 * i, 80, i)), dtype=torch.uint8))
+              for i in range(6)]
+    tf = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD)
+    assert tf.jitter is None  # timm: RandAugment switches colour jitter off
+    runs = []
+    for _ in range(2):
+        with use_batch_random(BatchRandom(4)):
+            runs.append(tf(images))
+    assert runs[0].shape == (6, 3, 32, 32) and torch.equal(runs[0], runs[1])
+    with use_batch_random(BatchRandom(5)):
+        boxes = erase_boxes(DRAWS, 32, 32, 0.25, 1)[:, 0]
+    erased = boxes[:, 2] > 0
+    assert abs(erased.float().mean().item() - 0.25) < 0.03
+    area = (boxes[erased, 2] * boxes[erased, 3]).float() / 32**2
+    assert area.min() >= 0.01 and area.max() <= 0.4 and (boxes[:, 0] + boxes[:, 2] <= 32).all()
+
+
+def test_colour_jitter_when_no_rand_augment():
+    tf = DeviceTrainTransform({**DEFAULTS["aug"], "auto_augment": None, "color_jitter": [0.4, 0.0, 0.0]}, 8, MEAN, STD)
+    x = torch.full((DRAWS, 3, 8, 8), 100, dtype=torch.uint8)
+    with use_batch_random(BatchRandom(6)):
+        ratio = tf.color_jitter(x.clone()).float().mean((1, 2, 3)) / 100
+    assert 0.59 <= ratio.min() and ratio.max() <= 1.41 and abs(ratio.mean().item() - 1.0) < 0.02
+    assert ratio.std() > 0.2  # uniform on [0.6, 1.4]: std 0.23
+
+
+@pytest.mark.parametrize("mode", ["mixup", "cutmix"])
+def test_mixup_labels_follow_the_mixed_images(mode):
+    n, classes, smoothing = 8, 5, 0.1
+    aug = {**DEFAULTS["aug"], "mixup": 0.8 if mode == "mixup" else 0.0, "cutmix": 1.0 if mode == "cutmix" else 0.0}
+    mixup = build_mixup(aug, classes)
+    x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 16, 16).contiguous()
+    labels = torch.arange(n) % classes
+    np.random.seed(0)
+    mixed, target = mixup(x.clone(), labels)
+    own = (mixed == x).float().mean((1, 2, 3)) if mode == "cutmix" else (mixed - x.flip(0)) / (x - x.flip(0))
+    lam = own if mode == "cutmix" else own[:, 0, 0, 0]
+    off, on = smoothing / classes, 1 - smoothing + smoothing / classes
+    onehot = torch.full((n, classes), off).scatter_(1, labels[:, None], on)
+    expect = lam[:, None] * onehot + (1 - lam[:, None]) * onehot.flip(0)
+    assert torch.allclose(target, expect, atol=1e-5)
+    assert 0 < lam[0] < 1  # something was mixed
+
+    class Record(torch.nn.Module):  # through the training loss: decode + transform on the device, then mixup
+        def forward(self, images):
+            self.images = images
+            return torch.zeros(images.shape[0], classes)
+
+    model, prepared = Record(), []
+    batch = collate_encoded([((torch.frombuffer(bytearray(jpeg_bytes(40, 50, i)), dtype=torch.uint8), f"{i}"),
+                              i % classes) for i in range(n)])
+
+    def prepare(b):
+        images, y = decode_batch(b["images"], b["labels"])
+        prepared.append((DeviceEvalTransform(16, 1.0, "bicubic", MEAN, STD)(images), y))
+        return prepared[-1][0].clone(), y  # timm's Mixup mixes in place
+
+    np.random.seed(1)
+    loss = make_loss_fn(mixup, smoothing, prepare)(model, batch)
+    np.random.seed(1)
+    ref_images, ref_target = mixup(prepared[0][0].clone(), prepared[0][1])
+    assert torch.equal(model.images, ref_images)
+    assert torch.allclose(loss, SoftTargetCrossEntropy()(torch.zeros(n, classes), ref_target))
+
+
+@pytest.mark.parametrize("size,crop_pct", [(32, 0.875), (24, 1.0)])
+def test_eval_matches_cpu_eval_transform(size, crop_pct):
+    for i, (h, w) in enumerate([(60, 80), (75, 50), (33, 97), (40, 40)]):
+        data = jpeg_bytes(h, w, i)
+        ref = eval_transform(size, crop_pct, "bicubic", MEAN, STD)(Image.open(io.BytesIO(data)).convert("RGB"))
+        decoded = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+        out = DeviceEvalTransform(size, crop_pct, "bicubic", MEAN, STD)([decoded])[0]
+        diff = (out - ref).abs() * torch.tensor(STD).view(3, 1, 1) * 255  # in 0..255 pixel levels
+        assert out.shape == ref.shape and diff.max() <= 4 and diff.mean() < 0.3, (h, w)
+
+
+def write_jpeg_folder(root: Path, per_class: int = 4, corrupt: bool = True) -> None:
+    """root/{train,val}/{dark,light}/*.jpg of varied sizes; train/dark gets a truncated JPEG, a file that is not
+    an image, and a JPEG that passes the byte check but does not decode; train/light gets a PNG."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label, base in (("dark", 40), ("light", 200)):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                h, w = rng.integers(20, 48, 2)
+                pixels = np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
+    if corrupt:
+        dark, light = root / "train" / "dark", root / "train" / "light"
+        (dark / "t.jpg").write_bytes((dark / "0.jpg").read_bytes()[:150])
+        (dark / "x.jpg").write_bytes(b"not an image at all")
+        (dark / "z.jpg").write_bytes(b"\xff\xd8\xff" + bytes(range(256)) * 4 + b"\xff\xd9")
+        Image.fromarray(np.full((30, 20, 3), 210, np.uint8)).save(light / "p.png")
+
+
+def test_unreadable_images_are_skipped_and_counted(tmp_path):
+    write_jpeg_folder(tmp_path)
+    folder = image_folder(tmp_path, "train", None, loader=read_image_bytes)
+    loader = DataLoader(folder, batch_size=len(folder), collate_fn=collate_encoded)
+    with pytest.warns(UserWarning, match="skipping unreadable image") as caught:
+        batch = next(iter(loader))
+        images, labels = decode_batch(batch["images"], batch["labels"], skips=folder)
+    skipped = [str(w.message).split()[3].rstrip(":") for w in caught if str(w.message).startswith("skipping")]
+    assert sorted(Path(s).name for s in skipped) == ["t.jpg", "x.jpg", "x.jpg", "z.jpg", "z.jpg", "z.jpg"]
+    # the loader worker skips to the next file (t -> x -> z, x -> z), z passes the byte check and fails to decode
+    # on the device in each of its 3 slots; the PNG decodes (on the CPU)
+    assert folder.skipped_images() == 6 and len(images) == len(folder) == len(labels)
+    for img, label in zip(images, labels.tolist()):  # every slot holds a decoded image of its label's class
+        assert img.shape[0] == 3 and (img.float().mean() > 128) == (label == folder.class_to_idx["light"])
+
+
+def recipe(tmp_path: Path, data: Path, **extra: str) -> Path:
+    path = tmp_path / "recipe.yaml"
+    data_keys = "".join(f"  {k}: {v}\n" for k, v in extra.items())
+    path.write_text(
+        "model:\n  name: softmax_deit_tiny_patch16_224\n  img_size: 16\n  drop_path: 0.0\n"
+        "  args: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
+        f"data:\n  root: {data}\n  num_workers: 0\n{data_keys}"
+        "aug:\n  repeated_aug: 1\n"
+        "sched:\n  epochs: 2\n  warmup_epochs: 1\n"
+        "train:\n  batch_size: 4\n  eval_batch_size: 8\n  mixed_precision: 'no'\n  ema_decay: null\n  log_every: 1\n"
+    )
+    return path
+
+
+def test_classify_train_with_gpu_pipeline_on_cpu(tmp_path, capsys):
+    data, run = tmp_path / "data", tmp_path / "run"
+    write_jpeg_folder(data)
+    with pytest.warns(UserWarning, match="skipping unreadable image"):
+        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data, pipeline="gpu")),
+                        "--out", str(run), "--device", "cpu"]) == 0
+    assert json.loads((run / "config.json").read_text())["data"]["pipeline"] == "gpu"
+    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
+              if "loss" in json.loads(line)]
+    assert len(losses) == 6 and all(np.isfinite(losses))  # 12 files / batch 4 x 2 epochs
+    results = json.loads((run / "results.json").read_text())
+    assert results["val_images"] == 8 and results["skipped_images"] >= 1

@@ -1,0 +1,81 @@
+"""scripts/make_imagenet_like.py (seeded, ImageNet-like sizes) and scripts/bench_input.py end to end on CPU with
+tiny settings: every input setting trains, the JSON records them, the table comes last."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # the worker pool pickles the script's functions by module name
+    spec.loader.exec_module(module)
+    return module
+
+
+def fake_cifar(root: Path) -> Path:
+    """cifar10-{train,test}-jpg.tar.gz with two classes of 32 x 32 JPEGs (the archives' layout)."""
+    rng = np.random.default_rng(0)
+    root.mkdir()
+    for split in ("train", "test"):
+        with tarfile.open(root / f"cifar10-{split}-jpg.tar.gz", "w:gz") as tar:
+            for cls in ("cat", "dog"):
+                for i in range(3):
+                    buf = io.BytesIO()
+                    Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, "JPEG")
+                    info = tarfile.TarInfo(f"{split}/{cls}/{i:04d}.jpg")
+                    info.size = len(buf.getvalue())
+                    tar.addfile(info, io.BytesIO(buf.getvalue()))
+    return root
+
+
+@pytest.fixture(scope="module")
+def imagenet_like(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench_input")
+    cifar, make = fake_cifar(tmp / "cifar"), load("make_imagenet_like")
+    for out, workers in (("a", "2"), ("b", "1")):
+        assert make.main(["--cifar", str(cifar), "--out", str(tmp / out), "--count", "12", "--val-count", "2",
+                          "--workers", workers]) == 0
+    return tmp
+
+
+def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
+    files = sorted((imagenet_like / "a").rglob("*.jpg"))
+    assert len(files) == 14 and {f.parent.parent.name for f in files} == {"train", "val"}
+    for f in files:
+        assert f.read_bytes() == (imagenet_like / "b" / f.relative_to(imagenet_like / "a")).read_bytes()
+        w, h = Image.open(f).size
+        assert 400 <= max(w, h) <= 600 and 0.55 <= min(w, h) / max(w, h) <= 1.0
+
+
+def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
+    out = imagenet_like / "bench.json"
+    assert load("bench_input").main([
+        "--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work"),
+        "--device", "cpu", "--batch-size", "2", "--img-size", "16", "--workers", "0", "--warmup", "1",
+        "--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5",
+        "--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no",
+    ]) == 0
+    report = json.loads(out.read_text())
+    env = report["env"]
+    assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "--img-size 16" in env["command"]
+    results = report["results"]
+    assert list(results) == ["synthetic", "folder_cpu", "folder_gpu", "shards_gpu"]
+    for name, r in results.items():
+        assert "error" not in r, (name, r)
+        assert r["images_per_s"] > 0 and r["step_ms"] > 0 and r["img_size"] == 16
+    assert results["folder_gpu"]["decode_ms"] > 0 and results["shards_gpu"]["loader_images_per_s"] > 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-6].startswith("| setting |") and printed[-1].startswith("| shards_gpu |")
