@@ -123,12 +123,20 @@ def render_memory(files: list[str], **_) -> str:
 
 
 def render_classify_cifar10(files: list[str], **_) -> str:
-    """Top-1 at the training size (32 px) and at 48 / 64 px without fine-tuning, per attention."""
+    """Top-1 at the training size (32 px) and at 48 / 64 px without fine-tuning, per attention or variant and file."""
     rows = []
-    for kind, r in load(files[0])["results"].items():
-        top1 = {e["img_size"]: f"{e['top1']:.1f}" for e in r["eval"]}
-        rows.append([kind, f"{r['params'] / 1e6:.2f}M", top1.get(32), top1.get(48), top1.get(64)])
-    return table(["attention", "params", "top-1 32 px", "48 px", "64 px"], rows)
+    for name in files:
+        for kind, r in load(name)["results"].items():
+            top1 = {e["img_size"]: f"{e['top1']:.1f}" for e in r["eval"]}
+            rows.append([kind, f"{r['params'] / 1e6:.2f}M", top1.get(32), top1.get(48), top1.get(64), name])
+    return table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
+
+
+def render_yardstick(files: list[str], **_) -> str:
+    """CIFAR-10 yardstick recipes: cutout, epochs, test top-1 plain and with flip TTA."""
+    rows = [[r["cutout"] or "-", r["epochs"], f"{r['test_top1']:.2f}", r.get("test_top1_flip_tta", "-"), r["source"]]
+            for r in load(files[0])["results"]]
+    return table(["cutout", "epochs", "test top-1", "with flip TTA", "where"], rows)
 
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:
