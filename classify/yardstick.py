@@ -12,8 +12,9 @@ Training (:func:`train_yardstick`, through the engine :class:`~lightvision.engin
 are decoded once into uint8 tensors held in memory (the ImageFolder layout ``root/train/<class>/*``,
 ``root/test/<class>/*``, or the two ``cifar10-{train,test}-jpg.tar.gz`` archives in ``root``); each batch is
 augmented on the device (reflect-pad 4 + random 32 x 32 crop, horizontal flip, an 8 x 8 cutout; per-sample draws
-from the engine's ``batch_random``); label smoothing 0.2; 60 epochs; SGD with Nesterov momentum 0.9, weight decay 5e-4 on conv / linear weights,
-a linear warm-up over the first 20% of the steps and a linear decay to 0; bf16 autocast on a GPU. Writes the engine
+from the engine's ``batch_random``); label smoothing 0.2; 60 epochs; SGD with Nesterov momentum 0.9, weight decay
+5e-4 on conv / linear weights, a linear warm-up over the first 20% of the steps and a linear decay to 0; bf16
+autocast on a GPU. Writes the engine
 run folder (checkpoints, ``metrics.jsonl`` with test top-1 every ``train.eval_every_epochs``), ``results.json`` and
 ``yardstick.safetensors`` (float16 conv / linear weights, the widths, classes and test top-1 in its metadata).
 
