@@ -44,3 +44,21 @@ def digits_classifier(run_dir, **overrides):
     model = create_from_config(mcfg)
     CheckpointManager(run_dir).save(1, models={"model": model}, model_config=mcfg, train_state={"step": 1}, config=cfg)
     return str(run_dir)
+
+
+def tiny_classify_recipe(tmp_path, data, model: str = "lightnet_deit_tiny_patch16_224", ema_decay: str = "0.9",
+                         **data_keys: str):
+    """A classifier recipe file of a 1-block DeiT at 16 px (patch 4) for 2 epochs on ``data`` (``data_keys`` go to
+    its ``data`` section, e.g. ``pipeline="gpu"``); returns its path."""
+    path = tmp_path / "recipe.yaml"
+    extra = "".join(f"  {k}: {v}\n" for k, v in data_keys.items())
+    path.write_text(
+        f"model:\n  name: {model}\n  img_size: 16\n  drop_path: 0.0\n"
+        "  args: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
+        f"data:\n  root: {data}\n  num_workers: 0\n{extra}"
+        "aug:\n  repeated_aug: 1\n"
+        "sched:\n  epochs: 2\n  warmup_epochs: 1\n"
+        "train:\n  batch_size: 4\n  eval_batch_size: 8\n  mixed_precision: 'no'\n"
+        f"  ema_decay: {ema_decay}\n  log_every: 1\n"
+    )
+    return path

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers import tiny_classify_recipe
 from lightvision import cli
 from lightvision.classify.data import image_folder
 from lightvision.engine import CheckpointError, ConfigError
@@ -32,16 +33,7 @@ def write_image_folder(root: Path, per_class: int = 4, corrupt: bool = True) -> 
 
 
 def recipe(tmp_path: Path, data: Path) -> Path:
-    path = tmp_path / "recipe.yaml"
-    path.write_text(
-        "model:\n  name: lightnet_deit_tiny_patch16_224\n  img_size: 16\n  drop_path: 0.0\n"
-        "  args: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
-        f"data:\n  root: {data}\n  num_workers: 0\n"
-        "aug:\n  repeated_aug: 1\n"
-        "sched:\n  epochs: 2\n  warmup_epochs: 1\n"
-        "train:\n  batch_size: 4\n  eval_batch_size: 8\n  mixed_precision: 'no'\n  ema_decay: 0.9\n  log_every: 1\n"
-    )
-    return path
+    return tiny_classify_recipe(tmp_path, data)
 
 
 def test_train_then_eval_imagefolder(tmp_path, capsys):

@@ -19,6 +19,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_jpeg
 
+from helpers import tiny_classify_recipe
 from lightvision import cli
 from lightvision.classify.data import build_mixup, eval_transform, image_folder
 from lightvision.classify.device_transforms import (
@@ -236,18 +237,8 @@ def test_unreadable_images_are_skipped_and_counted(tmp_path):
         assert img.shape[0] == 3 and (img.float().mean() > 128) == (label == folder.class_to_idx["light"])
 
 
-def recipe(tmp_path: Path, data: Path, **extra: str) -> Path:
-    path = tmp_path / "recipe.yaml"
-    data_keys = "".join(f"  {k}: {v}\n" for k, v in extra.items())
-    path.write_text(
-        "model:\n  name: softmax_deit_tiny_patch16_224\n  img_size: 16\n  drop_path: 0.0\n"
-        "  args: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
-        f"data:\n  root: {data}\n  num_workers: 0\n{data_keys}"
-        "aug:\n  repeated_aug: 1\n"
-        "sched:\n  epochs: 2\n  warmup_epochs: 1\n"
-        "train:\n  batch_size: 4\n  eval_batch_size: 8\n  mixed_precision: 'no'\n  ema_decay: null\n  log_every: 1\n"
-    )
-    return path
+def recipe(tmp_path: Path, data: Path, **data_keys: str) -> Path:
+    return tiny_classify_recipe(tmp_path, data, "softmax_deit_tiny_patch16_224", "null", **data_keys)
 
 
 def test_classify_train_with_gpu_pipeline_on_cpu(tmp_path, capsys):
