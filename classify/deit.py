@@ -78,6 +78,7 @@ __all__ = [
     "SIZES",
     "Block",
     "DeiT",
+    "attention_of",
     "checkpoint_filter_fn",
     "create_deit",
     "create_from_config",
@@ -133,6 +134,11 @@ SIZES: dict[str, dict[str, int]] = {
 def model_name(attention: str, size: str) -> str:
     """The timm name of one registered model, e.g. ``lightnet_deit_small_patch16_224``."""
     return f"{attention}_deit_{size}_patch16_224"
+
+
+def attention_of(name: str) -> str:
+    """The attention kind of a registered name: ``model_name``'s inverse for the attention part."""
+    return name.split("_deit_")[0]
 
 
 MODEL_NAMES = [model_name(a, s) for a in FAMILIES for s in SIZES]
@@ -561,7 +567,7 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
     name = model_config["name"]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
-    args = {**LEGACY_POSITION.get(name.split("_deit_")[0], {}), **model_config["args"]}
+    args = {**LEGACY_POSITION.get(attention_of(name), {}), **model_config["args"]}
     return timm.create_model(
         name, num_classes=model_config["num_classes"], in_chans=model_config["in_chans"],
         img_size=model_config["img_size"], drop_path_rate=drop_path_rate, **args,
@@ -571,7 +577,7 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
 def position_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` with the family's position settings made explicit for the families of ``LEGACY_POSITION``, so that
     a checkpoint keeps rebuilding as it was trained whatever the default becomes."""
-    attention = name.split("_deit_")[0]
+    attention = attention_of(name)
     if attention not in LEGACY_POSITION:
         return dict(args)
     family = FAMILIES[attention]

@@ -62,3 +62,20 @@ def tiny_classify_recipe(tmp_path, data, model: str = "lightnet_deit_tiny_patch1
         f"  ema_decay: {ema_decay}\n  log_every: 1\n"
     )
     return path
+
+
+def write_dark_light_folder(root, per_class: int = 4, suffix: str = ".png", varied_sizes: bool = False) -> None:
+    """root/{train,val}/{dark,light}/<i><suffix>: dark (mean 40) vs light (mean 200) noisy RGB images, a learnable
+    task; 20 x 20, or with ``varied_sizes`` H and W drawn from [20, 48). JPEGs are written at quality 90."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for label, base in (("dark", 40), ("light", 200)):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(per_class):
+                h, w = rng.integers(20, 48, 2) if varied_sizes else (20, 20)
+                pixels = np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}{suffix}", **({"quality": 90} if suffix == ".jpg" else {}))

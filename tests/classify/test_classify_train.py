@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import tiny_classify_recipe
+from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 from lightvision.classify.data import image_folder
 from lightvision.engine import CheckpointError, ConfigError
@@ -20,14 +20,7 @@ TINY_ARGS = "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}"
 
 def write_image_folder(root: Path, per_class: int = 4, corrupt: bool = True) -> None:
     """root/{train,val}/{dark,light}/*.png: dark vs light 20x20 images (a learnable task), one corrupt file."""
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for label, base in (("dark", 40), ("light", 200)):
-            folder = root / split / label
-            folder.mkdir(parents=True)
-            for i in range(per_class):
-                pixels = np.clip(base + rng.normal(0, 20, (20, 20, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / f"{i}.png")
+    write_dark_light_folder(root, per_class)
     if corrupt:
         (root / "train" / "dark" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n this is not an image")
 

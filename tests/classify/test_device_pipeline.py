@@ -19,7 +19,7 @@ from timm.loss import SoftTargetCrossEntropy
 from torch.utils.data import DataLoader
 from torchvision.io import ImageReadMode, decode_jpeg
 
-from helpers import tiny_classify_recipe
+from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 from lightvision.classify.data import build_mixup, eval_transform, image_folder
 from lightvision.classify.device_transforms import (
@@ -204,15 +204,7 @@ def test_eval_matches_cpu_eval_transform(size, crop_pct):
 def write_jpeg_folder(root: Path, per_class: int = 4, corrupt: bool = True) -> None:
     """root/{train,val}/{dark,light}/*.jpg of varied sizes; train/dark gets a truncated JPEG, a file that is not
     an image, and a JPEG that passes the byte check but does not decode; train/light gets a PNG."""
-    rng = np.random.default_rng(0)
-    for split in ("train", "val"):
-        for label, base in (("dark", 40), ("light", 200)):
-            folder = root / split / label
-            folder.mkdir(parents=True)
-            for i in range(per_class):
-                h, w = rng.integers(20, 48, 2)
-                pixels = np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / f"{i}.jpg", quality=90)
+    write_dark_light_folder(root, per_class, ".jpg", varied_sizes=True)
     if corrupt:
         dark, light = root / "train" / "dark", root / "train" / "light"
         (dark / "t.jpg").write_bytes((dark / "0.jpg").read_bytes()[:150])
