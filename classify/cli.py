@@ -53,8 +53,14 @@ def _eval(args: argparse.Namespace) -> int:
         if not args.checkpoint:
             raise ValueError("classify eval: give --checkpoint RUN, or --pretrained FILE --model NAME")
         report = evaluate_checkpoint(
-            args.checkpoint, args.img_size, data=args.data, out_dir=args.out, weights=args.weights,
-            batch_size=args.batch_size, num_workers=args.num_workers, device=args.device,
+            args.checkpoint,
+            args.img_size,
+            data=args.data,
+            out_dir=args.out,
+            weights=args.weights,
+            batch_size=args.batch_size,
+            num_workers=args.num_workers,
+            device=args.device,
         )
     if report["paths"]:
         print(open(report["paths"]["markdown"]).read())
@@ -71,8 +77,16 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
     if not (args.model and args.data and args.out):
         raise ValueError("classify eval: --pretrained needs --model NAME, --data VAL_FOLDER and --out DIR")
     return evaluate_pretrained(
-        args.pretrained, args.model, args.img_size, args.data, args.out, weights=args.weights,
-        batch_size=args.batch_size, num_workers=args.num_workers, device=args.device, recipe=args.config,
+        args.pretrained,
+        args.model,
+        args.img_size,
+        args.data,
+        args.out,
+        weights=args.weights,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        device=args.device,
+        recipe=args.config,
         model_args={"global_pool": args.global_pool} if args.global_pool is not None else None,
     )
 
@@ -81,8 +95,11 @@ def _attention_maps(args: argparse.Namespace) -> int:
     from lightvision.attention_figures import parse_query
     from lightvision.classify.attention_maps import attention_maps_main
 
-    report = attention_maps_main(args.checkpoint, args.image, args.img_size, args.out, parse_query(args.query),
-                                 args.weights)
+    report = attention_maps_main(
+        args.checkpoint, args.image, args.img_size, args.out, parse_query(args.query), args.weights, args.layers
+    )
+    if "runs" in report:
+        report = {"runs": list(report["runs"]), "layers": report["layers"], "comparison": report["comparison"]}
     print(json.dumps({k: v for k, v in report.items() if k != "sizes"} | {"out": args.out}, indent=2))
     return 0
 
@@ -92,8 +109,12 @@ def _make_shards(args: argparse.Namespace) -> int:
     from lightvision.classify.shards import make_shards
 
     index = make_shards(image_folder(args.data, args.split, None), args.out, args.split, args.shard_size, args.seed)
-    print(json.dumps({k: index[k] for k in ("split", "count")} | {"classes": len(index["classes"]),
-                                                                   "shards": len(index["shards"]), "out": args.out}))
+    print(
+        json.dumps(
+            {k: index[k] for k in ("split", "count")}
+            | {"classes": len(index["classes"]), "shards": len(index["shards"]), "out": args.out}
+        )
+    )
     return 0
 
 
@@ -125,8 +146,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "augmentation, and write DIR/yardstick.safetensors (float16, < 20 MB) for `lightvision diffusion fid "
         "--feature-extractor`.",
     )
-    ys.add_argument("--data", required=True,
-                    help="train/ and test/ class folders, or the cifar10-*-jpg.tar.gz archives")
+    ys.add_argument(
+        "--data", required=True, help="train/ and test/ class folders, or the cifar10-*-jpg.tar.gz archives"
+    )
     ys.add_argument("--out", required=True, help="run folder (checkpoints, metrics.jsonl, yardstick.safetensors)")
     ys.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
     ys.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")
@@ -135,14 +157,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     ev = sub.add_parser("eval", help="top-1/top-5, images/s and peak GPU memory at several resolutions")
     ev.add_argument("--checkpoint", help="run folder (its latest checkpoint) or a checkpoint folder")
-    ev.add_argument("--pretrained", help="external weights instead of --checkpoint: timm / DeiT authors' .pth, the "
-                    "LION authors' classifiers, a .safetensors or a Hub-style folder; needs --model, --data, --out")
+    ev.add_argument(
+        "--pretrained",
+        help="external weights instead of --checkpoint: timm / DeiT authors' .pth, the "
+        "LION authors' classifiers, a .safetensors or a Hub-style folder; needs --model, --data, --out",
+    )
     ev.add_argument("--model", help="with --pretrained: the registered model, e.g. softmax_deit_tiny_patch16_224")
     ev.add_argument("--config", help="with --pretrained: recipe of the validation transform (default: DeiT ImageNet)")
-    ev.add_argument("--global-pool", choices=["token", "avg", "avg_all"],
-                    help="with --pretrained: the head's pooling (default: cls token; LION authors' layout: avg_all)")
-    ev.add_argument("--data", help="validation folder (class sub-folders, or a root with the val split); "
-                    "default: the run's own validation data")
+    ev.add_argument(
+        "--global-pool",
+        choices=["token", "avg", "avg_all"],
+        help="with --pretrained: the head's pooling (default: cls token; LION authors' layout: avg_all)",
+    )
+    ev.add_argument(
+        "--data",
+        help="validation folder (class sub-folders, or a root with the val split); "
+        "default: the run's own validation data",
+    )
     ev.add_argument("--img-size", type=int, nargs="+", required=True, help="resolutions, e.g. 224 288 384 512")
     ev.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run (or file) kept one")
     ev.add_argument("--batch-size", type=int, default=128)
@@ -151,19 +182,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
     ev.set_defaults(func=_eval)
 
-    am = sub.add_parser("attention-maps", help="a query patch's attention over the grid, per layer and head, and the "
-                        "mean attention distance, at several resolutions")
-    am.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")
+    am = sub.add_parser(
+        "attention-maps",
+        help="a query patch's attention over the grid, per layer and head, and the "
+        "mean attention distance, at several resolutions",
+    )
+    am.add_argument(
+        "--checkpoint",
+        required=True,
+        nargs="+",
+        help="run folder (its latest checkpoint) or a checkpoint folder; several: side by side in comparison.png",
+    )
     am.add_argument("--image", required=True, help="an image file")
     am.add_argument("--img-size", type=int, nargs="+", required=True, help="resolutions, e.g. 32 64")
     am.add_argument("--query", help="ROW,COL of the query patch on the training-size grid (default: the centre)")
     am.add_argument("--weights", choices=["ema", "model"], help="default: EMA when the run kept one")
+    am.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        help="layers in comparison.png (several checkpoints; default: first, middle, last)",
+    )
     am.add_argument("--out", required=True, help="folder for the figures and attention_maps.json")
     am.set_defaults(func=_attention_maps)
 
-    ms = sub.add_parser("make-shards", help="write an ImageFolder split as webdataset tar shards (data.format=shards)",
-                        description="Pack DATA/SPLIT/<class>/<image files> into OUT/SPLIT-000000.tar ... (the file "
-                        "bytes and the class index per sample) plus OUT/SPLIT.json; the train split is shuffled.")
+    ms = sub.add_parser(
+        "make-shards",
+        help="write an ImageFolder split as webdataset tar shards (data.format=shards)",
+        description="Pack DATA/SPLIT/<class>/<image files> into OUT/SPLIT-000000.tar ... (the file "
+        "bytes and the class index per sample) plus OUT/SPLIT.json; the train split is shuffled.",
+    )
     ms.add_argument("--data", required=True, help="ImageFolder root holding the split folder")
     ms.add_argument("--out", required=True, help="shard folder (data.root of a data.format=shards recipe)")
     ms.add_argument("--split", default="train", help="split folder to pack (default: train)")

@@ -34,8 +34,16 @@ def parse_query(text: str | None) -> tuple[int, int] | None:
     return int(parts[0]), int(parts[1])
 
 
-def draw_query_maps(maps: Sequence[torch.Tensor], shown: torch.Tensor, grid: tuple[int, int], patch_px: int,
-                    num_prefix_tokens: int, query: tuple[int, int], title: str, path: str | Path) -> None:
+def draw_query_maps(
+    maps: Sequence[torch.Tensor],
+    shown: torch.Tensor,
+    grid: tuple[int, int],
+    patch_px: int,
+    num_prefix_tokens: int,
+    query: tuple[int, int],
+    title: str,
+    path: str | Path,
+) -> None:
     """One row per layer: the image with the query patch marked, then the query's weights over the grid per head.
 
     Args:
@@ -57,8 +65,11 @@ def draw_query_maps(maps: Sequence[torch.Tensor], shown: torch.Tensor, grid: tup
     for layer, a in enumerate(maps):
         ax = axes[layer, 0]
         ax.imshow((shown.squeeze(-1) if shown.shape[-1] == 1 else shown).numpy(), cmap="gray")
-        ax.add_patch(matplotlib.patches.Rectangle((col * patch_px - 0.5, row * patch_px - 0.5), patch_px, patch_px,
-                                                  fill=False, color="red"))
+        ax.add_patch(
+            matplotlib.patches.Rectangle(
+                (col * patch_px - 0.5, row * patch_px - 0.5), patch_px, patch_px, fill=False, color="red"
+            )
+        )
         ax.set_ylabel(f"layer {layer}", fontsize=7)
         weights_over_grid = a[0, :, p + row * grid[1] + col, p:].reshape(heads, *grid)
         for head in range(heads):
@@ -71,6 +82,52 @@ def draw_query_maps(maps: Sequence[torch.Tensor], shown: torch.Tensor, grid: tup
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def draw_comparison(rows: Sequence[tuple[str, dict]], layers: Sequence[int], path: str | Path) -> None:
+    """Runs side by side: one row per run; per size the image with the query patch marked, then the query's
+    head-averaged weights over the grid in each of ``layers`` (each map scaled to its own range).
+
+    Args:
+        rows: (label, per size {"shown" [h_px, w_px, C], "grid" (h, w), "query" (row, col), "patch_px",
+            "maps" [layers, h, w]}) per run, every run with the same sizes.
+        layers: indices into "maps" to draw.
+        path: the PNG to write.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(rows[0][1])
+    cols = len(sizes) * (len(layers) + 1)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(1.5 * cols, 1.6 * len(rows)), squeeze=False)
+    for r, (label, views) in enumerate(rows):
+        for s, size in enumerate(sizes):
+            view, first = views[size], s * (len(layers) + 1)
+            (row, col), px = view["query"], view["patch_px"]
+            shown = view["shown"]
+            axes[r, first].imshow((shown.squeeze(-1) if shown.shape[-1] == 1 else shown).numpy(), cmap="gray")
+            axes[r, first].add_patch(
+                matplotlib.patches.Rectangle((col * px - 0.5, row * px - 0.5), px, px, fill=False, color="red")
+            )
+            if r == 0:
+                axes[r, first].set_title(f"{size} px", fontsize=8)
+            for j, layer in enumerate(layers):
+                ax = axes[r, first + j + 1]
+                ax.imshow(view["maps"][layer].float().numpy(), cmap="viridis")
+                ax.add_patch(
+                    matplotlib.patches.Rectangle((col - 0.5, row - 0.5), 1, 1, fill=False, color="red", linewidth=0.8)
+                )
+                if r == 0:
+                    ax.set_title(f"{size} px, layer {layer}", fontsize=7)
+        axes[r, 0].set_ylabel(label, fontsize=8)
+    for ax in axes.flat:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -36,8 +36,15 @@ def test_mean_attention_distance_by_loops():
 def test_maps_are_each_blocks_effective_attention(attention):
     """One matrix per block; the first equals the effective attention of the first block's attention input."""
     torch.manual_seed(0)
-    model = timm.create_model(f"{attention}_deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
-                              num_heads=2, num_classes=3).eval()
+    model = timm.create_model(
+        f"{attention}_deit_tiny_patch16_224",
+        img_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=2,
+        num_heads=2,
+        num_classes=3,
+    ).eval()
     x = torch.randn(1, 3, 16, 24)
     maps = attention_maps(model, x)
     assert len(maps) == 2 and all(a.shape == (1, 2, 1 + 4 * 6, 1 + 4 * 6) for a in maps)
@@ -66,5 +73,33 @@ def test_attention_maps_command(tmp_path, capsys, cli_error):
     assert report["sizes"]["24"]["query"] == [1, 3] and (out / "mean_distance.png").is_file()
     assert "--query must be ROW,COL" in cli_error([*args, "--img-size", "16", "--query", "middle"])
     assert "outside the training grid" in cli_error([*args, "--img-size", "16", "--query", "9,0"])
-    assert "not found" in cli_error([*args[:-4], "--image", str(tmp_path / "none.png"), "--out", str(out),
-                                     "--img-size", "16"])
+    assert "not found" in cli_error(
+        [*args[:-4], "--image", str(tmp_path / "none.png"), "--out", str(out), "--img-size", "16"]
+    )
+
+
+def test_attention_maps_side_by_side(tmp_path, capsys, cli_error):
+    """Several runs: each one's figures in its own folder, one comparison figure, every report in one JSON."""
+    from lightvision.cli import main
+
+    runs = [
+        digits_classifier(tmp_path / "softmax", **{"model.name": "softmax_deit_tiny_patch16_224"}),
+        digits_classifier(tmp_path / "lightnet"),
+    ]
+    image = tmp_path / "digit.png"
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 20), dtype=np.uint8)).save(image)
+    out = tmp_path / "maps"
+    args = ["classify", "attention-maps", "--checkpoint", *runs, "--image", str(image), "--img-size", "16", "24"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["runs"] == ["softmax", "lightnet"]
+    report = json.loads((out / "attention_maps.json").read_text())
+    depth = len(report["runs"]["softmax"]["sizes"]["16"]["mean_distance"])
+    assert report["layers"] == sorted({0, depth // 2, depth - 1}) and (out / "comparison.png").is_file()
+    assert report["runs"]["softmax"]["model"].startswith("softmax_deit")
+    assert report["runs"]["lightnet"]["model"].startswith("lightnet_deit")
+    for run in ("softmax", "lightnet"):
+        assert (out / run / "attention_maps_24px.png").is_file() and (out / run / "attention_maps.json").is_file()
+    assert main([*args, "--out", str(tmp_path / "last"), "--layers", "-1"]) == 0
+    assert json.loads((tmp_path / "last" / "attention_maps.json").read_text())["layers"] == [depth - 1]
+    assert "out of range" in cli_error([*args, "--out", str(out), "--layers", str(depth)])
+    assert "two or more" in cli_error([*args[:3], runs[0], *args[5:], "--out", str(out), "--layers", "0"])
