@@ -88,8 +88,12 @@ def table(results: dict, sizes: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = comparison_parser("classify", __doc__.splitlines()[0], "softmax lightnet lion_d lion_s lion_s_snake normalized",
-                          "model.args={patch_size: 4}")
+    p = comparison_parser(
+        "classify",
+        __doc__.splitlines()[0],
+        "softmax lightnet lion_d lion_s lion_s_snake normalized",
+        "model.args={patch_size: 4}",
+    )
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--warmup-epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=256)

@@ -40,11 +40,14 @@ def detect_layout(state: dict[str, torch.Tensor]) -> str:
     """The layout of a classifier state dict, one of ``LAYOUTS``; CheckpointError for the refused ones, ValueError
     naming the first keys when it is no DeiT-style classifier."""
     if "dist_token" in state or "head_dist.weight" in state:
-        raise CheckpointError("a distilled DeiT (dist_token, head_dist) cannot be converted: the DeiT family has one "
-                              "class token and one head; use the non-distilled deit_*_patch16_224 weights")
+        raise CheckpointError(
+            "a distilled DeiT (dist_token, head_dist) cannot be converted: the DeiT family has one "
+            "class token and one head; use the non-distilled deit_*_patch16_224 weights"
+        )
     if "patch_embed.proj.weight" not in state or "blocks.0.norm1.weight" not in state:
-        raise ValueError(f"not a DeiT-style classifier: no patch_embed.proj / blocks.0.norm1 (first keys: "
-                         f"{sorted(state)[:6]})")
+        raise ValueError(
+            f"not a DeiT-style classifier: no patch_embed.proj / blocks.0.norm1 (first keys: {sorted(state)[:6]})"
+        )
     return "lion" if any(".attn.a_i" in k for k in state) else "deit"
 
 
@@ -52,9 +55,12 @@ def pretrained_kwargs(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """``timm.create_model`` arguments a state dict implies: num_classes, in_chans, patch_size, pos_embed (and
     img_size from a learned one), global_pool ("avg_all" for the LION authors' layout)."""
     weight = state["patch_embed.proj.weight"]  # [D, C, p, p]
-    kwargs: dict[str, Any] = {"in_chans": weight.shape[1], "patch_size": weight.shape[-1],
-                              "num_classes": state["head.weight"].shape[0] if "head.weight" in state else 0,
-                              "pos_embed": "learned" if "pos_embed" in state else "none"}
+    kwargs: dict[str, Any] = {
+        "in_chans": weight.shape[1],
+        "patch_size": weight.shape[-1],
+        "num_classes": state["head.weight"].shape[0] if "head.weight" in state else 0,
+        "pos_embed": "learned" if "pos_embed" in state else "none",
+    }
     if "pos_embed" in state:
         side = math.isqrt(state["pos_embed"].shape[1] - 1)
         kwargs["img_size"] = side * weight.shape[-1]

@@ -151,18 +151,26 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipe
     gpu = (pipeline or d["pipeline"]) == "gpu"
     if d["source"] == "digits":
         if folder is not None:
-            raise ValueError(f"this run was trained on the bundled digits (data.source=digits) and is evaluated on "
-                             f"their held-out split, not on {folder}: leave out --data")
+            raise ValueError(
+                f"this run was trained on the bundled digits (data.source=digits) and is evaluated on "
+                f"their held-out split, not on {folder}: leave out --data"
+            )
         return DigitsDataset("val", img_size, d["in_chans"])
     mean, std = norm_stats(cfg)
-    tf = None if gpu else eval_transform(
-        img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std
+    tf = (
+        None
+        if gpu
+        else eval_transform(
+            img_size, d["crop_pct"] or _pretrained_cfg(cfg).crop_pct, cfg["aug"]["interpolation"], mean, std
+        )
     )
     loader = read_image_bytes if gpu else None
     if folder is None:
         if d["root"] is None:
-            raise ValueError("no validation data: pass --data PATH (a folder of class sub-folders, or one holding "
-                             f"{d['val_split']}/)")
+            raise ValueError(
+                "no validation data: pass --data PATH (a folder of class sub-folders, or one holding "
+                f"{d['val_split']}/)"
+            )
         if d["format"] == "shards":
             return ShardDataset(d["root"], d["val_split"], encoded_item if gpu else pil_item(tf), train=False)
         return image_folder(d["root"], d["val_split"], tf, loader)
@@ -231,19 +239,38 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
     gpu = cfg["data"]["pipeline"] == "gpu"
     return DataLoader(
-        dataset, batch_size=cfg["train"]["batch_size"], shuffle=sampler is None and not iterable, sampler=sampler,
-        drop_last=True, num_workers=workers, pin_memory=pin_memory and not gpu, persistent_workers=workers > 0,
+        dataset,
+        batch_size=cfg["train"]["batch_size"],
+        shuffle=sampler is None and not iterable,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=pin_memory and not gpu,
+        persistent_workers=workers > 0,
         collate_fn=collate_encoded if gpu else None,
     )
 
 
-def make_val_loader(cfg: dict, dataset: Dataset, batch_size: int, workers: int, pin_memory: bool,
-                    prepare: Callable[[Any], Any] | None = None, accelerator: Any = None) -> Any:
+def make_val_loader(
+    cfg: dict,
+    dataset: Dataset,
+    batch_size: int,
+    workers: int,
+    pin_memory: bool,
+    prepare: Callable[[Any], Any] | None = None,
+    accelerator: Any = None,
+) -> Any:
     """The validation loader (prepared by ``accelerator`` when given); with ``prepare`` (:func:`device_batches`)
     its batches are decoded and transformed on the device."""
     gpu = prepare is not None
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
-                        pin_memory=pin_memory and not gpu, collate_fn=collate_encoded if gpu else None)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=pin_memory and not gpu,
+        collate_fn=collate_encoded if gpu else None,
+    )
     if accelerator is not None:
         loader = accelerator.prepare(loader)
     return _MappedLoader(loader, prepare) if gpu else loader
@@ -317,9 +344,7 @@ class DigitsDataset(Dataset):
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32) / 16.0  # [1797, 8, 8] in [0, 1]
         labels = torch.tensor(digits.target, dtype=torch.long)
-        idx_train, idx_val = train_test_split(
-            range(len(labels)), test_size=0.2, random_state=0, stratify=digits.target
-        )
+        idx_train, idx_val = train_test_split(range(len(labels)), test_size=0.2, random_state=0, stratify=digits.target)
         idx = torch.tensor(idx_train if split == "train" else idx_val)
         self.images, self.labels = images[idx], labels[idx]
         self.img_size, self.in_chans = img_size, in_chans

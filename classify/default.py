@@ -68,8 +68,10 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     trained = train(cfg, device=device, resume=True)
     seconds = time.perf_counter() - start
     if trained["steps_run"] == 0:
-        print(f"digits classifier: reusing the finished run in {out_dir} ({trained['step']} steps trained earlier; "
-              "delete the folder to train again)")
+        print(
+            f"digits classifier: reusing the finished run in {out_dir} ({trained['step']} steps trained earlier; "
+            "delete the folder to train again)"
+        )
     report = evaluate_checkpoint(out_dir, EVAL_SIZES, out_dir=Path(out_dir) / "eval", num_workers=0, device=device)
     return {
         "model": report["model"],

@@ -499,7 +499,9 @@ def checkpoint_filter_fn(state_dict: dict[str, torch.Tensor], model: DeiT) -> di
                 )
             state_dict = dict(state_dict)
             state_dict["pos_embed"] = resample_abs_pos_embed(
-                pos, new_size=list(model.grid_size(model.img_size)), old_size=[side, side],
+                pos,
+                new_size=list(model.grid_size(model.img_size)),
+                old_size=[side, side],
                 num_prefix_tokens=model.num_prefix_tokens,
             )
     return state_dict
@@ -569,8 +571,12 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
     args = {**LEGACY_POSITION.get(attention_of(name), {}), **model_config["args"]}
     return timm.create_model(
-        name, num_classes=model_config["num_classes"], in_chans=model_config["in_chans"],
-        img_size=model_config["img_size"], drop_path_rate=drop_path_rate, **args,
+        name,
+        num_classes=model_config["num_classes"],
+        in_chans=model_config["in_chans"],
+        img_size=model_config["img_size"],
+        drop_path_rate=drop_path_rate,
+        **args,
     )
 
 

@@ -48,8 +48,9 @@ def _first_fit(ok: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, .
     return tuple(v.gather(1, first)[:, 0] for v in values)
 
 
-def resized_crop_params(sizes: torch.Tensor, scale: Sequence[float], ratio: Sequence[float] = RRC_RATIO
-                        ) -> torch.Tensor:
+def resized_crop_params(
+    sizes: torch.Tensor, scale: Sequence[float], ratio: Sequence[float] = RRC_RATIO
+) -> torch.Tensor:
     """timm's ``RandomResizedCropAndInterpolation.get_params`` for a batch.
 
     Args:
@@ -119,8 +120,7 @@ class DeviceEvalTransform:
         mean, std: per-channel normalisation (0..1 scale).
     """
 
-    def __init__(self, img_size: int, crop_pct: float, interpolation: str, mean: Sequence[float],
-                 std: Sequence[float]):
+    def __init__(self, img_size: int, crop_pct: float, interpolation: str, mean: Sequence[float], std: Sequence[float]):
         check_choice(interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
         if not 0 < crop_pct <= 1:
             raise ValueError(f"data.crop_pct must be in (0, 1] for data.pipeline=gpu (no padding), got {crop_pct}")
@@ -136,7 +136,7 @@ class DeviceEvalTransform:
         size = (self.short, new_long) if h <= w else (new_long, self.short)
         img = _resize(img, size, self.interpolation)
         top, left = round((size[0] - self.img_size) / 2), round((size[1] - self.img_size) / 2)
-        return img[:, top:top + self.img_size, left:left + self.img_size]
+        return img[:, top : top + self.img_size, left : left + self.img_size]
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """uint8 [3, H_i, W_i] per image -> float [N, 3, S, S] normalised, on the images' device."""
@@ -167,8 +167,10 @@ class DeviceTrainTransform:
         if jitter and not (auto and "3a" not in auto):  # timm: RandAugment / AutoAugment switch jitter off
             jitter = [float(jitter)] * 3 if isinstance(jitter, (int, float)) else [float(j) for j in jitter]
             if len(jitter) != 3:
-                raise ValueError(f"aug.color_jitter for data.pipeline=gpu is one value or [brightness, contrast, "
-                                 f"saturation], got {aug.get('color_jitter')!r}")
+                raise ValueError(
+                    f"aug.color_jitter for data.pipeline=gpu is one value or [brightness, contrast, "
+                    f"saturation], got {aug.get('color_jitter')!r}"
+                )
             self.jitter = jitter
         self.reprob, self.remode = float(aug.get("reprob", 0.0)), aug.get("remode", "pixel")
         self.recount = int(aug.get("recount", 1))
@@ -178,8 +180,12 @@ class DeviceTrainTransform:
         sizes = torch.tensor([img.shape[-2:] for img in images])
         params = resized_crop_params(sizes, self.scale).tolist()
         size = (self.img_size, self.img_size)
-        x = torch.stack([_resize(img[:, t:t + h, left:left + w], size, self.interpolation)
-                         for img, (t, left, h, w) in zip(images, params)])
+        x = torch.stack(
+            [
+                _resize(img[:, t : t + h, left : left + w], size, self.interpolation)
+                for img, (t, left, h, w) in zip(images, params)
+            ]
+        )
         flip = torch.nonzero(batch_random().rand(len(images), device="cpu") < 0.5).flatten()
         if flip.numel():
             idx = flip.to(x.device, non_blocking=True)

@@ -79,8 +79,9 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:
     return decode_image(data, mode=ImageReadMode.RGB).to(device, non_blocking=True)
 
 
-def decode_batch(images: EncodedImages, labels: torch.Tensor, skips: Any = None
-                 ) -> tuple[list[torch.Tensor], torch.Tensor]:
+def decode_batch(
+    images: EncodedImages, labels: torch.Tensor, skips: Any = None
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Decode a batch on ``labels.device``.
 
     Args:
@@ -95,8 +96,9 @@ def decode_batch(images: EncodedImages, labels: torch.Tensor, skips: Any = None
     jpeg = [i for i, d in enumerate(data) if d[:3].tolist() == list(JPEG_SOI)]
     decoded: list[torch.Tensor | None] = [None] * len(data)
     try:
-        for i, img in zip(jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
-                          if jpeg else []):
+        for i, img in zip(
+            jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []
+        ):
             decoded[i] = img
     except RuntimeError:  # one bad file fails the batched call: decode one by one below
         pass

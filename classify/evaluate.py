@@ -30,8 +30,15 @@ from lightvision.engine import load_model_weights, read_checkpoint_config, resol
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 
-__all__ = ["check_img_sizes", "evaluate", "evaluate_checkpoint", "evaluate_pretrained", "evaluate_resolutions",
-           "load_classifier", "write_report"]
+__all__ = [
+    "check_img_sizes",
+    "evaluate",
+    "evaluate_checkpoint",
+    "evaluate_pretrained",
+    "evaluate_resolutions",
+    "load_classifier",
+    "write_report",
+]
 
 
 @torch.no_grad()
@@ -93,7 +100,10 @@ def evaluate_resolutions(
     results = []
     for size in img_sizes:
         loader = DataLoader(
-            make_dataset(size), batch_size=batch_size, shuffle=False, num_workers=num_workers,
+            make_dataset(size),
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=num_workers,
             pin_memory=accelerator.device.type == "cuda",
         )
         metrics = evaluate(model, accelerator.prepare(loader), accelerator, desc=f"eval {size}px")
@@ -193,8 +203,9 @@ def evaluate_checkpoint(
     return _evaluate_and_report(model, cfg, meta, img_sizes, data, out, batch_size, num_workers, device)
 
 
-def load_classifier(checkpoint: str | Path, weights: str | None = None,
-                    img_sizes: Sequence[int] | None = None) -> tuple[nn.Module, dict[str, Any], dict]:
+def load_classifier(
+    checkpoint: str | Path, weights: str | None = None, img_sizes: Sequence[int] | None = None
+) -> tuple[nn.Module, dict[str, Any], dict]:
     """The classifier of a ``lightvision classify train`` run (or one checkpoint folder) with its weights.
 
     Args:
@@ -252,15 +263,28 @@ def evaluate_pretrained(
     cfg = load_recipe(recipe, [f"model.name={model_name}"])
     model, loaded = create_pretrained(model_name, pretrained, weights or "ema", **(model_args or {}))
     print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into {model_name}")
-    meta = {"checkpoint": str(pretrained), "model": model_name, "train_img_size": model.img_size[0],
-            "weights": weights or "ema", "loaded": loaded}
+    meta = {
+        "checkpoint": str(pretrained),
+        "model": model_name,
+        "train_img_size": model.img_size[0],
+        "weights": weights or "ema",
+        "loaded": loaded,
+    }
     cfg["train"]["mixed_precision"] = "no"  # the file does not say how it was trained: evaluate in float32
     return _evaluate_and_report(model, cfg, meta, img_sizes, data, Path(out_dir), batch_size, num_workers, device)
 
 
-def _evaluate_and_report(model: nn.Module, cfg: dict, meta: dict[str, Any], img_sizes: Sequence[int],
-                         data: str | Path | None, out_dir: Path, batch_size: int, num_workers: int,
-                         device: str) -> dict[str, Any]:
+def _evaluate_and_report(
+    model: nn.Module,
+    cfg: dict,
+    meta: dict[str, Any],
+    img_sizes: Sequence[int],
+    data: str | Path | None,
+    out_dir: Path,
+    batch_size: int,
+    num_workers: int,
+    device: str,
+) -> dict[str, Any]:
     """Evaluate ``model`` on the recipe ``cfg``'s validation data at every size; write the report into ``out_dir``."""
     accelerator = Accelerator(
         cpu=device == "cpu",

@@ -28,9 +28,26 @@ __all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "OPS", "apply_op", "level_to_arg
 LEVEL_DENOM = 10.0
 GEOMETRIC_OPS = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 GRID_MODES = ("bilinear", "bicubic", "nearest")
-OPS = (*GEOMETRIC_OPS, "AutoContrast", "Equalize", "Invert", "Posterize", "PosterizeIncreasing", "PosterizeOriginal",
-       "Solarize", "SolarizeIncreasing", "SolarizeAdd", "Color", "ColorIncreasing", "Contrast", "ContrastIncreasing",
-       "Brightness", "BrightnessIncreasing", "Sharpness", "SharpnessIncreasing")
+OPS = (
+    *GEOMETRIC_OPS,
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Posterize",
+    "PosterizeIncreasing",
+    "PosterizeOriginal",
+    "Solarize",
+    "SolarizeIncreasing",
+    "SolarizeAdd",
+    "Color",
+    "ColorIncreasing",
+    "Contrast",
+    "ContrastIncreasing",
+    "Brightness",
+    "BrightnessIncreasing",
+    "Sharpness",
+    "SharpnessIncreasing",
+)
 
 
 def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate_pct: float = 0.45) -> torch.Tensor:
@@ -111,8 +128,7 @@ def _affine(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, m
     else:  # TranslateYRel
         rows = (one, zero, zero, zero, one, arg * h)
     m = torch.stack(rows, 1).view(n, 2, 3)
-    v, u = torch.meshgrid(torch.arange(h, device=x.device) + 0.5, torch.arange(w, device=x.device) + 0.5,
-                          indexing="ij")
+    v, u = torch.meshgrid(torch.arange(h, device=x.device) + 0.5, torch.arange(w, device=x.device) + 0.5, indexing="ij")
     src = torch.einsum("nij,hwj->nhwi", m, torch.stack([u, v, torch.ones_like(u)], -1))  # [N, H, W, 2] pixels
     grid = torch.stack([2 * src[..., 0] / w - 1, 2 * src[..., 1] / h - 1], -1)
     fill = fill.view(1, -1, 1, 1)
@@ -174,8 +190,10 @@ class BatchRandAugment:
 
     def __init__(self, config: str, img_size: int, mean: tuple[float, ...], interpolation: str = "bicubic"):
         if not config.startswith("rand"):
-            raise ValueError(f"aug.auto_augment={config!r}: data.pipeline=gpu runs RandAugment ('rand-...') only; "
-                             "use data.pipeline=cpu for other policies")
+            raise ValueError(
+                f"aug.auto_augment={config!r}: data.pipeline=gpu runs RandAugment ('rand-...') only; "
+                "use data.pipeline=cpu for other policies"
+            )
         check_choice(interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
         fill = tuple(min(255, round(255 * m)) for m in mean)
         try:
@@ -183,12 +201,15 @@ class BatchRandAugment:
         except (AssertionError, ValueError, KeyError) as err:
             raise ValueError(f"aug.auto_augment={config!r} is not a timm RandAugment string ({err})") from None
         if ra.choice_weights is not None:
-            raise ValueError(f"aug.auto_augment={config!r}: weighted op choice has no batched form; "
-                             "use data.pipeline=cpu")
+            raise ValueError(
+                f"aug.auto_augment={config!r}: weighted op choice has no batched form; use data.pipeline=cpu"
+            )
         unknown = sorted({op.name for op in ra.ops} - set(OPS))
         if unknown:
-            raise ValueError(f"aug.auto_augment={config!r}: RandAugment op(s) {', '.join(unknown)} have no batched "
-                             "form; use data.pipeline=cpu")
+            raise ValueError(
+                f"aug.auto_augment={config!r}: RandAugment op(s) {', '.join(unknown)} have no batched "
+                "form; use data.pipeline=cpu"
+            )
         self.names = [op.name for op in ra.ops]
         self.prob = ra.ops[0].prob
         self.magnitude = float(ra.ops[0].magnitude)
@@ -224,4 +245,3 @@ class BatchRandAugment:
                     idx = rows.to(x.device, non_blocking=True)
                     x[idx] = apply_op(x[idx], name, arg.to(x.device, non_blocking=True), fill, self.interpolation)
         return x
-

@@ -57,11 +57,21 @@ def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000
     with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
         for i, (path, label) in enumerate(samples):
             ext = Path(path).suffix.lower().lstrip(".") or "img"
-            sink.write({"__key__": f"{i:08d}", ext: Path(path).read_bytes(), "cls": str(label).encode(),
-                        "path": str(Path(path).relative_to(root)).encode()})
+            sink.write(
+                {
+                    "__key__": f"{i:08d}",
+                    ext: Path(path).read_bytes(),
+                    "cls": str(label).encode(),
+                    "path": str(Path(path).relative_to(root)).encode(),
+                }
+            )
         shards = sink.shard
-    index = {"split": split, "classes": list(folder.classes), "count": len(samples),
-             "shards": [f"{split}-{i:06d}.tar" for i in range(shards)]}
+    index = {
+        "split": split,
+        "classes": list(folder.classes),
+        "count": len(samples),
+        "shards": [f"{split}-{i:06d}.tar" for i in range(shards)],
+    }
     (out / f"{split}.json").write_text(json.dumps(index, indent=1))
     return index
 
@@ -70,8 +80,10 @@ def read_index(root: str | Path, split: str) -> dict[str, Any]:
     """``root/<split>.json`` of :func:`make_shards`, with an error that says how to make it."""
     path = Path(root) / f"{split}.json"
     if not path.is_file():
-        raise FileNotFoundError(f"no shard index {path}: make the shards with `lightvision classify make-shards "
-                                f"--data IMAGEFOLDER --out {root} --split {split}` (data.format=shards reads them)")
+        raise FileNotFoundError(
+            f"no shard index {path}: make the shards with `lightvision classify make-shards "
+            f"--data IMAGEFOLDER --out {root} --split {split}` (data.format=shards reads them)"
+        )
     return json.loads(path.read_text())
 
 
@@ -84,8 +96,7 @@ class ShardDataset(IterableDataset):
         train: shuffle shards and samples, and repeat; repeats: ``aug.repeated_aug``.
     """
 
-    def __init__(self, root: str | Path, split: str, item: Callable[[bytes, str], Any], train: bool,
-                 repeats: int = 1):
+    def __init__(self, root: str | Path, split: str, item: Callable[[bytes, str], Any], train: bool, repeats: int = 1):
         index = read_index(root, split)
         self.classes, self.count = index["classes"], index["count"]
         self.urls = [str(Path(root) / name) for name in index["shards"]]
@@ -121,8 +132,7 @@ class ShardDataset(IterableDataset):
                 warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
 
     def __iter__(self) -> Iterator[Any]:
-        pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False,
-                                  empty_check=False)
+        pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False, empty_check=False)
         if self.train:
             if self.repeats > 1:
                 pipeline = pipeline.compose(self._repeat)

@@ -129,8 +129,13 @@ def load_recipe(path: str | Path | None, overrides: list[str] | tuple[str, ...] 
 def model_config(cfg: dict, num_classes: int) -> dict:
     """What rebuilds the architecture (stored with every checkpoint, checked on resume and eval)."""
     m = cfg["model"]
-    return {"name": m["name"], "num_classes": num_classes, "in_chans": cfg["data"]["in_chans"],
-            "img_size": m["img_size"], "args": position_args(m["name"], m["args"] or {})}
+    return {
+        "name": m["name"],
+        "num_classes": num_classes,
+        "in_chans": cfg["data"]["in_chans"],
+        "img_size": m["img_size"],
+        "args": position_args(m["name"], m["args"] or {}),
+    }
 
 
 def make_criterion(mixup: Any, smoothing: float) -> nn.Module:
@@ -184,11 +189,17 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
     """
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
     _check_schedule(s)
-    accelerator = make_accelerator(t["mixed_precision"] or "no", t["grad_accum_steps"], t["seed"],  # YAML: no -> False
-                                   cpu=resolve_device(device) == "cpu")
+    accelerator = make_accelerator(
+        t["mixed_precision"] or "no",
+        t["grad_accum_steps"],
+        t["seed"],  # YAML: no -> False
+        cpu=resolve_device(device) == "cpu",
+    )
     if cfg["data"]["format"] == "shards" and accelerator.num_processes > 1:
-        raise ValueError(f"data.format=shards reads on one process only ({accelerator.num_processes} were launched): "
-                         "train from the image folder (data.format=folder, data.pipeline=gpu works there)")
+        raise ValueError(
+            f"data.format=shards reads on one process only ({accelerator.num_processes} were launched): "
+            "train from the image folder (data.format=folder, data.pipeline=gpu works there)"
+        )
     run_dir = Path(cfg["run"]["dir"])
 
     train_set = train_dataset(cfg)
@@ -217,8 +228,9 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
     workers = loader_workers(cfg["data"]["num_workers"])
     cuda = accelerator.device.type == "cuda"
     train_loader = make_train_loader(cfg, train_set, workers, cuda)
-    val_loader = make_val_loader(cfg, val_set, t["eval_batch_size"], workers, cuda,
-                                 device_batches(cfg, val_set, train=False), accelerator)
+    val_loader = make_val_loader(
+        cfg, val_set, t["eval_batch_size"], workers, cuda, device_batches(cfg, val_set, train=False), accelerator
+    )
 
     procs = accelerator.num_processes
     samples = len(train_set) if isinstance(train_set, IterableDataset) else len(train_loader.sampler)
@@ -255,23 +267,57 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
     eval_every = t["eval_every_epochs"] * steps_per_epoch
     loss_fn = make_loss_fn(mixup, a["smoothing"], device_batches(cfg, train_set, train=True))
     trainer = Trainer(
-        run_dir, cfg, model, optimizer, scheduler, train_loader, loss_fn,
-        max_steps=max_steps, model_config=mcfg, grad_accum_steps=t["grad_accum_steps"], clip_grad=o["clip_grad"],
-        ema_decay=t["ema_decay"], log_every=min(t["log_every"], max_steps),
-        ckpt_every=t["ckpt_every_epochs"] * steps_per_epoch, keep_last=t["keep_last"], nan_policy=t["nan_policy"],
-        seed=t["seed"], hooks=[(eval_every, lambda tr: None if tr.step == max_steps else validate(tr))],
-        accelerator=accelerator, torch_compile=bool(t["compile"]),
+        run_dir,
+        cfg,
+        model,
+        optimizer,
+        scheduler,
+        train_loader,
+        loss_fn,
+        max_steps=max_steps,
+        model_config=mcfg,
+        grad_accum_steps=t["grad_accum_steps"],
+        clip_grad=o["clip_grad"],
+        ema_decay=t["ema_decay"],
+        log_every=min(t["log_every"], max_steps),
+        ckpt_every=t["ckpt_every_epochs"] * steps_per_epoch,
+        keep_last=t["keep_last"],
+        nan_policy=t["nan_policy"],
+        seed=t["seed"],
+        hooks=[(eval_every, lambda tr: None if tr.step == max_steps else validate(tr))],
+        accelerator=accelerator,
+        torch_compile=bool(t["compile"]),
     )
     if accelerator.is_main_process:
-        log.info("%s: %d classes, %d train / %d val images, %d epochs x %d steps (%d trained), global batch %d "
-                 "(%d processes), lr %.3g", mcfg["name"], num_classes, len(train_set), len(val_set), s["epochs"],
-                 steps_per_epoch, max_steps, global_batch, procs, lr)
+        log.info(
+            "%s: %d classes, %d train / %d val images, %d epochs x %d steps (%d trained), global batch %d "
+            "(%d processes), lr %.3g",
+            mcfg["name"],
+            num_classes,
+            len(train_set),
+            len(val_set),
+            s["epochs"],
+            steps_per_epoch,
+            max_steps,
+            global_batch,
+            procs,
+            lr,
+        )
     fit = trainer.fit(resume=resume or None)
     final = validate(trainer)
     final.pop("metric")
-    results = {"model": mcfg["name"], "params": sum(p.numel() for p in model.parameters()), "step": fit["step"],
-               "epochs": fit["step"] / steps_per_epoch, "global_batch": global_batch, "lr": lr, "processes": procs,
-               "val_set_size": len(val_set), "steps_run": fit["steps_run"], **final}
+    results = {
+        "model": mcfg["name"],
+        "params": sum(p.numel() for p in model.parameters()),
+        "step": fit["step"],
+        "epochs": fit["step"] / steps_per_epoch,
+        "global_batch": global_batch,
+        "lr": lr,
+        "processes": procs,
+        "val_set_size": len(val_set),
+        "steps_run": fit["steps_run"],
+        **final,
+    }
     trainer.metrics.log(fit["step"], results)
     if init_report:
         results["init_from"] = init_report

@@ -37,8 +37,17 @@ from torch import nn
 from lightvision.engine import Trainer, batch_random, load_config, make_accelerator, save_config
 from lightvision.engine.device import resolve_device
 
-__all__ = ["DEFAULTS", "YardstickNet", "augment", "load_images", "load_yardstick", "load_yardstick_config",
-           "packaged_yardstick", "save_yardstick", "train_yardstick"]
+__all__ = [
+    "DEFAULTS",
+    "YardstickNet",
+    "augment",
+    "load_images",
+    "load_yardstick",
+    "load_yardstick_config",
+    "packaged_yardstick",
+    "save_yardstick",
+    "train_yardstick",
+]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -51,8 +60,16 @@ DEFAULTS: dict[str, Any] = {
     "data": {"root": None, "train_split": "train", "test_split": "test"},
     "augment": {"pad": 4, "cutout": 8},
     "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
-    "train": {"epochs": 60, "batch_size": 512, "max_steps": None, "mixed_precision": "bf16", "seed": 0,
-              "eval_every_epochs": 5, "log_every": 50, "compile": False},
+    "train": {
+        "epochs": 60,
+        "batch_size": 512,
+        "max_steps": None,
+        "mixed_precision": "bf16",
+        "seed": 0,
+        "eval_every_epochs": 5,
+        "log_every": 50,
+        "compile": False,
+    },
     "run": {"dir": "runs/yardstick"},
 }
 
@@ -114,10 +131,16 @@ def save_yardstick(model: YardstickNet, path: str | Path, meta: dict[str, Any] |
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", torch.float16 if v.is_floating_point() and v.ndim > 1 else v.dtype)
-               .contiguous() for k, v in model.state_dict().items()}
-    header = {"format": "lightvision-yardstick", "widths": json.dumps(model.widths),
-              "num_classes": str(model.num_classes), **{k: json.dumps(v) for k, v in (meta or {}).items()}}
+    tensors = {
+        k: v.detach().to("cpu", torch.float16 if v.is_floating_point() and v.ndim > 1 else v.dtype).contiguous()
+        for k, v in model.state_dict().items()
+    }
+    header = {
+        "format": "lightvision-yardstick",
+        "widths": json.dumps(model.widths),
+        "num_classes": str(model.num_classes),
+        **{k: json.dumps(v) for k, v in (meta or {}).items()},
+    }
     save_file(tensors, str(path), metadata=header)
     return path
 
@@ -132,13 +155,17 @@ def load_yardstick(path: str | Path) -> tuple[YardstickNet, Path]:
     if path.is_dir():
         path = path / "yardstick.safetensors"
     if not path.is_file():
-        raise FileNotFoundError(f"yardstick weights {str(path)!r} not found: train them with "
-                                "`lightvision classify train-yardstick --data ROOT --out DIR`")
+        raise FileNotFoundError(
+            f"yardstick weights {str(path)!r} not found: train them with "
+            "`lightvision classify train-yardstick --data ROOT --out DIR`"
+        )
     with safe_open(str(path), "pt") as f:
         header = f.metadata() or {}
     if header.get("format") != "lightvision-yardstick":
-        raise ValueError(f"{path} is not a yardstick file (no 'lightvision-yardstick' header): pass the "
-                         "yardstick.safetensors that `lightvision classify train-yardstick` wrote")
+        raise ValueError(
+            f"{path} is not a yardstick file (no 'lightvision-yardstick' header): pass the "
+            "yardstick.safetensors that `lightvision classify train-yardstick` wrote"
+        )
     model = YardstickNet(json.loads(header["widths"]), int(header["num_classes"]))
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     model.load_state_dict(state)
@@ -177,8 +204,9 @@ def load_images(root: str | Path, split: str) -> tuple[torch.Tensor, torch.Tenso
                     items.append((parts[-2], parts[-1], tar.extractfile(member).read()))
         items.sort(key=lambda it: it[:2])
     else:
-        raise FileNotFoundError(f"no {split!r} images under {str(root)!r}: expected {folder}/<class>/<images> "
-                                f"or {archive}")
+        raise FileNotFoundError(
+            f"no {split!r} images under {str(root)!r}: expected {folder}/<class>/<images> or {archive}"
+        )
     if not items:
         raise FileNotFoundError(f"{folder if folder.is_dir() else archive} holds no {'/'.join(IMAGE_SUFFIXES)} images")
     classes = sorted({c for c, _, _ in items})
@@ -238,16 +266,22 @@ def augment(images: torch.Tensor, pad: int = 4, cutout: int = 0) -> torch.Tensor
 
 
 @torch.no_grad()
-def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, device: torch.device, batch_size: int = 1000,
-             autocast: bool = False) -> float:
+def accuracy(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    device: torch.device,
+    batch_size: int = 1000,
+    autocast: bool = False,
+) -> float:
     """Top-1 (%) of ``model`` on uint8 images [N, 3, H, W] with labels [N]."""
     was_training = model.training
     model.eval()
     hits = 0
     for i in range(0, len(labels), batch_size):
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
-            logits = model(images[i:i + batch_size].to(device).float() / 255.0)
-        hits += (logits.argmax(1).cpu() == labels[i:i + batch_size]).sum().item()
+            logits = model(images[i : i + batch_size].to(device).float() / 255.0)
+        hits += (logits.argmax(1).cpu() == labels[i : i + batch_size]).sum().item()
     model.train(was_training)
     return 100.0 * hits / len(labels)
 
@@ -256,9 +290,12 @@ def _optimizer(model: nn.Module, o: dict) -> torch.optim.Optimizer:
     """SGD with Nesterov momentum; weight decay on conv / linear weights only (not BatchNorm)."""
     decay = [p for p in model.parameters() if p.ndim > 1]
     other = [p for p in model.parameters() if p.ndim <= 1]
-    return torch.optim.SGD([{"params": decay, "weight_decay": float(o["weight_decay"])},
-                            {"params": other, "weight_decay": 0.0}],
-                           lr=float(o["lr"]), momentum=float(o["momentum"]), nesterov=True)
+    return torch.optim.SGD(
+        [{"params": decay, "weight_decay": float(o["weight_decay"])}, {"params": other, "weight_decay": 0.0}],
+        lr=float(o["lr"]),
+        momentum=float(o["momentum"]),
+        nesterov=True,
+    )
 
 
 def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
@@ -267,8 +304,9 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     import time
 
     if cfg["data"]["root"] is None:
-        raise ValueError("no training data: pass --data ROOT (train/ and test/ class folders, or the CIFAR-10 "
-                         "archives)")
+        raise ValueError(
+            "no training data: pass --data ROOT (train/ and test/ class folders, or the CIFAR-10 archives)"
+        )
     start = time.perf_counter()
     t, o, d, a = cfg["train"], cfg["optim"], cfg["data"], cfg["augment"]
     run_dir = Path(cfg["run"]["dir"])
@@ -282,8 +320,9 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     model = YardstickNet(cfg["model"]["widths"], len(classes)).to(memory_format=torch.channels_last)
     batch = int(t["batch_size"])
     per_process = batch // accelerator.num_processes
-    loader = torch.utils.data.DataLoader(TensorBatches(images, labels), batch_size=per_process, shuffle=True,
-                                         drop_last=True, collate_fn=_batch_as_is)
+    loader = torch.utils.data.DataLoader(
+        TensorBatches(images, labels), batch_size=per_process, shuffle=True, drop_last=True, collate_fn=_batch_as_is
+    )
     steps_per_epoch = len(labels) // (per_process * accelerator.num_processes)
     if steps_per_epoch < 1:
         raise ValueError(f"{len(labels)} training images are less than one batch of {batch}: lower train.batch_size")
@@ -292,7 +331,8 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     warmup = max(1, int(float(o["warmup_fraction"]) * total))
     optimizer = _optimizer(model, o)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup)))
+        optimizer, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total - s) / max(1, total - warmup))
+    )
     smoothing = float(o["label_smoothing"])
 
     def loss_fn(net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -303,26 +343,51 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     cuda = accelerator.device.type == "cuda"
 
     def evaluate(trainer: Trainer) -> dict[str, float]:
-        return {"test_top1": accuracy(trainer.unwrapped_model, test_images, test_labels, accelerator.device,
-                                      autocast=cuda)}
+        return {
+            "test_top1": accuracy(trainer.unwrapped_model, test_images, test_labels, accelerator.device, autocast=cuda)
+        }
 
-    trainer = Trainer(run_dir, cfg, model, optimizer, scheduler, loader, loss_fn, max_steps=max_steps,
-                      model_config={"name": "yardstick", "widths": model.widths, "num_classes": len(classes)},
-                      mixed_precision=t["mixed_precision"] or "no", log_every=min(int(t["log_every"]), max_steps),
-                      ckpt_every=max_steps, keep_last=1, seed=int(t["seed"]), accelerator=accelerator,
-                      hooks=[(int(t["eval_every_epochs"]) * steps_per_epoch, evaluate)],
-                      torch_compile=bool(t["compile"]))
+    trainer = Trainer(
+        run_dir,
+        cfg,
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        loss_fn,
+        max_steps=max_steps,
+        model_config={"name": "yardstick", "widths": model.widths, "num_classes": len(classes)},
+        mixed_precision=t["mixed_precision"] or "no",
+        log_every=min(int(t["log_every"]), max_steps),
+        ckpt_every=max_steps,
+        keep_last=1,
+        seed=int(t["seed"]),
+        accelerator=accelerator,
+        hooks=[(int(t["eval_every_epochs"]) * steps_per_epoch, evaluate)],
+        torch_compile=bool(t["compile"]),
+    )
     fit = trainer.fit(resume=resume or None)
     net = trainer.unwrapped_model
     top1 = accuracy(net, test_images, test_labels, accelerator.device, autocast=cuda)
-    results = {"test_top1": round(top1, 2), "params": sum(p.numel() for p in net.parameters()), "step": fit["step"],
-               "epochs": round(fit["step"] / steps_per_epoch, 2), "global_batch": batch,
-               "processes": accelerator.num_processes, "train_images": len(labels), "test_images": len(test_labels),
-               "decode_seconds": round(decode_seconds, 1), "seconds": round(time.perf_counter() - start, 1),
-               "weights": str(run_dir / "yardstick.safetensors")}
+    results = {
+        "test_top1": round(top1, 2),
+        "params": sum(p.numel() for p in net.parameters()),
+        "step": fit["step"],
+        "epochs": round(fit["step"] / steps_per_epoch, 2),
+        "global_batch": batch,
+        "processes": accelerator.num_processes,
+        "train_images": len(labels),
+        "test_images": len(test_labels),
+        "decode_seconds": round(decode_seconds, 1),
+        "seconds": round(time.perf_counter() - start, 1),
+        "weights": str(run_dir / "yardstick.safetensors"),
+    }
     if accelerator.is_main_process:
-        save_yardstick(net, run_dir / "yardstick.safetensors",
-                       {"classes": classes, "test_top1": results["test_top1"], "epochs": results["epochs"]})
+        save_yardstick(
+            net,
+            run_dir / "yardstick.safetensors",
+            {"classes": classes, "test_top1": results["test_top1"], "epochs": results["epochs"]},
+        )
         trainer.metrics.log(fit["step"], results)
         save_config(results, run_dir / "results.json")
     accelerator.wait_for_everyone()

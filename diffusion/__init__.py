@@ -8,8 +8,12 @@ Attributes load lazily so that ``lightvision --help`` does not import diffusers.
 from __future__ import annotations
 
 _EXPORTS = {
-    "DiT": "dit", "create_model": "dit", "model_names": "dit",
-    "GaussianDiffusion": "gaussian", "SampleNoise": "gaussian", "sample_with_scheduler": "gaussian",
+    "DiT": "dit",
+    "create_model": "dit",
+    "model_names": "dit",
+    "GaussianDiffusion": "gaussian",
+    "SampleNoise": "gaussian",
+    "sample_with_scheduler": "gaussian",
 }
 
 __all__ = sorted(_EXPORTS)

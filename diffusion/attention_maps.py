@@ -20,8 +20,16 @@ from pathlib import Path
 import torch
 
 
-def attention_maps_main(checkpoint: str, image: str, timesteps: Sequence[int], label: int | None, out_dir: str,
-                        query: tuple[int, int] | None = None, weights: str = "ema", seed: int = 0) -> dict:
+def attention_maps_main(
+    checkpoint: str,
+    image: str,
+    timesteps: Sequence[int],
+    label: int | None,
+    out_dir: str,
+    query: tuple[int, int] | None = None,
+    weights: str = "ema",
+    seed: int = 0,
+) -> dict:
     """Write ``attention_maps_t<t>.png`` per timestep, ``mean_distance.png`` and ``attention_maps.json`` under
     ``out_dir``; returns the JSON's content.
 
@@ -49,8 +57,10 @@ def attention_maps_main(checkpoint: str, image: str, timesteps: Sequence[int], l
     if label is not None and not classes:
         raise ValueError(f"--label {label}: this model is unconditional; leave --label out")
     if label is not None and not 0 <= label < classes:
-        raise ValueError(f"--label {label} is not a class of this model: use 0 .. {classes - 1}, or leave it out for "
-                         "the unconditional (null) class")
+        raise ValueError(
+            f"--label {label} is not a class of this model: use 0 .. {classes - 1}, or leave it out for "
+            "the unconditional (null) class"
+        )
     codec = build_codec(cfg, "cpu")
     size, channels = int(cfg["data"]["image_size"]), int(cfg["data"]["channels"])
     x, _ = load_image(image, size, channels, [0.5] * channels, [0.5] * channels)  # pixels in [-1, 1]
@@ -66,8 +76,17 @@ def attention_maps_main(checkpoint: str, image: str, timesteps: Sequence[int], l
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     name = cfg["model"]["name"]
-    report = {"model": name, "checkpoint": str(checkpoint), "weights": weights, "image": str(image),
-              "label": label, "seed": seed, "grid": list(grid), "query": [row, col], "timesteps": {}}
+    report = {
+        "model": name,
+        "checkpoint": str(checkpoint),
+        "weights": weights,
+        "image": str(image),
+        "label": label,
+        "seed": seed,
+        "grid": list(grid),
+        "query": [row, col],
+        "timesteps": {},
+    }
     for step in timesteps:
         t = torch.tensor([step])
         xt = diffusion.q_sample(z0, t, eps)
@@ -75,11 +94,22 @@ def attention_maps_main(checkpoint: str, image: str, timesteps: Sequence[int], l
         with torch.no_grad():
             shown = ((codec.decode(xt)[0] + 1) / 2).permute(1, 2, 0).clamp(0, 1)
         path = out / f"attention_maps_t{step}.png"
-        draw_query_maps(maps, shown, grid, size // grid[0], 0, (row, col),
-                        f"{name}, t = {step}, label {'null' if label is None else label}, query ({row}, {col})", path)
-        report["timesteps"][str(step)] = {"figure": path.name,
-                                          "mean_distance": [mean_attention_distance(a, grid)[0].tolist() for a in maps]}
-    plot_mean_distance({f"t = {t}": e["mean_distance"] for t, e in report["timesteps"].items()},
-                       out / "mean_distance.png")
+        draw_query_maps(
+            maps,
+            shown,
+            grid,
+            size // grid[0],
+            0,
+            (row, col),
+            f"{name}, t = {step}, label {'null' if label is None else label}, query ({row}, {col})",
+            path,
+        )
+        report["timesteps"][str(step)] = {
+            "figure": path.name,
+            "mean_distance": [mean_attention_distance(a, grid)[0].tolist() for a in maps],
+        }
+    plot_mean_distance(
+        {f"t = {t}": e["mean_distance"] for t, e in report["timesteps"].items()}, out / "mean_distance.png"
+    )
     (out / "attention_maps.json").write_text(json.dumps(report, indent=2))
     return report

@@ -59,8 +59,13 @@ class Codec:
 
     def describe(self) -> dict:
         """JSON-able record of this codec (stored with latents and runs)."""
-        return {"kind": self.kind, "source": self.source, "channels": self.channels, "downsample": self.downsample,
-                "scaling_factor": self.scaling_factor}
+        return {
+            "kind": self.kind,
+            "source": self.source,
+            "channels": self.channels,
+            "downsample": self.downsample,
+            "scaling_factor": self.scaling_factor,
+        }
 
 
 def load_codec(
@@ -98,6 +103,9 @@ def load_codec(
     )
     cfg = vae.config
     channels_out = cfg.latent_channels
-    downsample = (2 ** (len(cfg.block_out_channels) - 1) if kind == "kl"
-                  else cfg.upsampling_scaling_factor ** (len(cfg.encoder_block_out_channels) - 1))
+    downsample = (
+        2 ** (len(cfg.block_out_channels) - 1)
+        if kind == "kl"
+        else cfg.upsampling_scaling_factor ** (len(cfg.encoder_block_out_channels) - 1)
+    )
     return Codec(kind, channels_out, downsample, float(cfg.scaling_factor), vae, path)

@@ -36,8 +36,12 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 def streak_summary(shares: np.ndarray) -> dict:
     """Mean, standard error and median of per-image streak shares."""
-    return {"mean": round(float(shares.mean()), 4), "sem": round(float(shares.std(ddof=1) / np.sqrt(len(shares))), 4),
-            "median": round(float(np.median(shares)), 4), "images": int(len(shares))}
+    return {
+        "mean": round(float(shares.mean()), 4),
+        "sem": round(float(shares.std(ddof=1) / np.sqrt(len(shares))), 4),
+        "median": round(float(np.median(shares)), 4),
+        "images": int(len(shares)),
+    }
 
 
 def real_streak_share(data: str, count: int) -> dict:
@@ -60,11 +64,24 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
 
     kind, variant_set = resolve_variant(name, args.variants, ATTENTION_KINDS)
     out, work = Path(args.out), Path(args.work)
-    cfg = load_recipe(CONFIGS / "diffusion" / "cifar10.yaml", [
-        f"run_dir={work / 'runs' / name}", f"model.name={kind}_dit_{args.size}_2", f"data.root={args.data}",
-        f"data.batch_size={args.batch_size}", f"train.max_steps={args.steps}", f"train.ckpt_every={args.steps}",
-        f"sample.every={args.steps}", "sample.num=100", f"sample.steps={args.sample_steps}", "optim.lr=3e-4",
-        "optim.warmup_steps=100", *variant_set, *args.set])
+    cfg = load_recipe(
+        CONFIGS / "diffusion" / "cifar10.yaml",
+        [
+            f"run_dir={work / 'runs' / name}",
+            f"model.name={kind}_dit_{args.size}_2",
+            f"data.root={args.data}",
+            f"data.batch_size={args.batch_size}",
+            f"train.max_steps={args.steps}",
+            f"train.ckpt_every={args.steps}",
+            f"sample.every={args.steps}",
+            "sample.num=100",
+            f"sample.steps={args.sample_steps}",
+            "optim.lr=3e-4",
+            "optim.warmup_steps=100",
+            *variant_set,
+            *args.set,
+        ],
+    )
     start = time.time()
     result = train(cfg)
     train_seconds = time.time() - start
@@ -91,14 +108,26 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         batch_file.parent.mkdir(parents=True, exist_ok=True)
         np.savez(batch_file, arr_0=samples)  # the ADM batch layout: uint8 [N, H, W, 3] as arr_0
         sample_seconds = time.time() - start
-    record = {"model": cfg["model"]["name"], "variant_set": variant_set,
-              "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
-              "params": sum(p.numel() for p in model.parameters()), "steps": result["step"],
-              "batch_size": args.batch_size, "train_seconds": round(train_seconds, 1)}
+    record = {
+        "model": cfg["model"]["name"],
+        "variant_set": variant_set,
+        "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps": result["step"],
+        "batch_size": args.batch_size,
+        "train_seconds": round(train_seconds, 1),
+    }
     if not args.no_fid:
         try:  # the run's other numbers stand without them
-            fid = compute_fid(batch_file, reference, feature_extractor=args.feature_extractor,
-                              cache_dir=work / "fid_cache", device=str(device), batch_size=500, num_samples=None)
+            fid = compute_fid(
+                batch_file,
+                reference,
+                feature_extractor=args.feature_extractor,
+                cache_dir=work / "fid_cache",
+                device=str(device),
+                batch_size=500,
+                num_samples=None,
+            )
             record.update({k: round(fid[k], 4) for k in ("fid", "precision", "recall", "kid") if k in fid})
             record["feature_space"] = fid["feature_space"]
         except (RuntimeError, ValueError, OSError) as err:
@@ -106,22 +135,37 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     grid_out = out / f"grid_{name}.png"
     grid_out.write_bytes((Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
     last = result["last_record"]
-    return {**record, "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
-            "final_loss": last.get("loss"), "test_bits_per_dim": round(bpd, 4), "bpd_images": args.bpd_images,
-            "bpd_seconds": round(bpd_seconds, 1), "streak_share": streak_summary(streak_share(samples)),
-            "samples": args.samples, "sample_steps": args.sample_steps, "sample_seconds": round(sample_seconds, 1),
-            "grid": grid_out.name}
+    return {
+        **record,
+        "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
+        "final_loss": last.get("loss"),
+        "test_bits_per_dim": round(bpd, 4),
+        "bpd_images": args.bpd_images,
+        "bpd_seconds": round(bpd_seconds, 1),
+        "streak_share": streak_summary(streak_share(samples)),
+        "samples": args.samples,
+        "sample_steps": args.sample_steps,
+        "sample_seconds": round(sample_seconds, 1),
+        "grid": grid_out.name,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = comparison_parser("diffusion", __doc__.splitlines()[0], "softmax lightnet lion_s normalized",
-                          "model.kwargs={depth: 12, adaln: block}")
+    p = comparison_parser(
+        "diffusion",
+        __doc__.splitlines()[0],
+        "softmax lightnet lion_s normalized",
+        "model.kwargs={depth: 12, adaln: block}",
+    )
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--feature-extractor", default="yardstick",
-                   help="feature network of FID / precision / recall: 'yardstick' (the packaged CIFAR-10 yardstick), "
-                        "a yardstick .safetensors file or a classifier run folder")
+    p.add_argument(
+        "--feature-extractor",
+        default="yardstick",
+        help="feature network of FID / precision / recall: 'yardstick' (the packaged CIFAR-10 yardstick), "
+        "a yardstick .safetensors file or a classifier run folder",
+    )
     p.add_argument("--no-fid", action="store_true", help="skip FID, precision and recall (bits/dim and streaks only)")
     p.add_argument("--bpd-images", type=int, default=2000)
     p.add_argument("--samples", type=int, default=2000, help="samples for FID and the streak share")
@@ -134,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     out, report = comparison_report("diffusion", args, argv)
     report["real_streak_share"] = real_streak_share(args.data, args.samples)
     reference = str(Path(args.data) / "test")
-    run_each(
-        args.kinds, lambda name: run_kind(name, args, reference), report, report_path("diffusion", args)
-    )
+    run_each(args.kinds, lambda name: run_kind(name, args, reference), report, report_path("diffusion", args))
     return 0
 
 

@@ -26,10 +26,24 @@ def _sample(args: argparse.Namespace) -> int:
     from lightvision.diffusion.sample import sample_main
 
     guide = None if args.guide_channels == "all" else int(args.guide_channels)
-    summary = sample_main(args.checkpoint, args.out, num_samples=args.num_samples, batch_size=args.batch_size,
-                          sampler=args.sampler, steps=args.steps, eta=args.eta, cfg_scale=args.cfg_scale,
-                          guide_channels=guide, seed=args.seed, image_size=args.image_size, which=args.weights,
-                          vae=args.vae, pretrained=args.pretrained, model_name=args.model, recipe=args.config)
+    summary = sample_main(
+        args.checkpoint,
+        args.out,
+        num_samples=args.num_samples,
+        batch_size=args.batch_size,
+        sampler=args.sampler,
+        steps=args.steps,
+        eta=args.eta,
+        cfg_scale=args.cfg_scale,
+        guide_channels=guide,
+        seed=args.seed,
+        image_size=args.image_size,
+        which=args.weights,
+        vae=args.vae,
+        pretrained=args.pretrained,
+        model_name=args.model,
+        recipe=args.config,
+    )
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -44,9 +58,16 @@ def _print_json(result: dict, out: str | None = None) -> None:
 def _fid(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import compute_fid
 
-    metrics = compute_fid(args.samples, args.reference, inception_weights=args.inception_weights,
-                          feature_extractor=args.feature_extractor, cache_dir=args.cache_dir, device=args.device,
-                          batch_size=args.batch_size, num_samples=args.num_samples or None)
+    metrics = compute_fid(
+        args.samples,
+        args.reference,
+        inception_weights=args.inception_weights,
+        feature_extractor=args.feature_extractor,
+        cache_dir=args.cache_dir,
+        device=args.device,
+        batch_size=args.batch_size,
+        num_samples=args.num_samples or None,
+    )
     _print_json(metrics, args.out)
     return 0
 
@@ -54,17 +75,26 @@ def _fid(args: argparse.Namespace) -> int:
 def _fid_ref(args: argparse.Namespace) -> int:
     from lightvision.diffusion.fid import write_reference
 
-    summary = write_reference(args.images, args.out, inception_weights=args.inception_weights,
-                              feature_extractor=args.feature_extractor, device=args.device, batch_size=args.batch_size)
+    summary = write_reference(
+        args.images,
+        args.out,
+        inception_weights=args.inception_weights,
+        feature_extractor=args.feature_extractor,
+        device=args.device,
+        batch_size=args.batch_size,
+    )
     _print_json(summary)
     return 0
 
 
 def _feature_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inception-weights", help="torch-fidelity Inception weights file (default: torch's hub cache)")
-    p.add_argument("--feature-extractor", help="yardstick .safetensors, 'yardstick' (the packaged CIFAR-10 one) or a "
-                   "`lightvision classify` run: its feature space instead of Inception (default for 32 px images "
-                   "without Inception weights: the packaged yardstick)")
+    p.add_argument(
+        "--feature-extractor",
+        help="yardstick .safetensors, 'yardstick' (the packaged CIFAR-10 one) or a "
+        "`lightvision classify` run: its feature space instead of Inception (default for 32 px images "
+        "without Inception weights: the packaged yardstick)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=64)
 
@@ -75,8 +105,15 @@ def _extract(args: argparse.Namespace) -> int:
     from lightvision.engine.device import resolve_device
 
     codec = load_codec(args.vae_kind, args.vae, device=resolve_device(args.device))
-    meta = extract_latents(args.images, args.out, codec, args.image_size, batch_size=args.batch_size,
-                           shard_size=args.shard_size, num_workers=args.num_workers)
+    meta = extract_latents(
+        args.images,
+        args.out,
+        codec,
+        args.image_size,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        num_workers=args.num_workers,
+    )
     print(json.dumps({k: v for k, v in meta.items() if k != "classes"}, indent=2))
     return 0
 
@@ -85,26 +122,42 @@ def _attention_maps(args: argparse.Namespace) -> int:
     from lightvision.attention_figures import parse_query
     from lightvision.diffusion.attention_maps import attention_maps_main
 
-    report = attention_maps_main(args.checkpoint, args.image, args.timestep, args.label, args.out,
-                                 parse_query(args.query), args.weights, args.seed)
+    report = attention_maps_main(
+        args.checkpoint,
+        args.image,
+        args.timestep,
+        args.label,
+        args.out,
+        parse_query(args.query),
+        args.weights,
+        args.seed,
+    )
     print(json.dumps({k: v for k, v in report.items() if k != "timesteps"} | {"out": args.out}, indent=2))
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``diffusion`` command group to the top-level parser."""
-    group = subparsers.add_parser("diffusion",
-                                  help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents, "
-                                  "attention-maps")
+    group = subparsers.add_parser(
+        "diffusion", help="DiT latent / pixel diffusion: train, sample, fid, fid-ref, extract-latents, attention-maps"
+    )
     sub = group.add_subparsers(dest="diffusion_command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("train", help="train a recipe (no --config: the built-in digits default)",
-                       description="Train a YAML recipe plus key=value overrides. Without --config, trains the "
-                       "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).")
+    p = sub.add_parser(
+        "train",
+        help="train a recipe (no --config: the built-in digits default)",
+        description="Train a YAML recipe plus key=value overrides. Without --config, trains the "
+        "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).",
+    )
     p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
-    p.add_argument("--resume", nargs="?", const=True, default=False,
-                   help="continue the run folder's newest checkpoint, or the given checkpoint / run folder")
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const=True,
+        default=False,
+        help="continue the run folder's newest checkpoint, or the given checkpoint / run folder",
+    )
     p.add_argument("--out", default="runs/diffusion_default", help="output folder of the built-in default")
     p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
     p.set_defaults(func=_train)
@@ -113,11 +166,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sample", help="sample PNGs, a grid and an .npz from a checkpoint (all GPUs under accelerate launch)"
     )
     p.add_argument("checkpoint", nargs="?", help="run folder or checkpoint folder (or --pretrained)")
-    p.add_argument("--pretrained", help="external weights instead: the official DiT-XL-2-256x256.pt, a diffusers "
-                   "DiT (folder or file) or this project's .safetensors; needs --model")
+    p.add_argument(
+        "--pretrained",
+        help="external weights instead: the official DiT-XL-2-256x256.pt, a diffusers "
+        "DiT (folder or file) or this project's .safetensors; needs --model",
+    )
     p.add_argument("--model", help="with --pretrained: the registered model the file holds, e.g. softmax_dit_xl_2")
-    p.add_argument("--config", help="with --pretrained: recipe for the autoencoder and schedule "
-                   "(default: the ImageNet-256 one, sd-vae-ft-ema)")
+    p.add_argument(
+        "--config",
+        help="with --pretrained: recipe for the autoencoder and schedule "
+        "(default: the ImageNet-256 one, sd-vae-ft-ema)",
+    )
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--num-samples", type=int, default=64)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
@@ -132,19 +191,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--vae", help="autoencoder folder / hub id overriding the run's")
     p.set_defaults(func=_sample)
 
-    p = sub.add_parser("fid", help="FID, sFID, IS, precision / recall, KID of samples against a reference "
-                       "(ADM conventions)")
+    p = sub.add_parser(
+        "fid", help="FID, sFID, IS, precision / recall, KID of samples against a reference (ADM conventions)"
+    )
     p.add_argument("samples", help="folder of sample images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
-    p.add_argument("--reference", required=True,
-                   help="folder of reference images, an .npz batch, or statistics from `lightvision diffusion fid-ref`")
+    p.add_argument(
+        "--reference",
+        required=True,
+        help="folder of reference images, an .npz batch, or statistics from `lightvision diffusion fid-ref`",
+    )
     p.add_argument("--num-samples", type=int, default=50_000, help="evaluate the first N samples (0: all)")
     p.add_argument("--cache-dir", help="reference statistics cache (default: $XDG_CACHE_HOME/lightvision/fid)")
     _feature_network_args(p)
     p.add_argument("--out", help="write the metrics JSON here too")
     p.set_defaults(func=_fid)
 
-    p = sub.add_parser("fid-ref",
-                       help="compute a reference's statistics once (mu / sigma, spatial, features) into an .npz")
+    p = sub.add_parser(
+        "fid-ref", help="compute a reference's statistics once (mu / sigma, spatial, features) into an .npz"
+    )
     p.add_argument("images", help="folder of reference images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
     p.add_argument("--out", required=True, help="statistics file to write (.npz), then `fid --reference` it")
     _feature_network_args(p)
@@ -162,12 +226,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
     p.set_defaults(func=_extract)
 
-    p = sub.add_parser("attention-maps", help="a query patch's attention over the grid, per layer and head, and the "
-                       "mean attention distance, of a DiT on a noised image at chosen timesteps")
+    p = sub.add_parser(
+        "attention-maps",
+        help="a query patch's attention over the grid, per layer and head, and the "
+        "mean attention distance, of a DiT on a noised image at chosen timesteps",
+    )
     p.add_argument("--checkpoint", required=True, help="run folder (its latest checkpoint) or a checkpoint folder")
     p.add_argument("--image", required=True, help="an image file (resized to the run's image size)")
-    p.add_argument("--timestep", type=int, nargs="+", required=True,
-                   help="diffusion steps t of the run's schedule, e.g. 100 500 900")
+    p.add_argument(
+        "--timestep",
+        type=int,
+        nargs="+",
+        required=True,
+        help="diffusion steps t of the run's schedule, e.g. 100 500 900",
+    )
     p.add_argument("--label", type=int, help="class label y (default: the null class, unconditional)")
     p.add_argument("--query", help="ROW,COL of the query patch on the token grid (default: the centre)")
     p.add_argument("--seed", type=int, default=0, help="seed of the noise (the same at every timestep)")

@@ -37,8 +37,9 @@ def detect_layout(state: dict[str, torch.Tensor]) -> str:
     for layout, marker in _MARKERS.items():
         if marker in state:
             return layout
-    raise ValueError(f"not a DiT state dict: it has none of {sorted(_MARKERS.values())} (first keys: "
-                     f"{sorted(state)[:6]})")
+    raise ValueError(
+        f"not a DiT state dict: it has none of {sorted(_MARKERS.values())} (first keys: {sorted(state)[:6]})"
+    )
 
 
 def _swap_halves(width: int) -> torch.Tensor:
@@ -48,19 +49,26 @@ def _swap_halves(width: int) -> torch.Tensor:
 
 def _from_dit(state: dict[str, torch.Tensor], depth: int) -> dict[str, torch.Tensor]:
     """facebookresearch/DiT names -> this project's (same tensors, residual not yet permuted)."""
-    out = {"patch_embed.proj.weight": state["x_embedder.proj.weight"],
-           "patch_embed.proj.bias": state["x_embedder.proj.bias"],
-           "y_embedder.weight": state["y_embedder.embedding_table.weight"],
-           "final_linear.weight": state["final_layer.linear.weight"],
-           "final_linear.bias": state["final_layer.linear.bias"],
-           "final_modulation.1.weight": state["final_layer.adaLN_modulation.1.weight"],
-           "final_modulation.1.bias": state["final_layer.adaLN_modulation.1.bias"]}
+    out = {
+        "patch_embed.proj.weight": state["x_embedder.proj.weight"],
+        "patch_embed.proj.bias": state["x_embedder.proj.bias"],
+        "y_embedder.weight": state["y_embedder.embedding_table.weight"],
+        "final_linear.weight": state["final_layer.linear.weight"],
+        "final_linear.bias": state["final_layer.linear.bias"],
+        "final_modulation.1.weight": state["final_layer.adaLN_modulation.1.weight"],
+        "final_modulation.1.bias": state["final_layer.adaLN_modulation.1.bias"],
+    }
     for i in (0, 2):
         for p in ("weight", "bias"):
             out[f"t_embedder.mlp.{i}.{p}"] = state[f"t_embedder.mlp.{i}.{p}"]
     for n in range(depth):
-        for ours, theirs in (("attn.qkv", "attn.qkv"), ("attn.proj", "attn.proj"), ("ffn.fc1", "mlp.fc1"),
-                             ("ffn.fc2", "mlp.fc2"), ("modulation.1", "adaLN_modulation.1")):
+        for ours, theirs in (
+            ("attn.qkv", "attn.qkv"),
+            ("attn.proj", "attn.proj"),
+            ("ffn.fc1", "mlp.fc1"),
+            ("ffn.fc2", "mlp.fc2"),
+            ("modulation.1", "adaLN_modulation.1"),
+        ):
             for p in ("weight", "bias"):
                 out[f"blocks.{n}.{ours}.{p}"] = state[f"blocks.{n}.{theirs}.{p}"]
     return out
@@ -71,22 +79,33 @@ def _from_diffusers(state: dict[str, torch.Tensor], depth: int) -> dict[str, tor
     every block (converted DiT weights hold the same tensors in each); the forward pass reads block 0's for the output
     head, so all copies must agree."""
     emb = "transformer_blocks.{}.norm1.emb."
-    shared = {"t_embedder.mlp.0": "timestep_embedder.linear_1", "t_embedder.mlp.2": "timestep_embedder.linear_2",
-              "y_embedder": "class_embedder.embedding_table"}
+    shared = {
+        "t_embedder.mlp.0": "timestep_embedder.linear_1",
+        "t_embedder.mlp.2": "timestep_embedder.linear_2",
+        "y_embedder": "class_embedder.embedding_table",
+    }
     out = {}
     for ours, theirs in shared.items():
         for p in ("weight", "bias") if ours != "y_embedder" else ("weight",):
             first = state[emb.format(0) + f"{theirs}.{p}"]
             for n in range(1, depth):
                 if not torch.equal(state[emb.format(n) + f"{theirs}.{p}"], first):
-                    raise CheckpointError(f"block {n}'s {theirs}.{p} differs from block 0's: DiT shares one timestep "
-                                          "and label embedder across blocks, so this model cannot be converted")
+                    raise CheckpointError(
+                        f"block {n}'s {theirs}.{p} differs from block 0's: DiT shares one timestep "
+                        "and label embedder across blocks, so this model cannot be converted"
+                    )
             out[f"{ours}.{p}"] = first
     renames = {"patch_embed.proj": "pos_embed.proj", "final_modulation.1": "proj_out_1", "final_linear": "proj_out_2"}
     for n in range(depth):
         b = f"transformer_blocks.{n}."
-        renames.update({f"blocks.{n}.attn.proj": b + "attn1.to_out.0", f"blocks.{n}.ffn.fc1": b + "ff.net.0.proj",
-                        f"blocks.{n}.ffn.fc2": b + "ff.net.2", f"blocks.{n}.modulation.1": b + "norm1.linear"})
+        renames.update(
+            {
+                f"blocks.{n}.attn.proj": b + "attn1.to_out.0",
+                f"blocks.{n}.ffn.fc1": b + "ff.net.0.proj",
+                f"blocks.{n}.ffn.fc2": b + "ff.net.2",
+                f"blocks.{n}.modulation.1": b + "norm1.linear",
+            }
+        )
         for p in ("weight", "bias"):
             out[f"blocks.{n}.attn.qkv.{p}"] = torch.cat([state[b + f"attn1.to_{x}.{p}"] for x in "qkv"])
     for ours, theirs in renames.items():
@@ -98,12 +117,14 @@ def _from_diffusers(state: dict[str, torch.Tensor], depth: int) -> dict[str, tor
 def _check_sincos(table: torch.Tensor, source: str) -> None:
     """The file's fixed position table [1, N, D] must be DiT's 2-D sin-cos (the model recomputes it per grid)."""
     n, d = table.shape[-2:]
-    side = int(round(n ** 0.5))
+    side = int(round(n**0.5))
     perm = _swap_halves(d)
     expected = sincos_pos_embed(d, (side, side))[:, perm]
     if side * side != n or not torch.allclose(table.reshape(n, d).float(), expected, atol=1e-4):
-        raise CheckpointError(f"{source}: its pos_embed is not DiT's fixed 2-D sin-cos table, which this DiT "
-                              "recomputes; a learned position embedding cannot be converted")
+        raise CheckpointError(
+            f"{source}: its pos_embed is not DiT's fixed 2-D sin-cos table, which this DiT "
+            "recomputes; a learned position embedding cannot be converted"
+        )
 
 
 def _permute_residual(state: dict[str, torch.Tensor], depth: int, width: int) -> dict[str, torch.Tensor]:
@@ -150,20 +171,24 @@ def _depth(state: dict[str, torch.Tensor]) -> int:
     return 1 + max((int(b) for b in blocks if b.isdigit()), default=-1)
 
 
-def checkpoint_filter_fn(state: dict[str, torch.Tensor], model: DiT, source: str = "the state dict"
-                         ) -> dict[str, torch.Tensor]:
+def checkpoint_filter_fn(
+    state: dict[str, torch.Tensor], model: DiT, source: str = "the state dict"
+) -> dict[str, torch.Tensor]:
     """Adapt a DiT state dict of any of ``LAYOUTS`` to ``model`` (for a foreign layout: a softmax DiT with per-block
     modulation); raises CheckpointError naming the mismatching keys when the file holds another model."""
     layout = detect_layout(state)
     cfg = model.config
     if layout != "lightvision":
         if cfg.attention != "softmax" or cfg.adaln != "block" or cfg.ffn != "mlp" or cfg.pos_embed != "sincos":
-            raise CheckpointError(f"{source} is a {layout} DiT: it converts to a softmax DiT (e.g. softmax_dit_xl_2), "
-                                  f"not to attention={cfg.attention!r}; to start another attention from it, train "
-                                  "with model.init_from")
+            raise CheckpointError(
+                f"{source} is a {layout} DiT: it converts to a softmax DiT (e.g. softmax_dit_xl_2), "
+                f"not to attention={cfg.attention!r}; to start another attention from it, train "
+                "with model.init_from"
+            )
         if _depth(state) != cfg.depth:
-            raise CheckpointError(f"{source} has {_depth(state)} blocks, the model {cfg.depth}: choose the model the "
-                                  "file was trained as")
+            raise CheckpointError(
+                f"{source} has {_depth(state)} blocks, the model {cfg.depth}: choose the model the file was trained as"
+            )
     converted = to_project_names(state, source)
     check_fit(converted, model, source)
     return converted

@@ -70,10 +70,14 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
         model, cfg, build_dataset(cfg["data"], "test"), trainer.accelerator.device, batch_size=360
     )
     summary = {
-        "model": cfg["model"]["name"], "params": sum(p.numel() for p in model.parameters()),
-        "steps": result["step"], "steps_run": result["steps_run"], "train_seconds": round(train_seconds, 1),
+        "model": cfg["model"]["name"],
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps": result["step"],
+        "steps_run": result["steps_run"],
+        "train_seconds": round(train_seconds, 1),
         "test_bits_per_dim": round(bpd, 4),
-        "bpd_seconds": round(time.time() - start, 1), "device": str(trainer.accelerator.device),
+        "bpd_seconds": round(time.time() - start, 1),
+        "device": str(trainer.accelerator.device),
         "sample_grid": str(out / "run" / "samples" / f"step_{result['step']:07d}.png"),
         "last_train_record": result["last_record"],
     }

@@ -52,8 +52,11 @@ POS_EMBEDS = ("sincos", "none")
 # signal (the printed form) makes samples a plaid of row and column streaks; beside the sin-cos embedding this form
 # keeps the likelihood gain without the plaid (CIFAR-10 DiT-S/2 ablation in the README).
 POSITION_DEFAULTS = {"pos_embed": "sincos", "tpe_placement": "none", "tpe_kwargs": {}}
-LIGHTNET_POSITION_DEFAULTS = {"pos_embed": "sincos", "tpe_placement": "embed", "tpe_kwargs": {"form": "pair",
-                                                                                              "decay": [0.2, 0.6]}}
+LIGHTNET_POSITION_DEFAULTS = {
+    "pos_embed": "sincos",
+    "tpe_placement": "embed",
+    "tpe_kwargs": {"form": "pair", "decay": [0.2, 0.6]},
+}
 
 
 class TimestepEmbedder(nn.Module):
@@ -76,8 +79,17 @@ class DiTBlock(nn.Module):
     """Pre-norm residual [attention, FFN] with adaLN-Zero modulation; x [B, N, D], c [B, D] or shared [B, 6, D].
     The modulated norms and the gated residuals run as fused kernels on CUDA (``lightvision.ops.adaln``)."""
 
-    def __init__(self, dim: int, num_heads: int, attention: str, adaln: str, mlp_ratio: float, attention_kwargs: dict,
-                 ffn: str, tpe: MDTPE | None = None):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attention: str,
+        adaln: str,
+        mlp_ratio: float,
+        attention_kwargs: dict,
+        ffn: str,
+        tpe: MDTPE | None = None,
+    ):
         super().__init__()
         self.tpe = tpe
         self.norm1 = ModulatedLayerNorm(eps=1e-6)
@@ -127,11 +139,26 @@ class DiT(ModelMixin, ConfigMixin):
     """
 
     @register_to_config
-    def __init__(self, input_size: int = 32, patch_size: int = 2, in_channels: int = 4, hidden_size: int = 1152,
-                 depth: int = 28, num_heads: int = 16, mlp_ratio: float = 4.0, attention: str = "softmax",
-                 adaln: str | None = None, class_dropout_prob: float = 0.1, num_classes: int = 1000,
-                 learn_sigma: bool = True, attention_kwargs: dict | None = None, pos_embed: str | None = None,
-                 tpe_placement: str | None = None, tpe_kwargs: dict | None = None, ffn: str | None = None):
+    def __init__(
+        self,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        attention: str = "softmax",
+        adaln: str | None = None,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        attention_kwargs: dict | None = None,
+        pos_embed: str | None = None,
+        tpe_placement: str | None = None,
+        tpe_kwargs: dict | None = None,
+        ffn: str | None = None,
+    ):
         super().__init__()
         check_choice(attention, ATTENTION_KINDS, "attention")
         adaln = adaln or ("shared" if attention == "lightnet" else "block")
@@ -145,8 +172,9 @@ class DiT(ModelMixin, ConfigMixin):
             tpe_kwargs = defaults["tpe_kwargs"] if tpe_placement != "none" else {}
         tpe_kwargs = dict(tpe_kwargs)
         check_choice(pos_embed, POS_EMBEDS, "pos_embed")
-        self.register_to_config(adaln=adaln, ffn=ffn, pos_embed=pos_embed, tpe_placement=tpe_placement,
-                                tpe_kwargs=tpe_kwargs)
+        self.register_to_config(
+            adaln=adaln, ffn=ffn, pos_embed=pos_embed, tpe_placement=tpe_placement, tpe_kwargs=tpe_kwargs
+        )
         self.out_channels = 2 * in_channels if learn_sigma else in_channels
         self.patch_embed = PatchEmbed(input_size, patch_size, in_channels, hidden_size)
         self.tpe, block_tpes = build_tpe(tpe_placement, hidden_size, depth, tpe_kwargs)
@@ -157,7 +185,8 @@ class DiT(ModelMixin, ConfigMixin):
         )
         self.blocks = nn.ModuleList(
             DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {}), ffn, block_tpe)
-            for block_tpe in block_tpes)
+            for block_tpe in block_tpes
+        )
         self.final_norm = ModulatedLayerNorm(eps=1e-6)
         if adaln == "block":
             self.final_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
@@ -260,8 +289,10 @@ def model_config(name: str) -> dict:
         or not patch.isdigit()
         or int(patch) not in PATCH_SIZES
     ):
-        raise ValueError(f"unknown model {name!r}: expected {{attention}}_dit_{{s|b|l|xl}}_{{2|4|8}} with attention in "
-                         f"{sorted(ATTENTION_KINDS)}")
+        raise ValueError(
+            f"unknown model {name!r}: expected {{attention}}_dit_{{s|b|l|xl}}_{{2|4|8}} with attention in "
+            f"{sorted(ATTENTION_KINDS)}"
+        )
     depth, width, heads = (LIGHTNET_DIT_SIZES if kind == "lightnet" else DIT_SIZES)[size]
     return {"depth": depth, "hidden_size": width, "num_heads": heads, "patch_size": int(patch), "attention": kind}
 

@@ -56,17 +56,23 @@ class InceptionFeatures:
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
         if weights is not None and not Path(weights).is_file():
-            raise FeatureNetworkError(f"Inception weights {str(weights)!r} not found: pass an existing file "
-                                      f"({INCEPTION_FILE} from torch-fidelity's releases)")
+            raise FeatureNetworkError(
+                f"Inception weights {str(weights)!r} not found: pass an existing file "
+                f"({INCEPTION_FILE} from torch-fidelity's releases)"
+            )
         weights = weights or cached_inception_weights()
         try:
-            net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
-                                              feature_extractor_weights_path=str(weights) if weights else None)
+            net = FeatureExtractorInceptionV3(
+                "inception-v3-compat",
+                ["2048", "logits_unbiased"],
+                feature_extractor_weights_path=str(weights) if weights else None,
+            )
         except OSError as err:  # urllib's URLError is an OSError: no network
             raise FeatureNetworkError(
                 f"cannot download the Inception weights ({type(err).__name__}): pass --inception-weights FILE "
                 f"(torch-fidelity's {INCEPTION_FILE}), or --feature-extractor RUN|YARDSTICK for a classifier's "
-                "features") from None
+                "features"
+            ) from None
         self.device = torch.device(device)
         self.net = net.to(self.device)
         self._spatial: list[torch.Tensor] = []
@@ -77,8 +83,11 @@ class InceptionFeatures:
     def __call__(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         self._spatial.clear()
         pool, logits = self.net(images.to(self.device))
-        return {"pool": pool.double().cpu(), "spatial": _flatten_spatial(self._spatial.pop()),
-                "logits": logits.double().cpu()}
+        return {
+            "pool": pool.double().cpu(),
+            "spatial": _flatten_spatial(self._spatial.pop()),
+            "logits": logits.double().cpu(),
+        }
 
 
 class YardstickFeatures:
@@ -145,8 +154,13 @@ def is_yardstick(path: str | Path) -> bool:
     return path.suffix == ".safetensors" or (path / "yardstick.safetensors").is_file()
 
 
-def feature_network(*, feature_extractor: str | Path | None = None, inception_weights: str | Path | None = None,
-                    image_size: tuple[int, int] | None = None, device: str | torch.device = "cpu"):
+def feature_network(
+    *,
+    feature_extractor: str | Path | None = None,
+    inception_weights: str | Path | None = None,
+    image_size: tuple[int, int] | None = None,
+    device: str | torch.device = "cpu",
+):
     """The feature network of an evaluation (see the module docstring for the order of choice).
 
     Args:
@@ -163,13 +177,17 @@ def feature_network(*, feature_extractor: str | Path | None = None, inception_we
 
     if feature_extractor == "yardstick":
         if packaged_yardstick() is None:
-            raise FeatureNetworkError("no packaged CIFAR-10 yardstick in this install: train one with `lightvision "
-                                      "classify train-yardstick` and pass its yardstick.safetensors")
+            raise FeatureNetworkError(
+                "no packaged CIFAR-10 yardstick in this install: train one with `lightvision "
+                "classify train-yardstick` and pass its yardstick.safetensors"
+            )
         return YardstickFeatures(packaged_yardstick(), device)
     if feature_extractor:
         if not Path(feature_extractor).exists():
-            raise FeatureNetworkError(f"feature extractor {str(feature_extractor)!r} does not exist: pass a yardstick "
-                                      ".safetensors file or a `lightvision classify` run folder")
+            raise FeatureNetworkError(
+                f"feature extractor {str(feature_extractor)!r} does not exist: pass a yardstick "
+                ".safetensors file or a `lightvision classify` run folder"
+            )
         if is_yardstick(feature_extractor):
             return YardstickFeatures(feature_extractor, device)
         return ClassifierFeatures(feature_extractor, device)

@@ -93,8 +93,9 @@ class ImageSet:
                     raise ValueError(f"{self.source} holds no images (arr_0): an image batch is uint8 [N, H, W, 3]")
                 self.array = f["arr_0"][:limit]
             if self.array.dtype != np.uint8 or self.array.ndim != 4 or self.array.shape[3] != 3:
-                raise ValueError(f"{self.source}: arr_0 must be uint8 [N, H, W, 3], got {self.array.dtype} "
-                                 f"{list(self.array.shape)}")
+                raise ValueError(
+                    f"{self.source}: arr_0 must be uint8 [N, H, W, 3], got {self.array.dtype} {list(self.array.shape)}"
+                )
             self.files, first = None, self.array[:1]
         else:
             raise FileNotFoundError(f"{str(self.source)!r} is neither an image folder nor an .npz image batch")
@@ -112,7 +113,9 @@ class ImageSet:
     def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
         """uint8 batches [B, 3, H, W] in order."""
         for i in range(0, len(self), batch_size):
-            arr = self._read(self.files[i:i + batch_size]) if self.files is not None else self.array[i:i + batch_size]
+            arr = (
+                self._read(self.files[i : i + batch_size]) if self.files is not None else self.array[i : i + batch_size]
+            )
             yield torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
 
     def content_hash(self) -> str:
@@ -156,8 +159,13 @@ def statistics(features: dict[str, np.ndarray], feature_space: str) -> dict[str,
     """What a reference needs: ``mu`` / ``sigma`` (pool), ``mu_s`` / ``sigma_s`` (spatial, when the network has
     it), the pool ``features`` (float32, for precision / recall and KID), ``feature_space`` and ``num_images``."""
     mu, sigma = gaussian(features["pool"])
-    stats = {"mu": mu, "sigma": sigma, "features": features["pool"].astype(np.float32),
-             "feature_space": np.array(feature_space), "num_images": np.array(len(features["pool"]))}
+    stats = {
+        "mu": mu,
+        "sigma": sigma,
+        "features": features["pool"].astype(np.float32),
+        "feature_space": np.array(feature_space),
+        "num_images": np.array(len(features["pool"])),
+    }
     if "spatial" in features:
         stats["mu_s"], stats["sigma_s"] = gaussian(features["spatial"])
     return stats
@@ -181,19 +189,24 @@ def load_statistics(path: str | Path, feature_space: str | None = None) -> dict[
         stats = {k: f[k] for k in f.files}
     saved = str(stats["feature_space"]) if "feature_space" in stats else None
     if feature_space is not None and saved is not None and saved != feature_space:
-        raise ValueError(f"{path} holds statistics of feature space {saved!r}, not {feature_space!r}: "
-                         "recompute them with `lightvision diffusion fid-ref` and the same feature network")
+        raise ValueError(
+            f"{path} holds statistics of feature space {saved!r}, not {feature_space!r}: "
+            "recompute them with `lightvision diffusion fid-ref` and the same feature network"
+        )
     return stats
 
 
-def reference_statistics(reference: str | Path, net: FeatureNet, cache_dir: str | Path | None = None,
-                         batch_size: int = 64) -> dict[str, np.ndarray]:
+def reference_statistics(
+    reference: str | Path, net: FeatureNet, cache_dir: str | Path | None = None, batch_size: int = 64
+) -> dict[str, np.ndarray]:
     """Statistics of ``reference`` in ``net``'s space: a statistics file as is, images through the cache
     (``cache_dir``/ref-<images hash>-<network id>.npz; None: :func:`default_cache_dir`)."""
     reference = Path(reference)
     if not reference.exists():
-        raise FileNotFoundError(f"reference {str(reference)!r} does not exist (an image folder, an .npz image batch "
-                                "or statistics from `lightvision diffusion fid-ref`)")
+        raise FileNotFoundError(
+            f"reference {str(reference)!r} does not exist (an image folder, an .npz image batch "
+            "or statistics from `lightvision diffusion fid-ref`)"
+        )
     if is_statistics(reference):
         return load_statistics(reference, net.id)
     images = ImageSet(reference)
@@ -205,17 +218,22 @@ def reference_statistics(reference: str | Path, net: FeatureNet, cache_dir: str 
     return stats
 
 
-def precision_recall(samples: np.ndarray, reference: np.ndarray,
-                     device: str | torch.device = "cpu") -> dict[str, float]:
+def precision_recall(
+    samples: np.ndarray, reference: np.ndarray, device: str | torch.device = "cpu"
+) -> dict[str, float]:
     """Improved precision / recall (k = 3) of sample features [N, D] against reference features [M, D]."""
     from torch_fidelity.metric_prc import prc_features_to_metric
 
     if min(len(samples), len(reference)) <= PRC_NEIGHBOURHOOD:
         raise ValueError(f"precision / recall need more than {PRC_NEIGHBOURHOOD} images per set")
-    out = prc_features_to_metric(torch.as_tensor(samples, device=device).float(),
-                                 torch.as_tensor(reference, device=device).float(),
-                                 prc_neighborhood=PRC_NEIGHBOURHOOD, prc_batch_size=2048, save_cpu_ram=True,
-                                 verbose=False)
+    out = prc_features_to_metric(
+        torch.as_tensor(samples, device=device).float(),
+        torch.as_tensor(reference, device=device).float(),
+        prc_neighborhood=PRC_NEIGHBOURHOOD,
+        prc_batch_size=2048,
+        save_cpu_ram=True,
+        verbose=False,
+    )
     return {"precision": out["precision"], "recall": out["recall"]}
 
 
@@ -232,13 +250,15 @@ def kernel_distance(samples: np.ndarray, reference: np.ndarray, subset_size: int
     from torch_fidelity.metric_kid import kid_features_to_metric
 
     size = min(subset_size, len(samples), len(reference))
-    out = kid_features_to_metric(torch.as_tensor(samples), torch.as_tensor(reference), kid_subset_size=size,
-                                 verbose=False)
+    out = kid_features_to_metric(
+        torch.as_tensor(samples), torch.as_tensor(reference), kid_subset_size=size, verbose=False
+    )
     return {"kid": out["kernel_inception_distance_mean"], "kid_std": out["kernel_inception_distance_std"]}
 
 
-def metrics(features: dict[str, np.ndarray], reference: dict[str, np.ndarray],
-            device: str | torch.device = "cpu") -> dict[str, float]:
+def metrics(
+    features: dict[str, np.ndarray], reference: dict[str, np.ndarray], device: str | torch.device = "cpu"
+) -> dict[str, float]:
     """Every metric the two sides allow: fid always; sfid with spatial statistics on both sides; isc with logits;
     precision, recall and kid with the reference features (absent from plain mu / sigma files)."""
     mu, sigma = gaussian(features["pool"])
@@ -254,9 +274,17 @@ def metrics(features: dict[str, np.ndarray], reference: dict[str, np.ndarray],
     return out
 
 
-def compute_fid(samples: str | Path, reference: str | Path, *, inception_weights: str | None = None,
-                feature_extractor: str | None = None, cache_dir: str | Path | None = None, device: str = "cpu",
-                batch_size: int = 64, num_samples: int | None = ADM_NUM_SAMPLES) -> dict:
+def compute_fid(
+    samples: str | Path,
+    reference: str | Path,
+    *,
+    inception_weights: str | None = None,
+    feature_extractor: str | None = None,
+    cache_dir: str | Path | None = None,
+    device: str = "cpu",
+    batch_size: int = 64,
+    num_samples: int | None = ADM_NUM_SAMPLES,
+) -> dict:
     """Metrics of ``samples`` (image folder or ``.npz`` batch; the first ``num_samples``) against ``reference``.
 
     Args:
@@ -274,24 +302,39 @@ def compute_fid(samples: str | Path, reference: str | Path, *, inception_weights
 
     images = ImageSet(samples, num_samples)
     if num_samples is not None and len(images) < num_samples:
-        print(f"warning: {len(images)} samples in {samples} (fewer than {num_samples}; ADM reports use "
-              f"{ADM_NUM_SAMPLES})", file=sys.stderr)
-    net = feature_network(feature_extractor=feature_extractor, inception_weights=inception_weights,
-                          image_size=images.size, device=device)
+        print(
+            f"warning: {len(images)} samples in {samples} (fewer than {num_samples}; ADM reports use "
+            f"{ADM_NUM_SAMPLES})",
+            file=sys.stderr,
+        )
+    net = feature_network(
+        feature_extractor=feature_extractor, inception_weights=inception_weights, image_size=images.size, device=device
+    )
     ref = reference_statistics(reference, net, cache_dir, batch_size)
     out = metrics(extract_features(images, net, batch_size), ref, device)
     return {**out, "feature_space": net.id, "num_samples": len(images), "num_reference": int(ref.get("num_images", -1))}
 
 
-def write_reference(images: str | Path, out: str | Path, *, inception_weights: str | None = None,
-                    feature_extractor: str | None = None, device: str = "cpu", batch_size: int = 64) -> dict:
+def write_reference(
+    images: str | Path,
+    out: str | Path,
+    *,
+    inception_weights: str | None = None,
+    feature_extractor: str | None = None,
+    device: str = "cpu",
+    batch_size: int = 64,
+) -> dict:
     """Compute a reference's statistics once (:func:`statistics`) and save them to ``out`` for later evaluations;
     returns a summary (path, feature space, number of images, which metrics the file supports)."""
     from lightvision.diffusion.features import feature_network
 
     image_set = ImageSet(images)
-    net = feature_network(feature_extractor=feature_extractor, inception_weights=inception_weights,
-                          image_size=image_set.size, device=device)
+    net = feature_network(
+        feature_extractor=feature_extractor,
+        inception_weights=inception_weights,
+        image_size=image_set.size,
+        device=device,
+    )
     stats = statistics(extract_features(image_set, net, batch_size), net.id)
     save_statistics(stats, out)
     supports = ["fid", "precision", "recall", "kid"] + (["sfid"] if "mu_s" in stats else [])

@@ -199,9 +199,14 @@ class GaussianDiffusion:
         kept = spaced_steps(self.num_steps, spec)
         abar = self.alphas_cumprod[kept]
         prev = torch.cat([torch.ones(1, dtype=torch.float64), abar[:-1]])
-        return GaussianDiffusion(1.0 - abar / prev, learn_sigma=self.learn_sigma, vlb_weight=self.vlb_weight,
-                                 clip_denoised=self.clip_denoised, timestep_map=self.timestep_map[kept].tolist(),
-                                 num_train_steps=self.num_train_steps)
+        return GaussianDiffusion(
+            1.0 - abar / prev,
+            learn_sigma=self.learn_sigma,
+            vlb_weight=self.vlb_weight,
+            clip_denoised=self.clip_denoised,
+            timestep_map=self.timestep_map[kept].tolist(),
+            num_train_steps=self.num_train_steps,
+        )
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def _device_table(self, name: str, device: torch.device) -> torch.Tensor:
@@ -221,8 +226,10 @@ class GaussianDiffusion:
         out = model_fn(x, self._device_table("timestep_map", x.device)[t])
         want = 2 * x.shape[1] if self.learn_sigma else x.shape[1]
         if out.shape[1] != want:
-            raise ValueError(f"model output has {out.shape[1]} channels, expected {want} for input {tuple(x.shape)} "
-                             f"(learn_sigma={self.learn_sigma})")
+            raise ValueError(
+                f"model output has {out.shape[1]} channels, expected {want} for input {tuple(x.shape)} "
+                f"(learn_sigma={self.learn_sigma})"
+            )
         return out
 
     # ---- forward process ------------------------------------------------------------------------------------------
@@ -371,6 +378,12 @@ def sample_with_scheduler(
 
 
 __all__ = [
-    "GaussianDiffusion", "SampleNoise", "discretized_gaussian_log_likelihood", "guided", "linear_betas", "normal_kl",
-    "sample_with_scheduler", "spaced_steps",
+    "GaussianDiffusion",
+    "SampleNoise",
+    "discretized_gaussian_log_likelihood",
+    "guided",
+    "linear_betas",
+    "normal_kl",
+    "sample_with_scheduler",
+    "spaced_steps",
 ]

@@ -44,8 +44,17 @@ def image_folder(root: str | Path, image_size: int, flip: bool):
 
 
 @torch.no_grad()
-def extract_latents(image_dir: str | Path, out_dir: str | Path, codec: Codec, image_size: int, *, batch_size: int = 64,
-                    shard_size: int = 8192, num_workers: int = 0, progress: bool = True) -> dict:
+def extract_latents(
+    image_dir: str | Path,
+    out_dir: str | Path,
+    codec: Codec,
+    image_size: int,
+    *,
+    batch_size: int = 64,
+    shard_size: int = 8192,
+    num_workers: int = 0,
+    progress: bool = True,
+) -> dict:
     """Encode every image of ``image_dir`` (ImageFolder) and its flip; write shards + meta.json to ``out_dir``.
     Returns the meta dict."""
     from safetensors.torch import save_file
@@ -85,9 +94,15 @@ def extract_latents(image_dir: str | Path, out_dir: str | Path, codec: Codec, im
         if sum(len(v) for v in buffer["labels"]) >= shard_size:
             flush()
     flush()
-    meta = {"count": len(dataset), "skipped_images": dataset.skipped_images(), "classes": dataset.classes,
-            "image_size": image_size, "latent_shape": latent_shape,
-            "codec": codec.describe(), "shards": shards}
+    meta = {
+        "count": len(dataset),
+        "skipped_images": dataset.skipped_images(),
+        "classes": dataset.classes,
+        "image_size": image_size,
+        "latent_shape": latent_shape,
+        "codec": codec.describe(),
+        "shards": shards,
+    }
     (out / "meta.json").write_text(json.dumps(meta, indent=2))
     return meta
 
@@ -182,8 +197,10 @@ def build_dataset(data: dict, split: str = "train") -> Dataset:
     source = data.get("source")
     if source in ("latents", "imagefolder") and data.get("root") is None:
         what = "the extract-latents output" if source == "latents" else "a folder with train/ and val/ image folders"
-        raise ValueError(f"data.root is not set: pass data.root=PATH ({what}), or run `lightvision diffusion train` "
-                         "without --config for the built-in digits default")
+        raise ValueError(
+            f"data.root is not set: pass data.root=PATH ({what}), or run `lightvision diffusion train` "
+            "without --config for the built-in digits default"
+        )
     if source == "latents":
         return LatentDataset(data["root"])
     if source == "imagefolder":

@@ -36,7 +36,7 @@ def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -
     grid = np.zeros((rows * (h + 2) + 2, nrow * (w + 2) + 2, 3), dtype=np.uint8)
     for i in range(b):
         r, c = divmod(i, nrow)
-        grid[2 + r * (h + 2): 2 + r * (h + 2) + h, 2 + c * (w + 2): 2 + c * (w + 2) + w] = arr[i]
+        grid[2 + r * (h + 2) : 2 + r * (h + 2) + h, 2 + c * (w + 2) : 2 + c * (w + 2) + w] = arr[i]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(path)
@@ -74,12 +74,16 @@ def generate(
     y = torch.tensor(labels if labels is not None else [model.null_class] * len(seeds), device=device, dtype=torch.long)
     if cfg_scale != 1.0:
         if model.config.num_classes == 0 or labels is None:
-            raise ValueError(f"guidance scale {cfg_scale} needs a class-conditional model and labels; "
-                             "use cfg_scale=1 for an unconditional model")
+            raise ValueError(
+                f"guidance scale {cfg_scale} needs a class-conditional model and labels; "
+                "use cfg_scale=1 for an unconditional model"
+            )
         fn = guided(model, y, model.null_class, cfg_scale, guide_channels)
     else:
+
         def fn(x, t):
             return model(x, t, y)
+
     z = diffusion.sample(fn, shape, SampleNoise(seeds, device), method=sampler, eta=eta, progress=progress)
     return codec.decode(z)
 
@@ -95,8 +99,9 @@ def load_for_sampling(checkpoint: str | Path, device: str | torch.device, which:
     return model.to(device).eval(), info["config"]
 
 
-def load_pretrained_for_sampling(path: str | Path, model_name: str, cfg: dict, codec: Codec,
-                                 device: str | torch.device, which: str = "ema") -> tuple[DiT, dict]:
+def load_pretrained_for_sampling(
+    path: str | Path, model_name: str, cfg: dict, codec: Codec, device: str | torch.device, which: str = "ema"
+) -> tuple[DiT, dict]:
     """Model ``model_name`` (eval mode) sized for the recipe ``cfg`` and ``codec``, holding an external weights file
     (official DiT, diffusers or this project's layout, ``lightvision.diffusion.convert``); returns (model, what was
     loaded)."""
@@ -110,11 +115,25 @@ def load_pretrained_for_sampling(path: str | Path, model_name: str, cfg: dict, c
     return model.to(device).eval(), loaded
 
 
-def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, batch_size: int = 32,
-                sampler: str = "ddpm", steps: int = 250, eta: float = 0.0, cfg_scale: float = 1.0,
-                guide_channels: int | None = 3, seed: int = 0, image_size: int | None = None, which: str = "ema",
-                vae: str | None = None, pretrained: str | None = None, model_name: str | None = None,
-                recipe: str | None = None) -> dict:
+def sample_main(
+    checkpoint: str | None,
+    out_dir: str,
+    *,
+    num_samples: int = 64,
+    batch_size: int = 32,
+    sampler: str = "ddpm",
+    steps: int = 250,
+    eta: float = 0.0,
+    cfg_scale: float = 1.0,
+    guide_channels: int | None = 3,
+    seed: int = 0,
+    image_size: int | None = None,
+    which: str = "ema",
+    vae: str | None = None,
+    pretrained: str | None = None,
+    model_name: str | None = None,
+    recipe: str | None = None,
+) -> dict:
     """The ``sample`` command; returns a summary (paths, counts, settings). ``pretrained`` (with ``model_name`` and
     optionally a ``recipe`` for the autoencoder and schedule, default the ImageNet-256 one) samples an external
     weights file instead of a run's ``checkpoint``. Bad counts are refused before anything is loaded or written."""
@@ -129,8 +148,10 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
 
     external = pretrained is not None
     if (checkpoint is None) != external or (external and not model_name) or (not external and (model_name or recipe)):
-        raise ValueError("give a run / checkpoint folder, or --pretrained FILE with --model NAME (e.g. "
-                         "softmax_dit_xl_2) and optionally --config RECIPE")
+        raise ValueError(
+            "give a run / checkpoint folder, or --pretrained FILE with --model NAME (e.g. "
+            "softmax_dit_xl_2) and optionally --config RECIPE"
+        )
     state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
     loaded = None
     if pretrained is None:
@@ -143,8 +164,7 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
     if pretrained is not None:
         model, loaded = load_pretrained_for_sampling(pretrained, model_name, cfg, codec, state.device, which)
         if state.is_main_process:
-            print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into "
-                  f"{model_name}")
+            print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into {model_name}")
     latent = model.config.input_size if image_size is None else codec.latent_size(image_size)
     diffusion = build_diffusion(cfg).respace(steps)
     num_classes = model.config.num_classes
@@ -156,16 +176,35 @@ def sample_main(checkpoint: str | None, out_dir: str, *, num_samples: int = 64, 
         desc=f"sampling (rank {state.process_index})",
         disable=not state.is_main_process,
     ):
-        idx = mine[start:start + batch_size]
+        idx = mine[start : start + batch_size]
         labels = [i % num_classes for i in idx] if num_classes else None
-        images = generate(model, diffusion, codec, labels, [seed + i for i in idx], latent_size=latent, sampler=sampler,
-                          eta=eta, cfg_scale=cfg_scale, guide_channels=guide_channels, device=state.device)
+        images = generate(
+            model,
+            diffusion,
+            codec,
+            labels,
+            [seed + i for i in idx],
+            latent_size=latent,
+            sampler=sampler,
+            eta=eta,
+            cfg_scale=cfg_scale,
+            guide_channels=guide_channels,
+            device=state.device,
+        )
         for i, arr in zip(idx, to_uint8(images)):
             Image.fromarray(arr).save(out / "images" / f"{i:06d}.png")
     state.wait_for_everyone()
-    summary = {"checkpoint": str(checkpoint or pretrained), "num_samples": num_samples, "sampler": sampler,
-               "steps": steps, "eta": eta,
-               "cfg_scale": cfg_scale, "guide_channels": guide_channels, "seed": seed, "processes": state.num_processes}
+    summary = {
+        "checkpoint": str(checkpoint or pretrained),
+        "num_samples": num_samples,
+        "sampler": sampler,
+        "steps": steps,
+        "eta": eta,
+        "cfg_scale": cfg_scale,
+        "guide_channels": guide_channels,
+        "seed": seed,
+        "processes": state.num_processes,
+    }
     if state.is_main_process:
         arr = np.stack(
             [np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)]

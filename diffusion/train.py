@@ -36,24 +36,61 @@ DEFAULTS: dict = {
     # init_from: start from a checkpoint (a run folder, the official DiT or a diffusers DiT; its EMA when it has one):
     # every tensor of the same name and shape is copied, e.g. a softmax DiT into a LION or LightNet DiT
     "model": {"name": "softmax_dit_xl_2", "kwargs": {}, "init_from": None},
-    "data": {"source": "latents", "root": None, "image_size": 256, "channels": 3, "num_classes": 1000,
-             "train_split": "train", "test_split": "val", "batch_size": 256, "num_workers": 4,
-             "flip": True},  # flip: random horizontal flips of pixel-space training images (false: deterministic)
+    "data": {
+        "source": "latents",
+        "root": None,
+        "image_size": 256,
+        "channels": 3,
+        "num_classes": 1000,
+        "train_split": "train",
+        "test_split": "val",
+        "batch_size": 256,
+        "num_workers": 4,
+        "flip": True,
+    },  # flip: random horizontal flips of pixel-space training images (false: deterministic)
     "autoencoder": {"kind": "kl", "path": DEFAULT_VAE},
     "diffusion": {"steps": 1000, "learn_sigma": True, "vlb_weight": 0.001, "clip_denoised": False},
     "optim": {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.999], "warmup_steps": 0},
-    "train": {"max_steps": 400_000, "grad_accum_steps": 1, "clip_grad": None, "ema_decay": 0.9999,
-              "mixed_precision": "bf16", "log_every": 100, "ckpt_every": 50_000, "keep_last": 3, "nan_policy": "stop",
-              "compile": False,  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
-              "eval_every": 0, "eval_samples": 5000},  # FID etc. of eval_samples EMA samples every eval_every steps
-    "sample": {"every": 50_000, "num": 16, "sampler": "ddpm", "steps": 250, "eta": 0.0, "cfg_scale": 4.0,
-               "guide_channels": 3, "seed": 0},
+    "train": {
+        "max_steps": 400_000,
+        "grad_accum_steps": 1,
+        "clip_grad": None,
+        "ema_decay": 0.9999,
+        "mixed_precision": "bf16",
+        "log_every": 100,
+        "ckpt_every": 50_000,
+        "keep_last": 3,
+        "nan_policy": "stop",
+        "compile": False,  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
+        "eval_every": 0,
+        "eval_samples": 5000,
+    },  # FID etc. of eval_samples EMA samples every eval_every steps
+    "sample": {
+        "every": 50_000,
+        "num": 16,
+        "sampler": "ddpm",
+        "steps": 250,
+        "eta": 0.0,
+        "cfg_scale": 4.0,
+        "guide_channels": 3,
+        "seed": 0,
+    },
     # evaluation during training (train.eval_every > 0): sample i has label i % num_classes and seed ``seed + i``;
     # reference = image folder, .npz batch or `lightvision diffusion fid-ref` statistics; the feature network is
     # chosen as by `lightvision diffusion fid` (feature_extractor, inception_weights, else the 32 px yardstick)
-    "eval": {"reference": None, "feature_extractor": None, "inception_weights": None, "cache_dir": None,
-             "sampler": "ddim", "steps": 50, "eta": 0.0, "cfg_scale": 1.0, "guide_channels": 3, "seed": 0,
-             "batch_size": 64},
+    "eval": {
+        "reference": None,
+        "feature_extractor": None,
+        "inception_weights": None,
+        "cache_dir": None,
+        "sampler": "ddim",
+        "steps": 50,
+        "eta": 0.0,
+        "cfg_scale": 1.0,
+        "guide_channels": 3,
+        "seed": 0,
+        "batch_size": 64,
+    },
 }
 
 
@@ -81,9 +118,14 @@ def build_codec(cfg: dict, device: str | torch.device = "cpu") -> Codec:
 
 def model_config(cfg: dict, codec_channels: int, latent_size: int) -> dict:
     """What rebuilds the network: registry name, latent geometry, classes and constructor overrides."""
-    return {"name": cfg["model"]["name"], "input_size": latent_size, "in_channels": codec_channels,
-            "num_classes": int(cfg["data"]["num_classes"]), "learn_sigma": bool(cfg["diffusion"]["learn_sigma"]),
-            **copy.deepcopy(cfg["model"]["kwargs"])}
+    return {
+        "name": cfg["model"]["name"],
+        "input_size": latent_size,
+        "in_channels": codec_channels,
+        "num_classes": int(cfg["data"]["num_classes"]),
+        "learn_sigma": bool(cfg["diffusion"]["learn_sigma"]),
+        **copy.deepcopy(cfg["model"]["kwargs"]),
+    }
 
 
 def build_model(config: dict) -> DiT:
@@ -167,10 +209,19 @@ def sample_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path
         n = int(s["num"])
         num_classes = model.config.num_classes
         labels = [i % num_classes for i in range(n)] if num_classes else None
-        images = generate(model, respaced, codec_fn(), labels, list(range(s["seed"], s["seed"] + n)),
-                          latent_size=model.config.input_size, sampler=s["sampler"], eta=s["eta"],
-                          cfg_scale=s["cfg_scale"] if num_classes else 1.0, guide_channels=s["guide_channels"],
-                          device=trainer.accelerator.device)
+        images = generate(
+            model,
+            respaced,
+            codec_fn(),
+            labels,
+            list(range(s["seed"], s["seed"] + n)),
+            latent_size=model.config.input_size,
+            sampler=s["sampler"],
+            eta=s["eta"],
+            cfg_scale=s["cfg_scale"] if num_classes else 1.0,
+            guide_channels=s["guide_channels"],
+            device=trainer.accelerator.device,
+        )
         model.train(was_training)
         path = out_dir / "samples" / f"step_{trainer.step:07d}.png"
         save_grid(images, path, nrow=min(num_classes, n) if num_classes else None)
@@ -180,8 +231,15 @@ def sample_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path
 
 
 @torch.no_grad()
-def sample_features(model: DiT, diffusion: GaussianDiffusion, codec: Codec, indices: list[int], e: dict, net_fn,
-                    device: torch.device | str) -> dict[str, np.ndarray]:
+def sample_features(
+    model: DiT,
+    diffusion: GaussianDiffusion,
+    codec: Codec,
+    indices: list[int],
+    e: dict,
+    net_fn,
+    device: torch.device | str,
+) -> dict[str, np.ndarray]:
     """Features of samples ``indices`` (label i % num_classes, seed ``e["seed"]`` + i) through ``net_fn(images)``
     (``net_fn`` gets uint8 [B, 3, H, W] and returns {name: [B, D]}); {name: [len(indices), D]} in index order."""
     from lightvision.diffusion.sample import generate, to_uint8
@@ -189,11 +247,20 @@ def sample_features(model: DiT, diffusion: GaussianDiffusion, codec: Codec, indi
     num_classes = model.config.num_classes
     parts: dict[str, list[np.ndarray]] = {}
     for lo in range(0, len(indices), int(e["batch_size"])):
-        idx = indices[lo:lo + int(e["batch_size"])]
-        images = generate(model, diffusion, codec, [i % num_classes for i in idx] if num_classes else None,
-                          [int(e["seed"]) + i for i in idx], latent_size=model.config.input_size,
-                          sampler=e["sampler"], eta=e["eta"], cfg_scale=e["cfg_scale"] if num_classes else 1.0,
-                          guide_channels=e["guide_channels"], device=device)
+        idx = indices[lo : lo + int(e["batch_size"])]
+        images = generate(
+            model,
+            diffusion,
+            codec,
+            [i % num_classes for i in idx] if num_classes else None,
+            [int(e["seed"]) + i for i in idx],
+            latent_size=model.config.input_size,
+            sampler=e["sampler"],
+            eta=e["eta"],
+            cfg_scale=e["cfg_scale"] if num_classes else 1.0,
+            guide_channels=e["guide_channels"],
+            device=device,
+        )
         for name, value in net_fn(torch.from_numpy(to_uint8(images)).permute(0, 3, 1, 2)).items():
             parts.setdefault(name, []).append(value.numpy())
     return {name: np.concatenate(p) for name, p in parts.items()}
@@ -231,9 +298,12 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
 
         def net_fn(images: torch.Tensor) -> dict[str, torch.Tensor]:
             if "net" not in nets:  # built on the first images: their size picks the 32 px default
-                nets["net"] = feature_network(feature_extractor=e["feature_extractor"],
-                                              inception_weights=e["inception_weights"],
-                                              image_size=tuple(images.shape[-2:]), device=acc.device)
+                nets["net"] = feature_network(
+                    feature_extractor=e["feature_extractor"],
+                    inception_weights=e["inception_weights"],
+                    image_size=tuple(images.shape[-2:]),
+                    device=acc.device,
+                )
             return nets["net"](images)
 
         model = _ema_or_model(trainer)
@@ -252,8 +322,9 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
         out = metrics(merge_by_index(parts), ref, acc.device)
         points = [(r["step"], r["fid"]) for r in trainer.metrics.records() if "fid" in r and r["step"] < trainer.step]
         weights = "EMA " if trainer.ema is not None else ""
-        plot = plot_metric(points + [(trainer.step, out["fid"])], "FID", out_dir / "fid.png",
-                           f"FID of {n} {weights}samples ({net.id})")
+        plot = plot_metric(
+            points + [(trainer.step, out["fid"])], "FID", out_dir / "fid.png", f"FID of {n} {weights}samples ({net.id})"
+        )
         return {**out, "eval_samples": n, "feature_space": net.id, "fid_plot": str(plot)}
 
     return hook
@@ -287,8 +358,10 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
     else:
         channels, latent_size = int(data["channels"]), int(data["image_size"])
         if cfg["autoencoder"]["kind"] != "pixel":
-            raise ValueError(f"data.source {data['source']!r} trains in pixel space: set autoencoder.kind=pixel "
-                             "(or extract latents first for latent diffusion)")
+            raise ValueError(
+                f"data.source {data['source']!r} trains in pixel space: set autoencoder.kind=pixel "
+                "(or extract latents first for latent diffusion)"
+            )
     arch = model_config(cfg, channels, latent_size)
     model = build_model(arch)
     init_report = None
@@ -302,11 +375,20 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
     t = cfg["train"]
     per_process = int(data["batch_size"]) // (state.num_processes * int(t["grad_accum_steps"]))
     if per_process < 1 or per_process * state.num_processes * int(t["grad_accum_steps"]) != int(data["batch_size"]):
-        raise ValueError(f"data.batch_size {data['batch_size']} is not divisible by processes x grad_accum_steps "
-                         f"({state.num_processes} x {t['grad_accum_steps']})")
+        raise ValueError(
+            f"data.batch_size {data['batch_size']} is not divisible by processes x grad_accum_steps "
+            f"({state.num_processes} x {t['grad_accum_steps']})"
+        )
     workers = loader_workers(int(data["num_workers"]))
-    loader = DataLoader(dataset, batch_size=per_process, shuffle=True, drop_last=True, num_workers=workers,
-                        pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+    loader = DataLoader(
+        dataset,
+        batch_size=per_process,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=workers > 0,
+    )
     o = cfg["optim"]
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=float(o["lr"]), betas=tuple(o["betas"]), weight_decay=float(o["weight_decay"])
@@ -325,24 +407,48 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
     hooks = [(int(cfg["sample"]["every"]), sample_hook(cfg, diffusion, codec_fn, run_dir))]
     if int(t["eval_every"]) > 0:
         if cfg["eval"]["reference"] is None:
-            raise ValueError("train.eval_every needs eval.reference=PATH (image folder, .npz batch or "
-                             "`lightvision diffusion fid-ref` statistics)")
+            raise ValueError(
+                "train.eval_every needs eval.reference=PATH (image folder, .npz batch or "
+                "`lightvision diffusion fid-ref` statistics)"
+            )
         if int(t["eval_samples"]) <= PRC_NEIGHBOURHOOD:
-            raise ValueError(f"train.eval_samples={t['eval_samples']}: precision / recall need more than "
-                             f"{PRC_NEIGHBOURHOOD} samples")
+            raise ValueError(
+                f"train.eval_samples={t['eval_samples']}: precision / recall need more than {PRC_NEIGHBOURHOOD} samples"
+            )
         hooks.append((int(t["eval_every"]), eval_hook(cfg, diffusion, codec_fn, run_dir)))
     precision = (
         "no" if t["mixed_precision"] in (False, None) else str(t["mixed_precision"])
     )  # YAML 1.1 reads no as false
-    trainer = Trainer(run_dir, cfg, model, optimizer, scheduler, loader, make_loss_fn(diffusion, scaling_factor),
-                      max_steps=int(t["max_steps"]), model_config=arch, grad_accum_steps=int(t["grad_accum_steps"]),
-                      clip_grad=t["clip_grad"], ema_decay=t["ema_decay"], mixed_precision=precision,
-                      log_every=int(t["log_every"]), ckpt_every=int(t["ckpt_every"]), keep_last=int(t["keep_last"]),
-                      nan_policy=t["nan_policy"], seed=int(cfg["seed"]), hooks=hooks, torch_compile=bool(t["compile"]),
-                      accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), int(cfg["seed"]), cpu=cpu))
+    trainer = Trainer(
+        run_dir,
+        cfg,
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        make_loss_fn(diffusion, scaling_factor),
+        max_steps=int(t["max_steps"]),
+        model_config=arch,
+        grad_accum_steps=int(t["grad_accum_steps"]),
+        clip_grad=t["clip_grad"],
+        ema_decay=t["ema_decay"],
+        mixed_precision=precision,
+        log_every=int(t["log_every"]),
+        ckpt_every=int(t["ckpt_every"]),
+        keep_last=int(t["keep_last"]),
+        nan_policy=t["nan_policy"],
+        seed=int(cfg["seed"]),
+        hooks=hooks,
+        torch_compile=bool(t["compile"]),
+        accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), int(cfg["seed"]), cpu=cpu),
+    )
     summary = trainer.fit(resume or None)
-    summary.update(processes=state.num_processes, global_batch=int(data["batch_size"]), per_process_batch=per_process,
-                   **({"init_from": init_report} if init_report else {}))
+    summary.update(
+        processes=state.num_processes,
+        global_batch=int(data["batch_size"]),
+        per_process_batch=per_process,
+        **({"init_from": init_report} if init_report else {}),
+    )
     if hasattr(dataset, "skipped_images"):  # image folders: unreadable images skipped (this process's count)
         summary["skipped_images"] = dataset.skipped_images()
     if state.is_main_process:

@@ -26,8 +26,9 @@ LAYERS = (SoftmaxAttention, LightNetAttention, LionAttention, NormalizedAttentio
 MAX_BYTES = 2 * 2**30  # the identity and the matrix are each B * H * N * N elements
 
 
-def core_matrix(core: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, *, max_bytes: int = MAX_BYTES,
-                **kwargs) -> torch.Tensor:
+def core_matrix(
+    core: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Tensor, *, max_bytes: int = MAX_BYTES, **kwargs
+) -> torch.Tensor:
     """The matrix A of a core that is linear in its values, core(q, k, v) = A v.
 
     Args:
@@ -48,14 +49,22 @@ def core_matrix(core: Callable[..., torch.Tensor], q: torch.Tensor, k: torch.Ten
     b, h, n, _ = q.shape
     need = b * h * n * n * q.element_size()
     if need > max_bytes:
-        raise ValueError(f"effective attention of {n} tokens needs {need / 2**30:.1f} GiB per matrix (B={b}, H={h}); "
-                         f"use fewer tokens or images, or raise max_bytes (now {max_bytes / 2**30:.1f} GiB)")
+        raise ValueError(
+            f"effective attention of {n} tokens needs {need / 2**30:.1f} GiB per matrix (B={b}, H={h}); "
+            f"use fewer tokens or images, or raise max_bytes (now {max_bytes / 2**30:.1f} GiB)"
+        )
     eye = torch.eye(n, dtype=q.dtype, device=q.device).expand(b, h, n, n)
     return core(q, k, eye, **kwargs)
 
 
-def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[int] | None = None,
-                        num_prefix_tokens: int = 0, *, max_bytes: int = MAX_BYTES) -> torch.Tensor:
+def effective_attention(
+    layer: torch.nn.Module,
+    x: torch.Tensor,
+    grid: Sequence[int] | None = None,
+    num_prefix_tokens: int = 0,
+    *,
+    max_bytes: int = MAX_BYTES,
+) -> torch.Tensor:
     """The matrix A with which an attention layer's core mixes its values: core output = A v (module docstring).
 
     Args:
@@ -69,27 +78,55 @@ def effective_attention(layer: torch.nn.Module, x: torch.Tensor, grid: Sequence[
         A [B, H, N, N]; v is the layer's value projection split into heads.
     """
     if not isinstance(layer, LAYERS):
-        raise ValueError(f"effective_attention takes {', '.join(c.__name__ for c in LAYERS)} layers, "
-                         f"got {type(layer).__name__}")
+        raise ValueError(
+            f"effective_attention takes {', '.join(c.__name__ for c in LAYERS)} layers, got {type(layer).__name__}"
+        )
     with torch.no_grad():
         q, k, _ = layer.split(x)
         if isinstance(layer, SoftmaxAttention):
             return core_matrix(softmax_attention, q, k, max_bytes=max_bytes)
         if isinstance(layer, LightNetAttention):
-            return core_matrix(lightnet_attention, q, k, max_bytes=max_bytes, grid=grid,
-                               num_prefix_tokens=num_prefix_tokens, lrpe=layer.lrpe, key_softmax=layer.key_softmax,
-                               backend="torch")
+            return core_matrix(
+                lightnet_attention,
+                q,
+                k,
+                max_bytes=max_bytes,
+                grid=grid,
+                num_prefix_tokens=num_prefix_tokens,
+                lrpe=layer.lrpe,
+                key_softmax=layer.key_softmax,
+                backend="torch",
+            )
         if isinstance(layer, NormalizedAttention):
-            return core_matrix(normalized_attention, q, k, max_bytes=max_bytes, log_eta=layer.log_eta(x),
-                               form="parallel")
+            return core_matrix(
+                normalized_attention, q, k, max_bytes=max_bytes, log_eta=layer.log_eta(x), form="parallel"
+            )
         decays = layer._log_decays(x, num_prefix_tokens)  # LION: its feature map and decays
         q, k = layer._phi(q), layer._phi(k)
         if layer.snake:
-            return core_matrix(lion_snake_attention, q, k, max_bytes=max_bytes, grid=grid,
-                               num_prefix_tokens=num_prefix_tokens, mask=layer.mask, log_decay_row=decays[0],
-                               log_decay_col=decays[1], form="parallel", backend="torch")
-        return core_matrix(lion_attention, q, k, max_bytes=max_bytes, mask=layer.mask, log_decay=decays[0],
-                           form="parallel", backend="torch")
+            return core_matrix(
+                lion_snake_attention,
+                q,
+                k,
+                max_bytes=max_bytes,
+                grid=grid,
+                num_prefix_tokens=num_prefix_tokens,
+                mask=layer.mask,
+                log_decay_row=decays[0],
+                log_decay_col=decays[1],
+                form="parallel",
+                backend="torch",
+            )
+        return core_matrix(
+            lion_attention,
+            q,
+            k,
+            max_bytes=max_bytes,
+            mask=layer.mask,
+            log_decay=decays[0],
+            form="parallel",
+            backend="torch",
+        )
 
 
 def attention_maps(model: torch.nn.Module, *inputs: torch.Tensor, max_bytes: int = MAX_BYTES) -> list[torch.Tensor]:

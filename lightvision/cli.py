@@ -40,8 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Vision and diffusion models on LightNet (one-scan) and LION (two-scan) attention.",
     )
     parser.add_argument("--version", action="version", version=f"lightvision {__version__}")
-    parser.add_argument("--debug", action="store_true",
-                        help="show the traceback of an error (anywhere on the line; or set LIGHTVISION_DEBUG=1)")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show the traceback of an error (anywhere on the line; or set LIGHTVISION_DEBUG=1)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(

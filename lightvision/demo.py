@@ -62,26 +62,42 @@ def run_demo(device: str = "cpu") -> int:
     rows: list[tuple[str, float, float]] = []
     for mask, qq, kk, ld in (("lit", q_lit, k_lit, None), ("d", q_fm, k_fm, log_d), ("s", q_fm, k_fm, log_s)):
         ref = lion_attention(qq, kk, v, mask=mask, log_decay=ld, form="parallel")
-        err = max(_rel(lion_attention(qq, kk, v, mask=mask, log_decay=ld, form=f, chunk_size=32), ref)
-                  for f in ("chunk", "recurrent", "scan"))
+        err = max(
+            _rel(lion_attention(qq, kk, v, mask=mask, log_decay=ld, form=f, chunk_size=32), ref)
+            for f in ("chunk", "recurrent", "scan")
+        )
         rows.append((f"LION-{mask.upper()}: chunk / recurrent / scan vs parallel", err, TOL_FP32))
     for mask, ld_r, ld_c in (("d", log_d, log_d.flip(0)), ("s", log_s, log_s2)):
-        snake = {f: lion_snake_attention(q_fm, k_fm, v, grid=GRID, num_prefix_tokens=1, mask=mask, log_decay_row=ld_r,
-                                         log_decay_col=ld_c, form=f) for f in ("parallel", "chunk", "scan")}
+        snake = {
+            f: lion_snake_attention(
+                q_fm, k_fm, v, grid=GRID, num_prefix_tokens=1, mask=mask, log_decay_row=ld_r, log_decay_col=ld_c, form=f
+            )
+            for f in ("parallel", "chunk", "scan")
+        }
         err = max(_rel(snake[f], snake["parallel"]) for f in ("chunk", "scan"))
         rows.append((f"LION-{mask.upper()} snake: chunk / scan vs parallel", err, TOL_FP32))
 
     log_eta = project(0.5).mean(-1) + math.log(n)  # [B, H, N], a normaliser per token
     linear = normalized_attention(q_raw, k_raw, v, log_eta)
-    rows.append(("Normalized: q (K^T V) vs materialised (q k^T / eta) V",
-                 _rel(linear, normalized_attention(q_raw, k_raw, v, log_eta, form="parallel")), TOL_FP32))
+    rows.append(
+        (
+            "Normalized: q (K^T V) vs materialised (q k^T / eta) V",
+            _rel(linear, normalized_attention(q_raw, k_raw, v, log_eta, form="parallel")),
+            TOL_FP32,
+        )
+    )
 
     xt = tokens.expand(b, -1, -1)
     coeffs = torch.randn(2, xt.shape[-1], 4, generator=gen).to(dev)
     log_lam = F.logsigmoid(torch.linspace(0.0, 3.0, 4, device=dev)).repeat(2, 1)
     dense = md_tpe(xt, GRID, coeffs, log_lam, num_prefix_tokens=1, impl="dense")
-    rows.append(("MD-TPE: scan vs dense Toeplitz", _rel(md_tpe(xt, GRID, coeffs, log_lam, num_prefix_tokens=1,
-                                                                 impl="scan"), dense), TOL_FP32))
+    rows.append(
+        (
+            "MD-TPE: scan vs dense Toeplitz",
+            _rel(md_tpe(xt, GRID, coeffs, log_lam, num_prefix_tokens=1, impl="scan"), dense),
+            TOL_FP32,
+        )
+    )
 
     kw = dict(grid=GRID, num_prefix_tokens=1, backend="torch")
     full = lightnet_attention(q_raw, k_raw, v, **kw)
@@ -93,8 +109,10 @@ def run_demo(device: str = "cpu") -> int:
         bf = lightnet_attention(q_raw.bfloat16(), k_raw.bfloat16(), v.bfloat16(), grid=GRID, num_prefix_tokens=1)
         rows.append(("LightNet: bf16 (backend auto) vs fp64", _rel(bf, full64), 1e-2))
 
-    print(f"lightvision demo: china.jpg as a {GRID[0]}x{GRID[1]} patch grid + 1 prefix token "
-          f"(N={n}), B={b}, H={h}, d={d}, device={dev}")
+    print(
+        f"lightvision demo: china.jpg as a {GRID[0]}x{GRID[1]} patch grid + 1 prefix token "
+        f"(N={n}), B={b}, H={h}, d={d}, device={dev}"
+    )
     width = max(len(r[0]) for r in rows)
     print(f"{'check':<{width}}  {'rel. L2 err':>11}  {'tol':>7}  result")
     failed = 0

@@ -54,16 +54,26 @@ def comparison_parser(family: str, description: str, kinds_example: str, set_exa
     p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
     p.add_argument("--out", required=True, help=f"results folder ({family}_cifar10.json and plots)")
     p.add_argument("--work", default=f"/tmp/lightvision_{family}_benchmark", help="scratch: runs, checkpoints, samples")
-    p.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",
-                   help=f"more recipe overrides for every kind, e.g. {set_example!r}")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        action="extend",
+        metavar="KEY=VALUE",
+        help=f"more recipe overrides for every kind, e.g. {set_example!r}",
+    )
     p.add_argument(
         "--variants",
         help="YAML of named variants (name: {attention: KIND, set: [KEY=VALUE, ...]}) that the "
         "names may refer to besides the attention kinds, e.g. "
         f"configs/variants/{family}_cifar10.yaml",
     )
-    p.add_argument("--tag", default="", help=f"suffix of the report's name ({family}_cifar10_TAG.json), so that "
-                                            "drivers running side by side write separate files")
+    p.add_argument(
+        "--tag",
+        default="",
+        help=f"suffix of the report's name ({family}_cifar10_TAG.json), so that "
+        "drivers running side by side write separate files",
+    )
     return p
 
 

@@ -60,10 +60,22 @@ H, D = 6, 64
 # --check cases: (grid, prefix tokens, head dim, dtypes); N = prod(grid) + prefix
 _ALL = (torch.float32, torch.bfloat16, torch.float16)
 _TWO = (torch.float32, torch.bfloat16)
-CHECK_CASES = [((7, 7), 1, 64, _ALL), ((14, 14), 1, 64, _ALL), ((24, 24), 1, 64, _ALL), ((32, 32), 0, 64, _TWO),
-               ((64, 64), 0, 64, _ALL), ((13, 17), 0, 64, _TWO), ((256, 256), 0, 64, _TWO),
-               ((13, 17), 1, 48, _TWO), ((14, 14), 1, 24, _TWO), ((24, 24), 1, 128, _TWO),
-               ((7, 7), 1, 16, _TWO), ((24, 24), 1, 32, _TWO), ((16, 16), 0, 72, _TWO), ((64, 64), 0, 72, _TWO)]
+CHECK_CASES = [
+    ((7, 7), 1, 64, _ALL),
+    ((14, 14), 1, 64, _ALL),
+    ((24, 24), 1, 64, _ALL),
+    ((32, 32), 0, 64, _TWO),
+    ((64, 64), 0, 64, _ALL),
+    ((13, 17), 0, 64, _TWO),
+    ((256, 256), 0, 64, _TWO),
+    ((13, 17), 1, 48, _TWO),
+    ((14, 14), 1, 24, _TWO),
+    ((24, 24), 1, 128, _TWO),
+    ((7, 7), 1, 16, _TWO),
+    ((24, 24), 1, 32, _TWO),
+    ((16, 16), 0, 72, _TWO),
+    ((64, 64), 0, 72, _TWO),
+]
 
 
 def add(op: str, impl: str, make) -> None:
@@ -183,10 +195,24 @@ def check_lightnet(device, head_dims=()) -> list[dict]:
                 ok = all(e < tol[dtype] for e in errs.values())  # NaN fails
                 fused = lop._plan(n, q.shape[0] * q.shape[1], d, d, device, dtype == torch.float32)["fused"]
                 plan = "fused" if fused else "split"
-                rows.append(dict(grid=list(grid), prefix=prefix, N=n, d=d, dtype=str(dtype).split(".")[-1],
-                                 layout=layout, plan=plan, **errs, ok=ok))
-                print(f"check {layout:10s} {plan} grid={grid!s:10s} +{prefix} N={n:6d} d={d:3d} {rows[-1]['dtype']:8s} "
-                      + " ".join(f"{k}={e:.1e}" for k, e in errs.items()) + ("  ok" if ok else "  FAIL"))
+                rows.append(
+                    dict(
+                        grid=list(grid),
+                        prefix=prefix,
+                        N=n,
+                        d=d,
+                        dtype=str(dtype).split(".")[-1],
+                        layout=layout,
+                        plan=plan,
+                        **errs,
+                        ok=ok,
+                    )
+                )
+                print(
+                    f"check {layout:10s} {plan} grid={grid!s:10s} +{prefix} N={n:6d} d={d:3d} {rows[-1]['dtype']:8s} "
+                    + " ".join(f"{k}={e:.1e}" for k, e in errs.items())
+                    + ("  ok" if ok else "  FAIL")
+                )
     _launch.POISON_OUTPUTS = False
     return rows
 
@@ -212,9 +238,11 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
             elem = inputs[0].element_size()
             for mode in modes:
                 if mode == "fwd":
+
                     def run():
                         with torch.no_grad():
                             fn(*inputs)  # noqa: F821  (bound in this iteration; deleted after it)
+
                     tensors = 4
                 else:
                     for t in inputs:
@@ -224,25 +252,69 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
                     except torch.OutOfMemoryError as e:  # recorded as a failed timing (ms NaN), not a crash
                         print(f"{op:8s} {impl:12s} N={N:6d} B={B:4d} {mode:6s} out of memory: {str(e).splitlines()[0]}")
                         torch.cuda.empty_cache()
-                        records.append(dict(op=op, impl=impl, B=B, H=H, N=N, d=D, dtype=str(dtype).split(".")[-1],
-                                            mode=mode, ms=float("nan"), ms_graph=float("nan"), oom=True))
+                        records.append(
+                            dict(
+                                op=op,
+                                impl=impl,
+                                B=B,
+                                H=H,
+                                N=N,
+                                d=D,
+                                dtype=str(dtype).split(".")[-1],
+                                mode=mode,
+                                ms=float("nan"),
+                                ms_graph=float("nan"),
+                                oom=True,
+                            )
+                        )
                         continue
                     dout = torch.randn_like(out)
                     del out
 
                     def run():
                         fn(*inputs).backward(dout)  # noqa: F821  (bound in this iteration; deleted after it)
+
                     tensors = 11
-                ms = _timed(triton.testing.do_bench, run, warmup=25, rep=100, return_mode="median",
-                            grad_to_none=inputs if mode == "fwdbwd" else None)
-                ms_graph = _timed(triton.testing.do_bench_cudagraph, run, rep=50, return_mode="median",
-                                  grad_to_none=inputs if mode == "fwdbwd" else None) if graphs else float("nan")
+                ms = _timed(
+                    triton.testing.do_bench,
+                    run,
+                    warmup=25,
+                    rep=100,
+                    return_mode="median",
+                    grad_to_none=inputs if mode == "fwdbwd" else None,
+                )
+                ms_graph = (
+                    _timed(
+                        triton.testing.do_bench_cudagraph,
+                        run,
+                        rep=50,
+                        return_mode="median",
+                        grad_to_none=inputs if mode == "fwdbwd" else None,
+                    )
+                    if graphs
+                    else float("nan")
+                )
                 nbytes = tensors * B * H * N * D * elem
                 floor_ms = nbytes / (peak_gbs * 1e9) * 1e3
-                records.append(dict(op=op, impl=impl, B=B, H=H, N=N, d=D, dtype=str(dtype).split(".")[-1],
-                                    mode=mode, ms=ms, ms_graph=ms_graph, gbs=nbytes / (ms * 1e-3) / 1e9,
-                                    gbs_graph=nbytes / (ms_graph * 1e-3) / 1e9, floor_ms=floor_ms,
-                                    x_floor=ms / floor_ms, x_floor_graph=ms_graph / floor_ms))
+                records.append(
+                    dict(
+                        op=op,
+                        impl=impl,
+                        B=B,
+                        H=H,
+                        N=N,
+                        d=D,
+                        dtype=str(dtype).split(".")[-1],
+                        mode=mode,
+                        ms=ms,
+                        ms_graph=ms_graph,
+                        gbs=nbytes / (ms * 1e-3) / 1e9,
+                        gbs_graph=nbytes / (ms_graph * 1e-3) / 1e9,
+                        floor_ms=floor_ms,
+                        x_floor=ms / floor_ms,
+                        x_floor_graph=ms_graph / floor_ms,
+                    )
+                )
                 print(f"{op:8s} {impl:12s} N={N:6d} B={B:4d} {mode:6s} {ms:8.3f} ms  graph {ms_graph:8.3f} ms")
             del fn, inputs
             torch.cuda.empty_cache()
@@ -250,9 +322,17 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
 
 
 # --sweep: launch-plan variants of the Triton LightNet kernel (keyword knobs of kernels.lightnet.op._plan)
-SWEEP = [dict(block_n=32, num_warps=4), dict(block_n=32, num_warps=2), dict(block_n=64, num_warps=4),
-         dict(block_n=64, num_warps=8), dict(block_n=128, num_warps=8),
-         dict(splits=2), dict(splits=3), dict(splits=4), dict(splits=8)]
+SWEEP = [
+    dict(block_n=32, num_warps=4),
+    dict(block_n=32, num_warps=2),
+    dict(block_n=64, num_warps=4),
+    dict(block_n=64, num_warps=8),
+    dict(block_n=128, num_warps=8),
+    dict(splits=2),
+    dict(splits=3),
+    dict(splits=4),
+    dict(splits=8),
+]
 
 
 def sweep(shapes, dtype, device, peak_gbs) -> list[dict]:
@@ -287,8 +367,9 @@ def table(records) -> str:
             by = {(r["op"], r["impl"], r["N"], r["B"]): r for r in records if r["mode"] == mode}
             if not any(r[ms_key] == r[ms_key] for r in by.values()):
                 continue
-            lines.append(f"[{mode}, {label}] ms (x memory floor)      "
-                         + " ".join(f"{f'N={n}/B={b}':>16s}" for n, b in shapes))
+            lines.append(
+                f"[{mode}, {label}] ms (x memory floor)      " + " ".join(f"{f'N={n}/B={b}':>16s}" for n, b in shapes)
+            )
             for op, impl in keys:
                 cells = []
                 for n, b in shapes:
@@ -317,8 +398,12 @@ def main(argv=None) -> int:
         default=D,
         help="d of the timed shapes, with H = 384 / d heads (default 64: docs/spec.md 4; LightNet-DeiT-S: 24)",
     )
-    ap.add_argument("--heads", type=int, default=0,
-                    help="H of the timed shapes (default 384 / d; LightNet-DiT-XL/2: --head-dim 72 --heads 16)")
+    ap.add_argument(
+        "--heads",
+        type=int,
+        default=0,
+        help="H of the timed shapes (default 384 / d; LightNet-DiT-XL/2: --head-dim 72 --heads 16)",
+    )
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
     if not args.heads and 384 % args.head_dim:
@@ -332,8 +417,15 @@ def main(argv=None) -> int:
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     shapes = [tuple(int(x) for x in s.split("x")) for s in split(args.shapes)] or SHAPES
     checks = check_lightnet(device, {int(x) for x in split(args.check_d)}) if args.check else []
-    records = bench(set(split(args.ops)), set(split(args.impls)), shapes, split(args.modes),
-                    getattr(torch, args.dtype), device, args.peak_gbs)
+    records = bench(
+        set(split(args.ops)),
+        set(split(args.impls)),
+        shapes,
+        split(args.modes),
+        getattr(torch, args.dtype),
+        device,
+        args.peak_gbs,
+    )
     sweep_shapes = [tuple(int(x) for x in s.split("x")) for s in split(args.sweep)]
     if sweep_shapes:
         records += sweep(sweep_shapes, getattr(torch, args.dtype), device, args.peak_gbs)

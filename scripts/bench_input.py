@@ -150,9 +150,18 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     pipeline = "cpu" if name == "folder_cpu" else "gpu"
     fmt = "shards" if name.startswith("shards") else "folder"
     root = args.work / "shards" if fmt == "shards" else args.data
-    cfg = load_recipe(RECIPE, [f"data.root={root}", f"data.pipeline={pipeline}", f"data.format={fmt}",
-                               f"data.num_workers={args.workers}", f"train.batch_size={args.batch_size}",
-                               f"model.img_size={args.img_size}", *args.set])
+    cfg = load_recipe(
+        RECIPE,
+        [
+            f"data.root={root}",
+            f"data.pipeline={pipeline}",
+            f"data.format={fmt}",
+            f"data.num_workers={args.workers}",
+            f"train.batch_size={args.batch_size}",
+            f"model.img_size={args.img_size}",
+            *args.set,
+        ],
+    )
     batch = cfg["train"]["batch_size"]
     dataset = loader = batches = None
     if name != "synthetic":
@@ -165,8 +174,11 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     total = loop.run(args.steps)["total"]
     stages = loop.run(args.stage_steps, timed_stages=True)
     out: dict[str, Any] = {
-        "pipeline": pipeline if name != "synthetic" else None, "format": fmt if name != "synthetic" else None,
-        "batch_size": batch, "img_size": cfg["model"]["img_size"], "steps": args.steps,
+        "pipeline": pipeline if name != "synthetic" else None,
+        "format": fmt if name != "synthetic" else None,
+        "batch_size": batch,
+        "img_size": cfg["model"]["img_size"],
+        "steps": args.steps,
         "images_per_s": args.steps * batch / total,
         **{f"{k}_ms": 1000 * v / args.stage_steps for k, v in stages.items() if k != "total"},
     }
@@ -186,8 +198,12 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     cols = ("images_per_s", "loader_images_per_s", "read_ms", "decode_ms", "augment_ms", "step_ms")
     lines = ["| setting | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
     for name, r in results.items():
-        cells = [r.get("error", "")[:60] if c == cols[0] and "error" in r else
-                 (f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-") for c in cols]
+        cells = [
+            r.get("error", "")[:60]
+            if c == cols[0] and "error" in r
+            else (f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-")
+            for c in cols
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -207,20 +223,38 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loader-steps", type=int, default=30, help="batches of the loader-only measurement")
     p.add_argument("--shard-size", type=int, default=500)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE",
-                   help="recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        action="extend",
+        metavar="KEY=VALUE",
+        help="recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224",
+    )
     args = p.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
     if "shards_gpu" in args.settings:
         start = time.perf_counter()
         index = make_shards(image_folder(args.data, "train", None), args.work / "shards", "train", args.shard_size)
-        print(f"wrote {len(index['shards'])} shards of {index['count']} images in "
-              f"{time.perf_counter() - start:.1f} s", flush=True)
+        print(
+            f"wrote {len(index['shards'])} shards of {index['count']} images in {time.perf_counter() - start:.1f} s",
+            flush=True,
+        )
     command = shlex.join(["python", "scripts/bench_input.py", *(sys.argv[1:] if argv is None else argv)])
-    env = {**results_env(command), "torchvision": torchvision.__version__,
-           "cpu": platform.processor() or platform.machine(), "cpu_cores": os.cpu_count(),
-           "available_cores": available_cpus(), "device": str(device)}
+    env = {
+        **results_env(command),
+        "torchvision": torchvision.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_cores": os.cpu_count(),
+        "available_cores": available_cpus(),
+        "device": str(device),
+    }
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
     for name in args.settings:
         try:

@@ -126,8 +126,16 @@ def measure_memory(model: torch.nn.Module, inputs) -> dict:
     return {"batch": int(inputs[0].shape[0]), "base_gb": base, "peak_mem_gb": peak, "activation_gb": peak - base}
 
 
-def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int, steps: int, memory_batch: int = 0,
-            memory_only: bool = False) -> dict:
+def measure(
+    model: torch.nn.Module,
+    make_batch,
+    loss_of,
+    batch: int,
+    warmup: int,
+    steps: int,
+    memory_batch: int = 0,
+    memory_only: bool = False,
+) -> dict:
     """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
     also ``measure_memory`` at that fixed batch (``infer_memory``: the same batch at every resolution, so the growth
     with the token count shows; capped at ``batch``), before any optimizer state exists; ``memory_only``: just that."""
@@ -154,8 +162,13 @@ def measure(model: torch.nn.Module, make_batch, loss_of, batch: int, warmup: int
 
 def bench_one(family: str, attention: str, size: str, img_size: int, batch: int, args) -> list[dict]:
     """Records for one (model, attention, resolution); an OOM becomes ``oom: true`` records."""
-    base = {"model": f"{family}_{size}", "attention": attention, "img_size": img_size, "batch": batch,
-            **({"compile": args.compile} if args.compile else {})}
+    base = {
+        "model": f"{family}_{size}",
+        "attention": attention,
+        "img_size": img_size,
+        "batch": batch,
+        **({"compile": args.compile} if args.compile else {}),
+    }
     try:
         if family == "deit":
             model = build_deit(attention, img_size)
@@ -178,8 +191,9 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
         if args.compile:
             torch._dynamo.reset()  # each model compiles fresh, as in its own process (no shared cache entries)
             model = compile_model(model, mode=args.compile)
-        measured = measure(model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch,
-                           args.memory_only)
+        measured = measure(
+            model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch, args.memory_only
+        )
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:
         modes = ("infer_memory",) if args.memory_only else ("infer", "train")
@@ -216,20 +230,34 @@ def memory_growth(records: list[dict]) -> list[dict]:
     rows = []
     for (model, attention), rs in series.items():
         rs = sorted(rs, key=lambda r: r["tokens"])
-        exponents = [math.log(b["activation_gb"] / a["activation_gb"]) / math.log(b["tokens"] / a["tokens"])
-                     if min(a["activation_gb"], b["activation_gb"]) > 0 else None for a, b in zip(rs, rs[1:])]
+        exponents = [
+            math.log(b["activation_gb"] / a["activation_gb"]) / math.log(b["tokens"] / a["tokens"])
+            if min(a["activation_gb"], b["activation_gb"]) > 0
+            else None
+            for a, b in zip(rs, rs[1:])
+        ]
         known = [e for e in exponents if e is not None]
-        rows.append({"model": model, "attention": attention, "batch": rs[0]["batch"],
-                     "img_size": [r["img_size"] for r in rs], "tokens": [r["tokens"] for r in rs],
-                     "activation_gb": [r["activation_gb"] for r in rs], "exponents": exponents,
-                     "max_exponent": max(known) if known else None})
+        rows.append(
+            {
+                "model": model,
+                "attention": attention,
+                "batch": rs[0]["batch"],
+                "img_size": [r["img_size"] for r in rs],
+                "tokens": [r["tokens"] for r in rs],
+                "activation_gb": [r["activation_gb"] for r in rs],
+                "exponents": exponents,
+                "max_exponent": max(known) if known else None,
+            }
+        )
     return rows
 
 
 def memory_growth_table(rows: list[dict]) -> str:
     """Markdown: activation GB per size and the growth exponents of ``memory_growth``."""
-    lines = ["| model | attention | batch | px (tokens): forward activation GB | growth exponents | max |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| model | attention | batch | px (tokens): forward activation GB | growth exponents | max |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         sizes = ", ".join(f"{px} ({n}): {gb:.3f}" for px, n, gb in zip(r["img_size"], r["tokens"], r["activation_gb"]))
         exps = ", ".join("-" if e is None else f"{e:.2f}" for e in r["exponents"]) or "-"
@@ -255,8 +283,10 @@ def markdown_table(records: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for (model, attention, px), cells in rows.items():
-        lines.append(f"| {model} | {attention} | {px} | {cells['batch']} | {cells.get('train', '-')} | "
-                     f"{cells.get('infer', '-')} | {cells.get('infer_memory', '-')} |")
+        lines.append(
+            f"| {model} | {attention} | {px} | {cells['batch']} | {cells.get('train', '-')} | "
+            f"{cells.get('infer', '-')} | {cells.get('infer_memory', '-')} |"
+        )
     return "\n".join(lines)
 
 
@@ -287,8 +317,11 @@ def plot(records: list[dict], path: Path) -> None:
             ax = axes[row][col]
             xs = set()
             for attention in sorted({r["attention"] for r in records if r["model"] == model}):
-                pts = sorted((r[xkey], r[ykey]) for r in records if r["model"] == model and
-                             r["attention"] == attention and r["mode"] == mode and not r.get("oom"))
+                pts = sorted(
+                    (r[xkey], r[ykey])
+                    for r in records
+                    if r["model"] == model and r["attention"] == attention and r["mode"] == mode and not r.get("oom")
+                )
                 if pts:
                     ax.plot(*zip(*pts), marker="o", label=attention)
                     xs.update(x for x, _ in pts)
@@ -313,14 +346,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dit-sizes", nargs="*", default=["b", "xl"], choices=("s", "b", "l", "xl"))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--compile", nargs="?", const="default", choices=("default", "reduce-overhead", "max-autotune"),
-                        help="torch.compile each model (custom ops stay in the graph) in this mode (default: "
-                             "'default'); 'reduce-overhead' replays the steps as CUDA graphs")
-    parser.add_argument("--memory-batch", type=int, default=0,
-                        help="also record inference memory at this fixed batch at every size (mode infer_memory; "
-                             "default 8 with --memory-only)")
-    parser.add_argument("--memory-only", action="store_true",
-                        help="only the fixed-batch inference memory (no timing) and its growth with the token count")
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        choices=("default", "reduce-overhead", "max-autotune"),
+        help="torch.compile each model (custom ops stay in the graph) in this mode (default: "
+        "'default'); 'reduce-overhead' replays the steps as CUDA graphs",
+    )
+    parser.add_argument(
+        "--memory-batch",
+        type=int,
+        default=0,
+        help="also record inference memory at this fixed batch at every size (mode infer_memory; "
+        "default 8 with --memory-only)",
+    )
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the fixed-batch inference memory (no timing) and its growth with the token count",
+    )
     parser.add_argument(
         "--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it"
     )
@@ -360,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
     if growth:
         table += "\n\nInference memory against the token count (growth exponent 1 = linear, 2 = quadratic):\n\n"
         table += memory_growth_table(growth)
-    out.write_text(json.dumps({"env": env, "records": records, **({"memory_growth": growth} if growth else {})},
-                              indent=1))
+    out.write_text(
+        json.dumps({"env": env, "records": records, **({"memory_growth": growth} if growth else {})}, indent=1)
+    )
     out.with_suffix(".md").write_text(table + "\n")
     plot(records, out.with_suffix(".png"))
     print(table)

@@ -58,8 +58,9 @@ def make_image(data: bytes, rng: np.random.Generator) -> bytes:
     pixels = np.asarray(img.crop((left, top, left + w, top + h)), dtype=np.float32)
     pixels += rng.uniform(*NOISE) * rng.standard_normal(pixels.shape, dtype=np.float32)
     out = io.BytesIO()
-    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(out, "JPEG",
-                                                                quality=int(rng.integers(QUALITY[0], QUALITY[1] + 1)))
+    Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
+        out, "JPEG", quality=int(rng.integers(QUALITY[0], QUALITY[1] + 1))
+    )
     return out.getvalue()
 
 
@@ -105,8 +106,13 @@ def main(argv: list[str] | None = None) -> int:
             sizes = pool.map(_write, tasks, chunksize=64)
     else:
         sizes = [_write(t) for t in tasks]
-    summary = {"out": args.out, **{f"{s}_images": c for s, c in counts.items()}, "mean_kib": sum(sizes) / len(sizes)
-               / 1024, "seconds": round(time.perf_counter() - start, 1), "workers": workers}
+    summary = {
+        "out": args.out,
+        **{f"{s}_images": c for s, c in counts.items()},
+        "mean_kib": sum(sizes) / len(sizes) / 1024,
+        "seconds": round(time.perf_counter() - start, 1),
+        "workers": workers,
+    }
     print(json.dumps(summary))
     return 0
 

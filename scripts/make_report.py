@@ -44,8 +44,10 @@ def provenance(files: list[str], softmax: str | None) -> str:
     for name in files:
         env = load(name)["env"]
         triton = f", Triton {env['triton']}" if env.get("triton") else ""
-        lines.append(f"- [`{name}`](results/{name}): {env['gpu']}, torch {env['torch']}{triton}, "
-                     f"{str(env.get('date') or 'date not recorded')[:10]}")
+        lines.append(
+            f"- [`{name}`](results/{name}): {env['gpu']}, torch {env['torch']}{triton}, "
+            f"{str(env.get('date') or 'date not recorded')[:10]}"
+        )
     if softmax:
         lines.append(f"- softmax: {softmax}")
     return "Data:\n\n" + "\n".join(lines)
@@ -64,10 +66,31 @@ def render_attention(files: list[str], **_) -> str:
     for n, b in sorted({(r["N"], r["B"]) for r in main}):
         get = lambda op, impl: ms.get((op, impl, n))  # noqa: E731
         pair = lambda op: f"{fmt(get(op, 'triton_parallel'))} / {fmt(get(op, 'triton_scan'))}"  # noqa: E731
-        rows.append([f"{n} / {b}", fmt(get("softmax", "sdpa")), fmt(get("lightnet", "triton")), pair("lion_d"),
-                     pair("lion_s"), pair("lion_lit"), fmt(get("lion_s", "fla")), fmt(get("lion_s", "torch_mask"))])
-    return table(["N / B", "SDPA", "LightNet (one scan)", "LION-D masked / scan", "LION-S masked / scan",
-                  "LION-LIT masked / scan", "fla fwd+rev", "LION-S mask materialised"], rows)
+        rows.append(
+            [
+                f"{n} / {b}",
+                fmt(get("softmax", "sdpa")),
+                fmt(get("lightnet", "triton")),
+                pair("lion_d"),
+                pair("lion_s"),
+                pair("lion_lit"),
+                fmt(get("lion_s", "fla")),
+                fmt(get("lion_s", "torch_mask")),
+            ]
+        )
+    return table(
+        [
+            "N / B",
+            "SDPA",
+            "LightNet (one scan)",
+            "LION-D masked / scan",
+            "LION-S masked / scan",
+            "LION-LIT masked / scan",
+            "fla fwd+rev",
+            "LION-S mask materialised",
+        ],
+        rows,
+    )
 
 
 def render_lightnet_vs_sdpa(files: list[str], **_) -> str:
@@ -77,8 +100,16 @@ def render_lightnet_vs_sdpa(files: list[str], **_) -> str:
     for n, b in sorted({(r["N"], r["B"]) for r in recs.values() if r["op"] == "lightnet"}):
         fwd, both = recs[("lightnet", "triton", "fwd", n)], recs[("lightnet", "triton", "fwdbwd", n)]
         sdpa = recs[("softmax", "sdpa", "fwdbwd", n)]["ms_graph"]
-        rows.append([f"{n} / {b}", f"{fwd['ms_graph']:.3f}", f"{both['ms_graph']:.3f}", f"{both['x_floor_graph']:.2f}x",
-                     f"{sdpa:.3f}", f"{sdpa / both['ms_graph']:.1f}x"])
+        rows.append(
+            [
+                f"{n} / {b}",
+                f"{fwd['ms_graph']:.3f}",
+                f"{both['ms_graph']:.3f}",
+                f"{both['x_floor_graph']:.2f}x",
+                f"{sdpa:.3f}",
+                f"{sdpa / both['ms_graph']:.1f}x",
+            ]
+        )
     return table(["N / B", "fwd", "fwd+bwd", "x memory floor", "SDPA fwd+bwd", "SDPA / LightNet"], rows)
 
 
@@ -87,10 +118,21 @@ def render_checks(files: list[str], **_) -> str:
     rows = []
     for name in files:
         checks = load(name)["checks"]
-        errors = [v for c in checks if c.get("dtype") == "float32" for k, v in c.items()
-                  if isinstance(v, float) and k not in ("decay",)]
-        rows.append([name, load(name)["env"]["gpu"], f"{sum(c['ok'] for c in checks)} / {len(checks)}",
-                     f"{max(errors):.1e}" if errors else "-"])
+        errors = [
+            v
+            for c in checks
+            if c.get("dtype") == "float32"
+            for k, v in c.items()
+            if isinstance(v, float) and k not in ("decay",)
+        ]
+        rows.append(
+            [
+                name,
+                load(name)["env"]["gpu"],
+                f"{sum(c['ok'] for c in checks)} / {len(checks)}",
+                f"{max(errors):.1e}" if errors else "-",
+            ]
+        )
     return table(["file", "GPU", "checks passed", "largest fp32 relative error"], rows)
 
 
@@ -117,8 +159,16 @@ def render_memory(files: list[str], **_) -> str:
     rows = []
     for name in files:
         for g in load(name)["memory_growth"]:
-            rows.append([g["model"], g["attention"], g["batch"], f"{g['tokens'][0]}-{g['tokens'][-1]}",
-                         f"{g['activation_gb'][0]:.3f} -> {g['activation_gb'][-1]:.3f}", f"{g['max_exponent']:.2f}"])
+            rows.append(
+                [
+                    g["model"],
+                    g["attention"],
+                    g["batch"],
+                    f"{g['tokens'][0]}-{g['tokens'][-1]}",
+                    f"{g['activation_gb'][0]:.3f} -> {g['activation_gb'][-1]:.3f}",
+                    f"{g['max_exponent']:.2f}",
+                ]
+            )
     return table(["model", "attention", "batch", "tokens", "activation GB", "largest growth exponent"], rows)
 
 
@@ -134,8 +184,10 @@ def render_classify_cifar10(files: list[str], **_) -> str:
 
 def render_yardstick(files: list[str], **_) -> str:
     """CIFAR-10 yardstick recipes: cutout, epochs, test top-1 plain and with flip TTA."""
-    rows = [[r["cutout"] or "-", r["epochs"], f"{r['test_top1']:.2f}", r.get("test_top1_flip_tta", "-"), r["source"]]
-            for r in load(files[0])["results"]]
+    rows = [
+        [r["cutout"] or "-", r["epochs"], f"{r['test_top1']:.2f}", r.get("test_top1_flip_tta", "-"), r["source"]]
+        for r in load(files[0])["results"]
+    ]
     return table(["cutout", "epochs", "test top-1", "with flip TTA", "where"], rows)
 
 
@@ -150,12 +202,33 @@ def render_diffusion_cifar10(files: list[str], **_) -> str:
             if "error" in r:
                 rows.append([kind, "error", "", "", "", "", "", "", ""])
                 continue
-            rows.append([f"{kind} ({r['model']})", f"{r['params'] / 1e6:.1f}M", r["steps"],
-                         f"{r['test_bits_per_dim']:.3f}", f"{r['fid']:.1f}", f"{r['precision']:.3f}",
-                         f"{r['recall']:.3f}",
-                         f"{r['streak_share']['mean']:.3f}", r["train_steps_per_s"]])
-    return table(["run", "params", "steps", "test bits/dim", "FID", "precision", "recall", "streak share",
-                  "steps/s (shared GPU)"], rows)
+            rows.append(
+                [
+                    f"{kind} ({r['model']})",
+                    f"{r['params'] / 1e6:.1f}M",
+                    r["steps"],
+                    f"{r['test_bits_per_dim']:.3f}",
+                    f"{r['fid']:.1f}",
+                    f"{r['precision']:.3f}",
+                    f"{r['recall']:.3f}",
+                    f"{r['streak_share']['mean']:.3f}",
+                    r["train_steps_per_s"],
+                ]
+            )
+    return table(
+        [
+            "run",
+            "params",
+            "steps",
+            "test bits/dim",
+            "FID",
+            "precision",
+            "recall",
+            "streak share",
+            "steps/s (shared GPU)",
+        ],
+        rows,
+    )
 
 
 def render_multi_gpu(files: list[str], **_) -> str:
@@ -167,12 +240,25 @@ def render_multi_gpu(files: list[str], **_) -> str:
         c = j["comparison"]
         step1 = c["per_step"][0]
         speed = lambda run: j[run]["throughput"]["images_per_s"]  # noqa: E731
-        rows.append([f"{job} ({d['settings'][job + '_model']})", f"{step1['loss_1']:.5f} / {step1['loss_2']:.5f}",
-                     f"{c['loss_diff']['first_10']['max_rel']:.1e} / {c['loss_diff']['all']['max_rel']:.1e}",
-                     f"{speed('run_1'):.0f} -> {speed('run_2'):.0f} (x{speed('run_2') / speed('run_1'):.2f})",
-                     f"{speed('run_2_weak'):.0f} (x{speed('run_2_weak') / speed('run_1'):.2f})"])
-    return table(["job", "loss step 1 (1 / 2 GPUs)", "max relative loss difference, first 10 / all steps",
-                  "images/s 1 GPU -> 2 GPUs (same global batch)", "2 GPUs, twice the global batch"], rows)
+        rows.append(
+            [
+                f"{job} ({d['settings'][job + '_model']})",
+                f"{step1['loss_1']:.5f} / {step1['loss_2']:.5f}",
+                f"{c['loss_diff']['first_10']['max_rel']:.1e} / {c['loss_diff']['all']['max_rel']:.1e}",
+                f"{speed('run_1'):.0f} -> {speed('run_2'):.0f} (x{speed('run_2') / speed('run_1'):.2f})",
+                f"{speed('run_2_weak'):.0f} (x{speed('run_2_weak') / speed('run_1'):.2f})",
+            ]
+        )
+    return table(
+        [
+            "job",
+            "loss step 1 (1 / 2 GPUs)",
+            "max relative loss difference, first 10 / all steps",
+            "images/s 1 GPU -> 2 GPUs (same global batch)",
+            "2 GPUs, twice the global batch",
+        ],
+        rows,
+    )
 
 
 def render_index(files: list[str], **_) -> str:
@@ -181,13 +267,19 @@ def render_index(files: list[str], **_) -> str:
     for name in files:
         env = load(name)["env"]
         cmd = " ".join(str(env.get("command", "")).split())
-        rows.append([f"[`{name}`](results/{name})", env["gpu"].replace("NVIDIA ", ""),
-                     f"{env['torch']} / {env.get('triton')}", str(env.get("date") or "-")[:10],
-                     (cmd[:110] + " ...") if len(cmd) > 110 else cmd])
+        rows.append(
+            [
+                f"[`{name}`](results/{name})",
+                env["gpu"].replace("NVIDIA ", ""),
+                f"{env['torch']} / {env.get('triton')}",
+                str(env.get("date") or "-")[:10],
+                (cmd[:110] + " ...") if len(cmd) > 110 else cmd,
+            ]
+        )
     return table(["file", "GPU", "torch / Triton", "date", "command"], rows)
 
 
-RENDER = {k[len("render_"):]: v for k, v in globals().items() if k.startswith("render_")}
+RENDER = {k[len("render_") :]: v for k, v in globals().items() if k.startswith("render_")}
 
 
 def named_files(spec: dict) -> list[str]:
@@ -226,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.check:
         if not OUT.is_file() or OUT.read_text() != text:
-            print("make_report: benchmarks/README.md is out of date: run python scripts/make_report.py",
-                  file=sys.stderr)
+            print(
+                "make_report: benchmarks/README.md is out of date: run python scripts/make_report.py", file=sys.stderr
+            )
             return 1
         return 0
     OUT.write_text(text)

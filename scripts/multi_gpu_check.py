@@ -82,8 +82,15 @@ class Check:
         from lightvision.results import results_env
 
         command = shlex.join(["python3", "scripts/multi_gpu_check.py", *sys.argv[1:]])
-        self.report: dict[str, Any] = {"env": results_env(command), "settings": vars(args), "stages": {},
-                                       "classify": {}, "diffusion": {}, "sample": {}, "checks": {}}
+        self.report: dict[str, Any] = {
+            "env": results_env(command),
+            "settings": vars(args),
+            "stages": {},
+            "classify": {},
+            "diffusion": {},
+            "sample": {},
+            "checks": {},
+        }
         import torch
 
         self.report["env"]["gpus"] = torch.cuda.device_count()
@@ -98,8 +105,19 @@ class Check:
         atomic_write(self.out, (json.dumps(self.report, indent=2, default=str) + "\n").encode())
 
     def launch_cmd(self, nproc: int, lightvision_args: list[str]) -> list[str]:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", self.precision, "--dynamo_backend", "no"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--num_processes",
+            str(nproc),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            self.precision,
+            "--dynamo_backend",
+            "no",
+        ]
         if nproc > 1:
             cmd += ["--multi_gpu", "--main_process_port", str(free_port())]  # on CPU: MULTI_CPU with gloo
         elif self.args.cpu:
@@ -121,8 +139,9 @@ class Check:
         start = time.monotonic()
         with open(log_path, "w") as log:
             env = {**os.environ, **NO_MULTICAST, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(cmd, cwd=self.work, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=self.work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 code = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -159,28 +178,67 @@ class Check:
     def classify_run(self, name: str, nproc: int, per_process: int, steps: int) -> Path:
         a = self.args
         run = self.work / name
-        self.run(name, nproc, [
-            "classify", "train", "--config", str(REPO / "configs" / "classify" / "cifar10.yaml"), "--out", str(run),
-            "--device", "cpu" if a.cpu else "cuda", f"data.root={a.data}", f"data.num_workers={a.num_workers}",
-            f"model.name={a.classify_model}", f"model.args={a.classify_args}", "model.drop_path=0",
-            "aug.no_aug=true", "aug.mixup=0", "aug.cutmix=0", "aug.repeated_aug=1",
-            f"train.batch_size={per_process}", f"train.max_steps={steps}", "train.log_every=1",
-            f"train.eval_batch_size={a.eval_batch}", f"train.mixed_precision='{self.precision}'", "train.keep_last=1",
-            f"train.seed={a.seed}", *a.classify_extra,
-        ])
+        self.run(
+            name,
+            nproc,
+            [
+                "classify",
+                "train",
+                "--config",
+                str(REPO / "configs" / "classify" / "cifar10.yaml"),
+                "--out",
+                str(run),
+                "--device",
+                "cpu" if a.cpu else "cuda",
+                f"data.root={a.data}",
+                f"data.num_workers={a.num_workers}",
+                f"model.name={a.classify_model}",
+                f"model.args={a.classify_args}",
+                "model.drop_path=0",
+                "aug.no_aug=true",
+                "aug.mixup=0",
+                "aug.cutmix=0",
+                "aug.repeated_aug=1",
+                f"train.batch_size={per_process}",
+                f"train.max_steps={steps}",
+                "train.log_every=1",
+                f"train.eval_batch_size={a.eval_batch}",
+                f"train.mixed_precision='{self.precision}'",
+                "train.keep_last=1",
+                f"train.seed={a.seed}",
+                *a.classify_extra,
+            ],
+        )
         return run
 
     def diffusion_run(self, name: str, nproc: int, global_batch: int, steps: int) -> Path:
         a = self.args
         run = self.work / name
-        self.run(name, nproc, [
-            "diffusion", "train", "--config", str(REPO / "configs" / "diffusion" / "cifar10.yaml"),
-            f"run_dir={run}", f"data.root={a.data}", f"data.num_workers={a.num_workers}", "data.flip=false",
-            f"data.batch_size={global_batch}", f"model.name={a.diffusion_model}", f"model.kwargs={a.diffusion_kwargs}",
-            f"train.max_steps={steps}", "train.log_every=1", f"train.ckpt_every={steps}", "train.keep_last=1",
-            f"train.mixed_precision='{self.precision}'", "sample.every=1000000000", f"seed={a.seed}",
-            *a.diffusion_extra,
-        ])
+        self.run(
+            name,
+            nproc,
+            [
+                "diffusion",
+                "train",
+                "--config",
+                str(REPO / "configs" / "diffusion" / "cifar10.yaml"),
+                f"run_dir={run}",
+                f"data.root={a.data}",
+                f"data.num_workers={a.num_workers}",
+                "data.flip=false",
+                f"data.batch_size={global_batch}",
+                f"model.name={a.diffusion_model}",
+                f"model.kwargs={a.diffusion_kwargs}",
+                f"train.max_steps={steps}",
+                "train.log_every=1",
+                f"train.ckpt_every={steps}",
+                "train.keep_last=1",
+                f"train.mixed_precision='{self.precision}'",
+                "sample.every=1000000000",
+                f"seed={a.seed}",
+                *a.diffusion_extra,
+            ],
+        )
         return run
 
     # ------------------------------------------------------------------ analysis
@@ -200,10 +258,14 @@ class Check:
         if not timed:
             return {"global_batch": global_batch, "images_per_s": None}
         seconds = sum(1.0 / r for r in timed)
-        return {"global_batch": global_batch, "timed_steps": len(timed), "warmup_steps": warm,
-                "images_per_s": round(global_batch * len(timed) / seconds, 1),
-                "images_per_s_median_step": round(global_batch * statistics.median(timed), 1),
-                "step_ms_median": round(1000.0 / statistics.median(timed), 2)}
+        return {
+            "global_batch": global_batch,
+            "timed_steps": len(timed),
+            "warmup_steps": warm,
+            "images_per_s": round(global_batch * len(timed) / seconds, 1),
+            "images_per_s_median_step": round(global_batch * statistics.median(timed), 1),
+            "step_ms_median": round(1000.0 / statistics.median(timed), 2),
+        }
 
     def compare(self, run1: Path, run2: Path) -> dict:
         """Per-step loss / lr of both runs and their differences over the first 1 / 10 / 20 / all steps."""
@@ -212,18 +274,37 @@ class Check:
         rows = []
         for s in steps:
             l1, l2 = c1[s]["loss"], c2[s]["loss"]
-            rows.append({"step": s, "loss_1": l1, "loss_2": l2, "abs": abs(l1 - l2),
-                         "rel": abs(l1 - l2) / max(abs(l1), 1e-12), "lr_1": c1[s]["lr"], "lr_2": c2[s]["lr"]})
+            rows.append(
+                {
+                    "step": s,
+                    "loss_1": l1,
+                    "loss_2": l2,
+                    "abs": abs(l1 - l2),
+                    "rel": abs(l1 - l2) / max(abs(l1), 1e-12),
+                    "lr_1": c1[s]["lr"],
+                    "lr_2": c2[s]["lr"],
+                }
+            )
         windows = {}
         for label, n in (("first_1", 1), ("first_10", 10), ("first_20", 20), ("all", len(rows))):
             part = rows[:n]
             if part:
-                windows[label] = {"steps": len(part), "max_abs": max(r["abs"] for r in part),
-                                  "max_rel": max(r["rel"] for r in part)}
+                windows[label] = {
+                    "steps": len(part),
+                    "max_abs": max(r["abs"] for r in part),
+                    "max_rel": max(r["rel"] for r in part),
+                }
         lr_rel = max((abs(r["lr_1"] - r["lr_2"]) / max(abs(r["lr_1"]), 1e-30) for r in rows), default=None)
         at = sorted({s for s in (1, 10, 20, steps[-1] if steps else 0) if s in c1 and s in c2})
-        return {"steps_compared": len(rows), "steps_1": len(c1), "steps_2": len(c2), "loss_diff": windows,
-                "lr_max_rel_diff": lr_rel, "lr_at": {s: [c1[s]["lr"], c2[s]["lr"]] for s in at}, "per_step": rows}
+        return {
+            "steps_compared": len(rows),
+            "steps_1": len(c1),
+            "steps_2": len(c2),
+            "loss_diff": windows,
+            "lr_max_rel_diff": lr_rel,
+            "lr_at": {s: [c1[s]["lr"], c2[s]["lr"]] for s in at},
+            "per_step": rows,
+        }
 
     def tolerances(self) -> tuple[float, float]:
         a = self.args
@@ -261,22 +342,30 @@ class Check:
         """Record the weak-scaling run ``run`` of ``family`` (``per_process`` rows per GPU) and the scaling."""
         res = self.report[family]
         results = json.loads((run / "results.json").read_text())
-        res["run_2_weak"] = {"processes": results["processes"], "global_batch": results["global_batch"],
-                             "per_process_batch": per_process,
-                             "throughput": self.throughput(run, results["global_batch"])}
+        res["run_2_weak"] = {
+            "processes": results["processes"],
+            "global_batch": results["global_batch"],
+            "per_process_batch": per_process,
+            "throughput": self.throughput(run, results["global_batch"]),
+        }
         self.scaling(res)
 
     def classify_pair(self) -> None:
         a, res = self.args, self.report["classify"]
         if a.classify_batch % 2:
             raise ValueError("--classify-batch must be even (2 x batch / 2)")
+
         def one(nproc: int) -> Path:
             run = self.classify_run(f"classify_{nproc}", nproc, a.classify_batch // nproc, a.steps)
             results = json.loads((run / "results.json").read_text())
             res[f"run_{nproc}"] = {
-                "processes": results["processes"], "global_batch": results["global_batch"],
-                "per_process_batch": a.classify_batch // nproc, "lr": results["lr"], "steps": results["step"],
-                "val_images": results["val_images"], "val_set_size": results["val_set_size"],
+                "processes": results["processes"],
+                "global_batch": results["global_batch"],
+                "per_process_batch": a.classify_batch // nproc,
+                "lr": results["lr"],
+                "steps": results["step"],
+                "val_images": results["val_images"],
+                "val_set_size": results["val_set_size"],
                 "val_top1": results["val_top1"],
                 "throughput": self.throughput(run, results["global_batch"]),
             }
@@ -287,8 +376,9 @@ class Check:
         runs = self.pair("classify", one)
         if runs.get(1) and runs.get(2):
             r1, r2 = res["run_1"], res["run_2"]
-            self.report["checks"]["classify_same_global_batch_lr"] = (r1["global_batch"] == r2["global_batch"]
-                                                                     and r1["lr"] == r2["lr"])
+            self.report["checks"]["classify_same_global_batch_lr"] = (
+                r1["global_batch"] == r2["global_batch"] and r1["lr"] == r2["lr"]
+            )
         if runs.get(1):
             self.stage("classify_eval_2", lambda: self.classify_eval(runs[1]))
 
@@ -302,15 +392,36 @@ class Check:
         a, res = self.args, self.report["classify"]
         out = self.work / "classify_eval_2"
         img_size = json.loads((run1 / "config.json").read_text())["model"]["img_size"]
-        self.run("classify_eval_2", 2, [
-            "classify", "eval", "--checkpoint", str(run1), "--img-size", str(img_size), "--weights", "model",
-            "--batch-size", str(a.eval_batch), "--num-workers", str(a.num_workers), "--out", str(out),
-            "--device", "cpu" if a.cpu else "cuda"])
+        self.run(
+            "classify_eval_2",
+            2,
+            [
+                "classify",
+                "eval",
+                "--checkpoint",
+                str(run1),
+                "--img-size",
+                str(img_size),
+                "--weights",
+                "model",
+                "--batch-size",
+                str(a.eval_batch),
+                "--num-workers",
+                str(a.num_workers),
+                "--out",
+                str(out),
+                "--device",
+                "cpu" if a.cpu else "cuda",
+            ],
+        )
         result = json.loads((out / "eval.json").read_text())["results"][0]
         reference = res.get("run_1", {})
-        res["eval_2_of_run_1"] = {"images": result["images"], "top1": result["top1"],
-                                  "run_1_val_top1": reference.get("val_top1"),
-                                  "val_set_size": reference.get("val_set_size")}
+        res["eval_2_of_run_1"] = {
+            "images": result["images"],
+            "top1": result["top1"],
+            "run_1_val_top1": reference.get("val_top1"),
+            "val_set_size": reference.get("val_set_size"),
+        }
         self.report["checks"]["classify_eval_2_count"] = result["images"] == reference.get("val_set_size")
         if reference.get("val_top1") is not None:
             # the same weights: top-1 may move only by bf16 ties between near-equal logits (a few images)
@@ -319,14 +430,19 @@ class Check:
 
     def diffusion_pair(self) -> None:
         a, res = self.args, self.report["diffusion"]
+
         def one(nproc: int) -> Path:
             run = self.diffusion_run(f"diffusion_{nproc}", nproc, a.diffusion_batch, a.steps)
             results = json.loads((run / "results.json").read_text())
             lrs = [r["lr"] for _, r in sorted(self.curve(run).items())]
-            res[f"run_{nproc}"] = {"processes": results["processes"], "global_batch": results["global_batch"],
-                                   "per_process_batch": results["per_process_batch"], "steps": results["step"],
-                                   "lr_last": lrs[-1] if lrs else None,
-                                   "throughput": self.throughput(run, results["global_batch"])}
+            res[f"run_{nproc}"] = {
+                "processes": results["processes"],
+                "global_batch": results["global_batch"],
+                "per_process_batch": results["per_process_batch"],
+                "steps": results["step"],
+                "lr_last": lrs[-1] if lrs else None,
+                "throughput": self.throughput(run, results["global_batch"]),
+            }
             self.report["checks"][f"diffusion_{nproc}_processes"] = results["processes"] == nproc
             return run
 
@@ -352,8 +468,12 @@ class Check:
         for key, label in (("run_2", "strong"), ("run_2_weak", "weak")):
             ips = res.get(key, {}).get("throughput", {}).get("images_per_s")
             if base and ips:
-                out[label] = {"images_per_s_1": base, "images_per_s_2": ips, "speedup": round(ips / base, 3),
-                              "efficiency": round(ips / base / 2, 3)}
+                out[label] = {
+                    "images_per_s_1": base,
+                    "images_per_s_2": ips,
+                    "speedup": round(ips / base, 3),
+                    "efficiency": round(ips / base / 2, 3),
+                }
         res["scaling"] = out
 
     def sample(self, run2: Path) -> None:
@@ -366,18 +486,44 @@ class Check:
             import shutil
 
             shutil.rmtree(out)
-        self.run("sample_2", 2, [
-            "diffusion", "sample", str(run2), "--out", str(out), "--num-samples", str(a.num_samples),
-            "--batch-size", str(a.sample_batch), "--steps", str(a.sample_steps), "--cfg-scale", "1.5",
-            "--weights", "model", "--seed", str(a.seed)])
+        self.run(
+            "sample_2",
+            2,
+            [
+                "diffusion",
+                "sample",
+                str(run2),
+                "--out",
+                str(out),
+                "--num-samples",
+                str(a.num_samples),
+                "--batch-size",
+                str(a.sample_batch),
+                "--steps",
+                str(a.sample_steps),
+                "--cfg-scale",
+                "1.5",
+                "--weights",
+                "model",
+                "--seed",
+                str(a.seed),
+            ],
+        )
         pngs = sorted(p.name for p in (out / "images").glob("*.png"))
         arr = np.load(out / "samples.npz")["arr_0"]
         flat = arr.reshape(arr.shape[0], -1)
         distinct = len(np.unique(flat, axis=0))
         summary = json.loads((out / "summary.json").read_text())
         expected = [f"{i:06d}.png" for i in range(a.num_samples)]
-        res.update(requested=a.num_samples, pngs=len(pngs), npz_rows=int(arr.shape[0]), npz_shape=list(arr.shape),
-                   distinct_rows=int(distinct), processes=summary.get("processes"), names_match=pngs == expected)
+        res.update(
+            requested=a.num_samples,
+            pngs=len(pngs),
+            npz_rows=int(arr.shape[0]),
+            npz_shape=list(arr.shape),
+            distinct_rows=int(distinct),
+            processes=summary.get("processes"),
+            names_match=pngs == expected,
+        )
         self.report["checks"]["sample_count"] = len(pngs) == arr.shape[0] == a.num_samples and pngs == expected
         self.report["checks"]["sample_distinct"] = distinct == a.num_samples
         self.report["checks"]["sample_processes"] = summary.get("processes") == 2
@@ -387,47 +533,68 @@ class Check:
         lines = []
         tol1, tol10 = self.tolerances()
         lines.append(f"loss tolerance (rel): step 1 {tol1:g}, first 10 steps {tol10:g}; precision {self.precision}")
-        lines.append("| run | global batch = procs x batch | loss step 1 (1 / 2) | max rel diff 1 / 10 / 20 / all "
-                     "| lr rel diff | images/s 1 -> 2 (strong) | weak |")
+        lines.append(
+            "| run | global batch = procs x batch | loss step 1 (1 / 2) | max rel diff 1 / 10 / 20 / all "
+            "| lr rel diff | images/s 1 -> 2 (strong) | weak |"
+        )
         lines.append("| --- | --- | --- | --- | --- | --- | --- |")
         for family in ("classify", "diffusion"):
             res = self.report[family]
             r1, r2, cmp_ = res.get("run_1", {}), res.get("run_2", {}), res.get("comparison", {})
             diffs = cmp_.get("loss_diff", {})
-            rel = " / ".join(f"{diffs[k]['max_rel']:.2e}" if k in diffs else "-"
-                             for k in ("first_1", "first_10", "first_20", "all"))
+            rel = " / ".join(
+                f"{diffs[k]['max_rel']:.2e}" if k in diffs else "-" for k in ("first_1", "first_10", "first_20", "all")
+            )
             first = cmp_.get("per_step", [{}])[0] if cmp_.get("per_step") else {}
             loss1 = f"{first['loss_1']:.5f} / {first['loss_2']:.5f}" if first else "-"
             sc = res.get("scaling", {})
-            strong = (f"{sc['strong']['images_per_s_1']:.0f} -> {sc['strong']['images_per_s_2']:.0f} "
-                      f"(x{sc['strong']['speedup']:.2f})") if "strong" in sc else "-"
+            strong = (
+                (
+                    f"{sc['strong']['images_per_s_1']:.0f} -> {sc['strong']['images_per_s_2']:.0f} "
+                    f"(x{sc['strong']['speedup']:.2f})"
+                )
+                if "strong" in sc
+                else "-"
+            )
             weak = (f"{sc['weak']['images_per_s_2']:.0f} (x{sc['weak']['speedup']:.2f})") if "weak" in sc else "-"
             lr = f"{cmp_['lr_max_rel_diff']:.1e}" if cmp_.get("lr_max_rel_diff") is not None else "-"
-            batches = " / ".join(f"{r['global_batch']} = {r['processes']}x{r['per_process_batch']}" if r else "-"
-                                 for r in (r1, r2))
-            lines.append(f"| {family} | {batches} | {loss1} | {rel} "
-                         f"| {lr} | {strong} | {weak} |")
+            batches = " / ".join(
+                f"{r['global_batch']} = {r['processes']}x{r['per_process_batch']}" if r else "-" for r in (r1, r2)
+            )
+            lines.append(f"| {family} | {batches} | {loss1} | {rel} | {lr} | {strong} | {weak} |")
         c = self.report["classify"]
         for nproc in (1, 2):
             r = c.get(f"run_{nproc}")
             if r:
-                lines.append(f"classify eval, {nproc} proc: {r['val_images']} images of {r['val_set_size']}, "
-                             f"top-1 {r['val_top1']:.2f}")
+                lines.append(
+                    f"classify eval, {nproc} proc: {r['val_images']} images of {r['val_set_size']}, "
+                    f"top-1 {r['val_top1']:.2f}"
+                )
         e = c.get("eval_2_of_run_1")
         if e:
-            lines.append(f"classify eval of the 1-proc weights on 2 proc: {e['images']} images, top-1 {e['top1']:.2f} "
-                         f"(1-proc run: {e['run_1_val_top1']})")
+            lines.append(
+                f"classify eval of the 1-proc weights on 2 proc: {e['images']} images, top-1 {e['top1']:.2f} "
+                f"(1-proc run: {e['run_1_val_top1']})"
+            )
         s = self.report["sample"]
         if s:
-            lines.append(f"sample on 2 proc: requested {s['requested']}, PNGs {s['pngs']}, npz rows {s['npz_rows']}, "
-                         f"distinct {s['distinct_rows']}, processes {s['processes']}")
-        lines.append("stage wall times (s): " + ", ".join(
-            f"{k} {v.get('wall_s', '-')}{'' if v.get('ok') else ' SKIPPED' if v.get('skipped') else ' FAILED'}"
-            for k, v in self.report["stages"].items()))
+            lines.append(
+                f"sample on 2 proc: requested {s['requested']}, PNGs {s['pngs']}, npz rows {s['npz_rows']}, "
+                f"distinct {s['distinct_rows']}, processes {s['processes']}"
+            )
+        lines.append(
+            "stage wall times (s): "
+            + ", ".join(
+                f"{k} {v.get('wall_s', '-')}{'' if v.get('ok') else ' SKIPPED' if v.get('skipped') else ' FAILED'}"
+                for k, v in self.report["stages"].items()
+            )
+        )
         checks = self.report["checks"]
         failed = [k for k, v in checks.items() if not v]
-        lines.append(f"checks: {sum(map(bool, checks.values()))}/{len(checks)} passed"
-                     + (f"; FAILED: {', '.join(failed)}" if failed else ""))
+        lines.append(
+            f"checks: {sum(map(bool, checks.values()))}/{len(checks)} passed"
+            + (f"; FAILED: {', '.join(failed)}" if failed else "")
+        )
         if self.report.get("errors"):
             lines.append("errors: " + "; ".join(f"{k}: {v}" for k, v in self.report["errors"].items()))
         return "\n".join(lines)
@@ -461,8 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tol-step1", type=float, help="max rel loss diff at step 1 (default 2e-3 bf16, 1e-4 CPU)")
     p.add_argument("--tol-first10", type=float, help="max rel loss diff over 10 steps (default 1e-2 bf16, 1e-4 CPU)")
     p.add_argument("--stage-timeout", type=int, default=180, help="seconds before a stage is killed")
-    p.add_argument("--time-budget", type=int, default=330,
-                   help="seconds for all stages: a stage gets at most what is left; none starts with under 15 s left")
+    p.add_argument(
+        "--time-budget",
+        type=int,
+        default=330,
+        help="seconds for all stages: a stage gets at most what is left; none starts with under 15 s left",
+    )
     p.add_argument("--skip", nargs="*", default=[], choices=["classify", "diffusion"], help="families to leave out")
     args = p.parse_args(argv)
     args.data = str(Path(args.data).resolve())

@@ -83,8 +83,14 @@ def plot(records: dict, mode: str, path: Path, graph: bool) -> None:
     colors = plt.get_cmap("tab20").colors  # one colour per series; dashed: outside references (PyTorch, fla, SDPA)
     for idx, (op, impl) in enumerate(sorted({(op, impl) for op, impl, _, m in records if m == mode})):
         pts = sorted((n, r["t"]) for (o, i, n, m), r in records.items() if (o, i, m) == (op, impl, mode))
-        ax.plot(*zip(*pts), marker="o", color=colors[2 * idx % 20 + idx // 10 % 2], label=f"{op} {impl}",
-                linestyle="-" if impl.startswith("triton") else "--", linewidth=2.5 if (op, impl) == ONE_SCAN else 1.5)
+        ax.plot(
+            *zip(*pts),
+            marker="o",
+            color=colors[2 * idx % 20 + idx // 10 % 2],
+            label=f"{op} {impl}",
+            linestyle="-" if impl.startswith("triton") else "--",
+            linewidth=2.5 if (op, impl) == ONE_SCAN else 1.5,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length N (B*N about 50k tokens, H = 6, d = 64, bf16)")
@@ -100,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", help="JSON files written by scripts/bench_attention.py")
     parser.add_argument("--out", default="benchmarks/results/attention_vs_length", help="output prefix")
-    parser.add_argument("--timing", choices=["graph", "eager"], default="graph",
-                        help="CUDA-graph medians (device time, ms_graph) or eager calls (ms)")
+    parser.add_argument(
+        "--timing",
+        choices=["graph", "eager"],
+        default="graph",
+        help="CUDA-graph medians (device time, ms_graph) or eager calls (ms)",
+    )
     args = parser.parse_args(argv)
     key = "ms_graph" if args.timing == "graph" else "ms"
     records = load_records(args.results, key)

@@ -27,8 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("reports", nargs="+")
     p.add_argument("--grids", nargs="+", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--names", nargs="*", help="which results, in this order, each NAME or NAME=TITLE (default: every "
-                                              "one with a grid)")
+    p.add_argument(
+        "--names",
+        nargs="*",
+        help="which results, in this order, each NAME or NAME=TITLE (default: every one with a grid)",
+    )
     args = p.parse_args(argv)
     if len(args.grids) != len(args.reports):
         p.error(f"give one --grids folder per report: {len(args.reports)} reports, {len(args.grids)} folders")
@@ -44,13 +47,19 @@ def main(argv: list[str] | None = None) -> int:
     for ax, name in zip(axes[0], names):
         r = results[name]
         ax.imshow(Image.open(folder[name] / r["grid"]))
-        ax.set_title(f"{titles[name] or name}\n{r['test_bits_per_dim']:.3f} bits/dim, streaks "
-                     f"{r['streak_share']['mean']:.3f}", fontsize=8)
+        ax.set_title(
+            f"{titles[name] or name}\n{r['test_bits_per_dim']:.3f} bits/dim, streaks {r['streak_share']['mean']:.3f}",
+            fontsize=8,
+        )
         ax.axis("off")
     real = (report.get("real_streak_share") or {}).get("mean")
     steps = {results[n]["steps"] for n in names}
-    fig.suptitle(f"CIFAR-10 DiT-S/2, {'/'.join(map(str, sorted(steps)))} steps; streak share of real test images "
-                 f"{real:.3f}" if real is not None else "", fontsize=9)
+    fig.suptitle(
+        f"CIFAR-10 DiT-S/2, {'/'.join(map(str, sorted(steps)))} steps; streak share of real test images {real:.3f}"
+        if real is not None
+        else "",
+        fontsize=9,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(args.out, dpi=110)
     print(args.out)

@@ -29,8 +29,16 @@ from lightvision.engine.compiled import compile_model
 from lightvision.results import results_env
 
 
-def profile_step(model_name: str, attention: str, img_size: int, batch: int, warmup: int, steps: int, top: int,
-                 compile_mode: str | None = None) -> dict:
+def profile_step(
+    model_name: str,
+    attention: str,
+    img_size: int,
+    batch: int,
+    warmup: int,
+    steps: int,
+    top: int,
+    compile_mode: str | None = None,
+) -> dict:
     """Self CUDA time per op and per kernel (ms per step) of ``steps`` training steps of ``model_name`` (deit_s, dit_b,
     dit_xl) with ``attention``; compiled in ``compile_mode`` when given."""
     if model_name == "deit_s":
@@ -41,8 +49,11 @@ def profile_step(model_name: str, attention: str, img_size: int, batch: int, war
     else:
         model = build_dit(attention, model_name.split("_")[1], img_size).cuda().train()
         latent = img_size // 8
-        inputs = (torch.randn(batch, 4, latent, latent, device="cuda"), torch.randint(0, 1000, (batch,), device="cuda"),
-                  torch.randint(0, 1000, (batch,), device="cuda"))
+        inputs = (
+            torch.randn(batch, 4, latent, latent, device="cuda"),
+            torch.randint(0, 1000, (batch,), device="cuda"),
+            torch.randint(0, 1000, (batch,), device="cuda"),
+        )
         loss_of = lambda out: out.float().square().mean()  # noqa: E731
     if compile_mode:
         torch._dynamo.reset()  # each model compiles fresh
@@ -62,13 +73,24 @@ def profile_step(model_name: str, attention: str, img_size: int, batch: int, war
     total = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA) / 1e3 / steps
 
     def table(key: str, on_device: bool) -> list[dict]:
-        rows = [{key: e.key, "ms": e.self_device_time_total / 1e3 / steps, "calls": e.count // steps} for e in events
-                if (e.device_type == DeviceType.CUDA) == on_device and e.self_device_time_total > 0]
+        rows = [
+            {key: e.key, "ms": e.self_device_time_total / 1e3 / steps, "calls": e.count // steps}
+            for e in events
+            if (e.device_type == DeviceType.CUDA) == on_device and e.self_device_time_total > 0
+        ]
         rows.sort(key=lambda r: -r["ms"])
         return [{**r, "share": r["ms"] / total} for r in rows[:top]]
 
-    return {"model": model_name, "attention": attention, "img_size": img_size, "batch": batch, "compile": compile_mode,
-            "cuda_ms_per_step": total, "ops": table("op", False), "kernels": table("kernel", True)}
+    return {
+        "model": model_name,
+        "attention": attention,
+        "img_size": img_size,
+        "batch": batch,
+        "compile": compile_mode,
+        "cuda_ms_per_step": total,
+        "ops": table("op", False),
+        "kernels": table("kernel", True),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,19 +102,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
-    p.add_argument("--compile", nargs="?", const="default", choices=("default", "reduce-overhead", "max-autotune"),
-                   help="torch.compile each model in this mode first (as bench_models.py --compile)")
+    p.add_argument(
+        "--compile",
+        nargs="?",
+        const="default",
+        choices=("default", "reduce-overhead", "max-autotune"),
+        help="torch.compile each model in this mode first (as bench_models.py --compile)",
+    )
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("profile_model.py profiles CUDA time and needs a GPU")
     results = []
     for attention in args.attentions:
-        r = profile_step(args.model, attention, args.img_size, args.batch, args.warmup, args.steps, args.top,
-                         args.compile)
+        r = profile_step(
+            args.model, attention, args.img_size, args.batch, args.warmup, args.steps, args.top, args.compile
+        )
         results.append(r)
-        print(f"\n{args.model} {attention} {args.img_size}px batch {args.batch}"
-              f"{', compiled ' + args.compile if args.compile else ''}: {r['cuda_ms_per_step']:.1f} ms CUDA per step")
+        print(
+            f"\n{args.model} {attention} {args.img_size}px batch {args.batch}"
+            f"{', compiled ' + args.compile if args.compile else ''}: {r['cuda_ms_per_step']:.1f} ms CUDA per step"
+        )
         for table, key in (("ops", "op"), ("kernels", "kernel")):
             print(f" {table}:")
             for row in r[table]:

@@ -37,7 +37,7 @@ def last_step(metrics: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="+")
     p.add_argument("--steps", type=int, required=True)
@@ -55,9 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     (out / "parts").mkdir(parents=True, exist_ok=True)
     procs = {}
     for name in args.names:
-        cmd = [sys.executable, "-m", "lightvision.diffusion.benchmark", name, "--data", args.data, "--out",
-               str(out / "parts"), "--work", str(work / name), "--tag", name, "--steps", str(args.steps), *extra,
-               "--set", f"data.num_workers={args.workers}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "lightvision.diffusion.benchmark",
+            name,
+            "--data",
+            args.data,
+            "--out",
+            str(out / "parts"),
+            "--work",
+            str(work / name),
+            "--tag",
+            name,
+            "--steps",
+            str(args.steps),
+            *extra,
+            "--set",
+            f"data.num_workers={args.workers}",
+        ]
         cmd += ["--variants", args.variants] if args.variants else []
         log = open(out / f"log_{name}.txt", "w")
         procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), time.time())
@@ -86,12 +102,21 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(procs[victim][0].pid, signal.SIGKILL)
             seen.update({n: [] for n in running})  # the survivors speed up: measure afresh
             stopped.append(victim)
-            print(f"[{now - start:.0f}s] stopped {victim}: predicted end {late - start:.0f}s > deadline "
-                  f"{args.deadline:.0f}s", flush=True)
-        print(f"[{now - start:.0f}s] " + ", ".join(f"{n} {seen[n][-1][1] if seen[n] else '-'}" for n in running),
-              flush=True)
-    merged = {"env": results_env("python scripts/run_variants.py " + " ".join(argv)), "results": {},
-              "stopped": stopped, "concurrent_runs": len(args.names)}
+            print(
+                f"[{now - start:.0f}s] stopped {victim}: predicted end {late - start:.0f}s > deadline "
+                f"{args.deadline:.0f}s",
+                flush=True,
+            )
+        print(
+            f"[{now - start:.0f}s] " + ", ".join(f"{n} {seen[n][-1][1] if seen[n] else '-'}" for n in running),
+            flush=True,
+        )
+    merged = {
+        "env": results_env("python scripts/run_variants.py " + " ".join(argv)),
+        "results": {},
+        "stopped": stopped,
+        "concurrent_runs": len(args.names),
+    }
     for name in args.names:
         part = out / "parts" / f"diffusion_cifar10_{name}.json"
         if part.is_file():
@@ -107,18 +132,21 @@ def main(argv: list[str] | None = None) -> int:
 def table(report: dict) -> str:
     """Markdown: name, parameters, steps, bits/dim, FID, precision, recall, streak share, steps/s."""
     real, nan = report.get("real_streak_share") or {}, float("nan")
-    lines = ["| name | params (M) | steps | test bits/dim | FID | precision | recall | streak share "
-             "| steps/s (shared) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-             f"| real test images | | | | | | | {real.get('mean', nan):.3f} | |"]
+    lines = [
+        "| name | params (M) | steps | test bits/dim | FID | precision | recall | streak share | steps/s (shared) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"| real test images | | | | | | | {real.get('mean', nan):.3f} | |",
+    ]
     for name, r in report["results"].items():
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:80]} | | | | | | | |")
             continue
-        lines.append(f"| {name} | {r['params'] / 1e6:.1f} | {r['steps']} | {r['test_bits_per_dim']:.3f} | "
-                     f"{r.get('fid', nan):.2f} | {r.get('precision', nan):.3f} | {r.get('recall', nan):.3f} | "
-                     f"{r['streak_share']['mean']:.3f} | "
-                     f"{r['train_steps_per_s']:.2f} |")
+        lines.append(
+            f"| {name} | {r['params'] / 1e6:.1f} | {r['steps']} | {r['test_bits_per_dim']:.3f} | "
+            f"{r.get('fid', nan):.2f} | {r.get('precision', nan):.3f} | {r.get('recall', nan):.3f} | "
+            f"{r['streak_share']['mean']:.3f} | "
+            f"{r['train_steps_per_s']:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -46,8 +46,9 @@ def digits_classifier(run_dir, **overrides):
     return str(run_dir)
 
 
-def tiny_classify_recipe(tmp_path, data, model: str = "lightnet_deit_tiny_patch16_224", ema_decay: str = "0.9",
-                         **data_keys: str):
+def tiny_classify_recipe(
+    tmp_path, data, model: str = "lightnet_deit_tiny_patch16_224", ema_decay: str = "0.9", **data_keys: str
+):
     """A classifier recipe file of a 1-block DeiT at 16 px (patch 4) for 2 epochs on ``data`` (``data_keys`` go to
     its ``data`` section, e.g. ``pipeline="gpu"``); returns its path."""
     path = tmp_path / "recipe.yaml"

@@ -46,8 +46,23 @@ def imagenet_like(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench_input")
     cifar, make = fake_cifar(tmp / "cifar"), load("make_imagenet_like")
     for out, workers in (("a", "2"), ("b", "1")):
-        assert make.main(["--cifar", str(cifar), "--out", str(tmp / out), "--count", "12", "--val-count", "2",
-                          "--workers", workers]) == 0
+        assert (
+            make.main(
+                [
+                    "--cifar",
+                    str(cifar),
+                    "--out",
+                    str(tmp / out),
+                    "--count",
+                    "12",
+                    "--val-count",
+                    "2",
+                    "--workers",
+                    workers,
+                ]
+            )
+            == 0
+        )
     return tmp
 
 
@@ -62,12 +77,40 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     out = imagenet_like / "bench.json"
-    assert load("bench_input").main([
-        "--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work"),
-        "--device", "cpu", "--batch-size", "2", "--img-size", "16", "--workers", "0", "--warmup", "1",
-        "--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5",
-        "--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no",
-    ]) == 0
+    assert (
+        load("bench_input").main(
+            [
+                "--data",
+                str(imagenet_like / "a"),
+                "--out",
+                str(out),
+                "--work",
+                str(imagenet_like / "work"),
+                "--device",
+                "cpu",
+                "--batch-size",
+                "2",
+                "--img-size",
+                "16",
+                "--workers",
+                "0",
+                "--warmup",
+                "1",
+                "--steps",
+                "1",
+                "--stage-steps",
+                "1",
+                "--loader-steps",
+                "1",
+                "--shard-size",
+                "5",
+                "--set",
+                "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}",
+                "train.mixed_precision=no",
+            ]
+        )
+        == 0
+    )
     report = json.loads(out.read_text())
     env = report["env"]
     assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "--img-size 16" in env["command"]

@@ -24,8 +24,14 @@ def _memory_records(attention: str, act_of_tokens, sizes=(224, 512, 1024), oom_a
     out = []
     for px in sizes:
         n = (px // 16) ** 2 + 1  # DeiT: patch 16 and a class token
-        base = {"model": "deit_s", "attention": attention, "img_size": px, "batch": 8, "tokens": n,
-                "mode": "infer_memory"}
+        base = {
+            "model": "deit_s",
+            "attention": attention,
+            "img_size": px,
+            "batch": 8,
+            "tokens": n,
+            "mode": "infer_memory",
+        }
         if px in oom_at:
             out.append({**base, "oom": True})
         else:
@@ -71,7 +77,8 @@ def test_memory_growth_skips_oom_and_unordered_input(bench):
 
 def test_tables_and_plot(bench, tmp_path):
     recs = _memory_records("lightnet", lambda n: 3e-4 * n) + _memory_records(
-        "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,))
+        "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,)
+    )
     table = bench.markdown_table(recs)
     assert f"| deit_s | lightnet | 1024 | 8 | - | - | {0.1 + 3e-4 * 4097:.2f} / {3e-4 * 4097:.3f} (b=8) |" in table
     assert "| deit_s | lion_s_mask | 1024 | 8 | - | - | OOM |" in table
@@ -81,8 +88,19 @@ def test_tables_and_plot(bench, tmp_path):
         in growth
     )
     assert "| deit_s | lion_s_mask | 8 |" in growth and "| 2.00 | 2.00 |" in growth
-    timed = [{"model": "deit_s", "attention": "softmax", "img_size": 224, "batch": 256, "tokens": 197, "mode": m,
-              "img_per_s": 1000.0, "peak_mem_gb": 8.0} for m in ("infer", "train")]
+    timed = [
+        {
+            "model": "deit_s",
+            "attention": "softmax",
+            "img_size": 224,
+            "batch": 256,
+            "tokens": 197,
+            "mode": m,
+            "img_per_s": 1000.0,
+            "peak_mem_gb": 8.0,
+        }
+        for m in ("infer", "train")
+    ]
     bench.plot(recs + timed, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 0
 

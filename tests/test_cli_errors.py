@@ -13,21 +13,62 @@ import pytest
 
 CASES = {  # name: (arguments, extra environment, pattern the error line must match)
     "missing recipe": (["classify", "train", "--config", "{tmp}/nope.yaml"], {}, r"recipe .*nope\.yaml not found"),
-    "unknown key": (["classify", "train", "optim.lrr=1"], {},
-                    r"unknown config key 'optim\.lrr'.*did you mean optim\.lr"),
-    "unknown model": (["classify", "train", "--device", "cpu", "--out", "{tmp}/m", "model.name=vit_nope"], {},
-                      r"unknown model 'vit_nope'"),
-    "missing data": (["classify", "train", "--device", "cpu", "--out", "{tmp}/d", "data.source=imagefolder",
-                      "data.in_chans=3", "data.root={tmp}/no-data"], {}, r"data folder .*no-data does not exist"),
-    "no checkpoint": (["classify", "eval", "--checkpoint", "{tmp}", "--img-size", "16", "--device", "cpu"], {},
-                      r"no latest checkpoint in"),
-    "sample count": (["diffusion", "sample", "{tmp}", "--out", "{tmp}/samples", "--num-samples", "0"], {},
-                     r"--num-samples must be a positive integer, got 0"),
-    "unknown pipeline": (["classify", "train", "--device", "cpu", "--out", "{tmp}/p", "data.pipeline=tpu"], {},
-                         r"unknown data\.pipeline 'tpu'; valid: 'cpu', 'gpu'"),
-    "no shards": (["classify", "train", "--device", "cpu", "--out", "{tmp}/s", "data.source=imagefolder",
-                   "data.in_chans=3", "data.format=shards", "data.root={tmp}"], {},
-                  r"no shard index .*train\.json: make the shards with"),
+    "unknown key": (
+        ["classify", "train", "optim.lrr=1"],
+        {},
+        r"unknown config key 'optim\.lrr'.*did you mean optim\.lr",
+    ),
+    "unknown model": (
+        ["classify", "train", "--device", "cpu", "--out", "{tmp}/m", "model.name=vit_nope"],
+        {},
+        r"unknown model 'vit_nope'",
+    ),
+    "missing data": (
+        [
+            "classify",
+            "train",
+            "--device",
+            "cpu",
+            "--out",
+            "{tmp}/d",
+            "data.source=imagefolder",
+            "data.in_chans=3",
+            "data.root={tmp}/no-data",
+        ],
+        {},
+        r"data folder .*no-data does not exist",
+    ),
+    "no checkpoint": (
+        ["classify", "eval", "--checkpoint", "{tmp}", "--img-size", "16", "--device", "cpu"],
+        {},
+        r"no latest checkpoint in",
+    ),
+    "sample count": (
+        ["diffusion", "sample", "{tmp}", "--out", "{tmp}/samples", "--num-samples", "0"],
+        {},
+        r"--num-samples must be a positive integer, got 0",
+    ),
+    "unknown pipeline": (
+        ["classify", "train", "--device", "cpu", "--out", "{tmp}/p", "data.pipeline=tpu"],
+        {},
+        r"unknown data\.pipeline 'tpu'; valid: 'cpu', 'gpu'",
+    ),
+    "no shards": (
+        [
+            "classify",
+            "train",
+            "--device",
+            "cpu",
+            "--out",
+            "{tmp}/s",
+            "data.source=imagefolder",
+            "data.in_chans=3",
+            "data.format=shards",
+            "data.root={tmp}",
+        ],
+        {},
+        r"no shard index .*train\.json: make the shards with",
+    ),
     "debug flag": (["classify", "train", "optim.lrr=1", "--debug"], {}, None),
 }
 
@@ -37,8 +78,14 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
     procs = {
-        name: subprocess.Popen([sys.executable, "-m", "lightvision", *(a.format(tmp=tmp) for a in args)],
-                               env={**env, **extra}, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        name: subprocess.Popen(
+            [sys.executable, "-m", "lightvision", *(a.format(tmp=tmp) for a in args)],
+            env={**env, **extra},
+            cwd=tmp,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for name, (args, extra, _) in CASES.items()
     }
     results = {name: (p.communicate(timeout=300), p.returncode) for name, p in procs.items()}
@@ -82,9 +129,11 @@ def test_help_imports_no_torch():
 
 
 def test_import_lightvision_registers_the_models_when_timm_comes_later():
-    probe = ("import importlib.util, sys, lightvision; assert 'timm' not in sys.modules; "
-             "assert importlib.util.find_spec('timm') and 'timm' not in sys.modules; "  # a probe as libraries make
-             "import timm; print(len(timm.list_models('*_deit_*')))")
+    probe = (
+        "import importlib.util, sys, lightvision; assert 'timm' not in sys.modules; "
+        "assert importlib.util.find_spec('timm') and 'timm' not in sys.modules; "  # a probe as libraries make
+        "import timm; print(len(timm.list_models('*_deit_*')))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "24"
 
@@ -92,8 +141,10 @@ def test_import_lightvision_registers_the_models_when_timm_comes_later():
 def test_worker_errors_keep_only_their_message():
     from lightvision.cli import _one_line
 
-    err = ValueError("Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
-                     '  File "worker.py", line 1, in loop\nValueError: 50 unreadable images in a row near a.jpg')
+    err = ValueError(
+        "Caught ValueError in DataLoader worker process 0.\nOriginal Traceback (most recent call last):\n"
+        '  File "worker.py", line 1, in loop\nValueError: 50 unreadable images in a row near a.jpg'
+    )
     assert _one_line(err) == "50 unreadable images in a row near a.jpg"
     assert _one_line(FileNotFoundError(2, "No such file or directory", "x.yaml")) == "No such file or directory: x.yaml"
 

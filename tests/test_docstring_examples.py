@@ -6,10 +6,9 @@ import importlib
 import pytest
 import torch
 
-MODULES = [f"ops.{m}" for m in ("adaln", "lightnet", "lion", "md_lrpe", "md_tpe", "norm", "normalized", "softmax",
-                                      "two_scan")] + [
-    f"layers.{m}" for m in ("attention", "mlp", "norm", "patch_embed", "position", "tpe")
-]
+MODULES = [
+    f"ops.{m}" for m in ("adaln", "lightnet", "lion", "md_lrpe", "md_tpe", "norm", "normalized", "softmax", "two_scan")
+] + [f"layers.{m}" for m in ("attention", "mlp", "norm", "patch_embed", "position", "tpe")]
 
 
 @pytest.mark.parametrize("name", MODULES)

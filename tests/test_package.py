@@ -30,9 +30,13 @@ def test_installed_distribution_adds_no_generic_top_level_module(tmp_path):
     assert generic_line == "[]", f"generic top-level modules importable: {generic_line}"
     files = [Path(f) for f in eval(files_line)]  # a printed list of str
     strays = [
-        f for f in files
-        if not (f.parts[0].startswith(("lightvision", "__editable__")) or f.parts[0] in {"..", "bin"}
-                or (f.parts[0] == "__pycache__" and f.name.startswith("__editable__")))
+        f
+        for f in files
+        if not (
+            f.parts[0].startswith(("lightvision", "__editable__"))
+            or f.parts[0] in {"..", "bin"}
+            or (f.parts[0] == "__pycache__" and f.name.startswith("__editable__"))
+        )
     ]
     assert files and not strays, strays
 

@@ -35,8 +35,9 @@ def _rms_norm_fwd_kernel(X, W, G, Y, RSTD, M, C, eps, per, BM: tl.constexpr, BC:
 
 
 @triton.jit
-def _rms_norm_bwd_kernel(DY, X, W, G, RSTD, DX, DG, DW, M, C, per,
-                         BM: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr):
+def _rms_norm_bwd_kernel(
+    DY, X, W, G, RSTD, DX, DG, DW, M, C, per, BM: tl.constexpr, BC: tl.constexpr, GATE: tl.constexpr
+):
     """dx (and dg) for the program's rows; its partial sum of dw over them goes to row pid of DW [P, C]."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BC)
@@ -95,6 +96,7 @@ def _silu_mul_bwd_kernel(DY, A, B, DA, DB, numel, C, s_in, BLOCK: tl.constexpr):
 # ---- adaLN (DiT): [B*N, C] rows, per-sample vectors [B, C] with row stride ``sv``; program (b, p) owns the row
 # tiles p*per ... p*per + per - 1 of sample b, so its vectors load once and its sums over tokens stay [C] ----
 
+
 @triton.jit
 def _sample_tile(b, tile, N, C, BM: tl.constexpr, BC: tl.constexpr):
     """Tokens tile*BM ... tile*BM + BM - 1 of sample b: (row indices into [B*N], row mask, element offsets, mask)."""
@@ -112,8 +114,9 @@ def _sample_vector(V, b, sv, C, BC: tl.constexpr):
 
 
 @triton.jit
-def _adaln_fwd_kernel(X, SHIFT, SCALE, Y, MEAN, RSTD, N, C, sv_shift, sv_scale, eps, per,
-                      BM: tl.constexpr, BC: tl.constexpr):
+def _adaln_fwd_kernel(
+    X, SHIFT, SCALE, Y, MEAN, RSTD, N, C, sv_shift, sv_scale, eps, per, BM: tl.constexpr, BC: tl.constexpr
+):
     """y = (x - mean) * rstd * (1 + scale[b]) + shift[b]; mean and rstd saved per row."""
     b, p = tl.program_id(0), tl.program_id(1)
     shift = _sample_vector(SHIFT, b, sv_shift, C, BC)
@@ -131,8 +134,9 @@ def _adaln_fwd_kernel(X, SHIFT, SCALE, Y, MEAN, RSTD, N, C, sv_shift, sv_scale, 
 
 
 @triton.jit
-def _adaln_bwd_kernel(DY, X, SCALE, MEAN, RSTD, DX, DSHIFT, DSCALE, N, C, sv_scale, per,
-                      BM: tl.constexpr, BC: tl.constexpr):
+def _adaln_bwd_kernel(
+    DY, X, SCALE, MEAN, RSTD, DX, DSHIFT, DSCALE, N, C, sv_scale, per, BM: tl.constexpr, BC: tl.constexpr
+):
     """dx for the program's rows; its sums over them of dy (dshift) and dy * x^ (dscale) go to row (b, p) of the
     [B, P, C] partials."""
     b, p = tl.program_id(0), tl.program_id(1)
@@ -201,8 +205,9 @@ def _head_rows_tile(pid, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.con
 
 
 @triton.jit
-def _feature_map_fwd_kernel(X, Y, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.constexpr,
-                            SILU_NORM: tl.constexpr):
+def _feature_map_fwd_kernel(
+    X, Y, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.constexpr, SILU_NORM: tl.constexpr
+):
     strided, dense, mask = _head_rows_tile(tl.program_id(0), R, H, N, D, s_b, s_h, s_n, BM, BD)
     x = tl.load(X + strided, mask=mask, other=0.0).to(tl.float32)
     if SILU_NORM:
@@ -214,8 +219,22 @@ def _feature_map_fwd_kernel(X, Y, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, B
 
 
 @triton.jit
-def _feature_map_bwd_kernel(X, DY, DX, R, H, N, D, s_b, s_h, s_n, BM: tl.constexpr, BD: tl.constexpr,
-                            SILU_NORM: tl.constexpr, GRAD_STRIDED: tl.constexpr):
+def _feature_map_bwd_kernel(
+    X,
+    DY,
+    DX,
+    R,
+    H,
+    N,
+    D,
+    s_b,
+    s_h,
+    s_n,
+    BM: tl.constexpr,
+    BD: tl.constexpr,
+    SILU_NORM: tl.constexpr,
+    GRAD_STRIDED: tl.constexpr,
+):
     """dx from x and dy; DY, DX contiguous, or with GRAD_STRIDED laid out as X (the same strides: DX may be DY)."""
     strided, dense, mask = _head_rows_tile(tl.program_id(0), R, H, N, D, s_b, s_h, s_n, BM, BD)
     if GRAD_STRIDED:

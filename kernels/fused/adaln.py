@@ -59,8 +59,23 @@ def adaln_fwd_launch(x, shift, scale, eps: float, out_dtype: torch.dtype):
     y = empty(x.shape, out_dtype, x.device)
     mean = empty((b * n,), torch.float32, x.device)
     rstd = empty((b * n,), torch.float32, x.device)
-    K._adaln_fwd_kernel[p["grid"]](x.contiguous(), shift, scale, y, mean, rstd, n, c, shift.stride(0), scale.stride(0),
-                                   eps, p["per"], BM=p["BM"], BC=p["BC"], num_warps=p["warps"])
+    K._adaln_fwd_kernel[p["grid"]](
+        x.contiguous(),
+        shift,
+        scale,
+        y,
+        mean,
+        rstd,
+        n,
+        c,
+        shift.stride(0),
+        scale.stride(0),
+        eps,
+        p["per"],
+        BM=p["BM"],
+        BC=p["BC"],
+        num_warps=p["warps"],
+    )
     return y, mean, rstd
 
 
@@ -71,8 +86,23 @@ def adaln_bwd_launch(dy, x, scale, mean, rstd, shift_dtype: torch.dtype):
     scale_v = _vector(scale)
     dx = empty(x.shape, x.dtype, x.device)
     dshift, dscale = _partials(p, c, x.device), _partials(p, c, x.device)
-    K._adaln_bwd_kernel[p["grid"]](dy.contiguous(), x.contiguous(), scale_v, mean, rstd, dx, dshift, dscale, n, c,
-                                   scale_v.stride(0), p["per"], BM=p["BM"], BC=p["BC"], num_warps=p["warps"])
+    K._adaln_bwd_kernel[p["grid"]](
+        dy.contiguous(),
+        x.contiguous(),
+        scale_v,
+        mean,
+        rstd,
+        dx,
+        dshift,
+        dscale,
+        n,
+        c,
+        scale_v.stride(0),
+        p["per"],
+        BM=p["BM"],
+        BC=p["BC"],
+        num_warps=p["warps"],
+    )
     return dx, dshift.sum(1).to(shift_dtype), dscale.sum(1).to(scale.dtype)
 
 
@@ -85,8 +115,19 @@ def gated_residual_fwd_launch(x, gate, y):
     p = _sample_plan(b, n, c, x.device)
     gate = _vector(gate)
     out = empty(x.shape, _residual_dtype(x, gate, y), x.device)
-    K._gated_residual_fwd_kernel[p["grid"]](x.contiguous(), gate, y.contiguous(), out, n, c, gate.stride(0), p["per"],
-                                            BM=p["BM"], BC=p["BC"], num_warps=p["warps"])
+    K._gated_residual_fwd_kernel[p["grid"]](
+        x.contiguous(),
+        gate,
+        y.contiguous(),
+        out,
+        n,
+        c,
+        gate.stride(0),
+        p["per"],
+        BM=p["BM"],
+        BC=p["BC"],
+        num_warps=p["warps"],
+    )
     return out
 
 
@@ -97,16 +138,30 @@ def gated_residual_bwd_launch(dout, gate, y):
     gate_v = _vector(gate)
     dy = empty(y.shape, y.dtype, y.device)
     dgate = _partials(p, c, y.device)
-    K._gated_residual_bwd_kernel[p["grid"]](dout.contiguous(), gate_v, y.contiguous(), dy, dgate, n, c,
-                                            gate_v.stride(0), p["per"], BM=p["BM"], BC=p["BC"], num_warps=p["warps"])
+    K._gated_residual_bwd_kernel[p["grid"]](
+        dout.contiguous(),
+        gate_v,
+        y.contiguous(),
+        dy,
+        dgate,
+        n,
+        c,
+        gate_v.stride(0),
+        p["per"],
+        BM=p["BM"],
+        BC=p["BC"],
+        num_warps=p["warps"],
+    )
     return dgate.sum(1).to(gate.dtype), dy
 
 
 # ---- custom ops (torch.compile) ----
 
+
 @torch.library.custom_op("lightvision::adaln_fwd", mutates_args=())
-def adaln_fwd(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float,
-              out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def adaln_fwd(
+    x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd) of the modulated LayerNorm; see the module docstring."""
     return adaln_fwd_launch(x, shift, scale, eps, out_dtype)
 
@@ -122,8 +177,14 @@ def _(x, shift, scale, eps, out_dtype):
 
 
 @torch.library.custom_op("lightvision::adaln_bwd", mutates_args=())
-def adaln_bwd(dy: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-              shift_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def adaln_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    scale: torch.Tensor,
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    shift_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dshift, dscale) of the modulated LayerNorm."""
     return adaln_bwd_launch(dy, x, scale, mean, rstd, shift_dtype)
 
@@ -186,6 +247,7 @@ gated_residual_fwd.register_autograd(_residual_backward, setup_context=_residual
 
 # ---- eager autograd (same launchers, no custom-op dispatch) ----
 
+
 class _AdaLNEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, shift, scale, eps, out_dtype):
@@ -216,6 +278,7 @@ class _GatedResidualEager(torch.autograd.Function):
 
 
 # ---- dispatch entries ----
+
 
 def modulated_layer_norm_triton(x, shift, scale, *, eps, out_dtype):
     """Kernel entry of ``lightvision.ops.modulated_layer_norm``; NotImplemented (the reference runs) for rows wider

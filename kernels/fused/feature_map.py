@@ -44,9 +44,20 @@ def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor, **meta) -> 
     x4 = _as_heads(x)
     b, h, n, d = x4.shape
     tile = row_tile(d, max_rows=64)  # heads are short rows: 64 of them per program at d = 64 (the timed tile)
-    kernel[(triton.cdiv(b * h * n, tile["BM"]),)](x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3], BM=tile["BM"],
-                                                 BD=tile["BC"], SILU_NORM=kind == "silu_norm",
-                                                 num_warps=tile["warps"], **meta)
+    kernel[(triton.cdiv(b * h * n, tile["BM"]),)](
+        x4,
+        *tensors,
+        b * h * n,
+        h,
+        n,
+        d,
+        *x4.stride()[:3],
+        BM=tile["BM"],
+        BD=tile["BC"],
+        SILU_NORM=kind == "silu_norm",
+        num_warps=tile["warps"],
+        **meta,
+    )
 
 
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -67,8 +78,10 @@ def feature_map_bwd_inplace(x: torch.Tensor, grad: torch.Tensor, kind: str) -> N
     """grad <- dL/dx from grad = dL/dphi(x), in place; x, grad: [B, H, N, d] views with the same strides (unit
     feature stride), e.g. the q / k slices of a qkv projection and of its gradient."""
     if x.dim() != 4 or x.stride() != grad.stride() or x.shape != grad.shape or x.stride(-1) != 1:
-        raise ValueError(f"feature_map_bwd_inplace: x and grad must be [B, H, N, d] views with the same strides, got "
-                         f"{tuple(x.shape)} / {x.stride()} and {tuple(grad.shape)} / {grad.stride()}")
+        raise ValueError(
+            f"feature_map_bwd_inplace: x and grad must be [B, H, N, d] views with the same strides, got "
+            f"{tuple(x.shape)} / {x.stride()} and {tuple(grad.shape)} / {grad.stride()}"
+        )
     _run(K._feature_map_bwd_kernel, x, kind, grad, grad, GRAD_STRIDED=True)
 
 

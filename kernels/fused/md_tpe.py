@@ -32,8 +32,27 @@ MAX_AXIS = 32  # longest grid axis the programs hold: [32, 32, 8] fp32 accumulat
 
 
 @triton.jit
-def _tpe2d_apply_kernel(X, T0, T1, Y, P, h, w, C, sxb, sxn, syb, syn, s0a, s0i, s1a, s1i,
-                        HP: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr):
+def _tpe2d_apply_kernel(
+    X,
+    T0,
+    T1,
+    Y,
+    P,
+    h,
+    w,
+    C,
+    sxb,
+    sxn,
+    syb,
+    syn,
+    s0a,
+    s0i,
+    s1a,
+    s1i,
+    HP: tl.constexpr,
+    WP: tl.constexpr,
+    BC: tl.constexpr,
+):
     """Y[b, P + a w + j, c] = sum_i T0[a, i, c] X[b, P + i w + j, c] + sum_j' T1[j, j', c] X[b, P + a w + j', c];
     Y[b, :P] = 0. T0 / T1 are read through the strides (s?a, s?i) of their two position axes (unit channel
     stride), so passing swapped strides applies the transposes (the backward's dx)."""
@@ -59,13 +78,15 @@ def _tpe2d_apply_kernel(X, T0, T1, Y, P, h, w, C, sxb, sxn, syb, syn, s0a, s0i, 
     for p in range(P):
         tl.store(yb + p * syn + cc, tl.zeros((BC,), dtype=tl.float32).to(Y.dtype.element_ty), mask=cm)
     rows = P + ah[:, None] * w + aw[None, :]
-    tl.store(yb + rows[:, :, None] * syn + cc[None, None, :], acc.to(Y.dtype.element_ty),
-             mask=(hm[:, None] & wm[None, :])[:, :, None] & cm[None, None, :])
+    tl.store(
+        yb + rows[:, :, None] * syn + cc[None, None, :],
+        acc.to(Y.dtype.element_ty),
+        mask=(hm[:, None] & wm[None, :])[:, :, None] & cm[None, None, :],
+    )
 
 
 @triton.jit
-def _tpe2d_grad_t_kernel(X, DY, DT, B, BPB, P, L, M, sl, sm, C, sxb, sxn, syb, syn,
-                         LP: tl.constexpr, BC: tl.constexpr):
+def _tpe2d_grad_t_kernel(X, DY, DT, B, BPB, P, L, M, sl, sm, C, sxb, sxn, syb, syn, LP: tl.constexpr, BC: tl.constexpr):
     """Partial dT[pid_b, a, i, c] = sum over batches [pid_b * BPB, +BPB) and m < M of DY[b, tok(a, m), c] X[b, tok(i,
     m), c]
     with tok(l, m) = P + l sl + m sm: the axis of length L has token stride sl, the other axis (length M) sm."""
@@ -108,9 +129,26 @@ def _apply(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int, tra
     hp, wp = triton.next_power_of_2(h), triton.next_power_of_2(w)
     bc = _channel_block(hp * wp, c)
     y = empty((b, n, c), x.dtype, x.device)
-    _tpe2d_apply_kernel[(triton.cdiv(c, bc), b)](x, t0c, t1c, y, prefix, h, w, c, x.stride(0), x.stride(1),
-                                                 y.stride(0), y.stride(1), *s0, *s1, HP=hp, WP=wp, BC=bc,
-                                                 num_warps=4)
+    _tpe2d_apply_kernel[(triton.cdiv(c, bc), b)](
+        x,
+        t0c,
+        t1c,
+        y,
+        prefix,
+        h,
+        w,
+        c,
+        x.stride(0),
+        x.stride(1),
+        y.stride(0),
+        y.stride(1),
+        *s0,
+        *s1,
+        HP=hp,
+        WP=wp,
+        BC=bc,
+        num_warps=4,
+    )
     return y
 
 
@@ -126,8 +164,26 @@ def _grad_t(x: torch.Tensor, dy: torch.Tensor, prefix: int, h: int, w: int, axis
     per = triton.cdiv(b, splits)
     splits = triton.cdiv(b, per)
     part = empty((splits, length, length, c), torch.float32, x.device)
-    _tpe2d_grad_t_kernel[(c_blocks, splits)](x, dy, part, b, per, prefix, length, other, sl, sm, c, x.stride(0),
-                                             x.stride(1), dy.stride(0), dy.stride(1), LP=lp, BC=bc, num_warps=4)
+    _tpe2d_grad_t_kernel[(c_blocks, splits)](
+        x,
+        dy,
+        part,
+        b,
+        per,
+        prefix,
+        length,
+        other,
+        sl,
+        sm,
+        c,
+        x.stride(0),
+        x.stride(1),
+        dy.stride(0),
+        dy.stride(1),
+        LP=lp,
+        BC=bc,
+        num_warps=4,
+    )
     return part.sum(0).permute(2, 0, 1).contiguous()
 
 
@@ -143,8 +199,9 @@ def _(x, t0, t1, prefix):
 
 
 @torch.library.custom_op("lightvision::md_tpe2d_bwd", mutates_args=())
-def md_tpe2d_bwd(dy: torch.Tensor, x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor,
-                 prefix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def md_tpe2d_bwd(
+    dy: torch.Tensor, x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [B, N, C] in x's dtype, dT^0 [C, h, h], dT^1 [C, w, w] in T's dtype)."""
     dy = _unit_channel_stride(dy)
     x = _unit_channel_stride(x)
@@ -173,14 +230,31 @@ def _backward(ctx, dy):
 md_tpe2d_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def md_tpe_triton(x: torch.Tensor, coeffs: torch.Tensor, log_lambda: torch.Tensor, *, grid, num_prefix_tokens: int,
-                  causal: bool, impl: str, combine: str):
+def md_tpe_triton(
+    x: torch.Tensor,
+    coeffs: torch.Tensor,
+    log_lambda: torch.Tensor,
+    *,
+    grid,
+    num_prefix_tokens: int,
+    causal: bool,
+    impl: str,
+    combine: str,
+):
     """Kernel entry of ``lightvision.ops.md_tpe``: the dense sum on 2-D grids up to MAX_AXIS per axis, fp32 / bf16 /
     fp16; NotImplemented (the reference runs) otherwise."""
-    if (impl != "dense" or combine != "sum" or len(grid) != 2 or max(grid) > MAX_AXIS or x.dtype not in DTYPES
-            or coeffs.dtype == torch.float64 or x.numel() == 0):
+    if (
+        impl != "dense"
+        or combine != "sum"
+        or len(grid) != 2
+        or max(grid) > MAX_AXIS
+        or x.dtype not in DTYPES
+        or coeffs.dtype == torch.float64
+        or x.numel() == 0
+    ):
         return NotImplemented
     with torch.autocast(x.device.type, enabled=False):  # the einsum of the tables stays fp32
-        t0, t1 = (toeplitz_kernel(coeffs[j].float(), log_lambda[j].float(), length, causal)
-                  for j, length in enumerate(grid))
+        t0, t1 = (
+            toeplitz_kernel(coeffs[j].float(), log_lambda[j].float(), length, causal) for j, length in enumerate(grid)
+        )
     return md_tpe2d_fwd(x, t0, t1, num_prefix_tokens)

@@ -65,8 +65,9 @@ def rms_norm_fwd_launch(x, weight, gate, eps: float, out_dtype: torch.dtype):
     y = empty(x2.shape, out_dtype, x.device)
     rstd = empty((m,), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
-    K._rms_norm_fwd_kernel[(p["tiles"],)](x2, weight, g2, y, rstd, m, c, eps, 1, BM=p["BM"], BC=p["BC"],
-                                          GATE=gate is not None, num_warps=p["warps"])
+    K._rms_norm_fwd_kernel[(p["tiles"],)](
+        x2, weight, g2, y, rstd, m, c, eps, 1, BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"]
+    )
     return y.view(x.shape), rstd
 
 
@@ -80,8 +81,22 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
     dw = empty((p["bwd_progs"], c), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_bwd_kernel[(p["bwd_progs"],)](
-        _rows(dy), x2, weight, g2, rstd, dx, dg if gate is not None else dx, dw, m, c, p["bwd_per"],
-        BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"])
+        _rows(dy),
+        x2,
+        weight,
+        g2,
+        rstd,
+        dx,
+        dg if gate is not None else dx,
+        dw,
+        m,
+        c,
+        p["bwd_per"],
+        BM=p["BM"],
+        BC=p["BC"],
+        GATE=gate is not None,
+        num_warps=p["warps"],
+    )
     return dx.view(x.shape), dw.sum(0).to(weight.dtype), dg.view(gate.shape) if gate is not None else dg
 
 
@@ -111,15 +126,18 @@ def silu_mul_bwd_launch(dy, a, b):
     da = empty(a.shape, a.dtype, a.device)
     db = da[..., c:] if packed else empty(b.shape, b.dtype, b.device)
     K._silu_mul_bwd_kernel[(triton.cdiv(dy.numel(), _SILU_BLOCK),)](
-        dy.contiguous(), a, b, da, db, dy.numel(), c, s_in, BLOCK=_SILU_BLOCK)
+        dy.contiguous(), a, b, da, db, dy.numel(), c, s_in, BLOCK=_SILU_BLOCK
+    )
     return da, a.new_empty(0) if packed else db
 
 
 # ---- custom ops (torch.compile) ----
 
+
 @torch.library.custom_op("lightvision::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], eps: float,
-                 out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], eps: float, out_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd) of the fused RMSNorm; see the module docstring."""
     return rms_norm_fwd_launch(x, weight, gate, eps, out_dtype)
 
@@ -130,8 +148,9 @@ def _(x, weight, gate, eps, out_dtype):
 
 
 @torch.library.custom_op("lightvision::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor],
-                 rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rms_norm_bwd(
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, dg) of the fused RMSNorm; dg is empty without a gate."""
     return rms_norm_bwd_launch(dy, x, weight, gate, rstd)
 
@@ -196,6 +215,7 @@ silu_mul_fwd.register_autograd(_silu_backward, setup_context=_silu_setup)
 
 # ---- eager autograd (same launchers, no custom-op dispatch) ----
 
+
 class _RMSNormEager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, gate, eps, out_dtype):
@@ -224,6 +244,7 @@ class _SiLUMulEager(torch.autograd.Function):
 
 
 # ---- dispatch entries ----
+
 
 def rows_supported(x: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether the row-wise programs cover x (non-empty, rows at most MAX_C wide) with these tensors' dtypes."""

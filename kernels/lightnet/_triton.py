@@ -56,8 +56,9 @@ def _exp2(x):
     if INTERPRETED:
         return tl.exp2(x)
     else:
-        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
 
 
 @triton.jit
@@ -66,8 +67,9 @@ def _rcp(x):
     if INTERPRETED:
         return 1.0 / x
     else:
-        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
+        return tl.inline_asm_elementwise(
+            "rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
+        )
 
 
 @triton.jit
@@ -166,9 +168,26 @@ def _col_max(k_base, lo, hi, D, s_kn, s_kd, BN: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _reduce_loop(
-    k_base, v_base, cos_ptr, sin_ptr, lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    DT: tl.constexpr, HD: tl.constexpr, HDV: tl.constexpr,
+    k_base,
+    v_base,
+    cos_ptr,
+    sin_ptr,
+    lo,
+    hi,
+    D,
+    DV,
+    s_kn,
+    s_kd,
+    s_vn,
+    s_vd,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    DT: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Tokens [lo, hi): per-feature softmax statistics of k, m[f] = max_n k, z[f] = sum_n exp(k - m), and the
     exp(k - m)-weighted rotated k^T v, A = [exp(k - m) C, exp(k - m) Sn]^T v as two d x e halves.
@@ -208,8 +227,24 @@ def _reduce_loop(
 
 @triton.jit
 def _out_loop(
-    q_base, o_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_on,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    q_base,
+    o_base,
+    cos_ptr,
+    sin_ptr,
+    s_c,
+    s_s,
+    lo,
+    hi,
+    D,
+    DV,
+    s_qn,
+    s_qd,
+    s_on,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
     DT: tl.constexpr,
 ):
     """Tokens [lo, hi): o = (q^ C) S_c + (q^ Sn) S_s with q^ = SiLU(q), rotated on the fly; o rows s_on apart."""
@@ -229,15 +264,39 @@ def _out_loop(
             ot = _dot(qh * ct, s_c, LOWP, DT) + _dot(qh * st, s_s, LOWP, DT)
         else:
             ot = _dot(qh, s_c, LOWP, DT)
-        tl.store(o_base + rows[:, None] * s_on + offs_e[None, :], ot.to(o_base.dtype.element_ty),
-                 mask=nmask[:, None] & emask[None, :])
+        tl.store(
+            o_base + rows[:, None] * s_on + offs_e[None, :],
+            ot.to(o_base.dtype.element_ty),
+            mask=nmask[:, None] & emask[None, :],
+        )
 
 
 @triton.jit
 def _dq_loop(
-    q_base, g_base, dq_base, cos_ptr, sin_ptr, s_c, s_s, lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    DT: tl.constexpr, HD: tl.constexpr, HDV: tl.constexpr,
+    q_base,
+    g_base,
+    dq_base,
+    cos_ptr,
+    sin_ptr,
+    s_c,
+    s_s,
+    lo,
+    hi,
+    D,
+    DV,
+    s_qn,
+    s_qd,
+    s_gn,
+    s_gd,
+    s_dqn,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    DT: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, rows s_dqn apart); returns the halves of
     dS = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO] over these tokens:
@@ -270,23 +329,48 @@ def _dq_loop(
             dqh = _dot(gt, tl.trans(s_c), LOWP, DT)
             ds_c += _dot(tl.trans(gt), _pin_layout(qt * sig, dqh, BD, BDV), LOWP, DT)
         dq = dqh * sig * (1.0 + qt * (1.0 - sig))
-        tl.store(dq_base + rows[:, None] * s_dqn + offs_d[None, :], dq.to(dq_base.dtype.element_ty),
-                 mask=nmask[:, None] & dmask[None, :])
+        tl.store(
+            dq_base + rows[:, None] * s_dqn + offs_d[None, :],
+            dq.to(dq_base.dtype.element_ty),
+            mask=nmask[:, None] & dmask[None, :],
+        )
     return _head_blocks(tl.trans(ds_c), BD, BDV, HD, HDV), _head_blocks(tl.trans(ds_s), BD, BDV, HD, HDV)
 
 
 @triton.jit
 def _dkdv_loop(
-    k_base, v_base, dk_base, dv_base, cos_ptr, sin_ptr, lse, corr, ds_c, ds_s, lo, hi, D, DV,
-    s_kn, s_kd, s_vn, s_vd, s_dkn, s_dvn,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
+    k_base,
+    v_base,
+    dk_base,
+    dv_base,
+    cos_ptr,
+    sin_ptr,
+    lse,
+    corr,
+    ds_c,
+    ds_s,
+    lo,
+    hi,
+    D,
+    DV,
+    s_kn,
+    s_kd,
+    s_vn,
+    s_vd,
+    s_dkn,
+    s_dvn,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
     DT: tl.constexpr,
 ):
     """Tokens [lo, hi) of backward pass 2 (reads k, v; writes dk, dv, rows s_dkn / s_dvn apart), k^ = exp(k - lse):
 
-        dv = k~ dS = (k^ C) dS_c + (k^ Sn) dS_s
-        G  = (v dS_c^T) C + (v dS_s^T) Sn           (= dL/dk^)
-        dk = k^ * (G - c[None, :])                  (softmax over tokens; c from ``_correction``)"""
+    dv = k~ dS = (k^ C) dS_c + (k^ Sn) dS_s
+    G  = (v dS_c^T) C + (v dS_s^T) Sn           (= dL/dk^)
+    dk = k^ * (G - c[None, :])                  (softmax over tokens; c from ``_correction``)"""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
@@ -308,10 +392,16 @@ def _dkdv_loop(
             dvt = _dot(kh, ds_c, LOWP, DT)
             g = _dot(vt, tl.trans(ds_c), LOWP, DT)
         dkt = kh * (g - corr[None, :])
-        tl.store(dk_base + rows[:, None] * s_dkn + offs_d[None, :], dkt.to(dk_base.dtype.element_ty),
-                 mask=nmask[:, None] & dmask[None, :])
-        tl.store(dv_base + rows[:, None] * s_dvn + offs_e[None, :], dvt.to(dv_base.dtype.element_ty),
-                 mask=nmask[:, None] & emask[None, :])
+        tl.store(
+            dk_base + rows[:, None] * s_dkn + offs_d[None, :],
+            dkt.to(dk_base.dtype.element_ty),
+            mask=nmask[:, None] & dmask[None, :],
+        )
+        tl.store(
+            dv_base + rows[:, None] * s_dvn + offs_e[None, :],
+            dvt.to(dv_base.dtype.element_ty),
+            mask=nmask[:, None] & emask[None, :],
+        )
 
 
 @triton.jit
@@ -327,11 +417,40 @@ def _correction(ds_c, ds_s, s_ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.co
 
 @triton.jit
 def _fwd_fused_kernel(
-    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, o_ptr,
-    H, N, D: tl.constexpr, DV: tl.constexpr,
-    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_ob, s_oh, s_on,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    HD: tl.constexpr, HDV: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
+    s_ptr,
+    lse_ptr,
+    o_ptr,
+    H,
+    N,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    s_qb,
+    s_qh,
+    s_qn,
+    s_qd,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_vd,
+    s_ob,
+    s_oh,
+    s_on,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Whole forward of one (b, h): reduce k, v to S = A / z and lse = m + log z (both stored for the
     backward), then o = q~ S with S kept in registers."""
@@ -340,8 +459,27 @@ def _fwd_fused_kernel(
     h = pid_bh % H
     DT = v_ptr.dtype.element_ty
     m, z, acc_c, acc_s = _reduce_loop(
-        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, 0, N, D, DV,
-        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
+        k_ptr + b * s_kb + h * s_kh,
+        v_ptr + b * s_vb + h * s_vh,
+        cos_ptr,
+        sin_ptr,
+        0,
+        N,
+        D,
+        DV,
+        s_kn,
+        s_kd,
+        s_vn,
+        s_vd,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+        HD,
+        HDV,
+    )
     offs_d = tl.arange(0, BD)
     inv = 1.0 / z
     tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=offs_d < D)
@@ -349,18 +487,58 @@ def _fwd_fused_kernel(
     s_s = acc_s * inv[:, None]
     R = 2 * D if LRPE else D
     _store_pair(s_ptr + pid_bh * R * DV, tl.arange(0, BD), s_c, s_s, D, DV, BDV, LRPE)
-    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
-              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_on,
-              BN, BD, BDV, LRPE, LOWP, DT)
+    _out_loop(
+        q_ptr + b * s_qb + h * s_qh,
+        o_ptr + b * s_ob + h * s_oh,
+        cos_ptr,
+        sin_ptr,
+        _operand(s_c, LOWP, DT),
+        _operand(s_s, LOWP, DT),
+        0,
+        N,
+        D,
+        DV,
+        s_qn,
+        s_qd,
+        s_on,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+    )
 
 
 @triton.jit
 def _fwd_reduce_kernel(
-    k_ptr, v_ptr, cos_ptr, sin_ptr, pm_ptr, pz_ptr, ps_ptr,
-    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split,
-    s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    HD: tl.constexpr, HDV: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
+    pm_ptr,
+    pz_ptr,
+    ps_ptr,
+    H,
+    N,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    tiles_per_split,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_vd,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Split plan, forward pass 1 over one chunk: the partials m, z -> pm / pz [BH, splits, d] and
     A -> ps [BH, splits, R, e] (R = 2d with LRPE, else d)."""
@@ -371,8 +549,27 @@ def _fwd_reduce_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     m, z, acc_c, acc_s = _reduce_loop(
-        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, lo, hi, D, DV,
-        s_kn, s_kd, s_vn, s_vd, BN, BD, BDV, LRPE, LOWP, v_ptr.dtype.element_ty, HD, HDV)
+        k_ptr + b * s_kb + h * s_kh,
+        v_ptr + b * s_vb + h * s_vh,
+        cos_ptr,
+        sin_ptr,
+        lo,
+        hi,
+        D,
+        DV,
+        s_kn,
+        s_kd,
+        s_vn,
+        s_vd,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        v_ptr.dtype.element_ty,
+        HD,
+        HDV,
+    )
     row = pid_bh * tl.num_programs(1) + pid_s
     offs_d = tl.arange(0, BD)
     tl.store(pm_ptr + row * D + offs_d, m, mask=offs_d < D)
@@ -398,8 +595,18 @@ def _load_partials(ptr, rows, smask, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.
 
 @triton.jit
 def _fwd_combine_kernel(
-    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr, D: tl.constexpr, DV: tl.constexpr, nsplit,
-    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, SB: tl.constexpr,
+    pm_ptr,
+    pz_ptr,
+    ps_ptr,
+    s_ptr,
+    lse_ptr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    nsplit,
+    BR: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    SB: tl.constexpr,
 ):
     """Merge the split partials of one (b, h), feature rows [BR * program_id(1), + BR): M = max_s m_s,
     w_s = exp(m_s - M), Z = sum_s w_s z_s, S = sum_s w_s A_s / Z (per feature row f, both halves),
@@ -436,10 +643,30 @@ def _fwd_combine_kernel(
 
 @triton.jit
 def _fwd_out_kernel(
-    q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr,
-    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split, s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    HD: tl.constexpr, HDV: tl.constexpr,
+    q_ptr,
+    cos_ptr,
+    sin_ptr,
+    s_ptr,
+    o_ptr,
+    H,
+    N,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    tiles_per_split,
+    s_qb,
+    s_qh,
+    s_qn,
+    s_qd,
+    s_ob,
+    s_oh,
+    s_on,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Split plan, forward pass 2 over one chunk: o = q~ S."""
     pid_bh = tl.program_id(0)
@@ -451,19 +678,78 @@ def _fwd_out_kernel(
     s_c, s_s = _load_pair(s_ptr + pid_bh * R * DV, tl.arange(0, BD), D, DV, BDV, LRPE)
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
-    _out_loop(q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
-              _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_on,
-              BN, BD, BDV, LRPE, LOWP, DT)
+    _out_loop(
+        q_ptr + b * s_qb + h * s_qh,
+        o_ptr + b * s_ob + h * s_oh,
+        cos_ptr,
+        sin_ptr,
+        _operand(s_c, LOWP, DT),
+        _operand(s_s, LOWP, DT),
+        lo,
+        hi,
+        D,
+        DV,
+        s_qn,
+        s_qd,
+        s_on,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+    )
 
 
 @triton.jit
 def _bwd_fused_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr,
-    H, N, D: tl.constexpr, DV: tl.constexpr,
-    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_gb, s_gh, s_gn, s_gd,
-    s_dqb, s_dqh, s_dqn, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    HD: tl.constexpr, HDV: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    cos_ptr,
+    sin_ptr,
+    s_ptr,
+    lse_ptr,
+    dq_ptr,
+    dk_ptr,
+    dv_ptr,
+    H,
+    N,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    s_qb,
+    s_qh,
+    s_qn,
+    s_qd,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_vd,
+    s_gb,
+    s_gh,
+    s_gn,
+    s_gd,
+    s_dqb,
+    s_dqh,
+    s_dqn,
+    s_dkb,
+    s_dkh,
+    s_dkn,
+    s_dvb,
+    s_dvh,
+    s_dvn,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Whole backward of one (b, h): the dq pass over q, dO builds dS, then c = rowsum(dS * S), then the
     dk / dv pass over k, v with dS and c in registers."""
@@ -475,25 +761,96 @@ def _bwd_fused_kernel(
     s_base = s_ptr + pid_bh * R * DV
     s_c, s_s = _load_pair(s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     ds_c, ds_s = _dq_loop(
-        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
-        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), 0, N, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
-        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
+        q_ptr + b * s_qb + h * s_qh,
+        do_ptr + b * s_gb + h * s_gh,
+        dq_ptr + b * s_dqb + h * s_dqh,
+        cos_ptr,
+        sin_ptr,
+        _operand(s_c, LOWP, DT),
+        _operand(s_s, LOWP, DT),
+        0,
+        N,
+        D,
+        DV,
+        s_qn,
+        s_qd,
+        s_gn,
+        s_gd,
+        s_dqn,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+        HD,
+        HDV,
+    )
     corr = _correction(ds_c, ds_s, s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     offs_d = tl.arange(0, BD)
     lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
-    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
-               dv_ptr + b * s_dvb + h * s_dvh, cos_ptr, sin_ptr, lse, corr,
-               _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT), 0, N, D, DV, s_kn, s_kd, s_vn, s_vd,
-               s_dkn, s_dvn, BN, BD, BDV, LRPE, LOWP, DT)
+    _dkdv_loop(
+        k_ptr + b * s_kb + h * s_kh,
+        v_ptr + b * s_vb + h * s_vh,
+        dk_ptr + b * s_dkb + h * s_dkh,
+        dv_ptr + b * s_dvb + h * s_dvh,
+        cos_ptr,
+        sin_ptr,
+        lse,
+        corr,
+        _operand(ds_c, LOWP, DT),
+        _operand(ds_s, LOWP, DT),
+        0,
+        N,
+        D,
+        DV,
+        s_kn,
+        s_kd,
+        s_vn,
+        s_vd,
+        s_dkn,
+        s_dvn,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+    )
 
 
 @triton.jit
 def _bwd_dq_kernel(
-    q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr,
-    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split,
-    s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    HD: tl.constexpr, HDV: tl.constexpr,
+    q_ptr,
+    do_ptr,
+    cos_ptr,
+    sin_ptr,
+    s_ptr,
+    dq_ptr,
+    pds_ptr,
+    H,
+    N,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    tiles_per_split,
+    s_qb,
+    s_qh,
+    s_qn,
+    s_qd,
+    s_gb,
+    s_gh,
+    s_gn,
+    s_gd,
+    s_dqb,
+    s_dqh,
+    s_dqn,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Split plan, backward pass 1 over one chunk: dq, and the partial dS -> pds [BH, splits, R, e]."""
     pid_bh = tl.program_id(0)
@@ -506,9 +863,31 @@ def _bwd_dq_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     ds_c, ds_s = _dq_loop(
-        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
-        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT), lo, hi, D, DV, s_qn, s_qd, s_gn, s_gd, s_dqn,
-        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV)
+        q_ptr + b * s_qb + h * s_qh,
+        do_ptr + b * s_gb + h * s_gh,
+        dq_ptr + b * s_dqb + h * s_dqh,
+        cos_ptr,
+        sin_ptr,
+        _operand(s_c, LOWP, DT),
+        _operand(s_s, LOWP, DT),
+        lo,
+        hi,
+        D,
+        DV,
+        s_qn,
+        s_qd,
+        s_gn,
+        s_gd,
+        s_dqn,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+        HD,
+        HDV,
+    )
     _store_pair(
         pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, tl.arange(0, BD), ds_c, ds_s, D, DV, BDV, LRPE
     )
@@ -516,8 +895,17 @@ def _bwd_dq_kernel(
 
 @triton.jit
 def _bwd_combine_kernel(
-    pds_ptr, s_ptr, ds_ptr, c_ptr, D: tl.constexpr, DV: tl.constexpr, nsplit,
-    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, SB: tl.constexpr,
+    pds_ptr,
+    s_ptr,
+    ds_ptr,
+    c_ptr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    nsplit,
+    BR: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    SB: tl.constexpr,
 ):
     """dS = sum_s dS_s over the splits of one (b, h) (SB at a time, as in ``_fwd_combine_kernel``) and the
     correction c (``_correction``), feature rows [BR * program_id(1), + BR)."""
@@ -528,8 +916,9 @@ def _bwd_combine_kernel(
     ds_c = tl.zeros([BR, BDV], tl.float32)
     ds_s = tl.zeros([BR, BDV], tl.float32)
     for s0 in range(0, nsplit, SB):
-        part_c, part_s = _load_partials(pds_ptr, pid_bh * nsplit + s0 + offs_s, s0 + offs_s < nsplit, offs_r,
-                                        D, DV, BDV, LRPE)
+        part_c, part_s = _load_partials(
+            pds_ptr, pid_bh * nsplit + s0 + offs_s, s0 + offs_s < nsplit, offs_r, D, DV, BDV, LRPE
+        )
         ds_c += tl.sum(part_c, axis=0)
         ds_s += tl.sum(part_s, axis=0)
     _store_pair(ds_ptr + pid_bh * R * DV, offs_r, ds_c, ds_s, D, DV, BDV, LRPE)
@@ -539,11 +928,41 @@ def _bwd_combine_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    k_ptr, v_ptr, cos_ptr, sin_ptr, lse_ptr, ds_ptr, c_ptr, dk_ptr, dv_ptr,
-    H, N, D: tl.constexpr, DV: tl.constexpr, tiles_per_split, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
-    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
-    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr,
-    HD: tl.constexpr, HDV: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    cos_ptr,
+    sin_ptr,
+    lse_ptr,
+    ds_ptr,
+    c_ptr,
+    dk_ptr,
+    dv_ptr,
+    H,
+    N,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    tiles_per_split,
+    s_kb,
+    s_kh,
+    s_kn,
+    s_kd,
+    s_vb,
+    s_vh,
+    s_vn,
+    s_vd,
+    s_dkb,
+    s_dkh,
+    s_dkn,
+    s_dvb,
+    s_dvh,
+    s_dvn,
+    BN: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+    LRPE: tl.constexpr,
+    LOWP: tl.constexpr,
+    HD: tl.constexpr,
+    HDV: tl.constexpr,
 ):
     """Split plan, backward pass 2 over one chunk: dk, dv from the combined dS and c."""
     pid_bh = tl.program_id(0)
@@ -558,7 +977,31 @@ def _bwd_dkdv_kernel(
     corr = tl.load(c_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
-    _dkdv_loop(k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
-               dv_ptr + b * s_dvb + h * s_dvh, cos_ptr, sin_ptr, lse, corr,
-               _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT), lo, hi, D, DV, s_kn, s_kd, s_vn, s_vd,
-               s_dkn, s_dvn, BN, BD, BDV, LRPE, LOWP, DT)
+    _dkdv_loop(
+        k_ptr + b * s_kb + h * s_kh,
+        v_ptr + b * s_vb + h * s_vh,
+        dk_ptr + b * s_dkb + h * s_dkh,
+        dv_ptr + b * s_dvb + h * s_dvh,
+        cos_ptr,
+        sin_ptr,
+        lse,
+        corr,
+        _operand(ds_c, LOWP, DT),
+        _operand(ds_s, LOWP, DT),
+        lo,
+        hi,
+        D,
+        DV,
+        s_kn,
+        s_kd,
+        s_vn,
+        s_vd,
+        s_dkn,
+        s_dvn,
+        BN,
+        BD,
+        BDV,
+        LRPE,
+        LOWP,
+        DT,
+    )

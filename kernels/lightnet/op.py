@@ -62,8 +62,15 @@ SPLIT_COST = 4
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def rotation_tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype,
-                    device: torch.device, variant: str = "per_axis") -> tuple[torch.Tensor, torch.Tensor]:
+def rotation_tables(
+    grid: tuple[int, ...] | None,
+    num_prefix_tokens: int,
+    d: int,
+    group: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    variant: str = "per_axis",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos Theta, sin Theta) for the kernels, each [N, group * d] contiguous: a program's ``group`` heads of d
     features side by side (``head_group``); angles from ``lrpe_angles`` (any of its variants). fp32 for fp32 inputs,
     fp16 for 16-bit inputs (|cos|, |sin| <= 1: rounding 2^-11, under the inputs' own). ``grid`` None (no MD-LRPE):
@@ -84,8 +91,15 @@ def _cached_rotation_tables(*key) -> tuple[torch.Tensor, torch.Tensor]:
         return rotation_tables(*key)
 
 
-def _tables(grid: tuple[int, ...] | None, num_prefix_tokens: int, d: int, group: int, dtype: torch.dtype,
-            device: torch.device, variant: str):
+def _tables(
+    grid: tuple[int, ...] | None,
+    num_prefix_tokens: int,
+    d: int,
+    group: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    variant: str,
+):
     """``rotation_tables`` for a checked grid (``_rotation_grid``): cached per shape in eager mode; recomputed by the
     graph under torch.compile, so that they are the graph's own tensors (tables cached during a CUDA-graph warm-up
     would stay in the graph's memory pool, owned by no output, and ``mode="reduce-overhead"`` refuses that)."""
@@ -109,8 +123,17 @@ def _split_cost(tiles: int, splits: int, bh: int, resident: int) -> float:
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
-          block_n: int | None = None, num_warps: int | None = None, splits: int | None = None) -> dict:
+def _plan(
+    n: int,
+    bh: int,
+    d: int,
+    dv: int,
+    device: torch.device,
+    fp32: bool,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    splits: int | None = None,
+) -> dict:
     """Launch plan: token tile BN, padded feature blocks, warps / pipeline stages, and the split of N.
 
     The split count minimises ``_split_cost`` over 1 .. tiles / 2 (each program keeps at least two tiles, so the
@@ -146,8 +169,17 @@ def _plan(n: int, bh: int, d: int, dv: int, device: torch.device, fp32: bool,
     warps = num_warps or (8 if wide else 4)
     fused = splits == 1 and not wide
     stages = (1 if fp32 else 2) if wide else 3
-    return dict(BN=bn, BD=bd, BDV=bdv, per=per, splits=splits, fused=fused, warps=warps, stages=stages,
-                stages_bwd=2 if fused else stages)
+    return dict(
+        BN=bn,
+        BD=bd,
+        BDV=bdv,
+        per=per,
+        splits=splits,
+        fused=fused,
+        warps=warps,
+        stages=stages,
+        stages_bwd=2 if fused else stages,
+    )
 
 
 def _lowp(dtype: torch.dtype) -> bool:
@@ -201,12 +233,26 @@ def _config(n, bh, d, dv, device, dtype, lrpe, group=1) -> _Config:
     p = _plan(n, bh, d, dv, device, dtype == torch.float32)
     blocks = dict(HD=d // group, HDV=dv // group) if group > 1 else dict(HD=0, HDV=0)
     rows, per_step = _combine_blocks(bh, d, p["splits"], device)
-    tiled = dict(BN=p["BN"], BD=p["BD"], BDV=p["BDV"], LRPE=lrpe, LOWP=_lowp(dtype), num_warps=p["warps"],
-                 num_stages=p["stages"], **blocks)
+    tiled = dict(
+        BN=p["BN"],
+        BD=p["BD"],
+        BDV=p["BDV"],
+        LRPE=lrpe,
+        LOWP=_lowp(dtype),
+        num_warps=p["warps"],
+        num_stages=p["stages"],
+        **blocks,
+    )
     return _Config(
-        R=2 * d if lrpe else d, fused=p["fused"], splits=p["splits"], per=p["per"],
-        grid_bh=(bh,), grid_rows=(bh, triton.cdiv(d, rows)), grid_split=(bh, p["splits"]),
-        tiled=tiled, tiled_bwd=dict(tiled, num_stages=p["stages_bwd"]),
+        R=2 * d if lrpe else d,
+        fused=p["fused"],
+        splits=p["splits"],
+        per=p["per"],
+        grid_bh=(bh,),
+        grid_rows=(bh, triton.cdiv(d, rows)),
+        grid_split=(bh, p["splits"]),
+        tiled=tiled,
+        tiled_bwd=dict(tiled, num_stages=p["stages_bwd"]),
         small=dict(BR=rows, BDV=p["BDV"], LRPE=lrpe, SB=per_step, num_warps=4),
     )
 
@@ -226,14 +272,15 @@ def lightnet_fwd(q, k, v, cos, sin, lrpe: bool, o: torch.Tensor | None = None, g
     lse = empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
-            q, k, v, cos, sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3],
-            **c.tiled)
+            q, k, v, cos, sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3], **c.tiled
+        )
         return o, s, lse
     pm = empty((B * H, c.splits, D), torch.float32, dev)
     pz = empty((B * H, c.splits, D), torch.float32, dev)
     ps = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     K._fwd_reduce_kernel[c.grid_split](
-        k, v, cos, sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled)
+        k, v, cos, sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled
+    )
     K._fwd_combine_kernel[c.grid_rows](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
     K._fwd_out_kernel[c.grid_split](q, cos, sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
     return o, s, lse
@@ -247,24 +294,67 @@ def lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe: bool, grads: tuple | None 
     dev = q.device
     c = _config(N, B * H, D, DV, dev, q.dtype, lrpe, group)
     if grads is None:
-        grads = (empty((B, H, N, D), q.dtype, dev), empty((B, H, N, D), q.dtype, dev),
-                 empty((B, H, N, DV), q.dtype, dev))
+        grads = (
+            empty((B, H, N, D), q.dtype, dev),
+            empty((B, H, N, D), q.dtype, dev),
+            empty((B, H, N, DV), q.dtype, dev),
+        )
     dq, dk, dv = grads
     if c.fused:
         K._bwd_fused_kernel[c.grid_bh](
-            q, k, v, do, cos, sin, s, lse, dq, dk, dv, H, N, D, DV,
-            *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride()[:3], *dk.stride()[:3],
-            *dv.stride()[:3], **c.tiled_bwd)
+            q,
+            k,
+            v,
+            do,
+            cos,
+            sin,
+            s,
+            lse,
+            dq,
+            dk,
+            dv,
+            H,
+            N,
+            D,
+            DV,
+            *q.stride(),
+            *k.stride(),
+            *v.stride(),
+            *do.stride(),
+            *dq.stride()[:3],
+            *dk.stride()[:3],
+            *dv.stride()[:3],
+            **c.tiled_bwd,
+        )
         return dq, dk, dv
     pds = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     ds = empty((B * H, c.R, DV), torch.float32, dev)
     corr = empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
-        q, do, cos, sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd)
+        q, do, cos, sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd
+    )
     K._bwd_combine_kernel[c.grid_rows](pds, s, ds, corr, D, DV, c.splits, **c.small)
     K._bwd_dkdv_kernel[c.grid_split](
-        k, v, cos, sin, lse, ds, corr, dk, dv, H, N, D, DV, c.per, *k.stride(), *v.stride(),
-        *dk.stride()[:3], *dv.stride()[:3], **c.tiled_bwd)
+        k,
+        v,
+        cos,
+        sin,
+        lse,
+        ds,
+        corr,
+        dk,
+        dv,
+        H,
+        N,
+        D,
+        DV,
+        c.per,
+        *k.stride(),
+        *v.stride(),
+        *dk.stride()[:3],
+        *dv.stride()[:3],
+        **c.tiled_bwd,
+    )
     return dq, dk, dv
 
 
@@ -289,8 +379,15 @@ def _(q, k, v, cos, sin, lrpe):
 
 @torch.library.custom_op("lightvision::lightnet_attn_bwd", mutates_args=())
 def lightnet_attn_bwd(
-    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s: torch.Tensor, lse: torch.Tensor,
-    cos: torch.Tensor, sin: torch.Tensor, lrpe: bool,
+    do: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    s: torch.Tensor,
+    lse: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    lrpe: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the one-scan attention; see the module docstring."""
     return lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe)
@@ -354,8 +451,9 @@ def lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads: int, lrpe: bool):
     group, (q, k, v) = _packed_heads(qkv, num_heads)
     B, H, N, D = q.shape
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
-    lightnet_bwd(do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, cos, sin, lrpe, grads=split_heads(dqkv, H),
-                 group=group)
+    lightnet_bwd(
+        do.reshape(B, N, H, D).transpose(1, 2), q, k, v, s, lse, cos, sin, lrpe, grads=split_heads(dqkv, H), group=group
+    )
     return dqkv
 
 
@@ -381,8 +479,14 @@ def _(qkv, num_heads, cos, sin, lrpe):
 
 @torch.library.custom_op("lightvision::lightnet_attn_packed_bwd", mutates_args=())
 def lightnet_attn_packed_bwd(
-    do: torch.Tensor, qkv: torch.Tensor, s: torch.Tensor, lse: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-    num_heads: int, lrpe: bool,
+    do: torch.Tensor,
+    qkv: torch.Tensor,
+    s: torch.Tensor,
+    lse: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    num_heads: int,
+    lrpe: bool,
 ) -> torch.Tensor:
     """dqkv of the one-scan attention on a packed qkv."""
     return lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads, lrpe)
@@ -425,10 +529,15 @@ class _LightNetPackedEager(torch.autograd.Function):
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the kernel covers these inputs: non-empty [B, H, N, d] with d, d_v in HEAD_DIMS, one float dtype."""
     return (
-        q.dim() == 4 and q.shape == k.shape and v.shape[:3] == q.shape[:3]
-        and q.shape[-1] in HEAD_DIMS and v.shape[-1] in HEAD_DIMS
-        and q.dtype in DTYPES and q.dtype == k.dtype == v.dtype
-        and q.device == k.device == v.device and q.numel() > 0
+        q.dim() == 4
+        and q.shape == k.shape
+        and v.shape[:3] == q.shape[:3]
+        and q.shape[-1] in HEAD_DIMS
+        and v.shape[-1] in HEAD_DIMS
+        and q.dtype in DTYPES
+        and q.dtype == k.dtype == v.dtype
+        and q.device == k.device == v.device
+        and q.numel() > 0
     )
 
 
@@ -438,8 +547,9 @@ def _rotation_grid(grid, n: int, num_prefix_tokens: int, lrpe: str | None):
     return grid if lrpe is not None and grid is not None else None
 
 
-def lightnet_attention_triton(q, k, v, *, grid=None, num_prefix_tokens=0, lrpe="per_axis", causal=False,
-                              key_softmax=True):
+def lightnet_attention_triton(
+    q, k, v, *, grid=None, num_prefix_tokens=0, lrpe="per_axis", causal=False, key_softmax=True
+):
     """Kernel entry of ``lightvision.ops.lightnet_attention`` (registered with the ops dispatch).
 
     q, k [B, H, N, d], v [B, H, N, d_v] -> o [B, H, N, d_v] in the input dtype. As in the reference,
@@ -463,8 +573,7 @@ def lightnet_attention_qkvpacked_triton(qkv, num_heads, *, grid=None, num_prefix
     if not supports(q, k, v):
         return NotImplemented
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
-    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], head_group(num_heads, q.shape[3]), q.dtype, q.device,
-                       lrpe)
+    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], head_group(num_heads, q.shape[3]), q.dtype, q.device, lrpe)
     if torch.compiler.is_compiling():
         return lightnet_attn_packed_fwd(qkv, num_heads, cos, sin, grid is not None)[0]
     return _LightNetPackedEager.apply(qkv, num_heads, cos, sin, grid is not None)

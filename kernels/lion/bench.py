@@ -20,8 +20,12 @@ import torch.nn.functional as F
 
 from lightvision.ops.lion import lion_attention
 
-IMPLS = {"torch_mask": ("parallel", "torch"), "triton_parallel": ("parallel", "triton"),
-         "triton_scan": ("scan", "triton"), "auto": ("auto", "triton")}
+IMPLS = {
+    "torch_mask": ("parallel", "torch"),
+    "triton_parallel": ("parallel", "triton"),
+    "triton_scan": ("scan", "triton"),
+    "auto": ("auto", "triton"),
+}
 
 
 def _features(B, H, N, d, dtype, device):
@@ -98,21 +102,33 @@ def sweep(forms=("parallel", "scan")) -> None:
             )
             tab = parallel_forward(q, k, v, g, True, tile, warps, stages)[2]
             b = triton.testing.do_bench(
-                lambda: parallel_backward(q, k, v, g, do, zinv, delta, tab, tile, warps, stages), return_mode="median")
+                lambda: parallel_backward(q, k, v, g, do, zinv, delta, tab, tile, warps, stages), return_mode="median"
+            )
             print(
                 f"parallel N={N:5d} B={B:3d} tile={tile:3d} warps={warps} stages={stages}: fwd {f:.3f} bwd {b:.3f} ms"
             )
     for N, B in ((196, 256), (1024, 48), (4096, 12), (16384, 3), (65536, 1)) if "scan" in forms else ():
         q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "scan")
-        for chunk, tb, block, warps in ((64, 16, 512, 4), (64, 16, 1024, 4), (64, 32, 256, 4), (64, 8, 512, 4),
-                                        (128, 16, 512, 8), (128, 16, 512, 4), (64, 16, 512, 8)):
-            f = triton.testing.do_bench(lambda: scan_forward(q, k, v, g, True, chunk, tb, block, warps),
-                                        return_mode="median")
+        for chunk, tb, block, warps in (
+            (64, 16, 512, 4),
+            (64, 16, 1024, 4),
+            (64, 32, 256, 4),
+            (64, 8, 512, 4),
+            (128, 16, 512, 8),
+            (128, 16, 512, 4),
+            (64, 16, 512, 8),
+        ):
+            f = triton.testing.do_bench(
+                lambda: scan_forward(q, k, v, g, True, chunk, tb, block, warps), return_mode="median"
+            )
             ks = scan_forward(q, k, v, g, True, chunk, tb, block, warps)[2]
             b = triton.testing.do_bench(
-                lambda: scan_backward(q, k, v, g, do, zinv, delta, ks, chunk, tb, block, warps), return_mode="median")
-            print(f"scan     N={N:5d} B={B:3d} chunk={chunk:3d} tb={tb:2d} block={block:4d} warps={warps}: "
-                  f"fwd {f:.3f} bwd {b:.3f} ms")
+                lambda: scan_backward(q, k, v, g, do, zinv, delta, ks, chunk, tb, block, warps), return_mode="median"
+            )
+            print(
+                f"scan     N={N:5d} B={B:3d} chunk={chunk:3d} tb={tb:2d} block={block:4d} warps={warps}: "
+                f"fwd {f:.3f} bwd {b:.3f} ms"
+            )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,9 @@ def _rel(a, b, scale=None):
 def _show(row: dict) -> None:
     """Print one case as soon as it is done (a run cut off by a time limit still reports what it did)."""
     errs = " ".join(f"{k}={v:.1e}" for k, v in row.items() if isinstance(v, float))
-    head = " ".join(f"{k}={row[k]}" for k in ("case", "N", "B", "H", "d", "dtype", "mask", "decay", "form")
-                    ) + (" sequential" if row.get("sequential") else "")
+    head = " ".join(f"{k}={row[k]}" for k in ("case", "N", "B", "H", "d", "dtype", "mask", "decay", "form")) + (
+        " sequential" if row.get("sequential") else ""
+    )
     print(f"{head} {errs} {'ok' if row['ok'] else 'FAIL'}", flush=True)
 
 
@@ -88,14 +89,15 @@ def _packed_cases(dev: str, max_n: int) -> list[dict]:
         h, d = 6, 64
         for dtype in (torch.float32, torch.bfloat16):
             for mask in ("lit", "d", "s"):
-                for strength in (("weak", "strong") if mask != "lit" else ("-",)):
+                for strength in ("weak", "strong") if mask != "lit" else ("-",):
                     for form in ("parallel", "scan"):
                         qkv = torch.randn(b, n, 3 * h * d, device=dev).to(dtype)
                         ld = _log_decay(mask, strength, b, h, n, prefix, dev)
 
                         def fn(qkv, *ld, backend, mask=mask, form=form):
-                            return lion_attention_qkvpacked(qkv, h, mask=mask, log_decay=ld[0] if ld else None,
-                                                            form=form, backend=backend)
+                            return lion_attention_qkvpacked(
+                                qkv, h, mask=mask, log_decay=ld[0] if ld else None, form=form, backend=backend
+                            )
 
                         def run(g, qkv=qkv):
                             return lion_attention_qkvpacked(qkv.double(), h, mask="s", log_decay=g, backend="torch")
@@ -103,8 +105,22 @@ def _packed_cases(dev: str, max_n: int) -> list[dict]:
                         mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, (qkv,) if ld is None else (qkv, ld), mass, names=("y", "dqkv", "dlog"))
                         ok = all(e < TOL[dtype] for e in errs.values())
-                        rows.append(dict(case="packed", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
-                                         mask=mask, decay=strength, form=form, **errs, ok=ok))
+                        rows.append(
+                            dict(
+                                case="packed",
+                                N=n,
+                                prefix=prefix,
+                                B=b,
+                                H=h,
+                                d=d,
+                                dtype=str(dtype)[6:],
+                                mask=mask,
+                                decay=strength,
+                                form=form,
+                                **errs,
+                                ok=ok,
+                            )
+                        )
                         _show(rows[-1])
     return rows
 
@@ -113,8 +129,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="")
     ap.add_argument("--max-n", type=int, default=1 << 30, help="only cases with N <= this (CPU smoke runs)")
-    ap.add_argument("--sizes", default="", help="comma list of N: only these LION cases (default: all); several "
-                    "processes with disjoint sizes share the Triton compile work of a fresh machine")
+    ap.add_argument(
+        "--sizes",
+        default="",
+        help="comma list of N: only these LION cases (default: all); several "
+        "processes with disjoint sizes share the Triton compile work of a fresh machine",
+    )
     ap.add_argument("--no-extras", action="store_true", help="skip the snake-order and two-scan cases")
     ap.add_argument("--packed-only", action="store_true", help="only the packed layer-core cases")
     args = ap.parse_args(argv)
@@ -125,9 +145,16 @@ def main(argv=None) -> int:
     # (N, prefix, B, H, d, sequential): the scan builds its states in one sequential pass from
     # scan.SEQUENTIAL_MIN_PAIRS (b, h) pairs on; the cases marked sequential lower that to 1 so that small
     # batches take that path too (the fp64 reference of a batch big enough to reach it is slow)
-    cases = [(50, 0, 2, 3, 64, False), (197, 1, 1, 3, 64, False), (221, 0, 1, 1, 48, False),
-             (577, 1, 2, 1, 64, False), (577, 1, 2, 3, 64, True), (1024, 0, 1, 3, 64, False),
-             (1024, 0, 1, 3, 64, True), (4096, 0, 1, 1, 64, False)]
+    cases = [
+        (50, 0, 2, 3, 64, False),
+        (197, 1, 1, 3, 64, False),
+        (221, 0, 1, 1, 48, False),
+        (577, 1, 2, 1, 64, False),
+        (577, 1, 2, 3, 64, True),
+        (1024, 0, 1, 3, 64, False),
+        (1024, 0, 1, 3, 64, True),
+        (4096, 0, 1, 1, 64, False),
+    ]
     sizes = {int(x) for x in args.sizes.split(",") if x}
     rows += _packed_cases(dev, args.max_n)
     if args.packed_only:
@@ -136,7 +163,7 @@ def main(argv=None) -> int:
         scan.SEQUENTIAL_MIN_PAIRS = 1 if sequential else default_pairs
         for dtype in (torch.float32, torch.bfloat16):
             for mask in ("lit", "d", "s"):
-                for strength in (("weak", "strong") if mask != "lit" else ("-",)):
+                for strength in ("weak", "strong") if mask != "lit" else ("-",):
                     for form in ("parallel", "scan"):
                         q = F.normalize(F.silu(torch.randn(b, h, n, d, device=dev)) + 0.5, dim=-1).to(dtype)
                         k = F.normalize(F.silu(torch.randn(b, h, n, d, device=dev)) + 0.5, dim=-1).to(dtype)
@@ -144,20 +171,37 @@ def main(argv=None) -> int:
                         ld = _log_decay(mask, strength, b, h, n, prefix, dev)
 
                         def fn(q, k, v, *ld, backend, mask=mask, form=form):
-                            return lion_attention(q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form,
-                                                  backend=backend)
+                            return lion_attention(
+                                q, k, v, mask=mask, log_decay=ld[0] if ld else None, form=form, backend=backend
+                            )
 
                         tensors = (q, k, v) if ld is None else (q, k, v, ld)
+
                         def run(g, q=q, k=k, v=v):
-                            return lion_attention(q.double(), k.double(), v.double(), mask="s", log_decay=g,
-                                                  backend="torch")
+                            return lion_attention(
+                                q.double(), k.double(), v.double(), mask="s", log_decay=g, backend="torch"
+                            )
 
                         mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, tensors, mass)
                         ok = all(e < TOL[dtype] for e in errs.values())  # NaN fails
-                        rows.append(dict(case="lion", N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:],
-                                         mask=mask, decay=strength, form=form, sequential=sequential and form == "scan",
-                                         **errs, ok=ok))
+                        rows.append(
+                            dict(
+                                case="lion",
+                                N=n,
+                                prefix=prefix,
+                                B=b,
+                                H=h,
+                                d=d,
+                                dtype=str(dtype)[6:],
+                                mask=mask,
+                                decay=strength,
+                                form=form,
+                                sequential=sequential and form == "scan",
+                                **errs,
+                                ok=ok,
+                            )
+                        )
                         _show(rows[-1])
     scan.SEQUENTIAL_MIN_PAIRS = default_pairs
     grid, prefix = (13, 17), 1
@@ -177,15 +221,38 @@ def main(argv=None) -> int:
                 lr[..., 0] = lc[..., 0] = 0.0
 
             def snake(q, k, v, lr, lc, backend, mask=mask):
-                return lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask, log_decay_row=lr,
-                                            log_decay_col=lc, backend=backend)
+                return lion_snake_attention(
+                    q,
+                    k,
+                    v,
+                    grid=grid,
+                    num_prefix_tokens=prefix,
+                    mask=mask,
+                    log_decay_row=lr,
+                    log_decay_col=lc,
+                    backend=backend,
+                )
 
             errs = _case(snake, (q, k, v, lr, lc))
             errs = {{"dlog": "dlog_row", "dlog2": "dlog_col"}.get(kk, kk): e for kk, e in errs.items()}
             # per-head D gradients cancel (see _d_mass): reported, not judged, for the snake D case
             ok = all(e < TOL[dtype] for kk, e in errs.items() if mask == "s" or not kk.startswith("dlog"))
-            rows.append(dict(case="snake", N=n, prefix=prefix, B=2, H=3, d=64, dtype=str(dtype)[6:], mask=mask,
-                             decay="mixed", form="auto", **errs, ok=ok))
+            rows.append(
+                dict(
+                    case="snake",
+                    N=n,
+                    prefix=prefix,
+                    B=2,
+                    H=3,
+                    d=64,
+                    dtype=str(dtype)[6:],
+                    mask=mask,
+                    decay="mixed",
+                    form="auto",
+                    **errs,
+                    ok=ok,
+                )
+            )
             _show(rows[-1])
     nt = min(1024, args.max_n)
     for per_token in (False, True) if not args.no_extras else ():
@@ -235,9 +302,12 @@ def main(argv=None) -> int:
                 w[kk] = max(w.get(kk, 0.0), e) if e == e else float("nan")
     print("worst relative L2 error per (case, dtype, form):")
     for key, w in worst.items():
-        print(f"  {key[0]:8s} {key[1]:8s} {key[2]:8s} cases={w['n']:3d} fail={w['fail']:2d} "
-              + " ".join(f"{kk}={w[kk]:.1e}" for kk in ("y", "dq", "dk", "dv", "dqkv", "dlog", "dlog_row", "dlog_col")
-                         if kk in w))
+        print(
+            f"  {key[0]:8s} {key[1]:8s} {key[2]:8s} cases={w['n']:3d} fail={w['fail']:2d} "
+            + " ".join(
+                f"{kk}={w[kk]:.1e}" for kk in ("y", "dq", "dk", "dv", "dqkv", "dlog", "dlog_row", "dlog_col") if kk in w
+            )
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(

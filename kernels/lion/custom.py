@@ -46,8 +46,9 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("lightvision::lion_fwd", mutates_args=())
-def lion_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, normalize: bool,
-             form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def lion_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, normalize: bool, form: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     fwd = parallel_forward if form == "parallel" else scan_forward
     return fwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, normalize)
 
@@ -61,9 +62,19 @@ def _lion_fwd_fake(q, k, v, g, normalize, form):
 
 
 @torch.library.custom_op("lightvision::lion_bwd", mutates_args=())
-def lion_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, out: torch.Tensor,
-             den: torch.Tensor, saved: torch.Tensor, dout: torch.Tensor, dden: torch.Tensor | None, normalize: bool,
-             form: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def lion_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor | None,
+    out: torch.Tensor,
+    den: torch.Tensor,
+    saved: torch.Tensor,
+    dout: torch.Tensor,
+    dden: torch.Tensor | None,
+    normalize: bool,
+    form: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     dout = dout.contiguous()
     inputs = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout)
     if normalize and form == "parallel":  # the dq kernel derives 1 / Z and dL/d den itself
@@ -97,8 +108,9 @@ def _backward(ctx, dout, dden, _):
     q, k, v, g, out, den, saved = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
-    dq, dk, dv, dg = lion_bwd(q, k, v, g, out, den, saved, dout, None if ctx.normalize else dden, ctx.normalize,
-                              ctx.form)
+    dq, dk, dv, dg = lion_bwd(
+        q, k, v, g, out, den, saved, dout, None if ctx.normalize else dden, ctx.normalize, ctx.form
+    )
     return dq, dk, dv, (dg if g is not None else None), None, None
 
 
@@ -123,15 +135,23 @@ def _qk_heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 @torch.library.custom_op("lightvision::lion_packed_fwd", mutates_args=())
-def lion_packed_fwd(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str, gates_in_qkv: bool,
-                    num_prefix: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def lion_packed_fwd(
+    qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str, gates_in_qkv: bool, num_prefix: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
     b, n, c3 = qkv3.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
     fqk = feature_map_fwd_launch(_qk_heads(qkv3, num_heads), kind)
     v = split_heads(qkv3, num_heads)[2]
-    _, den, tab = parallel_forward(fqk[:, :num_heads], fqk[:, num_heads:], v, g, True, out=_heads(y, num_heads),
-                                   logits_prefix=num_prefix if gates_in_qkv else None)
+    _, den, tab = parallel_forward(
+        fqk[:, :num_heads],
+        fqk[:, num_heads:],
+        v,
+        g,
+        True,
+        out=_heads(y, num_heads),
+        logits_prefix=num_prefix if gates_in_qkv else None,
+    )
     return y, fqk, den, tab
 
 
@@ -140,14 +160,28 @@ def _lion_packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
     b, n, c3 = (split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv).shape
     fqk = qkv.new_empty(b, 2 * num_heads, n, c3 // (3 * num_heads))
     fq = fqk[:, :num_heads]
-    return (qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32),
-            gate_table_like(fq, g is not None or gates_in_qkv))
+    return (
+        qkv.new_empty(b, n, c3 // 3),
+        fqk,
+        fq.new_empty(fq.shape[:3], dtype=torch.float32),
+        gate_table_like(fq, g is not None or gates_in_qkv),
+    )
 
 
 @torch.library.custom_op("lightvision::lion_packed_bwd", mutates_args=())
-def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor, y: torch.Tensor,
-                    den: torch.Tensor, tab: torch.Tensor, dy: torch.Tensor, num_heads: int, kind: str,
-                    gates_in_qkv: bool, num_prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
+def lion_packed_bwd(
+    qkv: torch.Tensor,
+    g: torch.Tensor | None,
+    fqk: torch.Tensor,
+    y: torch.Tensor,
+    den: torch.Tensor,
+    tab: torch.Tensor,
+    dy: torch.Tensor,
+    num_heads: int,
+    kind: str,
+    gates_in_qkv: bool,
+    num_prefix: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
     qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
@@ -156,8 +190,9 @@ def lion_packed_bwd(qkv: torch.Tensor, g: torch.Tensor | None, fqk: torch.Tensor
     dqkv3 = dqkv[..., :c3]
     gates = dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:]) if gates_in_qkv else {}
     fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv3, num_heads)[2]
-    _, _, _, dg = parallel_backward(fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv3, num_heads),
-                                    out_den=(out, den), **gates)
+    _, _, _, dg = parallel_backward(
+        fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv3, num_heads), out_den=(out, den), **gates
+    )
     feature_map_bwd_inplace(_qk_heads(qkv3, num_heads), _qk_heads(dqkv3, num_heads), kind)
     return dqkv, den.new_empty(0) if dg is None else dg
 
@@ -178,8 +213,7 @@ def _packed_backward(ctx, dy, *_):
     qkv, g, fqk, y, den, tab = ctx.saved_tensors
     if dy is None:
         dy = torch.zeros_like(y)
-    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, ctx.num_heads, ctx.kind, ctx.gates_in_qkv,
-                               ctx.num_prefix)
+    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, ctx.num_heads, ctx.kind, ctx.gates_in_qkv, ctx.num_prefix)
     return dqkv, (dg if g is not None else None), None, None, None, None
 
 

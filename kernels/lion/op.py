@@ -54,8 +54,13 @@ def _kernel_form(form: str, q: torch.Tensor, mask: str, *tensors) -> str:
 def supported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether the kernels cover these inputs (device, dtypes, head dims)."""
     on_device = q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    return (on_device and q.dtype in KERNEL_DTYPES and q.dtype == k.dtype == v.dtype
-            and q.shape[-1] <= MAX_HEAD_DIM and v.shape[-1] <= MAX_HEAD_DIM)
+    return (
+        on_device
+        and q.dtype in KERNEL_DTYPES
+        and q.dtype == k.dtype == v.dtype
+        and q.shape[-1] <= MAX_HEAD_DIM
+        and v.shape[-1] <= MAX_HEAD_DIM
+    )
 
 
 def gates(mask: str, log_decay: torch.Tensor | None) -> torch.Tensor | None:
@@ -74,8 +79,9 @@ def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chun
     return lion_core(q, k, v, gates(mask, log_decay), normalize, kform)
 
 
-def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, gates_in_qkv=False, num_prefix_tokens=0,
-                             form="parallel"):
+def lion_attention_qkvpacked(
+    qkv, num_heads, *, mask="lit", log_decay=None, gates_in_qkv=False, num_prefix_tokens=0, form="parallel"
+):
     """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: the masked form is one packed
     op (custom.lion_packed: phi and its gradient inside, the gate logits read in place, Y and dqkv in the
     projections' layouts); the scan form runs the feature-map kernel, the scan and a head merge."""
@@ -85,8 +91,9 @@ def lion_attention_qkvpacked(qkv, num_heads, *, mask="lit", log_decay=None, gate
         return NotImplemented
     kind = MASK_FEATURE_MAP[mask]
     if _kernel_form(form, q, mask, qkv, log_decay) == "parallel":
-        return lion_packed(qkv, gates(mask, log_decay) if not gates_in_qkv else None, num_heads, kind, gates_in_qkv,
-                           num_prefix_tokens)
+        return lion_packed(
+            qkv, gates(mask, log_decay) if not gates_in_qkv else None, num_heads, kind, gates_in_qkv, num_prefix_tokens
+        )
     if gates_in_qkv:
         log_decay = log_gates(z, num_prefix_tokens)
     fq, fk = (lion_feature_map(t, kind, backend="triton") for t in (q, k))

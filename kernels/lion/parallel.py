@@ -98,8 +98,11 @@ def _tile_gates(tab, tile, NP, ar, T: tl.constexpr):
 def _tile_log_mask(inc, exc, ar):
     """Log of the LION mask within one tile from its local gate cumsums (docs/spec.md 1.5): exc_i - exc_j below the
     diagonal (sum of log a over j..i-1), inc_j - inc_i above it (sum over i+1..j), 0 on the diagonal."""
-    return tl.where(ar[:, None] > ar[None, :], exc[:, None] - exc[None, :],
-                    tl.where(ar[:, None] < ar[None, :], inc[None, :] - inc[:, None], 0.0))
+    return tl.where(
+        ar[:, None] > ar[None, :],
+        exc[:, None] - exc[None, :],
+        tl.where(ar[:, None] < ar[None, :], inc[None, :] - inc[:, None], 0.0),
+    )
 
 
 @triton.jit
@@ -113,8 +116,9 @@ def _log_sigmoid(z):
 
 
 @triton.jit
-def _gate_table_kernel(G, sgb, sgh, sgn, TAB, N, H, NT, W, PREFIX, LOGITS: tl.constexpr, T: tl.constexpr,
-                       TILES: tl.constexpr):
+def _gate_table_kernel(
+    G, sgb, sgh, sgn, TAB, N, H, NT, W, PREFIX, LOGITS: tl.constexpr, T: tl.constexpr, TILES: tl.constexpr
+):
     """One (b, h)'s row of TAB [B*H, W]: the inclusive and exclusive in-tile cumsums of the gates (two sections of
     NT * T, zero gates past N), the tile totals (NT) and CS, the negated prefix sums of the totals (NT + 1: CS_u =
     -(sum of tiles 0 .. u-1), fp64 running sum stored fp32, non-decreasing as gates are <= 0). The gate of token n
@@ -200,10 +204,38 @@ def _walk(tile, step, n_lo):
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
-                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
-                HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
-                T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    TAB,
+    stab,
+    NUM,
+    DEN,
+    N,
+    D,
+    DV,
+    sqb,
+    sqh,
+    sqn,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sob,
+    soh,
+    son,
+    H,
+    HAS_MASK: tl.constexpr,
+    SKIP: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    PREC: tl.constexpr,
+    T: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
@@ -257,10 +289,51 @@ def _fwd_kernel(Q, K, V, TAB, stab, NUM, DEN, N, D, DV,
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV,
-                   sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
-                   HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr,
-                   PREC: tl.constexpr, T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    TAB,
+    stab,
+    DO,
+    OUT,
+    DEN,
+    ZINV,
+    DELTA,
+    DQ,
+    RL,
+    RU,
+    N,
+    D,
+    DV,
+    sqb,
+    sqh,
+    sqn,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdb,
+    sdh,
+    sdn,
+    sob,
+    soh,
+    son,
+    sgb,
+    sgh,
+    sgn,
+    H,
+    HAS_MASK: tl.constexpr,
+    SKIP: tl.constexpr,
+    PER_HEAD: tl.constexpr,
+    ROW_GRADS: tl.constexpr,
+    PREC: tl.constexpr,
+    T: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
     only: PER_HEAD gates take their gradient from the dk/dv kernel alone). ROW_GRADS: the tile's 1 / Z and
     dL/d den come from Y (OUT) and DEN here and are stored in ZINV / DELTA for the dk/dv kernel (_row_grad_kernel's
@@ -338,19 +411,60 @@ def _bwd_dq_kernel(Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N,
                 else:
                     r_up += r_s * row
         dq += dq_s
-    tl.store(DQ + b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :], dq.to(DQ.dtype.element_ty),
-             mask=(rows[:, None] < N) & (fd[None, :] < D))
+    tl.store(
+        DQ + b * sgb + h * sgh + rows[:, None] * sgn + fd[None, :],
+        dq.to(DQ.dtype.element_ty),
+        mask=(rows[:, None] < N) & (fd[None, :] < D),
+    )
     if HAS_MASK and not PER_HEAD:
         tl.store(RL + bh * N + rows, r_lo, mask=rows < N)
         tl.store(RU + bh * N + rows, r_up, mask=rows < N)
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV,
-                     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb, sdh, sdn, skgb, skgh, skgn,
-                     svgb, svgh, svgn, H,
-                     HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr,
-                     T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    TAB,
+    stab,
+    DO,
+    ZINV,
+    DELTA,
+    DK,
+    DV_OUT,
+    CL,
+    CU,
+    N,
+    D,
+    DV,
+    sqb,
+    sqh,
+    sqn,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    sdb,
+    sdh,
+    sdn,
+    skgb,
+    skgh,
+    skgn,
+    svgb,
+    svgh,
+    svgn,
+    H,
+    HAS_MASK: tl.constexpr,
+    SKIP: tl.constexpr,
+    PER_HEAD: tl.constexpr,
+    PREC: tl.constexpr,
+    T: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
     PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
     DO, DK, DV_OUT go through their strides."""
@@ -383,8 +497,11 @@ def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
     st = tl.dot(k, tl.trans(q), input_precision=PREC)
     dat = tl.dot(v, tl.trans(do), input_precision=PREC) + delta[None, :]
     if HAS_MASK:
-        lm = tl.where(ar[None, :] > ar[:, None], k_exc[None, :] - k_exc[:, None],
-                      tl.where(ar[None, :] < ar[:, None], k_inc[:, None] - k_inc[None, :], 0.0))
+        lm = tl.where(
+            ar[None, :] > ar[:, None],
+            k_exc[None, :] - k_exc[:, None],
+            tl.where(ar[None, :] < ar[:, None], k_inc[:, None] - k_inc[None, :], 0.0),
+        )
         m = tl.exp(lm)
         at = st * m
         dpt = dat * m
@@ -438,10 +555,16 @@ def _bwd_dkdv_kernel(Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N,
             dv += tl.dot(at.to(do.dtype), do, input_precision=PREC)
             dk += tl.dot(dpt.to(q.dtype), q, input_precision=PREC)
     cmask = cols < N
-    tl.store(DK + b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :], dk.to(DK.dtype.element_ty),
-             mask=cmask[:, None] & (fd[None, :] < D))
-    tl.store(DV_OUT + b * svgb + h * svgh + cols[:, None] * svgn + fv[None, :], dv.to(DV_OUT.dtype.element_ty),
-             mask=cmask[:, None] & (fv[None, :] < DV))
+    tl.store(
+        DK + b * skgb + h * skgh + cols[:, None] * skgn + fd[None, :],
+        dk.to(DK.dtype.element_ty),
+        mask=cmask[:, None] & (fd[None, :] < D),
+    )
+    tl.store(
+        DV_OUT + b * svgb + h * svgh + cols[:, None] * svgn + fv[None, :],
+        dv.to(DV_OUT.dtype.element_ty),
+        mask=cmask[:, None] & (fv[None, :] < DV),
+    )
     if HAS_MASK:
         tl.store(CL + bh * N + cols, c_lo, mask=cmask)
         if not PER_HEAD:
@@ -499,9 +622,19 @@ def gate_table(g: torch.Tensor, shape: torch.Size, tile: int, *, logits_prefix: 
         strides = (g.stride(0), g.stride(2), g.stride(1))
     else:
         strides = g.stride() if g.dim() == 3 else (0, g.stride(0), 0)
-    _gate_table_kernel[(B * H,)](g, *strides, tab, N, H, nt, tab.shape[1], logits_prefix or 0,
-                                 LOGITS=logits_prefix is not None, T=tile,
-                                 TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))))
+    _gate_table_kernel[(B * H,)](
+        g,
+        *strides,
+        tab,
+        N,
+        H,
+        nt,
+        tab.shape[1],
+        logits_prefix or 0,
+        LOGITS=logits_prefix is not None,
+        T=tile,
+        TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))),
+    )
     return tab
 
 
@@ -521,9 +654,19 @@ def _table_args(tab: torch.Tensor, fill: torch.Tensor) -> tuple[torch.Tensor, in
     return (tab, tab.stride(0)) if tab.numel() else (fill, 0)
 
 
-def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_warps: int = 4,
-                     num_stages: int | None = None, *, out: torch.Tensor | None = None,
-                     logits_prefix: int | None = None):
+def parallel_forward(
+    q,
+    k,
+    v,
+    g,
+    normalize: bool,
+    tile: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    *,
+    out: torch.Tensor | None = None,
+    logits_prefix: int | None = None,
+):
     """Launch the forward kernel. q, k: [B, H, N, d], v: [B, H, N, d_v], g: fp32 log-gates [B, H, N] (per token),
     [H] (per head) or None (LIT); with logits_prefix, gate logits [B, N, H] (gate_table). Returns (out
     [B, H, N, d_v]: Y in q.dtype if normalize else num in fp32, den [B, H, N] fp32, the gate table that
@@ -539,15 +682,46 @@ def parallel_forward(q, k, v, g, normalize: bool, tile: int | None = None, num_w
     den = empty((B, H, N), torch.float32, q.device)
     tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile, logits_prefix=logits_prefix)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q, k, v, *_table_args(tab, den), out, den, N, D, DV, *_strides(q, k, v, out), H, HAS_MASK=g is not None,
-        SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps, num_stages=num_stages,
-        **_meta(q, v))
+        q,
+        k,
+        v,
+        *_table_args(tab, den),
+        out,
+        den,
+        N,
+        D,
+        DV,
+        *_strides(q, k, v, out),
+        H,
+        HAS_MASK=g is not None,
+        SKIP=_skips(g is not None, N, tile),
+        NORMALIZE=normalize,
+        T=tile,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **_meta(q, v),
+    )
     return out, den, tab
 
 
-def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None, num_warps: int = 4,
-                      num_stages: int | None = None, *, grads: tuple | None = None, out_den: tuple | None = None,
-                      logits_prefix: int | None = None, dlogits: torch.Tensor | None = None):
+def parallel_backward(
+    q,
+    k,
+    v,
+    g,
+    do,
+    zinv,
+    delta,
+    tab,
+    tile: int | None = None,
+    num_warps: int = 4,
+    num_stages: int | None = None,
+    *,
+    grads: tuple | None = None,
+    out_den: tuple | None = None,
+    logits_prefix: int | None = None,
+    dlogits: torch.Tensor | None = None,
+):
     """Launch the two backward kernels. do: [B, H, N, d_v] upstream gradient of num (unit feature stride) after
     scaling by zinv [B, H, N] (1 / Z, or ones when the op returned num itself); delta [B, H, N] = dL/d den; tab: the
     forward's gate table (same tile; empty for LIT);
@@ -566,8 +740,11 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
         raise ValueError(f"gate table of shape {tuple(tab.shape)} does not fit N = {N} in tiles of {tile}")
     num_stages = num_stages or (3 if N >= STAGES_3_MIN_N else 2)
     if grads is None:
-        grads = (empty((B, H, N, D), q.dtype, q.device), empty((B, H, N, D), q.dtype, q.device),
-                 empty((B, H, N, DV), v.dtype, q.device))
+        grads = (
+            empty((B, H, N, D), q.dtype, q.device),
+            empty((B, H, N, D), q.dtype, q.device),
+            empty((B, H, N, DV), v.dtype, q.device),
+        )
     dq, dk, dv = grads
     if out_den is not None:
         out, den = out_den
@@ -582,12 +759,55 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
         sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
         r_lo, r_up, c_lo, c_up = sums
     grid = (triton.cdiv(N, tile), B * H)
-    meta = dict(HAS_MASK=has_mask, SKIP=_skips(has_mask, N, tile), PER_HEAD=per_head, T=tile, num_warps=num_warps,
-                num_stages=num_stages, **_meta(q, v))
-    _bwd_dq_kernel[grid](q, k, v, *_table_args(tab, zinv), do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
-                         *_strides(q, k, v, do, out, dq), H, ROW_GRADS=out_den is not None, **meta)
-    _bwd_dkdv_kernel[grid](q, k, v, *_table_args(tab, zinv), do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
-                           *_strides(q, k, v, do, dk, dv), H, **meta)
+    meta = dict(
+        HAS_MASK=has_mask,
+        SKIP=_skips(has_mask, N, tile),
+        PER_HEAD=per_head,
+        T=tile,
+        num_warps=num_warps,
+        num_stages=num_stages,
+        **_meta(q, v),
+    )
+    _bwd_dq_kernel[grid](
+        q,
+        k,
+        v,
+        *_table_args(tab, zinv),
+        do,
+        out,
+        den,
+        zinv,
+        delta,
+        dq,
+        r_lo,
+        r_up,
+        N,
+        D,
+        DV,
+        *_strides(q, k, v, do, out, dq),
+        H,
+        ROW_GRADS=out_den is not None,
+        **meta,
+    )
+    _bwd_dkdv_kernel[grid](
+        q,
+        k,
+        v,
+        *_table_args(tab, zinv),
+        do,
+        zinv,
+        delta,
+        dk,
+        dv,
+        c_lo,
+        c_up,
+        N,
+        D,
+        DV,
+        *_strides(q, k, v, do, dk, dv),
+        H,
+        **meta,
+    )
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()
     elif dlogits is not None:
@@ -599,8 +819,9 @@ def parallel_backward(q, k, v, g, do, zinv, delta, tab, tile: int | None = None,
 
 
 @triton.jit
-def _row_grad_kernel(DO, OUT, DEN, ZINV, DELTA, N, DV, sdb, sdh, sdn, sob, soh, son, H,
-                     BN: tl.constexpr, BDV: tl.constexpr):
+def _row_grad_kernel(
+    DO, OUT, DEN, ZINV, DELTA, N, DV, sdb, sdh, sdn, sob, soh, son, H, BN: tl.constexpr, BDV: tl.constexpr
+):
     """Rows of one (b, h): ZINV = 1 / (den + 1e-6) and DELTA = dL/d den = -(dY . Y) / Z (fp32 [B*H, N]);
     DO, OUT: [B, H, N, DV] read through their (batch, head, row) strides."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -623,14 +844,30 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
     delta = empty((B, H, N), torch.float32, out.device)
     bdv = max(16, triton.next_power_of_2(DV))
     bn = max(16, min(128, 8192 // bdv))
-    _row_grad_kernel[(triton.cdiv(N, bn), B * H)](dout, out, den, zinv, delta, N, DV, *_strides(dout, out), H,
-                                                  BN=bn, BDV=bdv)
+    _row_grad_kernel[(triton.cdiv(N, bn), B * H)](
+        dout, out, den, zinv, delta, N, DV, *_strides(dout, out), H, BN=bn, BDV=bdv
+    )
     return zinv, delta
 
 
 @triton.jit
-def _gate_grad_kernel(SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX, PER_HEAD: tl.constexpr, LOGITS: tl.constexpr,
-                      PAD, PADB: tl.constexpr, BLOCK: tl.constexpr):
+def _gate_grad_kernel(
+    SUMS,
+    DG,
+    N,
+    BHN,
+    Z,
+    szb,
+    szh,
+    szn,
+    H,
+    PREFIX,
+    PER_HEAD: tl.constexpr,
+    LOGITS: tl.constexpr,
+    PAD,
+    PADB: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums; with PER_HEAD
     only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token). With LOGITS the gates
     were logsigmoid(z) (0 on the first PREFIX tokens): DG, laid out as Z (strides szb, szh, szn), gets
@@ -663,8 +900,11 @@ def _gate_grad_kernel(SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX, PER_HEAD: t
             tl.store(DG + row + h * szh, dz.to(DG.dtype.element_ty), mask=ok)
             if h == H - 1:
                 pc = tl.arange(0, PADB)
-                tl.store(DG + row[:, None] + (H + pc)[None, :] * szh,
-                         tl.zeros([BLOCK, PADB], dtype=DG.dtype.element_ty), mask=ok[:, None] & (pc[None, :] < PAD))
+                tl.store(
+                    DG + row[:, None] + (H + pc)[None, :] * szh,
+                    tl.zeros([BLOCK, PADB], dtype=DG.dtype.element_ty),
+                    mask=ok[:, None] & (pc[None, :] < PAD),
+                )
         else:
             tl.store(DG + bh * N + cols, dg.to(tl.float32), mask=ok)
         carry += tl.sum(x, 0)
@@ -683,13 +923,30 @@ def gate_grad(sums: torch.Tensor, per_head: bool = False, logits: tuple | None =
     if logits is not None:
         z, prefix, dz = logits
         if dz.shape[:2] != z.shape[:2] or dz.shape[2] < H or dz.stride() != z.stride():
-            raise ValueError(f"gate_grad: dz {tuple(dz.shape)} / {dz.stride()} must be laid out as the logits z "
-                             f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns")
-        _gate_grad_kernel[(B * H,)](sums, dz, N, B * H * N, z, z.stride(0), z.stride(2), z.stride(1), H, prefix,
-                                    PER_HEAD=False, LOGITS=True, PAD=dz.shape[2] - H,
-                                    PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)), BLOCK=block)
+            raise ValueError(
+                f"gate_grad: dz {tuple(dz.shape)} / {dz.stride()} must be laid out as the logits z "
+                f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns"
+            )
+        _gate_grad_kernel[(B * H,)](
+            sums,
+            dz,
+            N,
+            B * H * N,
+            z,
+            z.stride(0),
+            z.stride(2),
+            z.stride(1),
+            H,
+            prefix,
+            PER_HEAD=False,
+            LOGITS=True,
+            PAD=dz.shape[2] - H,
+            PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)),
+            BLOCK=block,
+        )
         return None
     dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
-    _gate_grad_kernel[(B * H,)](sums, dg, N, B * H * N, sums, 0, 0, 0, H, 0, PER_HEAD=per_head, LOGITS=False,
-                                PAD=0, PADB=2, BLOCK=block)
+    _gate_grad_kernel[(B * H,)](
+        sums, dg, N, B * H * N, sums, 0, 0, 0, H, 0, PER_HEAD=per_head, LOGITS=False, PAD=0, PADB=2, BLOCK=block
+    )
     return dg.sum(0) if per_head else dg

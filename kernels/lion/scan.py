@@ -41,9 +41,9 @@ import triton.language as tl
 from .._launch import empty
 from .parallel import EPS, _gate_ptr, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_args, gate_grad
 
-CHUNK = 64          # tokens per chunk (C)
-SCAN_CHUNKS = 16    # chunks per step of the cross-chunk scan (TB)
-SCAN_BLOCK = 512    # state elements per scan program
+CHUNK = 64  # tokens per chunk (C)
+SCAN_CHUNKS = 16  # chunks per step of the cross-chunk scan (TB)
+SCAN_BLOCK = 512  # state elements per scan program
 STATE_DTYPE_16 = torch.bfloat16  # stored states of 16-bit inputs
 SEQUENTIAL_MIN_PAIRS = 96  # from this many (b, h) pairs, stages 1 and 2 run as one sequential pass per pair
 
@@ -72,8 +72,33 @@ def _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr)
 
 
 @triton.jit
-def _chunk_terms(X, Y, YS, YC, G, sg, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv,
-                 HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, C: tl.constexpr):
+def _chunk_terms(
+    X,
+    Y,
+    YS,
+    YC,
+    G,
+    sg,
+    b,
+    h,
+    bh,
+    rows,
+    rmask,
+    N,
+    D,
+    DV,
+    sxb,
+    sxh,
+    sxn,
+    syb,
+    syh,
+    syn,
+    fd,
+    fv,
+    HAS_MASK: tl.constexpr,
+    QUERIES: tl.constexpr,
+    C: tl.constexpr,
+):
     """What one chunk adds to the states: (x [C, BD], y [C, BDV] in the input dtype, ones column yc [C], chunk
     total, left-to-right weights [C], right-to-left weights [C]).
     Keys (QUERIES=False): X = k, Y = v, ones column 1; weights exp(tot - exc), exp(inc).
@@ -109,16 +134,40 @@ def _store_state(ptr, m, z, fd, fv, BD: tl.constexpr, BDV: tl.constexpr):
 
 
 @triton.jit
-def _local_states_kernel(X, Y, YS, YC, G, sg, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
-                         HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
-                         C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _local_states_kernel(
+    X,
+    Y,
+    YS,
+    YC,
+    G,
+    sg,
+    U,
+    TOT,
+    N,
+    D,
+    DV,
+    sxb,
+    sxh,
+    sxn,
+    syb,
+    syh,
+    syn,
+    H,
+    HAS_MASK: tl.constexpr,
+    QUERIES: tl.constexpr,
+    PREC: tl.constexpr,
+    C: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and
     TOT[bh, t] = tot_t."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
     fv = tl.arange(0, BDV)
-    x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, sg, b, h, bh, rows, rmask, N, D, DV,
-                                                  sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C)
+    x, y, yc, tot, w_right, w_left = _chunk_terms(
+        X, Y, YS, YC, G, sg, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C
+    )
     W: tl.constexpr = BD * BDV + BD
     m, z = _state_term(x, w_right, yc, y, PREC)
     _store_state(U + (bh * T + it) * W, m, z, fd, fv, BD, BDV)
@@ -129,9 +178,32 @@ def _local_states_kernel(X, Y, YS, YC, G, sg, U, TOT, N, D, DV, sxb, sxh, sxn, s
 
 
 @triton.jit
-def _sequential_states_kernel(X, Y, YS, YC, G, sg, S, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H, T,
-                              HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr,
-                              C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _sequential_states_kernel(
+    X,
+    Y,
+    YS,
+    YC,
+    G,
+    sg,
+    S,
+    N,
+    D,
+    DV,
+    sxb,
+    sxh,
+    sxn,
+    syb,
+    syh,
+    syn,
+    H,
+    T,
+    HAS_MASK: tl.constexpr,
+    QUERIES: tl.constexpr,
+    PREC: tl.constexpr,
+    C: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """Stages 1 and 2 in one pass, for many (b, h) pairs: one program per (b * h, direction s) walks the chunks
     in order with the state in fp32 registers, writing the state entering each chunk, S[s, bh, t], then
     folding the chunk in (S <- exp(tot_t) S + its term, _chunk_terms). The local terms never reach memory."""
@@ -149,8 +221,33 @@ def _sequential_states_kernel(X, Y, YS, YC, G, sg, S, N, D, DV, sxb, sxh, sxn, s
         it = step if s == 0 else T - 1 - step
         _store_state(S + ((s * BH + bh) * T + it) * W, acc, z, fd, fv, BD, BDV)
         rows = it * C + tl.arange(0, C)
-        x, y, yc, tot, w_right, w_left = _chunk_terms(X, Y, YS, YC, G, sg, b, h, bh, rows, rows < N, N, D, DV,
-                                                      sxb, sxh, sxn, syb, syh, syn, fd, fv, HAS_MASK, QUERIES, C)
+        x, y, yc, tot, w_right, w_left = _chunk_terms(
+            X,
+            Y,
+            YS,
+            YC,
+            G,
+            sg,
+            b,
+            h,
+            bh,
+            rows,
+            rows < N,
+            N,
+            D,
+            DV,
+            sxb,
+            sxh,
+            sxn,
+            syb,
+            syh,
+            syn,
+            fd,
+            fv,
+            HAS_MASK,
+            QUERIES,
+            C,
+        )
         m, zt = _state_term(x, tl.where(s == 0, w_right, w_left), yc, y, PREC)
         decay = tl.exp(tot)
         acc = acc * decay + m
@@ -164,8 +261,9 @@ def _affine(a1, b1, a2, b2):
 
 
 @triton.jit
-def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr, TB: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _chunk_scan_kernel(
+    U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr, TB: tl.constexpr, BLOCK: tl.constexpr
+):
     """Entering states S[s, bh, t] from the local terms U[s, bh, t] (both [2, BH, T, W], fp32 sums): s = 0 runs
     left to right (S_{t+1} = exp(tot_t) S_t + U_t, S_0 = 0), s = 1 right to left.
     Position p of the scan order holds S_p = d_{p-1} S_{p-1} + U_{p-1}: TB positions at a time form the affine
@@ -192,8 +290,11 @@ def _chunk_scan_kernel(U, S, TOT, T, BH, HAS_MASK: tl.constexpr, W: tl.constexpr
         else:
             state = carry[None, :] + tl.cumsum(u, 0)
         c = p if s == 0 else T - 1 - p
-        tl.store(S + (base + c)[:, None] * W + e[None, :], state.to(S.dtype.element_ty),
-                 mask=(p < T)[:, None] & emask[None, :])
+        tl.store(
+            S + (base + c)[:, None] * W + e[None, :],
+            state.to(S.dtype.element_ty),
+            mask=(p < T)[:, None] & emask[None, :],
+        )
         carry = tl.sum(tl.where(r[:, None] == TB - 1, state, 0.0), 0)
 
 
@@ -220,15 +321,43 @@ def _apply_t(y, yc, st, z, w, PREC: tl.constexpr):
 @triton.jit
 def _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, fd, fv):
     """q, k [C, BD] and v [C, BDV] of one chunk of (b, h), zeros past N and past the head dims."""
-    return (_load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn),
-            _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn),
-            _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn))
+    return (
+        _load_rows(Q + b * sqb + h * sqh, rows, N, fd, D, sqn),
+        _load_rows(K + b * skb + h * skh, rows, N, fd, D, skn),
+        _load_rows(V + b * svb + h * svh, rows, N, fv, DV, svn),
+    )
 
 
 @triton.jit
-def _scan_out_kernel(Q, K, V, G, sg, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
-                     HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr,
-                     C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _scan_out_kernel(
+    Q,
+    K,
+    V,
+    G,
+    sg,
+    S,
+    OUT,
+    DEN,
+    N,
+    D,
+    DV,
+    sqb,
+    sqh,
+    sqn,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    H,
+    HAS_MASK: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    PREC: tl.constexpr,
+    C: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """One chunk of one (b, h): num = intra-chunk block + exp(exc) q S_t + exp(tot - inc) q R_t (den alike)."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
@@ -256,10 +385,40 @@ def _scan_out_kernel(Q, K, V, G, sg, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, 
 
 
 @triton.jit
-def _scan_grad_kernel(Q, K, V, G, sg, DO, ZINV, DELTA, S, P, DQ, DK, DVO, SUMS, N, D, DV,
-                      sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
-                      HAS_MASK: tl.constexpr, PREC: tl.constexpr,
-                      C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _scan_grad_kernel(
+    Q,
+    K,
+    V,
+    G,
+    sg,
+    DO,
+    ZINV,
+    DELTA,
+    S,
+    P,
+    DQ,
+    DK,
+    DVO,
+    SUMS,
+    N,
+    D,
+    DV,
+    sqb,
+    sqh,
+    sqn,
+    skb,
+    skh,
+    skn,
+    svb,
+    svh,
+    svn,
+    H,
+    HAS_MASK: tl.constexpr,
+    PREC: tl.constexpr,
+    C: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """dq, dk, dv of one chunk of one (b, h) and the row / column sums of W by triangle (SUMS: fp32
     [4, B*H, N] = rL, rU, cL, cU). Entering states [2, B*H, T, W]: S = the key states S (left to right), R (right
     to left); P = the query states P (left to right: upper triangle), P (right to left: lower triangle)."""
@@ -296,15 +455,100 @@ def _scan_grad_kernel(Q, K, V, G, sg, DO, ZINV, DELTA, S, P, DQ, DK, DVO, SUMS, 
     dp = dp.to(q.dtype)
     # dk, dv from the query states (upper from P left to right, lower from P right to left), then dq from the
     # key states (lower from S, upper from R)
-    _grad_keys(P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
-               rows, rmask, fd, fv, HAS_MASK, PREC, BD, BDV)
-    _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask,
-                  fd, HAS_MASK, PREC, BD, BDV)
+    _grad_keys(
+        P,
+        DK,
+        DVO,
+        SUMS,
+        q,
+        k,
+        v,
+        dn,
+        a,
+        dp,
+        c_lo,
+        c_up,
+        ones,
+        w_inc,
+        w_tot_exc,
+        bh,
+        BH,
+        T,
+        it,
+        N,
+        D,
+        DV,
+        rows,
+        rmask,
+        fd,
+        fv,
+        HAS_MASK,
+        PREC,
+        BD,
+        BDV,
+    )
+    _grad_queries(
+        S,
+        DQ,
+        SUMS,
+        q,
+        k,
+        dn,
+        dd,
+        dp,
+        r_lo,
+        r_up,
+        w_exc,
+        w_tot_inc,
+        bh,
+        BH,
+        T,
+        it,
+        N,
+        D,
+        rows,
+        rmask,
+        fd,
+        HAS_MASK,
+        PREC,
+        BD,
+        BDV,
+    )
 
 
 @triton.jit
-def _grad_keys(P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV,
-               rows, rmask, fd, fv, HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _grad_keys(
+    P,
+    DK,
+    DVO,
+    SUMS,
+    q,
+    k,
+    v,
+    dn,
+    a,
+    dp,
+    c_lo,
+    c_up,
+    ones,
+    w_inc,
+    w_tot_exc,
+    bh,
+    BH,
+    T,
+    it,
+    N,
+    D,
+    DV,
+    rows,
+    rmask,
+    fd,
+    fv,
+    HAS_MASK: tl.constexpr,
+    PREC: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """dk, dv of a chunk: its A^T dnum and dP^T q plus the two query states; stores them and cL, cU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
@@ -316,10 +560,16 @@ def _grad_keys(P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_
     st, z = _load_state(P + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
     dk_lo = _apply_t(v, ones, st, z, w_tot_exc, PREC)
     dv += w_tot_exc[:, None] * tl.dot(k, st, input_precision=PREC)
-    tl.store(DVO + bh * N * DV + rows[:, None] * DV + fv[None, :], dv.to(DVO.dtype.element_ty),
-             mask=rmask[:, None] & (fv[None, :] < DV))
-    tl.store(DK + bh * N * D + rows[:, None] * D + fd[None, :], (dk + dk_lo + dk_up).to(DK.dtype.element_ty),
-             mask=rmask[:, None] & (fd[None, :] < D))
+    tl.store(
+        DVO + bh * N * DV + rows[:, None] * DV + fv[None, :],
+        dv.to(DVO.dtype.element_ty),
+        mask=rmask[:, None] & (fv[None, :] < DV),
+    )
+    tl.store(
+        DK + bh * N * D + rows[:, None] * D + fd[None, :],
+        (dk + dk_lo + dk_up).to(DK.dtype.element_ty),
+        mask=rmask[:, None] & (fd[None, :] < D),
+    )
     if HAS_MASK:
         kf = k.to(tl.float32)
         tl.store(SUMS + 2 * BHN + bh * N + rows, c_lo + tl.sum(kf * dk_lo, 1), mask=rmask)
@@ -327,8 +577,33 @@ def _grad_keys(P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_
 
 
 @triton.jit
-def _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
-                  HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr):
+def _grad_queries(
+    S,
+    DQ,
+    SUMS,
+    q,
+    k,
+    dn,
+    dd,
+    dp,
+    r_lo,
+    r_up,
+    w_exc,
+    w_tot_inc,
+    bh,
+    BH,
+    T,
+    it,
+    N,
+    D,
+    rows,
+    rmask,
+    fd,
+    HAS_MASK: tl.constexpr,
+    PREC: tl.constexpr,
+    BD: tl.constexpr,
+    BDV: tl.constexpr,
+):
     """dq of a chunk: its dP k plus the two key states; stores it and rL, rU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
@@ -337,8 +612,11 @@ def _grad_queries(S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, b
     dq_lo = _apply_t(dn, dd, st, z, w_exc, PREC)
     st, z = _load_state(S + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
     dq_up = _apply_t(dn, dd, st, z, w_tot_inc, PREC)
-    tl.store(DQ + bh * N * D + rows[:, None] * D + fd[None, :], (dq + dq_lo + dq_up).to(DQ.dtype.element_ty),
-             mask=rmask[:, None] & (fd[None, :] < D))
+    tl.store(
+        DQ + bh * N * D + rows[:, None] * D + fd[None, :],
+        (dq + dq_lo + dq_up).to(DQ.dtype.element_ty),
+        mask=rmask[:, None] & (fd[None, :] < D),
+    )
     if HAS_MASK:
         qf = q.to(tl.float32)
         tl.store(SUMS + bh * N + rows, r_lo + tl.sum(qf * dq_lo, 1), mask=rmask)
@@ -370,7 +648,8 @@ def _entering_states(x, y, ys, yc, g, queries: bool, plan):
     states = empty(shape, state_dtype, x.device)
     tb = min(tb, max(2, triton.next_power_of_2(T)))
     _chunk_scan_kernel[(triton.cdiv(width, block), B * H, 2)](
-        terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4)
+        terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4
+    )
     return states
 
 
@@ -396,8 +675,18 @@ def key_states_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return q.new_empty(_states_shape(q, v, chunk), dtype=state_dtype)
 
 
-def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int | None = None,
-                 block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
+def scan_forward(
+    q,
+    k,
+    v,
+    g,
+    normalize: bool,
+    chunk: int | None = None,
+    tb: int | None = None,
+    block: int | None = None,
+    num_warps: int = 4,
+    state_dtype: torch.dtype | None = None,
+):
     """Launch the scan forward. Shapes as parallel.parallel_forward; returns (out, den, key states), the states
     [2, B*H, T, W] kept for scan_backward (it reuses them instead of a second pass over k and v)."""
     plan = _plan(q, chunk, tb, block, state_dtype)
@@ -409,17 +698,45 @@ def scan_forward(q, k, v, g, normalize: bool, chunk: int | None = None, tb: int 
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
-    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gate_args(g, den), states, out, den, N, D, DV,
-                                                       *_strides(q, k, v), H, HAS_MASK=g is not None,
-                                                       NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps,
-                                                       **_meta(q, v))
+    _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](
+        q,
+        k,
+        v,
+        *gate_args(g, den),
+        states,
+        out,
+        den,
+        N,
+        D,
+        DV,
+        *_strides(q, k, v),
+        H,
+        HAS_MASK=g is not None,
+        NORMALIZE=in_kernel,
+        C=plan[0],
+        num_warps=num_warps,
+        **_meta(q, v),
+    )
     if normalize and not in_kernel:
         out = out / (den + EPS.value)[..., None]
     return out, den, states
 
 
-def scan_backward(q, k, v, g, do, zinv, delta, key_states, chunk: int | None = None, tb: int | None = None,
-                  block: int | None = None, num_warps: int = 4, state_dtype: torch.dtype | None = None):
+def scan_backward(
+    q,
+    k,
+    v,
+    g,
+    do,
+    zinv,
+    delta,
+    key_states,
+    chunk: int | None = None,
+    tb: int | None = None,
+    block: int | None = None,
+    num_warps: int = 4,
+    state_dtype: torch.dtype | None = None,
+):
     """Launch the scan backward. Arguments as parallel.parallel_backward, with the forward's key states (same chunk
     and state dtype) in place of its prefix sums; returns dq, dk, dv, dg (None for LIT)."""
     plan = _plan(q, chunk, tb, block, state_dtype)
@@ -431,9 +748,29 @@ def scan_backward(q, k, v, g, do, zinv, delta, key_states, chunk: int | None = N
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
-    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](q, k, v, *gate_args(g, zinv), do, zinv, delta,
-                                                        key_states, query_states, dq, dk, dv, sums, N, D, DV,
-                                                        *_strides(q, k, v), H, HAS_MASK=has_mask, C=plan[0],
-                                                        num_warps=num_warps, **_meta(q, v))
+    _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](
+        q,
+        k,
+        v,
+        *gate_args(g, zinv),
+        do,
+        zinv,
+        delta,
+        key_states,
+        query_states,
+        dq,
+        dk,
+        dv,
+        sums,
+        N,
+        D,
+        DV,
+        *_strides(q, k, v),
+        H,
+        HAS_MASK=has_mask,
+        C=plan[0],
+        num_warps=num_warps,
+        **_meta(q, v),
+    )
     dg = gate_grad(sums, g.dim() == 1) if has_mask else None
     return dq, dk, dv, dg

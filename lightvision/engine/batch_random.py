@@ -88,7 +88,7 @@ class BatchRandom:
         size = _size(size)
         rows = size[0]
         full = fn((rows * self.world, *size[1:]), generator=self.generator(device), device=device, **kwargs)
-        return full[self.rank * rows:(self.rank + 1) * rows] if self.world > 1 else full
+        return full[self.rank * rows : (self.rank + 1) * rows] if self.world > 1 else full
 
     def randn(self, size: Sequence[int] | int, *, device=None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Standard normal, local ``size``."""
@@ -98,8 +98,9 @@ class BatchRandom:
         """Uniform on [0, 1), local ``size``."""
         return self._draw(torch.rand, size, device, dtype=dtype)
 
-    def randint(self, low: int, high: int, size: Sequence[int] | int, *, device=None,
-                dtype: torch.dtype = torch.int64) -> torch.Tensor:
+    def randint(
+        self, low: int, high: int, size: Sequence[int] | int, *, device=None, dtype: torch.dtype = torch.int64
+    ) -> torch.Tensor:
         """Integers uniform on [low, high), local ``size``."""
         return self._draw(lambda shape, **kw: torch.randint(low, high, shape, **kw), size, device, dtype=dtype)
 

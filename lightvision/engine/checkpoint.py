@@ -208,8 +208,11 @@ def fit_problems(state: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -
         for k in sorted(own.keys() & state.keys())
         if state[k].shape != own[k].shape
     ]
-    return [f"{label} {items[:8]}" for label, items in
-            [("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)] if items]
+    return [
+        f"{label} {items[:8]}"
+        for label, items in [("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatches", shapes)]
+        if items
+    ]
 
 
 def resolve_checkpoint(path: str | os.PathLike, which: str = "latest") -> Path:
@@ -285,8 +288,12 @@ class CheckpointManager:
             return self.dir / name
         found = self.checkpoints()
         if name and found:
-            log.warning("checkpoint pointer %s names %r, which is not a complete checkpoint; using %s",
-                        self.dir / LATEST, name, found[-1].name)
+            log.warning(
+                "checkpoint pointer %s names %r, which is not a complete checkpoint; using %s",
+                self.dir / LATEST,
+                name,
+                found[-1].name,
+            )
         return found[-1] if found else None
 
     def best(self) -> Path | None:
@@ -337,8 +344,10 @@ class CheckpointManager:
                 save_file(tensors, file, metadata={"step": str(step)})
                 os.chmod(file, FILE_MODE)
                 fsync_path(file)
-            write_durable(tmp / CONFIG, json.dumps({"model_config": model_config, "config": config}, indent=2,
-                                                   default=str).encode("utf-8"))
+            write_durable(
+                tmp / CONFIG,
+                json.dumps({"model_config": model_config, "config": config}, indent=2, default=str).encode("utf-8"),
+            )
             with open(tmp / TRAIN_STATE, "wb") as f:
                 torch.save(train_state, f)
                 f.flush()

@@ -116,9 +116,7 @@ def _apply_override(cfg: dict, item: str, open_sections: set[str]) -> None:
             node[part] = value
 
 
-def load_config(
-    path: str | os.PathLike | None, overrides: Iterable[str] = (), defaults: dict | None = None
-) -> dict:
+def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = (), defaults: dict | None = None) -> dict:
     """Load a run configuration.
 
     ``defaults`` (deep-copied) <- YAML file at ``path`` (optional) <- ``overrides`` (``"optim.lr=1e-4"``,

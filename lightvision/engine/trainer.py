@@ -130,8 +130,12 @@ class Trainer:
         accelerator: Accelerator | None = None,
         torch_compile: bool = False,
     ):
-        for name, value in [("max_steps", max_steps), ("grad_accum_steps", grad_accum_steps),
-                            ("log_every", log_every), ("ckpt_every", ckpt_every)]:
+        for name, value in [
+            ("max_steps", max_steps),
+            ("grad_accum_steps", grad_accum_steps),
+            ("log_every", log_every),
+            ("ckpt_every", ckpt_every),
+        ]:
             _positive(name, value)
         for every, _ in hooks:
             _positive("hook interval", every)
@@ -139,9 +143,11 @@ class Trainer:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
         if accelerator is None:
             accelerator = make_accelerator(mixed_precision, grad_accum_steps, seed, cpu=not torch.cuda.is_available())
-        elif (accelerator.gradient_accumulation_steps != grad_accum_steps
-              or accelerator.gradient_state.sync_with_dataloader
-              or not accelerator.dataloader_config.use_seedable_sampler):
+        elif (
+            accelerator.gradient_accumulation_steps != grad_accum_steps
+            or accelerator.gradient_state.sync_with_dataloader
+            or not accelerator.dataloader_config.use_seedable_sampler
+        ):
             raise ValueError(
                 "the accelerator passed to Trainer must use GradientAccumulationPlugin(num_steps=grad_accum_steps, "
                 "sync_with_dataloader=False) and DataLoaderConfiguration(use_seedable_sampler=True, data_seed=...); "
@@ -218,7 +224,8 @@ class Trainer:
             log.warning(
                 "resuming with a different (seed, batches per epoch, processes, grad_accum_steps): %s -> %s; "
                 "the data order after resume will not match the original run",
-                state["data_signature"], self._data_signature(),
+                state["data_signature"],
+                self._data_signature(),
             )
 
     def _resume(self, resume: str | os.PathLike | bool | None) -> None:
@@ -244,8 +251,12 @@ class Trainer:
         errors = []
         for ckpt in candidates:
             try:
-                state = self.checkpoints.load(ckpt, models=self._models(), expected_model_config=self.model_config,
-                                              map_location=self.accelerator.device)
+                state = self.checkpoints.load(
+                    ckpt,
+                    models=self._models(),
+                    expected_model_config=self.model_config,
+                    map_location=self.accelerator.device,
+                )
             except CheckpointError as e:
                 errors.append(str(e))
                 log.warning("cannot resume from %s: %s", ckpt, e)
@@ -319,8 +330,13 @@ class Trainer:
             self._window_steps += 1
         else:
             self.skipped_steps += 1
-            log.warning("step %d: non-finite loss or gradients (loss=%s); skipping the update (nan_policy=skip, "
-                        "%d skipped so far)", step, values["loss"], self.skipped_steps)
+            log.warning(
+                "step %d: non-finite loss or gradients (loss=%s); skipping the update (nan_policy=skip, "
+                "%d skipped so far)",
+                step,
+                values["loss"],
+                self.skipped_steps,
+            )
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()
@@ -332,8 +348,12 @@ class Trainer:
         now = time.monotonic()
         start_step, start_time = self._window_start
         record = {key: total / self._window_steps for key, total in self._window.items()} if self._window_steps else {}
-        record.update(epoch=self.epoch, lr=self._last_lr, skipped_steps=self.skipped_steps,
-                      steps_per_s=(self.step - start_step) / max(now - start_time, 1e-9))
+        record.update(
+            epoch=self.epoch,
+            lr=self._last_lr,
+            skipped_steps=self.skipped_steps,
+            steps_per_s=(self.step - start_step) / max(now - start_time, 1e-9),
+        )
         self._window, self._window_steps, self._window_start = {}, 0, (self.step, now)
         return record
 
@@ -342,8 +362,13 @@ class Trainer:
         acc.wait_for_everyone()
         if acc.is_main_process:
             path = self.checkpoints.save(
-                self.step, models=self._models(), model_config=self.model_config, train_state=self._train_state(),
-                metric=metric, is_best=is_best, config=self.config,
+                self.step,
+                models=self._models(),
+                model_config=self.model_config,
+                train_state=self._train_state(),
+                metric=metric,
+                is_best=is_best,
+                config=self.config,
             )
             log.info("saved %s", path)
         acc.wait_for_everyone()
@@ -382,8 +407,9 @@ class Trainer:
         record: dict[str, Any] = {}
         first_step = self.step
         self._window_start = (self.step, time.monotonic())
-        with tqdm(total=self.max_steps, initial=self.step, disable=not acc.is_main_process, desc="train",
-                  dynamic_ncols=True) as progress:
+        with tqdm(
+            total=self.max_steps, initial=self.step, disable=not acc.is_main_process, desc="train", dynamic_ncols=True
+        ) as progress:
             while self.step < self.max_steps:
                 self._train_step(batches)
                 progress.update(1)
@@ -408,6 +434,12 @@ class Trainer:
                 if self._stop_agreed:
                     log.warning("stopped at step %d on SIGTERM; checkpoint saved, resume to continue", self.step)
                     break
-        return {"step": self.step, "steps_run": self.step - first_step, "epoch": self.epoch,
-                "skipped_steps": self.skipped_steps,
-                "best_metric": self.best_metric, "interrupted": self._stop_agreed, "last_record": record}
+        return {
+            "step": self.step,
+            "steps_run": self.step - first_step,
+            "epoch": self.epoch,
+            "skipped_steps": self.skipped_steps,
+            "best_metric": self.best_metric,
+            "interrupted": self._stop_agreed,
+            "last_record": record,
+        }

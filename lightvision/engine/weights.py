@@ -28,9 +28,13 @@ from lightvision.engine.checkpoint import (
 log = logging.getLogger(__name__)
 
 # Weight files a Hub-style folder may hold, in the order they are looked for.
-FOLDER_FILES = ("model.safetensors", "diffusion_pytorch_model.safetensors",
-                "transformer/diffusion_pytorch_model.safetensors", "pytorch_model.bin",
-                "transformer/diffusion_pytorch_model.bin")
+FOLDER_FILES = (
+    "model.safetensors",
+    "diffusion_pytorch_model.safetensors",
+    "transformer/diffusion_pytorch_model.safetensors",
+    "pytorch_model.bin",
+    "transformer/diffusion_pytorch_model.bin",
+)
 # Keys under which training scripts nest the weights (DiT: {"model", "ema", "opt", "args"}; DeiT: {"model", ...}).
 NESTING = ("model", "state_dict", "module")
 
@@ -50,14 +54,19 @@ def read_state_dict(path: str | os.PathLike, which: str = "ema") -> dict[str, to
         else:
             found = next((path / name for name in FOLDER_FILES if (path / name).is_file()), None)
             if found is None:
-                raise FileNotFoundError(f"{path} holds none of the weight files {', '.join(FOLDER_FILES)} and is no "
-                                        "run or checkpoint folder")
+                raise FileNotFoundError(
+                    f"{path} holds none of the weight files {', '.join(FOLDER_FILES)} and is no "
+                    "run or checkpoint folder"
+                )
             path = found
     if not path.is_file():
         raise FileNotFoundError(f"weights file {str(path)!r} not found")
     try:
-        state = load_file(path) if path.suffix == ".safetensors" else torch.load(path, map_location="cpu",
-                                                                                 weights_only=True)
+        state = (
+            load_file(path)
+            if path.suffix == ".safetensors"
+            else torch.load(path, map_location="cpu", weights_only=True)
+        )
     except Exception as e:  # safetensors and pickle raise their own error types for malformed files
         raise CheckpointError(f"{path} is not a readable weights file ({type(e).__name__}: {e})") from e
     for key in (which, *NESTING):
@@ -83,8 +92,9 @@ def check_fit(state: dict[str, torch.Tensor], model: nn.Module, source: str) -> 
     to the project's names) loads strictly into ``model``; ``source`` names the file in the message."""
     problems = fit_problems(state, unwrap_model(model).state_dict())
     if problems:
-        raise CheckpointError(f"{source} holds another model: " + "; ".join(problems)
-                              + ". Choose the model the file was trained as")
+        raise CheckpointError(
+            f"{source} holds another model: " + "; ".join(problems) + ". Choose the model the file was trained as"
+        )
 
 
 def copy_shared(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, list[str]]:
@@ -98,14 +108,19 @@ def copy_shared(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, l
     return {"copied": copied, "skipped": sorted(own.keys() - set(copied)), "unused": sorted(state.keys() - set(copied))}
 
 
-def record_init(report: dict[str, list[str]], source: str | os.PathLike, run_dir: str | os.PathLike | None,
-                write: bool = True) -> dict:
+def record_init(
+    report: dict[str, list[str]], source: str | os.PathLike, run_dir: str | os.PathLike | None, write: bool = True
+) -> dict:
     """Log a ``copy_shared`` report of a start from ``source``, write it in full to ``<run_dir>/init_from.json``
     (when ``write``, i.e. on the main process) and return its summary {"file", "copied", "skipped", "unused"} (counts)
     plus the names of the skipped tensors."""
     summary = {"file": str(source), **{k: len(v) for k, v in report.items()}, "skipped_names": report["skipped"]}
-    log.info("init_from %s: copied %d tensors; left as initialised: %s", source, summary["copied"],
-             ", ".join(report["skipped"]) or "none")
+    log.info(
+        "init_from %s: copied %d tensors; left as initialised: %s",
+        source,
+        summary["copied"],
+        ", ".join(report["skipped"]) or "none",
+    )
     if write and run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "init_from.json").write_text(json.dumps({"file": str(source), **report}, indent=2) + "\n")

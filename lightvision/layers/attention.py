@@ -29,7 +29,14 @@ from ..ops.normalized import FORMS as NORMALIZED_FORMS
 from .norm import RMSNorm
 
 ATTENTION_KINDS = (
-    "softmax", "lightnet", "lion_lit", "lion_d", "lion_s", "lion_d_snake", "lion_s_snake", "normalized",
+    "softmax",
+    "lightnet",
+    "lion_lit",
+    "lion_d",
+    "lion_s",
+    "lion_d_snake",
+    "lion_s_snake",
+    "normalized",
 )
 
 
@@ -113,8 +120,17 @@ class LightNetAttention(_QKV):
         torch.Size([2, 17, 64])
     """
 
-    def __init__(self, dim: int, num_heads: int, *, lrpe: bool | str | None = "per_axis", key_softmax: bool = True,
-                 norm: bool = True, gate_rank: int | str | None = None, backend: str = "auto"):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        lrpe: bool | str | None = "per_axis",
+        key_softmax: bool = True,
+        norm: bool = True,
+        gate_rank: int | str | None = None,
+        backend: str = "auto",
+    ):
         super().__init__(dim, num_heads, bias=False)
         check_choice(backend, BACKENDS, "backend")
         self.lrpe, self.key_softmax, self.backend = lrpe_variant(lrpe), key_softmax, backend
@@ -124,8 +140,11 @@ class LightNetAttention(_QKV):
         if gate_rank == "full":
             self.gate = nn.Linear(dim, dim, bias=False)
         elif isinstance(gate_rank, int) and not isinstance(gate_rank, bool) and gate_rank >= 0:
-            self.gate = (nn.Sequential(nn.Linear(dim, gate_rank, bias=False), nn.Linear(gate_rank, dim, bias=False))
-                         if gate_rank > 0 else None)
+            self.gate = (
+                nn.Sequential(nn.Linear(dim, gate_rank, bias=False), nn.Linear(gate_rank, dim, bias=False))
+                if gate_rank > 0
+                else None
+            )
         else:
             raise ValueError(f"gate_rank must be None, 'full', 0 or a positive int, got {gate_rank!r}")
         self.proj = nn.Linear(dim, dim, bias=False)
@@ -177,8 +196,17 @@ class LionAttention(_QKV):
         torch.Size([2, 17, 64])
     """
 
-    def __init__(self, dim: int, num_heads: int, *, mask: str = "lit", snake: bool = False, form: str = "auto",
-                 qkv_bias: bool = True, backend: str = "auto"):
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        *,
+        mask: str = "lit",
+        snake: bool = False,
+        form: str = "auto",
+        qkv_bias: bool = True,
+        backend: str = "auto",
+    ):
         super().__init__(dim, num_heads, qkv_bias)
         check_choice(mask, ("lit", "d", "s"), "LION mask")
         check_choice(form, FORMS, "LION form")
@@ -223,20 +251,42 @@ class LionAttention(_QKV):
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
             if self.mask == "s":
-                y = lion_attention_qkvpacked(self._qkv_gates(x), self.num_heads, mask="s", gates_in_qkv=True,
-                                             num_prefix_tokens=num_prefix_tokens, form=self.form, backend=self.backend)
+                y = lion_attention_qkvpacked(
+                    self._qkv_gates(x),
+                    self.num_heads,
+                    mask="s",
+                    gates_in_qkv=True,
+                    num_prefix_tokens=num_prefix_tokens,
+                    form=self.form,
+                    backend=self.backend,
+                )
             else:
-                y = lion_attention_qkvpacked(self.qkv(x), self.num_heads, mask=self.mask,
-                                             log_decay=self._log_decays(x, num_prefix_tokens)[0], form=self.form,
-                                             backend=self.backend)
+                y = lion_attention_qkvpacked(
+                    self.qkv(x),
+                    self.num_heads,
+                    mask=self.mask,
+                    log_decay=self._log_decays(x, num_prefix_tokens)[0],
+                    form=self.form,
+                    backend=self.backend,
+                )
             return self.proj(y)
         if grid is None or len(grid) != 2:
             raise ValueError(f"LionAttention(snake=True) needs a 2-D grid (h, w), got {grid}")
         lds = self._log_decays(x, num_prefix_tokens)
         q, k, v = self.split(x)
         q, k = self._phi(q), self._phi(k)
-        o = lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=num_prefix_tokens, mask=self.mask,
-                                 log_decay_row=lds[0], log_decay_col=lds[1], form=self.form, backend=self.backend)
+        o = lion_snake_attention(
+            q,
+            k,
+            v,
+            grid=grid,
+            num_prefix_tokens=num_prefix_tokens,
+            mask=self.mask,
+            log_decay_row=lds[0],
+            log_decay_col=lds[1],
+            form=self.form,
+            backend=self.backend,
+        )
         return self.proj(self.merge(o))
 
 

@@ -36,8 +36,13 @@ class PatchEmbed(nn.Module):
         (torch.Size([2, 96, 64]), (8, 12))
     """
 
-    def __init__(self, img_size: int | tuple[int, int] = 224, patch_size: int | tuple[int, int] = 16,
-                 in_chans: int = 3, embed_dim: int = 768):
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ):
         super().__init__()
         self.img_size = _pair(img_size, "img_size")
         self.patch_size = _pair(patch_size, "patch_size")

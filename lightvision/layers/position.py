@@ -34,8 +34,11 @@ def sincos_pos_embed(dim: int, grid: tuple[int, int], device: torch.device | Non
         raise ValueError(f"sin-cos position embedding needs a width divisible by 4, got {dim}")
     h, w = grid
     freqs = 10000.0 ** (-torch.arange(dim // 4, dtype=torch.float64, device=device) / (dim // 4))
-    rows, cols = torch.meshgrid(torch.arange(h, dtype=torch.float64, device=device),
-                                torch.arange(w, dtype=torch.float64, device=device), indexing="ij")
+    rows, cols = torch.meshgrid(
+        torch.arange(h, dtype=torch.float64, device=device),
+        torch.arange(w, dtype=torch.float64, device=device),
+        indexing="ij",
+    )
     parts = []
     for pos in (rows.reshape(-1), cols.reshape(-1)):
         angles = pos[:, None] * freqs[None]
@@ -65,7 +68,9 @@ def build_tpe(placement: str, dim: int, depth: int, tpe_kwargs: dict | None) -> 
     kwargs = dict(tpe_kwargs or {})
     check_options(kwargs, list(inspect.signature(MDTPE.__init__).parameters)[2:], "MD-TPE")
     if kwargs and placement == "none":
-        raise ValueError(f"MD-TPE options {sorted(kwargs)} given without MD-TPE (placement 'none'): set "
-                         "tpe_placement to 'embed' or 'block', or drop the options")
+        raise ValueError(
+            f"MD-TPE options {sorted(kwargs)} given without MD-TPE (placement 'none'): set "
+            "tpe_placement to 'embed' or 'block', or drop the options"
+        )
     embed = MDTPE(dim, **kwargs) if placement == "embed" else None
     return embed, [MDTPE(dim, **kwargs) if placement == "block" else None for _ in range(depth)]

@@ -43,8 +43,17 @@ class MDTPE(nn.Module):
         True
     """
 
-    def __init__(self, dim: int, *, num_axes: int = 2, expand: int = 4, form: str = "two_sided", combine: str = "sum",
-                 decay: Sequence[float] = (0.5, 0.95), norm: bool = False):
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_axes: int = 2,
+        expand: int = 4,
+        form: str = "two_sided",
+        combine: str = "sum",
+        decay: Sequence[float] = (0.5, 0.95),
+        norm: bool = False,
+    ):
         super().__init__()
         check_choice(form, TPE_FORMS, "MD-TPE form")
         check_choice(combine, COMBINES, "MD-TPE combine")
@@ -83,13 +92,20 @@ class MDTPE(nn.Module):
         if grid is None or len(grid) != self.num_axes:
             raise ValueError(f"MDTPE(num_axes={self.num_axes}) needs a grid with {self.num_axes} axes, got {grid}")
         u = x if self.norm is None else self.norm(x)
-        kw = dict(num_prefix_tokens=num_prefix_tokens, causal=self.form != "two_sided", combine=self.combine,
-                  impl="dense" if max(grid) <= _DENSE_MAX_AXIS else "scan")
+        kw = dict(
+            num_prefix_tokens=num_prefix_tokens,
+            causal=self.form != "two_sided",
+            combine=self.combine,
+            impl="dense" if max(grid) <= _DENSE_MAX_AXIS else "scan",
+        )
         log_lam = F.logsigmoid(self.lam_logit)
         y = md_tpe(u, grid, self.coeffs[0], log_lam[0], **kw)
         if self.form == "pair":  # the backward kernel: the one-sided mixing of the grid read in reverse
-            y = y + _reverse(md_tpe(_reverse(u, grid, num_prefix_tokens), grid, self.coeffs[1], log_lam[1], **kw),
-                             grid, num_prefix_tokens)
+            y = y + _reverse(
+                md_tpe(_reverse(u, grid, num_prefix_tokens), grid, self.coeffs[1], log_lam[1], **kw),
+                grid,
+                num_prefix_tokens,
+            )
         return x + self.proj(y)
 
 

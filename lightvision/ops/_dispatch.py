@@ -101,8 +101,9 @@ def preload_kernels() -> None:
 def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwargs: dict):
     """Run the kernel chosen by ``backend`` and return its result, or NotImplemented to run the reference."""
     check_choice(backend, BACKENDS, "backend")
-    if backend == "torch" or (backend == "auto" and (
-            device.type != "cuda" or (op_name in INDUCTOR_FUSES and torch.compiler.is_compiling()))):
+    if backend == "torch" or (
+        backend == "auto" and (device.type != "cuda" or (op_name in INDUCTOR_FUSES and torch.compiler.is_compiling()))
+    ):
         return NotImplemented
     fn = get_kernel(op_name)
     if fn is None:
@@ -114,18 +115,25 @@ def dispatch(op_name: str, backend: str, device: torch.device, args: tuple, kwar
                 f"{'; import failed: ' + failed if failed is not None else ''}"
                 "); use backend='torch' or 'auto'"
             )
-        warn_once((op_name, "no kernel"), f"{op_name}: no Triton kernel is available"
-                  f"{' (' + failed + ')' if failed else ''}; backend='auto' runs the PyTorch reference on {device}")
+        warn_once(
+            (op_name, "no kernel"),
+            f"{op_name}: no Triton kernel is available"
+            f"{' (' + failed + ')' if failed else ''}; backend='auto' runs the PyTorch reference on {device}",
+        )
         return NotImplemented
     out = fn(*args, **kwargs)
     if out is NotImplemented:
         shapes = ", ".join(f"{tuple(a.shape)} {a.dtype}" for a in args if isinstance(a, torch.Tensor))
         if backend == "triton":
-            raise RuntimeError(f"{op_name}: the registered Triton kernel does not support these arguments: {shapes}; "
-                               f"{kwargs_repr(kwargs)}")
-        warn_once((op_name, "unsupported", *_signature(args, kwargs)),
-                  f"{op_name}: the Triton kernel does not cover this call ({shapes}; {kwargs_repr(kwargs)}); "
-                  f"backend='auto' runs the PyTorch reference on {device}")
+            raise RuntimeError(
+                f"{op_name}: the registered Triton kernel does not support these arguments: {shapes}; "
+                f"{kwargs_repr(kwargs)}"
+            )
+        warn_once(
+            (op_name, "unsupported", *_signature(args, kwargs)),
+            f"{op_name}: the Triton kernel does not cover this call ({shapes}; {kwargs_repr(kwargs)}); "
+            f"backend='auto' runs the PyTorch reference on {device}",
+        )
     return out
 
 

@@ -22,8 +22,15 @@ def _check_per_sample(x: torch.Tensor, vectors: dict[str, torch.Tensor], op: str
             raise ValueError(f"{op}: {name} is on {t.device}, x on {x.device}")
 
 
-def modulated_layer_norm(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, *, eps: float = 1e-6,
-                         out_dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+def modulated_layer_norm(
+    x: torch.Tensor,
+    shift: torch.Tensor,
+    scale: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """y[b, n] = (x[b, n] - mu) / sqrt(sigma^2 + eps) * (1 + scale[b]) + shift[b]  (LayerNorm without affine
     weights, mean and biased variance over C, then adaLN's per-sample modulation).
 
@@ -74,8 +81,9 @@ def gated_residual(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor, *, back
     """
     _check_per_sample(x, {"gate": gate}, "gated_residual")
     if y.shape != x.shape or y.device != x.device:
-        raise ValueError(f"gated_residual: y must be x's shape {tuple(x.shape)} on {x.device}, got {tuple(y.shape)} "
-                         f"on {y.device}")
+        raise ValueError(
+            f"gated_residual: y must be x's shape {tuple(x.shape)} on {x.device}, got {tuple(y.shape)} on {y.device}"
+        )
     out = dispatch("gated_residual", backend, x.device, (x, gate, y), {})
     if out is not NotImplemented:
         return out

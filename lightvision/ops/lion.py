@@ -45,7 +45,7 @@ def split_gate_logits(qkv: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, 
     """qkv [B, N, 3 * H * d + gate_columns(H)] with gate logits z in columns 3 H d .. 3 H d + H - 1 -> views
     (the q, k, v columns [B, N, 3 * H * d], z [B, N, H])."""
     c3 = qkv.shape[-1] - gate_columns(num_heads)
-    return qkv[..., :c3], qkv[..., c3: c3 + num_heads]
+    return qkv[..., :c3], qkv[..., c3 : c3 + num_heads]
 
 
 def log_gates(z: torch.Tensor, num_prefix_tokens: int) -> torch.Tensor:
@@ -215,8 +215,9 @@ def lion_attention_qkvpacked(
     else:
         q, k, v = split_heads(qkv, num_heads)
         check_log_decay(mask, log_decay, q, "lion_attention_qkvpacked")
-    kwargs = dict(mask=mask, log_decay=log_decay, gates_in_qkv=gates_in_qkv, num_prefix_tokens=num_prefix_tokens,
-                  form=form)
+    kwargs = dict(
+        mask=mask, log_decay=log_decay, gates_in_qkv=gates_in_qkv, num_prefix_tokens=num_prefix_tokens, form=form
+    )
     out = dispatch("lion_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
     if out is not NotImplemented:
         _note_kernel_form("lion_attention_qkvpacked", form)
@@ -231,24 +232,32 @@ def lion_attention_qkvpacked(
 def _note_kernel_form(op_name: str, form: str) -> None:
     """The Triton kernels have no token-by-token form: say once that "recurrent" ran as their chunked scan."""
     if form == "recurrent":
-        warn_once((op_name, "recurrent"), f"{op_name}: form='recurrent' ran as the Triton kernel's chunked "
-                  "bidirectional scan (the same function, O(N) memory); backend='torch' runs the token-by-token "
-                  "recurrence")
+        warn_once(
+            (op_name, "recurrent"),
+            f"{op_name}: form='recurrent' ran as the Triton kernel's chunked "
+            "bidirectional scan (the same function, O(N) memory); backend='torch' runs the token-by-token "
+            "recurrence",
+        )
 
 
 def _check_gates_in_qkv(qkv: torch.Tensor, num_heads: int, mask: str, log_decay, num_prefix_tokens: int) -> None:
     """gates_in_qkv needs mask "s", no log_decay, qkv [B, N, 3 * H * d + gate_columns(H)] and 0 <= prefix <= N."""
     name = "lion_attention_qkvpacked(gates_in_qkv=True)"
     if mask != "s" or log_decay is not None:
-        raise ValueError(f"{name}: per-token gates in qkv are LION-S's: use mask='s' and no log_decay, got "
-                         f"mask={mask!r}" + ("" if log_decay is None else " and a log_decay"))
+        raise ValueError(
+            f"{name}: per-token gates in qkv are LION-S's: use mask='s' and no log_decay, got "
+            f"mask={mask!r}" + ("" if log_decay is None else " and a log_decay")
+        )
     width = qkv.shape[-1] - gate_columns(num_heads) if qkv.dim() == 3 else -1
     if width <= 0 or width % (3 * num_heads):
-        raise ValueError(f"{name}: qkv must be [B, N, 3 * num_heads * d + {gate_columns(num_heads)}] (gate logits "
-                         f"padded to gate_columns({num_heads})), got {tuple(qkv.shape)}")
+        raise ValueError(
+            f"{name}: qkv must be [B, N, 3 * num_heads * d + {gate_columns(num_heads)}] (gate logits "
+            f"padded to gate_columns({num_heads})), got {tuple(qkv.shape)}"
+        )
     if not isinstance(num_prefix_tokens, int) or not 0 <= num_prefix_tokens <= qkv.shape[1]:
-        raise ValueError(f"{name}: num_prefix_tokens must be an int in [0, N = {qkv.shape[1]}], "
-                         f"got {num_prefix_tokens!r}")
+        raise ValueError(
+            f"{name}: num_prefix_tokens must be an int in [0, N = {qkv.shape[1]}], got {num_prefix_tokens!r}"
+        )
 
 
 def lion_snake_attention(
@@ -303,8 +312,17 @@ def lion_snake_attention(
         perm = snake_permutation(grid, num_prefix_tokens, order, device=q.device)
         inv = torch.argsort(perm)
         ld_perm = ld[..., perm] if mask == "s" else ld
-        n_o, d_o = lion_attention(q[:, :, perm], k[:, :, perm], v[:, :, perm], mask=mask, log_decay=ld_perm,
-                                  form=form, chunk_size=chunk_size, normalize=False, backend=backend)
+        n_o, d_o = lion_attention(
+            q[:, :, perm],
+            k[:, :, perm],
+            v[:, :, perm],
+            mask=mask,
+            log_decay=ld_perm,
+            form=form,
+            chunk_size=chunk_size,
+            normalize=False,
+            backend=backend,
+        )
         num = num + n_o[:, :, inv]
         den = den + d_o[:, :, inv]
     return ((num / 2) / (den[..., None] / 2 + EPS)).to(q.dtype)

@@ -71,8 +71,9 @@ def lrpe_frequencies(dim: int, num_axes: int, variant: str = "per_axis", base: f
     """
     variant = lrpe_variant(variant) or "per_axis"
     if variant == "mixed" and num_axes > 2:
-        raise ValueError(f"MD-LRPE 'mixed' directions are defined for 1-D and 2-D grids, got {num_axes} axes; "
-                         "use 'per_axis'")
+        raise ValueError(
+            f"MD-LRPE 'mixed' directions are defined for 1-D and 2-D grids, got {num_axes} axes; use 'per_axis'"
+        )
     sizes = lrpe_group_sizes(dim, num_axes)
     freq = torch.zeros(dim, num_axes, dtype=torch.float64)
     start = 0
@@ -84,9 +85,9 @@ def lrpe_frequencies(dim: int, num_axes: int, variant: str = "per_axis", base: f
             theta = base ** (-2.0 * r / size)
         if variant == "mixed" and num_axes == 2:
             phi = axis * math.pi / num_axes + r * _GOLDEN_ANGLE
-            freq[start:start + size] = theta[:, None] * torch.stack([torch.cos(phi), torch.sin(phi)], -1)
+            freq[start : start + size] = theta[:, None] * torch.stack([torch.cos(phi), torch.sin(phi)], -1)
         else:
-            freq[start:start + size, axis] = theta
+            freq[start : start + size, axis] = theta
         start += size
     return freq
 
@@ -133,8 +134,9 @@ def lrpe_angles(
     return torch.cat([prefix, angles], 0).to(dtype)
 
 
-def md_lrpe(x: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0, base: float = 10000.0,
-            variant: str = "per_axis") -> torch.Tensor:
+def md_lrpe(
+    x: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0, base: float = 10000.0, variant: str = "per_axis"
+) -> torch.Tensor:
     """MD-LRPE of features x, cos/sin form (LightNet Eq. 16).
 
     Args:

@@ -76,16 +76,22 @@ def md_tpe(
         raise ValueError(
             f"md_tpe: log_lambda must be [num_axes, e] = {(len(grid), coeffs.shape[2])}, got {tuple(log_lambda.shape)}"
         )
-    out = dispatch("md_tpe", backend, x.device, (x, coeffs, log_lambda),
-                   dict(grid=grid, num_prefix_tokens=num_prefix_tokens, causal=causal, impl=impl, combine=combine))
+    out = dispatch(
+        "md_tpe",
+        backend,
+        x.device,
+        (x, coeffs, log_lambda),
+        dict(grid=grid, num_prefix_tokens=num_prefix_tokens, causal=causal, impl=impl, combine=combine),
+    )
     if out is not NotImplemented:
         return out
     dt = compute_dtype(x, coeffs, log_lambda)
     xg = x[:, num_prefix_tokens:].to(dt).reshape(b, *grid, c)
     coeffs, log_lambda = coeffs.to(dt), log_lambda.to(dt)
     if impl == "dense" and len(grid) <= 2:
-        y = _dense_channel_first(xg, [toeplitz_kernel(coeffs[j], log_lambda[j], length, causal)
-                                      for j, length in enumerate(grid)], combine)
+        y = _dense_channel_first(
+            xg, [toeplitz_kernel(coeffs[j], log_lambda[j], length, causal) for j, length in enumerate(grid)], combine
+        )
     else:
         y = torch.zeros_like(xg) if combine == "sum" else xg
         for j, length in enumerate(grid):

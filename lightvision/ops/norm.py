@@ -10,8 +10,15 @@ from ._checks import compute_dtype
 from ._dispatch import dispatch
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, gate: torch.Tensor | None = None, *, eps: float = 1e-6,
-             out_dtype: torch.dtype | None = None, backend: str = "auto") -> torch.Tensor:
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    gate: torch.Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    out_dtype: torch.dtype | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
     """y = x / sqrt(mean_c(x^2) + eps) * weight, times sigmoid(gate) when a gate is given.
 
     Statistics and products in fp32 (fp64 inputs stay fp64), rounded once at the end: an fp32 residual stream x
@@ -75,8 +82,10 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor | None = None, *, backend: str = "
         if a.dim() == 0 or a.shape[-1] % 2:
             raise ValueError(f"silu_mul: the packed input must be [..., 2C] (an even last dim), got {tuple(a.shape)}")
     elif a.shape != b.shape or a.device != b.device:
-        raise ValueError(f"silu_mul: a and b must have one shape and device, got {tuple(a.shape)} on {a.device} "
-                         f"and {tuple(b.shape)} on {b.device}")
+        raise ValueError(
+            f"silu_mul: a and b must have one shape and device, got {tuple(a.shape)} on {a.device} "
+            f"and {tuple(b.shape)} on {b.device}"
+        )
     out = dispatch("silu_mul", backend, a.device, (a, b), {})
     if out is not NotImplemented:
         return out

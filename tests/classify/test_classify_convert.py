@@ -60,18 +60,35 @@ def lion_authors_state(mask: str, pos_embed: bool, order: str = "Normal") -> dic
     """Random tensors under the names and shapes of the LION authors' ``Lion_VisionTransformer``
     (their img_classification/lion/models_lion.py): mask "Lit" | "Decay" | "Selective", order "Normal" | "S"."""
     g = torch.Generator().manual_seed(2)
-    shapes = {"cls_token": (1, 1, DIM), "patch_embed.proj.weight": (DIM, 3, PATCH, PATCH),
-              "patch_embed.proj.bias": (DIM,),
-              "norm.weight": (DIM,), "norm.bias": (DIM,), "head.weight": (CLASSES, DIM), "head.bias": (CLASSES,)}
+    shapes = {
+        "cls_token": (1, 1, DIM),
+        "patch_embed.proj.weight": (DIM, 3, PATCH, PATCH),
+        "patch_embed.proj.bias": (DIM,),
+        "norm.weight": (DIM,),
+        "norm.bias": (DIM,),
+        "head.weight": (CLASSES, DIM),
+        "head.bias": (CLASSES,),
+    }
     if pos_embed:
         shapes["pos_embed"] = (1, 1 + (IMG // PATCH) ** 2, DIM)
     for n in range(DEPTH):
         b = f"blocks.{n}."
-        shapes.update({b + "norm1.weight": (DIM,), b + "norm1.bias": (DIM,), b + "norm2.weight": (DIM,),
-                       b + "norm2.bias": (DIM,), b + "attn.qkv.weight": (3 * DIM, DIM), b + "attn.qkv.bias": (3 * DIM,),
-                       b + "attn.proj.weight": (DIM, DIM), b + "attn.proj.bias": (DIM,),
-                       b + "mlp.fc1.weight": (4 * DIM, DIM), b + "mlp.fc1.bias": (4 * DIM,),
-                       b + "mlp.fc2.weight": (DIM, 4 * DIM), b + "mlp.fc2.bias": (DIM,)})
+        shapes.update(
+            {
+                b + "norm1.weight": (DIM,),
+                b + "norm1.bias": (DIM,),
+                b + "norm2.weight": (DIM,),
+                b + "norm2.bias": (DIM,),
+                b + "attn.qkv.weight": (3 * DIM, DIM),
+                b + "attn.qkv.bias": (3 * DIM,),
+                b + "attn.proj.weight": (DIM, DIM),
+                b + "attn.proj.bias": (DIM,),
+                b + "mlp.fc1.weight": (4 * DIM, DIM),
+                b + "mlp.fc1.bias": (4 * DIM,),
+                b + "mlp.fc2.weight": (DIM, 4 * DIM),
+                b + "mlp.fc2.bias": (DIM,),
+            }
+        )
         for name in ("a_i", "a2_i") if order == "S" else ("a_i",):
             if mask == "Decay":
                 shapes[b + f"attn.{name}"] = (HEADS,)
@@ -123,8 +140,9 @@ def lion_authors_mask(state: dict[str, torch.Tensor], p: str, mask: str, h: torc
     return total / len(names)
 
 
-def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Tensor, order: str = "Normal"
-                         ) -> torch.Tensor:
+def lion_authors_forward(
+    state: dict[str, torch.Tensor], mask: str, x: torch.Tensor, order: str = "Normal"
+) -> torch.Tensor:
     """The authors' classifier (attention form, no cls_tok: mean of every token) from the paper's equations, over
     their state dict."""
     s = state
@@ -146,25 +164,41 @@ def lion_authors_forward(state: dict[str, torch.Tensor], mask: str, x: torch.Ten
         y = (attn @ v).transpose(1, 2).reshape(b_, n, DIM)
         x = x + F.linear(y, s[p + "attn.proj.weight"], s[p + "attn.proj.bias"])
         h = F.layer_norm(x, (DIM,), s[p + "norm2.weight"], s[p + "norm2.bias"], 1e-6)
-        h = F.linear(F.gelu(F.linear(h, s[p + "mlp.fc1.weight"], s[p + "mlp.fc1.bias"])), s[p + "mlp.fc2.weight"],
-                     s[p + "mlp.fc2.bias"])
+        h = F.linear(
+            F.gelu(F.linear(h, s[p + "mlp.fc1.weight"], s[p + "mlp.fc1.bias"])),
+            s[p + "mlp.fc2.weight"],
+            s[p + "mlp.fc2.bias"],
+        )
         x = x + h
     x = F.layer_norm(x, (DIM,), s["norm.weight"], s["norm.bias"], 1e-6).mean(1)
     return F.linear(x, s["head.weight"], s["head.bias"])
 
 
-@pytest.mark.parametrize("mask, name, pos_embed, order", [
-    ("Lit", "lion_lit", True, "Normal"), ("Decay", "lion_d", False, "Normal"), ("Selective", "lion_s", False, "Normal"),
-    ("Selective", "lion_s", True, "Normal"), ("Decay", "lion_d_snake", False, "S"),
-    ("Selective", "lion_s_snake", False, "S")], ids=["lit-pos", "d", "s", "s-pos", "d-curve", "s-curve"])
+@pytest.mark.parametrize(
+    "mask, name, pos_embed, order",
+    [
+        ("Lit", "lion_lit", True, "Normal"),
+        ("Decay", "lion_d", False, "Normal"),
+        ("Selective", "lion_s", False, "Normal"),
+        ("Selective", "lion_s", True, "Normal"),
+        ("Decay", "lion_d_snake", False, "S"),
+        ("Selective", "lion_s_snake", False, "S"),
+    ],
+    ids=["lit-pos", "d", "s", "s-pos", "d-curve", "s-curve"],
+)
 def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos_embed, order):
     state = lion_authors_state(mask, pos_embed, order)
     save_file(state, tmp_path / "lion.safetensors")
     # a LIT file has no mask parameters, so nothing tells it from a DeiT: its pooling is given by hand
     assert pretrained_kwargs(state).get("global_pool") == (None if mask == "Lit" else "avg_all")
-    model, report = create_pretrained(f"{name}_deit_tiny_patch16_224", tmp_path / "lion.safetensors",
-                                      embed_dim=DIM, num_heads=HEADS, depth=DEPTH,
-                                      **({"global_pool": "avg_all"} if mask == "Lit" else {}))
+    model, report = create_pretrained(
+        f"{name}_deit_tiny_patch16_224",
+        tmp_path / "lion.safetensors",
+        embed_dim=DIM,
+        num_heads=HEADS,
+        depth=DEPTH,
+        **({"global_pool": "avg_all"} if mask == "Lit" else {}),
+    )
     assert report["layout"] == ("deit" if mask == "Lit" else "lion")
     x = images()
     with torch.no_grad():
@@ -175,10 +209,20 @@ def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos
 
 def test_a_file_of_another_model_is_refused_naming_the_keys(tmp_path):
     save_file(lion_authors_state("Decay", False), tmp_path / "lion_d.safetensors")
-    model = timm.create_model("lion_s_deit_tiny_patch16_224", embed_dim=DIM, num_heads=HEADS, depth=DEPTH,
-                              patch_size=PATCH, img_size=IMG, num_classes=CLASSES)
-    with pytest.raises(CheckpointError, match=r"missing keys \['blocks.0.attn.gate.bias'.*unexpected keys "
-                                              r"\['blocks.0.attn.decay'"):
+    model = timm.create_model(
+        "lion_s_deit_tiny_patch16_224",
+        embed_dim=DIM,
+        num_heads=HEADS,
+        depth=DEPTH,
+        patch_size=PATCH,
+        img_size=IMG,
+        num_classes=CLASSES,
+    )
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing keys \['blocks.0.attn.gate.bias'.*unexpected keys "
+        r"\['blocks.0.attn.decay'",
+    ):
         load_pretrained(model, tmp_path / "lion_d.safetensors")
     with pytest.raises(CheckpointError, match=r"shape mismatches \['blocks.0.attn.proj.bias"):
         create_pretrained("lion_d_deit_tiny_patch16_224", tmp_path / "lion_d.safetensors", num_heads=HEADS, depth=DEPTH)
@@ -186,8 +230,16 @@ def test_a_file_of_another_model_is_refused_naming_the_keys(tmp_path):
 
 def test_save_pretrained_round_trip_offline(tmp_path):
     """timm's Hub folder: model.safetensors + config.json with the model arguments, read back from a local folder."""
-    model = randomize(timm.create_model("lion_s_deit_tiny_patch16_224", img_size=IMG, patch_size=PATCH,
-                                        num_classes=CLASSES, depth=DEPTH, global_pool="avg_all"))
+    model = randomize(
+        timm.create_model(
+            "lion_s_deit_tiny_patch16_224",
+            img_size=IMG,
+            patch_size=PATCH,
+            num_classes=CLASSES,
+            depth=DEPTH,
+            global_pool="avg_all",
+        )
+    )
     save_pretrained(model, tmp_path / "hub")
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert config["architecture"] == "lion_s_deit_tiny_patch16_224"
@@ -214,15 +266,32 @@ def test_eval_command_takes_external_weights(tmp_path, capsys, cli_error):
             Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(tmp_path / "val" / c / f"{i}.png")
     ref = randomize(timm.create_model("deit_tiny_patch16_224", img_size=32, num_classes=2))
     torch.save({"model": ref.state_dict()}, tmp_path / "deit.pth")
-    args = ["classify", "eval", "--pretrained", str(tmp_path / "deit.pth"), "--data", str(tmp_path / "val"),
-            "--img-size", "32", "--device", "cpu", "--num-workers", "0", "--out", str(tmp_path / "eval")]
+    args = [
+        "classify",
+        "eval",
+        "--pretrained",
+        str(tmp_path / "deit.pth"),
+        "--data",
+        str(tmp_path / "val"),
+        "--img-size",
+        "32",
+        "--device",
+        "cpu",
+        "--num-workers",
+        "0",
+        "--out",
+        str(tmp_path / "eval"),
+    ]
     assert main([*args, "--model", "softmax_deit_tiny_patch16_224"]) == 0
     assert f"loaded {tmp_path / 'deit.pth'} (deit layout" in capsys.readouterr().out
     report = json.loads((tmp_path / "eval" / "eval.json").read_text())
     assert report["loaded"]["layout"] == "deit" and report["results"][0]["images"] == 6
     message = cli_error([*args, "--model", "softmax_deit_small_patch16_224"])
-    assert re.search(r"deit.pth holds another model: shape mismatches "
-                     r"\['blocks.0.attn.proj.bias: checkpoint \(192,\), model \(384,\)", message)
+    assert re.search(
+        r"deit.pth holds another model: shape mismatches "
+        r"\['blocks.0.attn.proj.bias: checkpoint \(192,\), model \(384,\)",
+        message,
+    )
 
 
 def test_init_from_copies_what_another_attention_shares(tmp_path):
@@ -235,14 +304,22 @@ def test_init_from_copies_what_another_attention_shares(tmp_path):
     save_file(source.state_dict(), tmp_path / "softmax.safetensors")
     lion = timm.create_model("lion_s_deit_tiny_patch16_224", **kw)
     report = init_from(lion, tmp_path / "softmax.safetensors")
-    assert report["skipped"] == ["blocks.0.attn.gate.bias", "blocks.0.attn.gate.weight", "blocks.1.attn.gate.bias",
-                                 "blocks.1.attn.gate.weight"]
+    assert report["skipped"] == [
+        "blocks.0.attn.gate.bias",
+        "blocks.0.attn.gate.weight",
+        "blocks.1.attn.gate.bias",
+        "blocks.1.attn.gate.weight",
+    ]
     assert report["unused"] == ["pos_embed"]  # LION-S has no absolute position embedding
     lightnet = timm.create_model("lightnet_deit_tiny_patch16_224", **kw)
     report = init_from(lightnet, tmp_path / "softmax.safetensors")
     assert {k for k in report["skipped"] if k.startswith("blocks.0.")} == {
-        "blocks.0.attn.gate.0.weight", "blocks.0.attn.gate.1.weight", "blocks.0.attn.norm.weight",
-        "blocks.0.mlp.w12.weight", "blocks.0.mlp.w3.weight"}  # LightNet's own: output gate, norm, GLU
+        "blocks.0.attn.gate.0.weight",
+        "blocks.0.attn.gate.1.weight",
+        "blocks.0.attn.norm.weight",
+        "blocks.0.mlp.w12.weight",
+        "blocks.0.mlp.w3.weight",
+    }  # LightNet's own: output gate, norm, GLU
     assert "blocks.0.mlp.fc1.weight" in report["unused"]
     lit = timm.create_model("lion_lit_deit_tiny_patch16_224", **{**kw, "img_size": 2 * IMG})
     report = init_from(lit, tmp_path / "softmax.safetensors")
@@ -269,12 +346,26 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
     args = dict(patch_size=4, embed_dim=16, depth=1, num_heads=2)
     source = timm.create_model("softmax_deit_tiny_patch16_224", img_size=16, num_classes=2, **args)
     save_pretrained(source, tmp_path / "softmax")
-    cfg = load_recipe(None, [
-        "model.name=lion_s_deit_tiny_patch16_224", "model.img_size=16", "model.drop_path=0.0",
-        "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}", f"model.init_from={tmp_path / 'softmax'}",
-        f"data.root={tmp_path / 'data'}", "data.num_workers=0", "aug.repeated_aug=1", "aug.mixup=0", "aug.cutmix=0",
-        "train.batch_size=2", "train.max_steps=1", "train.mixed_precision='no'", "train.ema_decay=null",
-        f"run.dir={tmp_path / 'run'}"])
+    cfg = load_recipe(
+        None,
+        [
+            "model.name=lion_s_deit_tiny_patch16_224",
+            "model.img_size=16",
+            "model.drop_path=0.0",
+            "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}",
+            f"model.init_from={tmp_path / 'softmax'}",
+            f"data.root={tmp_path / 'data'}",
+            "data.num_workers=0",
+            "aug.repeated_aug=1",
+            "aug.mixup=0",
+            "aug.cutmix=0",
+            "train.batch_size=2",
+            "train.max_steps=1",
+            "train.mixed_precision='no'",
+            "train.ema_decay=null",
+            f"run.dir={tmp_path / 'run'}",
+        ],
+    )
     results = train(cfg, device="cpu")
     record = json.loads((tmp_path / "run" / "init_from.json").read_text())
     assert results["init_from"]["copied"] == len(record["copied"]) > 10

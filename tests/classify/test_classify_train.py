@@ -33,8 +33,12 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
     data, run = tmp_path / "data", tmp_path / "run"
     write_image_folder(data)
     with pytest.warns(UserWarning, match=r"skipping unreadable image .*0\.png"):
-        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
-                     "--device", "cpu"]) == 0
+        assert (
+            cli.run(
+                ["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu"]
+            )
+            == 0
+        )
     config = json.loads((run / "config.json").read_text())
     assert config["run"]["dir"] == str(run) and config["model"]["args"]["embed_dim"] == 16
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -45,8 +49,26 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
     assert (run / "checkpoints" / "latest").is_file()
 
     capsys.readouterr()
-    assert cli.run(["classify", "eval", "--checkpoint", str(run), "--data", str(data / "val"), "--img-size", "16", "24",
-                 "--device", "cpu", "--num-workers", "0"]) == 0
+    assert (
+        cli.run(
+            [
+                "classify",
+                "eval",
+                "--checkpoint",
+                str(run),
+                "--data",
+                str(data / "val"),
+                "--img-size",
+                "16",
+                "24",
+                "--device",
+                "cpu",
+                "--num-workers",
+                "0",
+            ]
+        )
+        == 0
+    )
     table = capsys.readouterr().out
     assert "| 16 |" in table and "| 24 |" in table
     report = json.loads((run / "eval" / "eval.json").read_text())
@@ -60,24 +82,64 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
         (other / label).mkdir(parents=True)
         Image.fromarray(np.zeros((20, 20, 3), np.uint8)).save(other / label / "0.png")
     with pytest.raises(ValueError, match="has 3 classes but the model was trained on 2"):
-        cli.run(["classify", "eval", "--checkpoint", str(run), "--data", str(other), "--img-size", "16",
-                 "--device", "cpu", "--num-workers", "0"])
+        cli.run(
+            [
+                "classify",
+                "eval",
+                "--checkpoint",
+                str(run),
+                "--data",
+                str(other),
+                "--img-size",
+                "16",
+                "--device",
+                "cpu",
+                "--num-workers",
+                "0",
+            ]
+        )
 
     # the same run again without --resume is refused; a resume with another architecture too
     with pytest.raises(CheckpointError, match="already holds checkpoint"):
         cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu"])
     with pytest.raises(CheckpointError, match="another architecture"):
-        cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), "--device", "cpu",
-              "--resume", "model.name=softmax_deit_tiny_patch16_224"])
+        cli.run(
+            [
+                "classify",
+                "train",
+                "--config",
+                str(recipe(tmp_path, data)),
+                "--out",
+                str(run),
+                "--device",
+                "cpu",
+                "--resume",
+                "model.name=softmax_deit_tiny_patch16_224",
+            ]
+        )
 
 
 def test_default_digits_job(tmp_path, capsys):
     """`lightvision classify train` without --config: the digits default (shortened here), eval at 2 sizes."""
     out = tmp_path / "default"
-    assert cli.run(["classify", "train", "--out", str(out), "--device", "cpu", "sched.epochs=1", "aug.repeated_aug=2",
-                 TINY_ARGS]) == 0
+    assert (
+        cli.run(
+            [
+                "classify",
+                "train",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "sched.epochs=1",
+                "aug.repeated_aug=2",
+                TINY_ARGS,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
-    result = json.loads(printed[printed.rindex('{\n  "model"'):])
+    result = json.loads(printed[printed.rindex('{\n  "model"') :])
     assert result["model"] == "lightnet_deit_tiny_patch16_224" and result["run_dir"] == str(out)
     report = json.loads((out / "eval" / "eval.json").read_text())
     assert [r["img_size"] for r in report["results"]] == [16, 24]
@@ -85,8 +147,22 @@ def test_default_digits_job(tmp_path, capsys):
     assert (out / "eval" / "eval.png").is_file()
 
     # running it again reuses the finished run and says so (nothing trained)
-    assert cli.run(["classify", "train", "--out", str(out), "--device", "cpu", "sched.epochs=1", "aug.repeated_aug=2",
-                    TINY_ARGS]) == 0
+    assert (
+        cli.run(
+            [
+                "classify",
+                "train",
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "sched.epochs=1",
+                "aug.repeated_aug=2",
+                TINY_ARGS,
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "reusing the finished run" in printed and '"steps_run": 0' in printed
 
@@ -136,8 +212,13 @@ def test_eval_refuses_other_checkpoints(tmp_path):
 
     from lightvision.engine import CheckpointManager
 
-    CheckpointManager(tmp_path).save(1, models={"model": nn.Linear(2, 2)}, model_config={"name": "dit_s_2"},
-                                     train_state={"step": 1}, config={"model": {}})
+    CheckpointManager(tmp_path).save(
+        1,
+        models={"model": nn.Linear(2, 2)},
+        model_config={"name": "dit_s_2"},
+        train_state={"step": 1},
+        config={"model": {}},
+    )
     with pytest.raises(ValueError, match="not written by `lightvision classify train`"):
         cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
 
@@ -148,8 +229,9 @@ def test_recipe_errors(tmp_path):
     with pytest.raises(ValueError, match="data.root is not set"):
         cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "data.root=null", "--device", "cpu"])
     with pytest.raises(ValueError, match="unknown model 'vit_nope'; choose one of: softmax_deit_tiny"):
-        cli.run(["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope",
-                 "--device", "cpu"])
+        cli.run(
+            ["classify", "train", "--config", str(recipe(tmp_path, tmp_path)), "model.name=vit_nope", "--device", "cpu"]
+        )
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
         cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
     with pytest.raises(ValueError, match="sched.epochs must be at least 1, got 0"):
@@ -182,8 +264,9 @@ def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
     curves = []
     for name in ("a", "b"):
         run = tmp_path / name
-        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run),
-                        *overrides]) == 0
+        assert (
+            cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "--out", str(run), *overrides]) == 0
+        )
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         curves.append([(r["step"], r["loss"], r["lr"]) for r in records if "loss" in r])
         results = json.loads((run / "results.json").read_text())
@@ -200,10 +283,34 @@ def test_cifar10_benchmark_runs_every_kind(tmp_path):
     write_image_folder(data, corrupt=False)
     (data / "val").rename(data / "test")  # the CIFAR-10 recipe validates on test/
     out = tmp_path / "out"
-    code = benchmark.main(["softmax", "lightnet", "normalized", "no_such_kind", "--data", str(data), "--out", str(out),
-                           "--work", str(tmp_path / "work"), "--epochs", "1", "--warmup-epochs", "0",
-                           "--batch-size", "4", "--workers", "0", "--img-size", "32", "48",
-                           "--set", TINY_ARGS, "train.mixed_precision=no"])
+    code = benchmark.main(
+        [
+            "softmax",
+            "lightnet",
+            "normalized",
+            "no_such_kind",
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--work",
+            str(tmp_path / "work"),
+            "--epochs",
+            "1",
+            "--warmup-epochs",
+            "0",
+            "--batch-size",
+            "4",
+            "--workers",
+            "0",
+            "--img-size",
+            "32",
+            "48",
+            "--set",
+            TINY_ARGS,
+            "train.mixed_precision=no",
+        ]
+    )
     assert code == 0
     report = json.loads((out / "classify_cifar10.json").read_text())
     assert report["env"]["command"].startswith("python -m lightvision.classify.benchmark")

@@ -125,8 +125,9 @@ def test_grid_reaches_attention():
     model = tiny("lightnet").eval()
     x = torch.randn(1, 3, 16, 32)
     seen = []
-    hook = model.blocks[0].attn.register_forward_hook(lambda m, args, kwargs, out: seen.append(kwargs["grid"]),
-                                                      with_kwargs=True)
+    hook = model.blocks[0].attn.register_forward_hook(
+        lambda m, args, kwargs, out: seen.append(kwargs["grid"]), with_kwargs=True
+    )
     model(x)
     hook.remove()
     assert seen == [(4, 8)]
@@ -161,12 +162,17 @@ def test_pretrained_cfg_overlay_loads_local_safetensors(tmp_path, attention):
     x = torch.randn(2, 3, 16, 16)
     # timm drops the head unless the overlay says the file's class count (the cfg default is 1000)
     overlay = dict(file=str(file), num_classes=TINY["num_classes"])
-    loaded = timm.create_model(model_name(attention, "tiny"), pretrained=True, pretrained_cfg_overlay=overlay,
-                               **TINY).eval()
+    loaded = timm.create_model(
+        model_name(attention, "tiny"), pretrained=True, pretrained_cfg_overlay=overlay, **TINY
+    ).eval()
     torch.testing.assert_close(loaded(x), source(x))
     # fine-tuning at another size and class count: head dropped, pos_embed resampled, rest kept
-    ft = timm.create_model(model_name(attention, "tiny"), pretrained=True, pretrained_cfg_overlay=overlay,
-                           **{**TINY, "num_classes": 3, "img_size": 32})
+    ft = timm.create_model(
+        model_name(attention, "tiny"),
+        pretrained=True,
+        pretrained_cfg_overlay=overlay,
+        **{**TINY, "num_classes": 3, "img_size": 32},
+    )
     assert ft.head.out_features == 3
     torch.testing.assert_close(ft.patch_embed.proj.weight, source.patch_embed.proj.weight)
     if attention != "lightnet":
@@ -184,18 +190,23 @@ def test_traces_as_one_graph(attention):
 
 DEIT_ABLATIONS = {  # switch -> (create_model kwargs, what it must change in the built model)
     "tpe_embed": (dict(tpe_placement="embed", pos_embed="none"), lambda m: m.tpe is not None and m.pos_embed is None),
-    "tpe_block": (dict(tpe_placement="block", tpe_kwargs={"combine": "product"}),
-                  lambda m: m.tpe is None and all(b.tpe.combine == "product" for b in m.blocks)),
-    "tpe_one_sided": (dict(tpe_placement="embed", tpe_kwargs={"form": "one_sided", "decay": (0.3, 0.6)}),
-                      lambda m: m.tpe.form == "one_sided"),
+    "tpe_block": (
+        dict(tpe_placement="block", tpe_kwargs={"combine": "product"}),
+        lambda m: m.tpe is None and all(b.tpe.combine == "product" for b in m.blocks),
+    ),
+    "tpe_one_sided": (
+        dict(tpe_placement="embed", tpe_kwargs={"form": "one_sided", "decay": (0.3, 0.6)}),
+        lambda m: m.tpe.form == "one_sided",
+    ),
     "no_pos_embed": (dict(pos_embed="none"), lambda m: m.pos_embed is None and m.pos_embed_kind == "none"),
     "learned": (dict(pos_embed="learned"), lambda m: m.pos_embed is not None),
     "lrpe_mixed": (dict(attn_kwargs={"lrpe": "mixed"}), lambda m: m.blocks[0].attn.lrpe == "mixed"),
     "no_lrpe": (dict(attn_kwargs={"lrpe": "none"}), lambda m: m.blocks[1].attn.lrpe is None),
     "no_decay": (dict(attn_kwargs={"key_softmax": False}), lambda m: not m.blocks[0].attn.key_softmax),
-    "full_gate": (dict(attn_kwargs={"gate_rank": "full", "norm": False}),
-                  lambda m: isinstance(m.blocks[0].attn.gate, nn.Linear)
-                  and isinstance(m.blocks[0].attn.norm, nn.Identity)),
+    "full_gate": (
+        dict(attn_kwargs={"gate_rank": "full", "norm": False}),
+        lambda m: isinstance(m.blocks[0].attn.gate, nn.Linear) and isinstance(m.blocks[0].attn.norm, nn.Identity),
+    ),
 }
 
 
@@ -245,8 +256,10 @@ def test_every_shipped_variant_builds_the_model_it_describes():
     built = {}
     for name in yaml.safe_load(path.read_text()):
         kind, overrides = resolve_variant(name, path, FAMILIES)
-        cfg = load_recipe(root / "classify" / "cifar10.yaml", [f"model.name={kind}_deit_tiny_patch16_224",
-                                                                      "model.args.depth=1", *overrides])
+        cfg = load_recipe(
+            root / "classify" / "cifar10.yaml",
+            [f"model.name={kind}_deit_tiny_patch16_224", "model.args.depth=1", *overrides],
+        )
         built[name] = model = create_from_config(model_config(cfg, 10))
         assert model.attention == kind and model(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     assert built["lightnet_tpe"].tpe is not None and built["lightnet_tpe"].pos_embed_kind == "none"
@@ -271,8 +284,9 @@ def test_features_only_through_timm(attention):
             torch.testing.assert_close(got, want.transpose(1, 2).reshape(got.shape))
         torch.testing.assert_close(final, model.forward_features(x))
         torch.testing.assert_close(model.norm(inter[-1]), final[:, 1:])  # the last block's patch tokens, normed
-        (maps, cls), = model.forward_intermediates(x, indices=1, norm=True, return_prefix_tokens=True,
-                                                   intermediates_only=True)
+        ((maps, cls),) = model.forward_intermediates(
+            x, indices=1, norm=True, return_prefix_tokens=True, intermediates_only=True
+        )
     assert maps.shape == (2, 32, 4, 6) and cls.shape == (2, 1, 32)
     torch.testing.assert_close(cls, final[:, :1])
     assert len(tiny(attention, depth=4, features_only=True)(x)) == 3  # timm ViT default: the last 3 blocks

@@ -54,8 +54,11 @@ def textured(h: int = 48, w: int = 64) -> np.ndarray:
     return np.clip(img + np.random.default_rng(0).normal(0, 10, img.shape), 0, 255).astype(np.uint8)
 
 
-@pytest.mark.parametrize("height,width,scale", [(375, 500, (0.08, 1.0)), (40, 400, (0.08, 1.0)),
-                                                (300, 200, (0.5, 1.0))], ids=["375x500", "40x400-wide", "300x200-s0.5"])
+@pytest.mark.parametrize(
+    "height,width,scale",
+    [(375, 500, (0.08, 1.0)), (40, 400, (0.08, 1.0)), (300, 200, (0.5, 1.0))],
+    ids=["375x500", "40x400-wide", "300x200-s0.5"],
+)
 def test_resized_crop_draws_follow_timm(height, width, scale):
     random.seed(0)
     img = Image.new("RGB", (width, height))
@@ -64,16 +67,21 @@ def test_resized_crop_draws_follow_timm(height, width, scale):
         ours = resized_crop_params(torch.tensor([[height, width]] * 2 * DRAWS), scale).numpy()
     assert (ours[:, 0] >= 0).all() and (ours[:, 0] + ours[:, 2] <= height).all()
     assert (ours[:, 1] >= 0).all() and (ours[:, 1] + ours[:, 3] <= width).all()
-    for name, stat in (("area", lambda p: p[:, 2] * p[:, 3]), ("aspect", lambda p: p[:, 3] / p[:, 2]),
-                       ("top", lambda p: p[:, 0]), ("left", lambda p: p[:, 1])):
+    for name, stat in (
+        ("area", lambda p: p[:, 2] * p[:, 3]),
+        ("aspect", lambda p: p[:, 3] / p[:, 2]),
+        ("top", lambda p: p[:, 0]),
+        ("left", lambda p: p[:, 1]),
+    ):
         ks = ks_2samp(stat(ours), stat(ref)).statistic
         assert ks < 0.04, f"{name}: KS {ks:.3f} between the batched draws and timm's"
 
 
 def test_crop_keeps_whole_image_and_flips_half():
     n, img = 2000, torch.arange(8, dtype=torch.uint8).repeat(3, 8, 1) * 30  # [3, 8, 8], left-right ramp
-    tf = DeviceTrainTransform({"scale": [1.0, 1.0], "auto_augment": None, "color_jitter": None, "reprob": 0.0},
-                              8, MEAN, STD)
+    tf = DeviceTrainTransform(
+        {"scale": [1.0, 1.0], "auto_augment": None, "color_jitter": None, "reprob": 0.0}, 8, MEAN, STD
+    )
     with use_batch_random(BatchRandom(2)):
         out = tf.crop_flip([img] * n)
     flipped = (out == img.flip(-1)).flatten(1).all(1)
@@ -81,21 +89,46 @@ def test_crop_keeps_whole_image_and_flips_half():
     assert abs(flipped.float().mean().item() - 0.5) < 0.04
 
 
-@pytest.mark.parametrize("name,arg", [("AutoContrast", 0), ("Equalize", 0), ("Invert", 0), ("PosterizeIncreasing", 1),
-                                      ("SolarizeIncreasing", 40), ("SolarizeAdd", 99), ("ColorIncreasing", 1.8),
-                                      ("ContrastIncreasing", 0.3), ("BrightnessIncreasing", 1.5),
-                                      ("SharpnessIncreasing", 1.9), ("SharpnessIncreasing", 0.1)])
+@pytest.mark.parametrize(
+    "name,arg",
+    [
+        ("AutoContrast", 0),
+        ("Equalize", 0),
+        ("Invert", 0),
+        ("PosterizeIncreasing", 1),
+        ("SolarizeIncreasing", 40),
+        ("SolarizeAdd", 99),
+        ("ColorIncreasing", 1.8),
+        ("ContrastIncreasing", 0.3),
+        ("BrightnessIncreasing", 1.5),
+        ("SharpnessIncreasing", 1.9),
+        ("SharpnessIncreasing", 0.1),
+    ],
+)
 def test_colour_ops_equal_timm(name, arg):
     img = textured()
     args = () if name in ("AutoContrast", "Equalize", "Invert") else (arg,)
     ref = torch.from_numpy(np.array(NAME_TO_OP[name](Image.fromarray(img), *args))).permute(2, 0, 1)
-    out = apply_op(torch.from_numpy(img).permute(2, 0, 1)[None], name, torch.tensor([float(arg)]),
-                   torch.tensor(FILL, dtype=torch.float32))[0]
+    out = apply_op(
+        torch.from_numpy(img).permute(2, 0, 1)[None],
+        name,
+        torch.tensor([float(arg)]),
+        torch.tensor(FILL, dtype=torch.float32),
+    )[0]
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("name,arg", [("Rotate", 20.0), ("Rotate", -13.0), ("ShearX", 0.25), ("ShearY", -0.2),
-                                      ("TranslateXRel", 0.3), ("TranslateYRel", -0.4)])
+@pytest.mark.parametrize(
+    "name,arg",
+    [
+        ("Rotate", 20.0),
+        ("Rotate", -13.0),
+        ("ShearX", 0.25),
+        ("ShearY", -0.2),
+        ("TranslateXRel", 0.3),
+        ("TranslateYRel", -0.4),
+    ],
+)
 def test_geometric_ops_match_timm(name, arg):
     img = textured()
     ref = np.array(NAME_TO_OP[name](Image.fromarray(img), arg, fillcolor=FILL, resample=Image.BICUBIC))
@@ -125,8 +158,9 @@ def test_rand_augment_parses_recipe_and_draws_like_timm():
 
 
 def test_train_transform_is_reproducible_and_erases_at_reprob():
-    images = [decode_jpeg(torch.frombuffer(bytearray(jpeg_bytes(60 + 7 * i, 80, i)), dtype=torch.uint8))
-              for i in range(6)]
+    images = [
+        decode_jpeg(torch.frombuffer(bytearray(jpeg_bytes(60 + 7 * i, 80, i)), dtype=torch.uint8)) for i in range(6)
+    ]
     tf = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD)
     assert tf.jitter is None  # timm: RandAugment switches colour jitter off
     runs = []
@@ -174,8 +208,12 @@ def test_mixup_labels_follow_the_mixed_images(mode):
             return torch.zeros(images.shape[0], classes)
 
     model, prepared = Record(), []
-    batch = collate_encoded([((torch.frombuffer(bytearray(jpeg_bytes(40, 50, i)), dtype=torch.uint8), f"{i}"),
-                              i % classes) for i in range(n)])
+    batch = collate_encoded(
+        [
+            ((torch.frombuffer(bytearray(jpeg_bytes(40, 50, i)), dtype=torch.uint8), f"{i}"), i % classes)
+            for i in range(n)
+        ]
+    )
 
     def prepare(b):
         images, y = decode_batch(b["images"], b["labels"])
@@ -237,11 +275,27 @@ def test_classify_train_with_gpu_pipeline_on_cpu(tmp_path, capsys):
     data, run = tmp_path / "data", tmp_path / "run"
     write_jpeg_folder(data)
     with pytest.warns(UserWarning, match="skipping unreadable image"):
-        assert cli.run(["classify", "train", "--config", str(recipe(tmp_path, data, pipeline="gpu")),
-                        "--out", str(run), "--device", "cpu"]) == 0
+        assert (
+            cli.run(
+                [
+                    "classify",
+                    "train",
+                    "--config",
+                    str(recipe(tmp_path, data, pipeline="gpu")),
+                    "--out",
+                    str(run),
+                    "--device",
+                    "cpu",
+                ]
+            )
+            == 0
+        )
     assert json.loads((run / "config.json").read_text())["data"]["pipeline"] == "gpu"
-    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()
-              if "loss" in json.loads(line)]
+    losses = [
+        json.loads(line)["loss"]
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(line)
+    ]
     assert len(losses) == 6 and all(np.isfinite(losses))  # 12 files / batch 4 x 2 epochs
     results = json.loads((run / "results.json").read_text())
     assert results["val_images"] == 8 and results["skipped_images"] >= 1

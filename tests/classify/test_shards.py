@@ -21,8 +21,23 @@ def shards(tmp_path):
     data, out = tmp_path / "data", tmp_path / "shards"
     write_jpeg_folder(data, corrupt=False)
     for split in ("train", "val"):
-        assert cli.run(["classify", "make-shards", "--data", str(data), "--out", str(out), "--split", split,
-                        "--shard-size", "3"]) == 0
+        assert (
+            cli.run(
+                [
+                    "classify",
+                    "make-shards",
+                    "--data",
+                    str(data),
+                    "--out",
+                    str(out),
+                    "--split",
+                    split,
+                    "--shard-size",
+                    "3",
+                ]
+            )
+            == 0
+        )
     return data, out
 
 
@@ -39,13 +54,16 @@ def test_shards_hold_the_folder(shards, capsys):
     assert Counter((bytes(data.numpy()), label) for (data, _), label in items) == expect
     decoded = list(ShardDataset(out, "train", pil_item(lambda img: torch.tensor(img.size)), train=False))
     assert Counter((tuple(size.tolist()), label) for size, label in decoded) == Counter(
-        (folder.loader(path).size, label) for path, label in folder.samples)
+        (folder.loader(path).size, label) for path, label in folder.samples
+    )
 
 
 def test_training_stream_repeats_each_kept_image(shards):
     _, out = shards
-    stream = [(bytes(data.numpy()), label) for (data, _), label in
-              ShardDataset(out, "train", encoded_item, train=True, repeats=2)]
+    stream = [
+        (bytes(data.numpy()), label)
+        for (data, _), label in ShardDataset(out, "train", encoded_item, train=True, repeats=2)
+    ]
     counts = Counter(stream)
     assert len(stream) == 8 and set(counts.values()) == {2}  # 4 of 8 images kept, each twice
 

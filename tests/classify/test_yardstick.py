@@ -48,7 +48,7 @@ def test_augment_is_a_padded_crop_and_flip_of_each_image():
     padded = torch.nn.functional.pad(x.float() / 255, (2,) * 4, mode="reflect")
     flips = 0
     for i in range(64):  # each output is one of the 5 x 5 crops of its own padded image, maybe flipped
-        crops = [padded[i, :, r:r + 8, c:c + 8] for r in range(5) for c in range(5)]
+        crops = [padded[i, :, r : r + 8, c : c + 8] for r in range(5) for c in range(5)]
         plain = any(torch.equal(out[i], c) for c in crops)
         flipped = any(torch.equal(out[i], c.flip(-1)) for c in crops)
         assert plain or flipped
@@ -83,9 +83,24 @@ def test_yardstick_trains_through_the_cli_and_loads_as_a_feature_network(tmp_pat
     write_split(tmp_path / "data", "train", per_class=16)
     write_split(tmp_path / "data", "test", per_class=4, seed=1)
     out = tmp_path / "run"
-    main(["classify", "train-yardstick", "--data", str(tmp_path / "data"), "--out", str(out), "--device", "cpu",
-          "model.widths=[8, 8, 16, 16]", "train.batch_size=8", "train.epochs=2", "train.eval_every_epochs=1",
-          "train.mixed_precision=no", "train.log_every=1"])
+    main(
+        [
+            "classify",
+            "train-yardstick",
+            "--data",
+            str(tmp_path / "data"),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "model.widths=[8, 8, 16, 16]",
+            "train.batch_size=8",
+            "train.epochs=2",
+            "train.eval_every_epochs=1",
+            "train.mixed_precision=no",
+            "train.log_every=1",
+        ]
+    )
     results = json.loads(capsys.readouterr().out)
     assert results["step"] == 8 and results["train_images"] == 32 and 0 <= results["test_top1"] <= 100
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -103,8 +118,13 @@ def test_yardstick_trains_through_the_cli_and_loads_as_a_feature_network(tmp_pat
     torch.testing.assert_close(feats["pool"], expected["pool"].double())
     from lightvision.diffusion.fid import compute_fid
 
-    itself = compute_fid(tmp_path / "data" / "test", tmp_path / "data" / "test", feature_extractor=str(out),
-                         cache_dir=tmp_path / "cache", num_samples=None)
+    itself = compute_fid(
+        tmp_path / "data" / "test",
+        tmp_path / "data" / "test",
+        feature_extractor=str(out),
+        cache_dir=tmp_path / "cache",
+        num_samples=None,
+    )
     assert itself["feature_space"] == net.id and abs(itself["fid"]) < 1e-4 and itself["precision"] == 1.0
 
 

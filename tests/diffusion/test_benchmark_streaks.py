@@ -21,11 +21,11 @@ def _independent_share(img: np.ndarray) -> float:
         blur = np.empty((h, w))
         for i in range(h):
             for j in range(w):
-                blur[i, j] = x[max(i - 1, 0):i + 2, max(j - 1, 0):j + 2, ch].mean()
+                blur[i, j] = x[max(i - 1, 0) : i + 2, max(j - 1, 0) : j + 2, ch].mean()
         r = x[:, :, ch] - blur
         r = r - r.mean()
         explained += w * (r.mean(1) ** 2).sum() + h * (r.mean(0) ** 2).sum()
-        total += (r ** 2).sum()
+        total += (r**2).sum()
     return explained / total
 
 
@@ -34,8 +34,9 @@ def test_streak_share_definition_and_extremes():
     images = rng.integers(0, 256, (3, 9, 11, 3), dtype=np.uint8)
     np.testing.assert_allclose(streak_share(images), [_independent_share(i) for i in images], rtol=1e-12)
     # the same images as float [N, C, H, W] give the same shares
-    np.testing.assert_allclose(streak_share(torch.from_numpy(images).permute(0, 3, 1, 2).float()),
-                               streak_share(images), rtol=1e-6)
+    np.testing.assert_allclose(
+        streak_share(torch.from_numpy(images).permute(0, 3, 1, 2).float()), streak_share(images), rtol=1e-6
+    )
     noise = streak_share(rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8))
     rows = rng.normal(size=(64, 32, 1, 3)) + rng.normal(size=(64, 1, 32, 3))  # a pure plaid: rows + columns
     plaid = streak_share(np.clip(128 + 40 * rows, 0, 255).astype(np.uint8))
@@ -154,8 +155,10 @@ def test_every_shipped_variant_builds_the_model_it_describes():
         with torch.device("meta"):
             model = build_model(model_config(cfg, 3, 32))
         assert model.config.attention == kind
-    paper = load_recipe(root / "diffusion" / "cifar10.yaml",
-                        ["model.name=lightnet_dit_s_2", *resolve_variant("lightnet_paper", path, ATTENTION_KINDS)[1]])
+    paper = load_recipe(
+        root / "diffusion" / "cifar10.yaml",
+        ["model.name=lightnet_dit_s_2", *resolve_variant("lightnet_paper", path, ATTENTION_KINDS)[1]],
+    )
     with torch.device("meta"):
         model = build_model(model_config(paper, 3, 32))
     assert (model.config.pos_embed, model.tpe.form, model.blocks[0].attn.lrpe) == ("none", "one_sided", "global")

@@ -29,12 +29,30 @@ def latents_dir(tmp_path_factory, vae_dir):
 
 
 def recipe(run_dir, latents_dir, vae_dir, steps, extra=()):
-    return load_recipe(None, [
-        f"run_dir={run_dir}", "model.name=softmax_dit_s_2", "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
-        "data.source=latents", f"data.root={latents_dir}", "data.num_classes=2", "data.batch_size=4",
-        "data.num_workers=0", f"autoencoder.path={vae_dir}", f"train.max_steps={steps}", "train.mixed_precision='no'",
-        "train.ckpt_every=2", "train.log_every=1", "train.ema_decay=0.9", "sample.every=4", "sample.num=2",
-        "sample.steps=3", "optim.lr=1e-3", *extra])
+    return load_recipe(
+        None,
+        [
+            f"run_dir={run_dir}",
+            "model.name=softmax_dit_s_2",
+            "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
+            "data.source=latents",
+            f"data.root={latents_dir}",
+            "data.num_classes=2",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            f"autoencoder.path={vae_dir}",
+            f"train.max_steps={steps}",
+            "train.mixed_precision='no'",
+            "train.ckpt_every=2",
+            "train.log_every=1",
+            "train.ema_decay=0.9",
+            "sample.every=4",
+            "sample.num=2",
+            "sample.steps=3",
+            "optim.lr=1e-3",
+            *extra,
+        ],
+    )
 
 
 def test_latent_cache_holds_the_posterior_of_image_and_flip(latents_dir, vae_dir):
@@ -157,8 +175,9 @@ def test_compiled_lightnet_dit_trains_and_saves_plain_weights(tmp_path, latents_
     from safetensors.torch import load_file
 
     run = tmp_path / "run"
-    out = train(recipe(run, latents_dir, vae_dir, 2, ["model.name=lightnet_dit_s_2", "train.compile=true",
-                                                      "sample.every=100"]))
+    out = train(
+        recipe(run, latents_dir, vae_dir, 2, ["model.name=lightnet_dit_s_2", "train.compile=true", "sample.every=100"])
+    )
     assert type(out["trainer"].model).__name__ == "OptimizedModule"
     assert np.isfinite(out["last_record"]["loss"])
     ckpt = CheckpointManager(run).latest()
@@ -188,12 +207,24 @@ def test_corrupt_image_is_skipped_in_pixel_training(tmp_path):
     jpeg = io.BytesIO()
     Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(jpeg, format="JPEG")
     (tmp_path / "train" / "a" / "broken.jpg").write_bytes(jpeg.getvalue()[:200])  # truncated: fails on decode
-    cfg = load_recipe(None, [
-        f"run_dir={tmp_path / 'run'}", "model.name=softmax_dit_s_2",
-        "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}",
-        "data.source=imagefolder", f"data.root={tmp_path}", "data.image_size=8", "data.num_classes=2",
-        "data.batch_size=5", "data.num_workers=0", "autoencoder.kind=pixel", "train.max_steps=1",
-        "train.mixed_precision='no'", "sample.every=100"])
+    cfg = load_recipe(
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "model.name=softmax_dit_s_2",
+            "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}",
+            "data.source=imagefolder",
+            f"data.root={tmp_path}",
+            "data.image_size=8",
+            "data.num_classes=2",
+            "data.batch_size=5",
+            "data.num_workers=0",
+            "autoencoder.kind=pixel",
+            "train.max_steps=1",
+            "train.mixed_precision='no'",
+            "sample.every=100",
+        ],
+    )
     with pytest.warns(UserWarning, match=r"skipping unreadable image .*broken\.jpg"):
         result = train(cfg)  # one batch of all 5 images: the broken one is read
     assert result["step"] == 1 and result["skipped_images"] >= 1
@@ -208,9 +239,18 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # restored afterwards (run_default sets it for device cpu)
     # the 360-image bits/dim measurement is not under test here (a minute on two cores): a constant stands in
     monkeypatch.setattr(diffusion_train, "evaluate_bits_per_dim", lambda *args, **kwargs: 7.0)
-    args = ["diffusion", "train", "--out", str(tmp_path / "d"), "--device", "cpu", "train.max_steps=2",
-            "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2, class_dropout_prob: 0.1}", "sample.num=2",
-            "sample.steps=2"]
+    args = [
+        "diffusion",
+        "train",
+        "--out",
+        str(tmp_path / "d"),
+        "--device",
+        "cpu",
+        "train.max_steps=2",
+        "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2, class_dropout_prob: 0.1}",
+        "sample.num=2",
+        "sample.steps=2",
+    ]
     assert cli.run(args) == 0
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert summary["steps"] == summary["steps_run"] == 2

@@ -18,8 +18,16 @@ PAPER_PARAMS = {
 
 
 def tiny(attention: str, **kw) -> DiT:
-    args = dict(input_size=8, patch_size=2, in_channels=3, hidden_size=32, depth=2, num_heads=2, attention=attention,
-                num_classes=5)
+    args = dict(
+        input_size=8,
+        patch_size=2,
+        in_channels=3,
+        hidden_size=32,
+        depth=2,
+        num_heads=2,
+        attention=attention,
+        num_classes=5,
+    )
     args.update(kw)
     return DiT(**args)
 
@@ -127,16 +135,21 @@ ABLATIONS = {  # switch -> (constructor kwargs, what it must change in the built
     "no_tpe": (dict(tpe_placement="none"), lambda m: m.tpe is None and all(b.tpe is None for b in m.blocks)),
     "tpe_embed": (dict(tpe_placement="embed"), lambda m: m.tpe is not None and all(b.tpe is None for b in m.blocks)),
     "tpe_block": (dict(tpe_placement="block"), lambda m: m.tpe is None and all(b.tpe is not None for b in m.blocks)),
-    "tpe_form": (dict(tpe_placement="embed", tpe_kwargs={"form": "pair", "combine": "product", "norm": True}),
-                 lambda m: (m.tpe.form, m.tpe.combine, m.tpe.coeffs.shape[0]) == ("pair", "product", 2)
-                 and m.tpe.norm is not None),
+    "tpe_form": (
+        dict(tpe_placement="embed", tpe_kwargs={"form": "pair", "combine": "product", "norm": True}),
+        lambda m: (
+            (m.tpe.form, m.tpe.combine, m.tpe.coeffs.shape[0]) == ("pair", "product", 2) and m.tpe.norm is not None
+        ),
+    ),
     "no_lrpe": (dict(attention_kwargs={"lrpe": "none"}), lambda m: m.blocks[0].attn.lrpe is None),
     "lrpe_global": (dict(attention_kwargs={"lrpe": "global"}), lambda m: m.blocks[0].attn.lrpe == "global"),
     "lrpe_mixed": (dict(attention_kwargs={"lrpe": "mixed"}), lambda m: m.blocks[1].attn.lrpe == "mixed"),
     "no_decay": (dict(attention_kwargs={"key_softmax": False}), lambda m: not m.blocks[0].attn.key_softmax),
     "no_norm": (dict(attention_kwargs={"norm": False}), lambda m: isinstance(m.blocks[0].attn.norm, torch.nn.Identity)),
-    "full_gate": (dict(attention_kwargs={"gate_rank": "full"}),
-                  lambda m: isinstance(m.blocks[0].attn.gate, torch.nn.Linear)),
+    "full_gate": (
+        dict(attention_kwargs={"gate_rank": "full"}),
+        lambda m: isinstance(m.blocks[0].attn.gate, torch.nn.Linear),
+    ),
     "block_adaln": (dict(adaln="block"), lambda m: m.shared_modulation is None),
     "no_sincos": (dict(pos_embed="none"), lambda m: m.config.pos_embed == "none"),
     "mlp_ffn": (dict(ffn="mlp"), lambda m: not isinstance(m.blocks[0].ffn, GLU)),
@@ -173,8 +186,11 @@ def test_ablation_switches_reach_their_layer(switch, tmp_path):
 
 def test_position_defaults_and_refused_values():
     default = tiny("lightnet")
-    assert (default.config.pos_embed, default.config.tpe_placement, default.blocks[0].attn.lrpe) == \
-        ("sincos", "embed", "per_axis")
+    assert (default.config.pos_embed, default.config.tpe_placement, default.blocks[0].attn.lrpe) == (
+        "sincos",
+        "embed",
+        "per_axis",
+    )
     assert (default.tpe.form, default.tpe.combine) == ("pair", "sum")
     torch.testing.assert_close(torch.sigmoid(default.tpe.lam_logit[0, 0, [0, -1]]), torch.tensor([0.2, 0.6]))
     assert tiny("softmax").config.tpe_placement == "none" and tiny("softmax").config.pos_embed == "sincos"

@@ -18,9 +18,17 @@ def tiny_diffusers(channels: int = CHANNELS) -> DiTTransformer2DModel:
     """A random diffusers DiT whose blocks share one timestep / label embedder, as converted DiT weights do, with
     DiT's timestep frequencies (diffusers' default divides by F/2 - 1; convert.py's docstring) and DiT's eps."""
     torch.manual_seed(0)
-    ref = DiTTransformer2DModel(num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, in_channels=channels,
-                                out_channels=2 * channels, num_layers=DEPTH, sample_size=LATENT, patch_size=2,
-                                num_embeds_ada_norm=CLASSES, norm_eps=1e-6).eval()
+    ref = DiTTransformer2DModel(
+        num_attention_heads=HEADS,
+        attention_head_dim=HEAD_DIM,
+        in_channels=channels,
+        out_channels=2 * channels,
+        num_layers=DEPTH,
+        sample_size=LATENT,
+        patch_size=2,
+        num_embeds_ada_norm=CLASSES,
+        norm_eps=1e-6,
+    ).eval()
     for p in ref.parameters():  # away from adaLN-Zero's zeros, so every modulation and the head matter
         torch.nn.init.normal_(p, std=0.2)
     first = ref.transformer_blocks[0].norm1.emb
@@ -34,12 +42,18 @@ def dit_layout(ref: DiTTransformer2DModel) -> dict[str, torch.Tensor]:
     """The facebookresearch/DiT models.py names of the diffusers model's weights (diffusers' conversion, inverted)."""
     s = ref.state_dict()
     emb = "transformer_blocks.0.norm1.emb."
-    out = {"x_embedder.proj.weight": s["pos_embed.proj.weight"], "x_embedder.proj.bias": s["pos_embed.proj.bias"],
-           "pos_embed": ref.pos_embed.pos_embed.clone(),
-           "y_embedder.embedding_table.weight": s[emb + "class_embedder.embedding_table.weight"]}
-    for ours, theirs in (("t_embedder.mlp.0", "timestep_embedder.linear_1"),
-                         ("t_embedder.mlp.2", "timestep_embedder.linear_2"),
-                         ("final_layer.adaLN_modulation.1", "proj_out_1"), ("final_layer.linear", "proj_out_2")):
+    out = {
+        "x_embedder.proj.weight": s["pos_embed.proj.weight"],
+        "x_embedder.proj.bias": s["pos_embed.proj.bias"],
+        "pos_embed": ref.pos_embed.pos_embed.clone(),
+        "y_embedder.embedding_table.weight": s[emb + "class_embedder.embedding_table.weight"],
+    }
+    for ours, theirs in (
+        ("t_embedder.mlp.0", "timestep_embedder.linear_1"),
+        ("t_embedder.mlp.2", "timestep_embedder.linear_2"),
+        ("final_layer.adaLN_modulation.1", "proj_out_1"),
+        ("final_layer.linear", "proj_out_2"),
+    ):
         for p in ("weight", "bias"):
             out[f"{ours}.{p}"] = s[f"{emb if ours.startswith('t_') else ''}{theirs}.{p}"]
     for n in range(DEPTH):
@@ -54,15 +68,26 @@ def dit_layout(ref: DiTTransformer2DModel) -> dict[str, torch.Tensor]:
 
 
 def tiny_dit(**kw) -> DiT:
-    args = dict(input_size=LATENT, patch_size=2, in_channels=CHANNELS, hidden_size=HEADS * HEAD_DIM, depth=DEPTH,
-                num_heads=HEADS, num_classes=CLASSES, class_dropout_prob=0.0)
+    args = dict(
+        input_size=LATENT,
+        patch_size=2,
+        in_channels=CHANNELS,
+        hidden_size=HEADS * HEAD_DIM,
+        depth=DEPTH,
+        num_heads=HEADS,
+        num_classes=CLASSES,
+        class_dropout_prob=0.0,
+    )
     return DiT(**{**args, **kw}).eval()
 
 
 def inputs():
     g = torch.Generator().manual_seed(1)
-    return (torch.randn(3, CHANNELS, LATENT, LATENT, generator=g), torch.tensor([0, 17, 999]),
-            torch.tensor([1, 4, CLASSES]))  # the last label is the null class of guidance
+    return (
+        torch.randn(3, CHANNELS, LATENT, LATENT, generator=g),
+        torch.tensor([0, 17, 999]),
+        torch.tensor([1, 4, CLASSES]),
+    )  # the last label is the null class of guidance
 
 
 @pytest.mark.parametrize("layout", ["diffusers", "dit"])
@@ -108,8 +133,9 @@ def test_load_pretrained_reads_a_dit_training_checkpoint_and_picks_ema(tmp_path)
 
 def test_a_file_of_another_model_is_refused_naming_the_keys(tmp_path):
     save_file(dit_layout(tiny_diffusers()), tmp_path / "dit.safetensors")
-    with pytest.raises(CheckpointError,
-                       match=r"shape mismatches \['blocks.0.attn.proj.bias: checkpoint \(16,\), model \(32,\)"):
+    with pytest.raises(
+        CheckpointError, match=r"shape mismatches \['blocks.0.attn.proj.bias: checkpoint \(16,\), model \(32,\)"
+    ):
         load_pretrained(tiny_dit(hidden_size=32, num_heads=2), tmp_path / "dit.safetensors")
     with pytest.raises(CheckpointError, match="2 blocks, the model 3"):
         load_pretrained(tiny_dit(depth=3), tmp_path / "dit.safetensors")
@@ -155,24 +181,44 @@ def test_sample_command_takes_external_weights(tmp_path, capsys, cli_error):
     from lightvision.cli import main
 
     torch.save(dit_layout(tiny_diffusers(channels=3)), tmp_path / "DiT-tiny.pt")
-    recipe = ("data: {{image_size: {size}, channels: 3, num_classes: {classes}}}\n"
-              "autoencoder: {{kind: pixel, path: null}}\n"
-              "model: {{kwargs: {{depth: {depth}, hidden_size: {width}, num_heads: {heads}}}}}\n")
-    (tmp_path / "tiny.yaml").write_text(recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=HEADS * HEAD_DIM,
-                                                      heads=HEADS))
-    args = ["diffusion", "sample", "--pretrained", str(tmp_path / "DiT-tiny.pt"), "--model", "softmax_dit_s_2",
-            "--config", str(tmp_path / "tiny.yaml"), "--num-samples", "2", "--steps", "2", "--cfg-scale", "1.5"]
+    recipe = (
+        "data: {{image_size: {size}, channels: 3, num_classes: {classes}}}\n"
+        "autoencoder: {{kind: pixel, path: null}}\n"
+        "model: {{kwargs: {{depth: {depth}, hidden_size: {width}, num_heads: {heads}}}}}\n"
+    )
+    (tmp_path / "tiny.yaml").write_text(
+        recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=HEADS * HEAD_DIM, heads=HEADS)
+    )
+    args = [
+        "diffusion",
+        "sample",
+        "--pretrained",
+        str(tmp_path / "DiT-tiny.pt"),
+        "--model",
+        "softmax_dit_s_2",
+        "--config",
+        str(tmp_path / "tiny.yaml"),
+        "--num-samples",
+        "2",
+        "--steps",
+        "2",
+        "--cfg-scale",
+        "1.5",
+    ]
     assert main([*args, "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "loaded " + str(tmp_path / "DiT-tiny.pt") + " (dit layout" in out
-    summary = json.loads(out[out.index("{"):])
+    summary = json.loads(out[out.index("{") :])
     assert summary["loaded"]["layout"] == "dit" and summary["num_samples"] == 2
     (tmp_path / "wide.yaml").write_text(recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=32, heads=HEADS))
     wrong = [a if a != str(tmp_path / "tiny.yaml") else str(tmp_path / "wide.yaml") for a in args]
-    assert re.search(r"DiT-tiny.pt holds another model: shape mismatches \['blocks.0.attn.proj.bias",
-                     cli_error([*wrong, "--out", str(tmp_path / "bad")]))
+    assert re.search(
+        r"DiT-tiny.pt holds another model: shape mismatches \['blocks.0.attn.proj.bias",
+        cli_error([*wrong, "--out", str(tmp_path / "bad")]),
+    )
     assert "--pretrained FILE with --model NAME" in cli_error(
-        ["diffusion", "sample", "--pretrained", str(tmp_path / "DiT-tiny.pt"), "--out", str(tmp_path / "x")])
+        ["diffusion", "sample", "--pretrained", str(tmp_path / "DiT-tiny.pt"), "--out", str(tmp_path / "x")]
+    )
 
 
 def test_init_from_copies_what_another_attention_shares(tmp_path):
@@ -197,7 +243,8 @@ def test_init_from_copies_what_another_attention_shares(tmp_path):
     report = init_from(lightnet, tmp_path / "dit.pt")
     assert {"blocks.0.attn.qkv.weight", "blocks.1.attn.proj.weight", "t_embedder.mlp.0.weight"} <= set(report["copied"])
     assert {"blocks.0.ffn.w12.weight", "blocks.2.attn.qkv.weight", "shared_modulation.1.weight"} <= set(
-        report["skipped"])
+        report["skipped"]
+    )
     assert "blocks.0.attn.qkv.bias" in report["unused"]  # LightNet's projections have no bias
     for model in (lion, lightnet):
         own = model.state_dict()
@@ -212,12 +259,26 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
     from lightvision.diffusion.train import load_recipe, train
 
     torch.save(dit_layout(tiny_diffusers(channels=1)), tmp_path / "dit.pt")
-    cfg = load_recipe(None, [
-        f"run_dir={tmp_path / 'run'}", "model.name=lion_s_dit_s_2",
-        f"model.kwargs={{depth: {DEPTH}, hidden_size: {HEADS * HEAD_DIM}, num_heads: {HEADS}}}",
-        f"model.init_from={tmp_path / 'dit.pt'}", "data.source=digits", "data.channels=1", "data.image_size=16",
-        "data.num_classes=10", "data.batch_size=4", "data.num_workers=0", "autoencoder.kind=pixel",
-        "train.max_steps=1", "train.mixed_precision='no'", "train.ckpt_every=1", "sample.every=100"])
+    cfg = load_recipe(
+        None,
+        [
+            f"run_dir={tmp_path / 'run'}",
+            "model.name=lion_s_dit_s_2",
+            f"model.kwargs={{depth: {DEPTH}, hidden_size: {HEADS * HEAD_DIM}, num_heads: {HEADS}}}",
+            f"model.init_from={tmp_path / 'dit.pt'}",
+            "data.source=digits",
+            "data.channels=1",
+            "data.image_size=16",
+            "data.num_classes=10",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            "autoencoder.kind=pixel",
+            "train.max_steps=1",
+            "train.mixed_precision='no'",
+            "train.ckpt_every=1",
+            "sample.every=100",
+        ],
+    )
     out = train(cfg)
     record = json.loads((tmp_path / "run" / "init_from.json").read_text())
     assert out["init_from"]["copied"] == len(record["copied"]) > 10

@@ -32,12 +32,26 @@ def reference(tmp_path_factory):
 
 
 def recipe(run_dir, yardstick, reference, steps, extra=()):
-    return load_recipe(None, [
-        *DIGITS_OVERRIDES, f"run_dir={run_dir}", "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
-        f"train.max_steps={steps}", "train.ckpt_every=2", "train.log_every=1", "sample.every=100",
-        "train.eval_every=2", "train.eval_samples=6", "eval.steps=2", "eval.batch_size=4",
-        f"eval.feature_extractor={yardstick}", f"eval.reference={reference}", f"eval.cache_dir={run_dir}/cache",
-        *extra])
+    return load_recipe(
+        None,
+        [
+            *DIGITS_OVERRIDES,
+            f"run_dir={run_dir}",
+            "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
+            f"train.max_steps={steps}",
+            "train.ckpt_every=2",
+            "train.log_every=1",
+            "sample.every=100",
+            "train.eval_every=2",
+            "train.eval_samples=6",
+            "eval.steps=2",
+            "eval.batch_size=4",
+            f"eval.feature_extractor={yardstick}",
+            f"eval.reference={reference}",
+            f"eval.cache_dir={run_dir}/cache",
+            *extra,
+        ],
+    )
 
 
 def evals(run_dir):
@@ -88,8 +102,9 @@ def test_samples_split_over_processes_count_once(tmp_path, yardstick, reference)
     whole = sample_features(model, diffusion, codec, rank_indices(7, 0, 1), e, net, "cpu")
     shares = [rank_indices(7, r, 3) for r in range(3)]
     assert sorted(i for share in shares for i in share) == list(range(7))
-    merged = merge_by_index([(share, sample_features(model, diffusion, codec, share, e, net, "cpu"))
-                             for share in shares])
+    merged = merge_by_index(
+        [(share, sample_features(model, diffusion, codec, share, e, net, "cpu")) for share in shares]
+    )
     assert merged.keys() == whole.keys() and not np.allclose(whole["pool"][0], whole["pool"][1])
     for name in whole:
         np.testing.assert_allclose(merged[name], whole[name], rtol=1e-5, atol=1e-6)

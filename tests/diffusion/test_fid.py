@@ -48,8 +48,10 @@ def inception_weights(tmp_path_factory):
     """Randomly initialised torch-fidelity InceptionV3 weights (Kaiming convs so that features are not degenerate)."""
     import torch_fidelity.feature_extractor_inceptionv3 as fe_mod
 
-    with mock.patch.object(fe_mod, "load_state_dict_from_url", lambda *a, **k: {}), \
-         mock.patch.object(fe_mod.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None):
+    with (
+        mock.patch.object(fe_mod, "load_state_dict_from_url", lambda *a, **k: {}),
+        mock.patch.object(fe_mod.FeatureExtractorInceptionV3, "load_state_dict", lambda self, sd: None),
+    ):
         torch.manual_seed(0)
         net = fe_mod.FeatureExtractorInceptionV3("inception-v3-compat", ["2048"])
     for m in net.modules():
@@ -78,16 +80,21 @@ def no_hub_weights(tmp_path, monkeypatch):
     monkeypatch.setattr(ys, "PACKAGED", tmp_path / "absent.safetensors")
 
 
-RGB_DATA = {"data.in_chans": 3, "data.source": "imagefolder", "data.mean": "[0.5, 0.5, 0.5]",
-            "data.std": "[0.5, 0.5, 0.5]"}
+RGB_DATA = {
+    "data.in_chans": 3,
+    "data.source": "imagefolder",
+    "data.mean": "[0.5, 0.5, 0.5]",
+    "data.std": "[0.5, 0.5, 0.5]",
+}
 
 
 def numpy_reference_metrics(sample_files, ref_files, weights):
     """FID, sFID, IS and k = 3 precision / recall written out in numpy / scipy from the raw torch-fidelity network."""
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-    net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
-                                      feature_extractor_weights_path=weights)
+    net = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048", "logits_unbiased"], feature_extractor_weights_path=weights
+    )
     grabbed = []
     net.Mixed_6d.branch1x1.conv.register_forward_hook(lambda m, i, o: grabbed.append(o))
 
@@ -103,7 +110,7 @@ def numpy_reference_metrics(sample_files, ref_files, weights):
     def fid(a, b):  # S_a = A A^T (A = centred rows / sqrt(n - 1)): tr sqrt(S_a S_b) = nuclear norm of A^T B
         ca, cb = (a - a.mean(0)) / np.sqrt(len(a) - 1), (b - b.mean(0)) / np.sqrt(len(b) - 1)
         nuclear = np.linalg.svd(ca @ cb.T, compute_uv=False).sum()
-        return ((a.mean(0) - b.mean(0)) ** 2).sum() + (ca ** 2).sum() + (cb ** 2).sum() - 2 * nuclear
+        return ((a.mean(0) - b.mean(0)) ** 2).sum() + (ca**2).sum() + (cb**2).sum() - 2 * nuclear
 
     def radii(a):  # squared distance to the 3rd nearest other point
         d = ((a[:, None] - a[None]) ** 2).sum(-1)
@@ -117,8 +124,13 @@ def numpy_reference_metrics(sample_files, ref_files, weights):
     p = np.exp(sl - sl.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     isc = np.exp((p * (np.log(p) - np.log(p.mean(0, keepdims=True)))).sum(1).mean())
-    return {"fid": fid(sp, rp), "sfid": fid(ss, rs), "isc": isc, "precision": covered(sp, rp),
-            "recall": covered(rp, sp)}
+    return {
+        "fid": fid(sp, rp),
+        "sfid": fid(ss, rs),
+        "isc": isc,
+        "precision": covered(sp, rp),
+        "recall": covered(rp, sp),
+    }
 
 
 @pytest.mark.slow
@@ -143,8 +155,10 @@ def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstic
     assert {"fid", "sfid", "precision", "recall", "kid"} <= set(folder) and "isc" not in folder
     cached = sorted(cache.glob("ref-*.npz"))
     renamed = ref.rename(tmp_path / "renamed")  # same content, other name: the cache answers
-    with mock.patch("lightvision.diffusion.fid.extract_features", wraps=__import__(
-            "lightvision.diffusion.fid", fromlist=["x"]).extract_features) as spy:
+    with mock.patch(
+        "lightvision.diffusion.fid.extract_features",
+        wraps=__import__("lightvision.diffusion.fid", fromlist=["x"]).extract_features,
+    ) as spy:
         again = compute_fid(samples, renamed, feature_extractor=yardstick, cache_dir=cache)
     assert spy.call_count == 1 and sorted(cache.glob("ref-*.npz")) == cached and again["fid"] == folder["fid"]
 
@@ -170,10 +184,16 @@ def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstic
     from lightvision.classify.yardstick import YardstickNet, save_yardstick
 
     save_yardstick(YardstickNet([8, 8, 16, 16]), other)
-    assert re.search("feature space 'yardstick-.*', not 'yardstick-", cli_error(
-        ["diffusion", "fid", str(samples), "--reference", str(stats), "--feature-extractor", str(other)]))
-    assert re.search("is neither an image folder nor an .npz", cli_error(
-        ["diffusion", "fid-ref", str(tmp_path / "nothing"), "--out", str(stats), "--feature-extractor", yardstick]))
+    assert re.search(
+        "feature space 'yardstick-.*', not 'yardstick-",
+        cli_error(["diffusion", "fid", str(samples), "--reference", str(stats), "--feature-extractor", str(other)]),
+    )
+    assert re.search(
+        "is neither an image folder nor an .npz",
+        cli_error(
+            ["diffusion", "fid-ref", str(tmp_path / "nothing"), "--out", str(stats), "--feature-extractor", yardstick]
+        ),
+    )
 
 
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
@@ -197,8 +217,20 @@ def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights,
     with mock.patch.object(fe_mod, "load_state_dict_from_url", side_effect=offline):
         message = cli_error(["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path / "c")])
     assert "--inception-weights FILE" in message and "URLError" in message
-    assert re.search("Inception weights '.*missing.pth' not found", cli_error(
-        ["diffusion", "fid", str(ref), "--reference", str(ref), "--inception-weights", str(tmp_path / "missing.pth")]))
+    assert re.search(
+        "Inception weights '.*missing.pth' not found",
+        cli_error(
+            [
+                "diffusion",
+                "fid",
+                str(ref),
+                "--reference",
+                str(ref),
+                "--inception-weights",
+                str(tmp_path / "missing.pth"),
+            ]
+        ),
+    )
 
 
 def test_cifar_sized_images_default_to_the_packaged_yardstick(
@@ -207,8 +239,10 @@ def test_cifar_sized_images_default_to_the_packaged_yardstick(
     import lightvision.classify.yardstick as ys
 
     ref = write_set(tmp_path / "ref", 0, 5, size=32)
-    assert re.search("no packaged CIFAR-10 yardstick", cli_error(
-        ["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"]))
+    assert re.search(
+        "no packaged CIFAR-10 yardstick",
+        cli_error(["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"]),
+    )
     monkeypatch.setattr(ys, "PACKAGED", __import__("pathlib").Path(yardstick))
     out = compute_fid(ref, ref, cache_dir=tmp_path / "c")
     assert out["feature_space"].startswith("yardstick-") and abs(out["fid"]) < 1e-6

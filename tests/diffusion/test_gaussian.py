@@ -50,8 +50,9 @@ def test_respacing_keeps_marginals_and_maps_timesteps():
 def test_normal_kl_matches_torch_distributions():
     g = torch.Generator().manual_seed(0)
     m1, m2, lv1, lv2 = (torch.randn(100, generator=g, dtype=torch.float64) for _ in range(4))
-    ref = torch.distributions.kl_divergence(torch.distributions.Normal(m1, (0.5 * lv1).exp()),
-                                            torch.distributions.Normal(m2, (0.5 * lv2).exp()))
+    ref = torch.distributions.kl_divergence(
+        torch.distributions.Normal(m1, (0.5 * lv1).exp()), torch.distributions.Normal(m2, (0.5 * lv2).exp())
+    )
     torch.testing.assert_close(normal_kl(m1, lv1, m2, lv2), ref)
 
 
@@ -152,7 +153,7 @@ def test_diffusers_schedulers_drive_the_model_output():
 
 def test_stratified_bits_per_dim_is_an_unbiased_estimate_of_the_full_bound():
     d = GaussianDiffusion.linear(1000).respace(40)
-    x0 = (torch.randint(0, 256, (64, 1, 2, 2), generator=torch.Generator().manual_seed(3)).float() / 127.5 - 1)
+    x0 = torch.randint(0, 256, (64, 1, 2, 2), generator=torch.Generator().manual_seed(3)).float() / 127.5 - 1
 
     def model(x, t):  # a fixed imperfect denoiser: eps shrunk by 10%, a t-dependent variance choice
         eps = 0.9 * smooth_model(x, t)[:, :1]

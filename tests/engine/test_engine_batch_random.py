@@ -17,8 +17,13 @@ from train_tiny import build
 def draws(br: BatchRandom, rows: int) -> list[torch.Tensor]:
     """A sequence of draws of every kind, as a loss would make them (the stream must stay aligned across calls)."""
     x = torch.zeros(rows, 2, 3)
-    return [br.randint(0, 1000, (rows,)), br.randn_like(x), br.rand(rows), br.randn((rows, 5), dtype=torch.float64),
-            br.rand_like(x)]
+    return [
+        br.randint(0, 1000, (rows,)),
+        br.randn_like(x),
+        br.rand(rows),
+        br.randn((rows, 5), dtype=torch.float64),
+        br.rand_like(x),
+    ]
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -60,8 +65,13 @@ def test_accelerate_deals_consecutive_batches_to_ranks():
     data = TensorDataset(torch.arange(40))
 
     def batches(batch_size: int, world: int, rank: int, epoch: int) -> list[torch.Tensor]:
-        loader = prepare_data_loader(DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True),
-                                     num_processes=world, process_index=rank, use_seedable_sampler=True, data_seed=11)
+        loader = prepare_data_loader(
+            DataLoader(data, batch_size=batch_size, shuffle=True, drop_last=True),
+            num_processes=world,
+            process_index=rank,
+            use_seedable_sampler=True,
+            data_seed=11,
+        )
         loader.set_epoch(epoch)
         return [b for (b,) in loader]
 

@@ -43,19 +43,22 @@ def same(a: dict, b: dict) -> bool:
 
 
 def save(manager: CheckpointManager, step: int, model: nn.Module, **kw) -> os.PathLike:
-    return manager.save(step, models={"model": model, "ema": model}, model_config=CONFIG,
-                        train_state={"step": step}, **kw)
+    return manager.save(
+        step, models={"model": model, "ema": model}, model_config=CONFIG, train_state={"step": step}, **kw
+    )
 
 
 def test_round_trip(tmp_path):
     model = tiny()
     state = trained_state(model)
     manager = CheckpointManager(tmp_path)
-    path = manager.save(5, models={"model": model, "ema": tiny(seed=1)}, model_config=CONFIG, train_state=state,
-                        config={"lr": 0.1})
+    path = manager.save(
+        5, models={"model": model, "ema": tiny(seed=1)}, model_config=CONFIG, train_state=state, config={"lr": 0.1}
+    )
     assert path.name == "step_0000005" and manager.latest() == path
     assert sorted(p.name for p in path.iterdir()) == sorted(
-        ["model.safetensors", "ema.safetensors", "config.json", "train_state.pt", "manifest.json"])
+        ["model.safetensors", "ema.safetensors", "config.json", "train_state.pt", "manifest.json"]
+    )
     assert {p.stat().st_mode & 0o777 for p in path.iterdir()} == {(path / "config.json").stat().st_mode & 0o777}
     manifest = json.loads((path / "manifest.json").read_text())
     assert set(manifest["files"]) == {"model.safetensors", "ema.safetensors", "config.json", "train_state.pt"}
@@ -103,8 +106,15 @@ def corrupt_truncate(path):
         ("manifest.json", lambda p: p.write_text("{not json"), "unreadable"),
         ("ema.safetensors", lambda p: p.unlink(), "missing"),
     ],
-    ids=["model-flipped", "ema-truncated", "train_state-truncated", "config-flipped", "manifest-deleted",
-         "manifest-not_json", "ema-deleted"],
+    ids=[
+        "model-flipped",
+        "ema-truncated",
+        "train_state-truncated",
+        "config-flipped",
+        "manifest-deleted",
+        "manifest-not_json",
+        "ema-deleted",
+    ],
 )
 def test_damaged_checkpoint_refused_and_model_untouched(tmp_path, file, damage, message):
     path = save(CheckpointManager(tmp_path), 1, tiny())
@@ -169,8 +179,11 @@ def test_disk_full_keeps_previous_checkpoint(tmp_path, monkeypatch, writer):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(owner, name, full_disk)
-    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*step_0000002: No space left on device; "
-                                              r"previous checkpoint step_0000001 is intact"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"could not write checkpoint .*step_0000002: No space left on device; "
+        r"previous checkpoint step_0000001 is intact",
+    ):
         save(manager, 2, tiny(seed=5))
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_0000001"]
@@ -181,8 +194,7 @@ def test_disk_full_keeps_previous_checkpoint(tmp_path, monkeypatch, writer):
 
 def test_train_state_must_be_plain(tmp_path):
     with pytest.raises(TypeError, match=r"train_state\['rng'\]\['numpy'\] is a numpy.ndarray.*torch.as_tensor"):
-        CheckpointManager(tmp_path).save(1, models={}, model_config=CONFIG,
-                                         train_state={"rng": {"numpy": np.zeros(3)}})
+        CheckpointManager(tmp_path).save(1, models={}, model_config=CONFIG, train_state={"rng": {"numpy": np.zeros(3)}})
     assert not (tmp_path / "checkpoints").exists() or not any((tmp_path / "checkpoints").iterdir())
 
 
@@ -200,8 +212,10 @@ def test_pickled_object_in_train_state_refused(tmp_path):
     path = save(CheckpointManager(tmp_path), 1, tiny())
     torch.save({"step": Exploit()}, path / "train_state.pt")
     manifest = json.loads((path / "manifest.json").read_text())  # a forged but consistent manifest
-    manifest["files"]["train_state.pt"] = {"sha256": ckpt_module.sha256_file(path / "train_state.pt"),
-                                           "size": (path / "train_state.pt").stat().st_size}
+    manifest["files"]["train_state.pt"] = {
+        "sha256": ckpt_module.sha256_file(path / "train_state.pt"),
+        "size": (path / "train_state.pt").stat().st_size,
+    }
     (path / "manifest.json").write_text(json.dumps(manifest))
     target = tiny(seed=3)
     before = snapshot(target)

@@ -8,15 +8,22 @@ import pytest
 
 from lightvision.engine import ConfigError, load_config, save_config
 
-DEFAULTS = {"model": {"name": "deit_tiny", "depth": 12}, "optim": {"lr": 1e-3, "betas": [0.9, 0.999]},
-            "epochs": 300, "extra": {}}
+DEFAULTS = {
+    "model": {"name": "deit_tiny", "depth": 12},
+    "optim": {"lr": 1e-3, "betas": [0.9, 0.999]},
+    "epochs": 300,
+    "extra": {},
+}
 
 
 def test_yaml_over_defaults_and_typed_overrides(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model:\n  depth: 6\noptim:\n  lr: 5e-4\n")
-    cfg = load_config(recipe, ["optim.lr=1e-4", "epochs=3", "model.name=lion_s", "optim.betas=[0.9, 0.95]",
-                               "extra.anything=true"], DEFAULTS)
+    cfg = load_config(
+        recipe,
+        ["optim.lr=1e-4", "epochs=3", "model.name=lion_s", "optim.betas=[0.9, 0.95]", "extra.anything=true"],
+        DEFAULTS,
+    )
     assert cfg["model"] == {"name": "lion_s", "depth": 6}
     assert cfg["optim"]["lr"] == 1e-4 and isinstance(cfg["optim"]["lr"], float)
     assert cfg["epochs"] == 3 and isinstance(cfg["epochs"], int)

@@ -38,7 +38,9 @@ def reference(tmp_path_factory) -> list[tuple]:
 def run_script(run_dir: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(SCRIPT), str(run_dir), "--max-steps", str(MAX_STEPS), *extra],
-        env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 

@@ -48,8 +48,16 @@ def build(run_dir: str | os.PathLike, max_steps: int, loss_fn=tiny_loss, **train
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     x = torch.randn(52, 8, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=True)
-    kwargs = dict(max_steps=max_steps, model_config=MODEL_CONFIG, grad_accum_steps=2, clip_grad=1.0,
-                  ema_decay=0.9, log_every=1, ckpt_every=3, seed=7)
+    kwargs = dict(
+        max_steps=max_steps,
+        model_config=MODEL_CONFIG,
+        grad_accum_steps=2,
+        clip_grad=1.0,
+        ema_decay=0.9,
+        log_every=1,
+        ckpt_every=3,
+        seed=7,
+    )
     kwargs.update(trainer_kwargs)
     return Trainer(run_dir, {"recipe": "tiny"}, model, optimizer, scheduler, loader, loss_fn, **kwargs)
 

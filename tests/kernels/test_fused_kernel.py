@@ -26,7 +26,6 @@ def _poison(monkeypatch):
     monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)
 
 
-
 def _grads_vs_fp64(fn, inputs, tol, out_dtype=None, out_shape=None):
     """fn(*inputs, backend="triton") vs fn on fp64 copies (backend="torch"): output and every input grad."""
     leaves = [t.detach().requires_grad_() for t in inputs]
@@ -98,8 +97,9 @@ def test_silu_mul_packed_matches_reference(shape, dtype):
     """Packed [..., 2C] input (GLU's fused W_1 | W_2 output): y [..., C], and one [..., 2C] gradient whose both
     halves are written (NaN-poisoned beforehand)."""
     h = (torch.randn(shape, device=DEV) * 4).to(dtype)
-    _grads_vs_fp64(lambda h_, backend: silu_mul(h_, backend=backend), [h], TOL[dtype],
-                   out_shape=(*shape[:-1], shape[-1] // 2))
+    _grads_vs_fp64(
+        lambda h_, backend: silu_mul(h_, backend=backend), [h], TOL[dtype], out_shape=(*shape[:-1], shape[-1] // 2)
+    )
     a, b = h.chunk(2, dim=-1)
     torch.testing.assert_close(silu_mul(h, backend="triton"), silu_mul(a, b, backend="triton"), rtol=0, atol=0)
 
@@ -198,9 +198,16 @@ def test_modulated_layer_norm_matches_reference(shape, dtype):
 
 
 @pytest.mark.parametrize("shape", [(1, 197, 24), (3, 33, 384), (4, 5, 7)])
-@pytest.mark.parametrize("dtypes", [(torch.float32,) * 3, (torch.bfloat16,) * 3, (torch.float16,) * 3,
-                                    (torch.bfloat16, torch.float32, torch.bfloat16),
-                                    (torch.float32, torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.float32,) * 3,
+        (torch.bfloat16,) * 3,
+        (torch.float16,) * 3,
+        (torch.bfloat16, torch.float32, torch.bfloat16),
+        (torch.float32, torch.bfloat16, torch.bfloat16),
+    ],
+)
 def test_gated_residual_matches_reference(shape, dtypes):
     """x + gate * y in PyTorch's promoted dtype (fp32 as soon as one input is fp32); grads in each input's dtype."""
     x_dt, g_dt, y_dt = dtypes
@@ -229,8 +236,11 @@ def test_adaln_out_dtype_and_many_programs(monkeypatch):
     ref = torch.autograd.grad(y_ref, ref_in, dy.double())
     assert [t.dtype for t in grads] == [torch.float32] * 3
     assert max(rel(a, r) for a, r in zip(grads, ref)) < 1e-5
-    _grads_vs_fp64(lambda x_, g_, y_, backend: gated_residual(x_, g_, y_, backend=backend),
-                   [x.detach(), shift.detach(), torch.randn_like(x)], 1e-5)
+    _grads_vs_fp64(
+        lambda x_, g_, y_, backend: gated_residual(x_, g_, y_, backend=backend),
+        [x.detach(), shift.detach(), torch.randn_like(x)],
+        1e-5,
+    )
     aop._sample_plan.cache_clear()
     with torch.autocast(DEV, dtype=torch.bfloat16):
         assert ModulatedLayerNorm()(x, shift, scale).dtype == torch.bfloat16
@@ -282,14 +292,19 @@ def test_adaln_compiles_without_graph_breaks(monkeypatch):
     with torch.device(DEV):
         compiled = torch.compile(f, fullgraph=True, backend="aot_eager")(x, mod)
     grads = torch.autograd.grad(compiled, (x, mod))
-    assert sorted(launches) == ["adaln_bwd_launch", "adaln_fwd_launch", "gated_residual_bwd_launch",
-                                "gated_residual_fwd_launch"]
+    assert sorted(launches) == [
+        "adaln_bwd_launch",
+        "adaln_fwd_launch",
+        "gated_residual_bwd_launch",
+        "gated_residual_fwd_launch",
+    ]
     torch.testing.assert_close(compiled, eager)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r)
 
 
 # ---- LION feature map phi ----
+
 
 def _qk_view(b, n, h, d, dtype, scale=2.0):
     """q of a fused qkv projection: a strided [B, H, N, d] view, as LionAttention gets it."""
@@ -299,12 +314,16 @@ def _qk_view(b, n, h, d, dtype, scale=2.0):
 
 @pytest.mark.parametrize("kind", ["silu_norm", "elu"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("make", [
-    lambda dtype: _qk_view(2, 197, 3, 64, dtype),  # strided view, N = 197 (cls + 14 x 14)
-    lambda dtype: _qk_view(1, 5, 1, 24, dtype),  # B = H = 1, d = 24 (padded to 32)
-    lambda dtype: (torch.randn(3, 50, 48, device=DEV) * 3).to(dtype),  # 3-D, contiguous
-    lambda dtype: (torch.randn(2, 1, 9, 128, device=DEV)).to(dtype).transpose(1, 2),  # [2, 9, 1, 128] view
-], ids=["qk_view-n197-d64", "qk_view-b1-h1-d24", "3d-contiguous", "transposed-d128"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda dtype: _qk_view(2, 197, 3, 64, dtype),  # strided view, N = 197 (cls + 14 x 14)
+        lambda dtype: _qk_view(1, 5, 1, 24, dtype),  # B = H = 1, d = 24 (padded to 32)
+        lambda dtype: (torch.randn(3, 50, 48, device=DEV) * 3).to(dtype),  # 3-D, contiguous
+        lambda dtype: (torch.randn(2, 1, 9, 128, device=DEV)).to(dtype).transpose(1, 2),  # [2, 9, 1, 128] view
+    ],
+    ids=["qk_view-n197-d64", "qk_view-b1-h1-d24", "3d-contiguous", "transposed-d128"],
+)
 def test_lion_feature_map_matches_reference(kind, dtype, make):
     x = make(dtype)
     _grads_vs_fp64(lambda x_, backend: lion_feature_map(x_, kind, backend=backend), [x], TOL[dtype])
@@ -365,8 +384,10 @@ def _tpe_params(c, lam_lo, lam_hi):
 
 def _check_md_tpe(x, grid, coeffs, log_lambda, prefix, causal):
     """Output and the gradients of x, coeffs, log-lambda vs fp64; prefix rows of y and dx exactly 0."""
-    fn = lambda x_, c_, l_, backend: md_tpe(x_, grid, c_, l_, num_prefix_tokens=prefix,  # noqa: E731
-                                            causal=causal, backend=backend)
+
+    def fn(x_, c_, l_, backend):
+        return md_tpe(x_, grid, c_, l_, num_prefix_tokens=prefix, causal=causal, backend=backend)
+
     _grads_vs_fp64(fn, [x, coeffs, log_lambda], TOL[x.dtype])
     leaf = x.detach().requires_grad_()
     y = fn(leaf, coeffs, log_lambda, "triton")
@@ -374,8 +395,9 @@ def _check_md_tpe(x, grid, coeffs, log_lambda, prefix, causal):
     assert (y[:, :prefix] == 0).all() and (dx[:, :prefix] == 0).all()  # prefix tokens neither mix nor mix in
 
 
-@pytest.mark.parametrize("b, grid, prefix, c", [(2, (14, 14), 1, 24), (1, (5, 7), 0, 40), (3, (32, 9), 2, 12),
-                                                (2, (1, 6), 1, 8)])
+@pytest.mark.parametrize(
+    "b, grid, prefix, c", [(2, (14, 14), 1, 24), (1, (5, 7), 0, 40), (3, (32, 9), 2, 12), (2, (1, 6), 1, 8)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 def test_md_tpe_kernel_matches_reference(b, grid, prefix, c, dtype, causal):
@@ -406,8 +428,7 @@ def test_md_tpe_kernel_fallbacks():
     kw = dict(num_prefix_tokens=0, causal=False, impl="dense", combine="sum")
     assert kop.md_tpe_triton(x, coeffs, log_lambda, grid=big, **kw) is NotImplemented
     assert kop.md_tpe_triton(x[:, :6], coeffs, log_lambda, grid=(2, 3), **dict(kw, impl="scan")) is NotImplemented
-    assert kop.md_tpe_triton(x[:, :6], coeffs, log_lambda, grid=(2, 3), **dict(kw, combine="product")) \
-        is NotImplemented
+    assert kop.md_tpe_triton(x[:, :6], coeffs, log_lambda, grid=(2, 3), **dict(kw, combine="product")) is NotImplemented
     x3 = torch.randn(1, 8, 8, device=DEV)
     c3 = torch.randn(3, 8, 4, device=DEV)
     assert kop.md_tpe_triton(x3, c3, log_lambda.repeat(2, 1)[:3], grid=(2, 2, 2), **kw) is NotImplemented

@@ -32,7 +32,6 @@ def _poison(monkeypatch):
     lop._config.cache_clear()
 
 
-
 def _inputs(b, h, n, d, dv, dtype, k_scale=2.0):
     q = torch.randn(b, h, n, d, device=DEV, dtype=dtype)
     k = (torch.randn(b, h, n, d, device=DEV) * k_scale).to(dtype)
@@ -97,8 +96,11 @@ def test_matches_reference_with_lrpe(b, h, grid, prefix, d, dv, dtype, path):
     _check(*_inputs(b, h, n, d, dv, dtype), dtype, grid=grid, num_prefix_tokens=prefix)
 
 
-VARIANT_CASES = [(v, dtype, path) for v in ("global", "mixed", "per_axis") for dtype, path in
-                 ((torch.float32, "split"), (torch.bfloat16, "fused"))]
+VARIANT_CASES = [
+    (v, dtype, path)
+    for v in ("global", "mixed", "per_axis")
+    for dtype, path in ((torch.float32, "split"), (torch.bfloat16, "fused"))
+]
 
 
 @pytest.mark.parametrize(
@@ -217,8 +219,11 @@ def test_custom_op_opcheck():
     # schema, fake (meta) kernels and autograd registration of lightvision::lightnet_attn_fwd / _bwd
     q, k, v = _inputs(1, 2, 10, 16, 16, torch.float32)
     args = [t.requires_grad_() for t in (q, k, v)] + [*lop.rotation_tables((3, 3), 1, 16, 1, q.dtype, q.device), True]
-    torch.library.opcheck(torch.ops.lightvision.lightnet_attn_fwd.default, args,
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        torch.ops.lightvision.lightnet_attn_fwd.default,
+        args,
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
     # the custom op's own autograd formula (the path torch.compile takes) agrees with the eager path
     o = torch.ops.lightvision.lightnet_attn_fwd(*args)[0]
     do = torch.randn_like(o)
@@ -247,18 +252,21 @@ def test_compiles_without_graph_breaks():
         torch.testing.assert_close(g, r)
 
 
-@pytest.mark.parametrize("b,h,grid,prefix,d,dtype,group,path", [
-    (2, 2, (4, 5), 1, 16, torch.float32, 2, "split"),
-    (4, 2, (4, 5), 1, 16, torch.float32, 2, "fused"),
-    (1, 1, (5, 7), 1, 24, torch.float32, 1, "split"),
-    (1, 3, (3, 7), 0, 24, torch.bfloat16, 1, "fused"),
-    (4, 2, (3, 7), 1, 24, torch.float32, 2, "fused"),
-    (1, 4, (5, 7), 1, 24, torch.bfloat16, 2, "split"),
-    (2, 8, (3, 5), 1, 16, torch.bfloat16, 4, "fused"),
-    (1, 4, (4, 9), 0, 32, torch.float32, 2, "split"),
-    (4, 1, (3, 3), 1, 48, torch.float16, 1, "fused"),
-    (1, 2, (3, 5), 0, 72, torch.bfloat16, 1, "split"),  # LightNet-DiT-XL/2's head dim
-])
+@pytest.mark.parametrize(
+    "b,h,grid,prefix,d,dtype,group,path",
+    [
+        (2, 2, (4, 5), 1, 16, torch.float32, 2, "split"),
+        (4, 2, (4, 5), 1, 16, torch.float32, 2, "fused"),
+        (1, 1, (5, 7), 1, 24, torch.float32, 1, "split"),
+        (1, 3, (3, 7), 0, 24, torch.bfloat16, 1, "fused"),
+        (4, 2, (3, 7), 1, 24, torch.float32, 2, "fused"),
+        (1, 4, (5, 7), 1, 24, torch.bfloat16, 2, "split"),
+        (2, 8, (3, 5), 1, 16, torch.bfloat16, 4, "fused"),
+        (1, 4, (4, 9), 0, 32, torch.float32, 2, "split"),
+        (4, 1, (3, 3), 1, 48, torch.float16, 1, "fused"),
+        (1, 2, (3, 5), 0, 72, torch.bfloat16, 1, "split"),  # LightNet-DiT-XL/2's head dim
+    ],
+)
 def test_qkvpacked_matches_reference(b, h, grid, prefix, d, dtype, group, path):
     """The packed entry (o written as [B, N, H, d], dqkv written in place) vs the fp64 reference on the same
     views: output and the one gradient, NaN-poisoned outputs, both launch plans; small heads run ``group`` to a
@@ -285,8 +293,11 @@ def test_qkvpacked_custom_ops_and_compile():
 
     qkv = torch.randn(2, 10, 3 * 2 * 16, device=DEV, requires_grad=True)
     tables = lop.rotation_tables((3, 3), 1, 16, lop.head_group(2, 16), qkv.dtype, qkv.device)  # two heads a program
-    torch.library.opcheck(torch.ops.lightvision.lightnet_attn_packed_fwd.default, [qkv, 2, *tables, True],
-                          test_utils=("test_schema", "test_faketensor", "test_autograd_registration"))
+    torch.library.opcheck(
+        torch.ops.lightvision.lightnet_attn_packed_fwd.default,
+        [qkv, 2, *tables, True],
+        test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+    )
 
     def f(t):
         return lightnet_attention_qkvpacked(t, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton").square().sum()
@@ -331,8 +342,9 @@ def test_model_kernel_path_traces_as_one_graph_after_preload():
     import sys
 
     def breaks(mode):
-        run = subprocess.run([sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode, DEV], capture_output=True, text=True,
-                             timeout=600)
+        run = subprocess.run(
+            [sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode, DEV], capture_output=True, text=True, timeout=600
+        )
         assert run.returncode == 0, run.stderr[-2000:]
         return int(run.stdout.strip().splitlines()[-1])
 
@@ -349,8 +361,9 @@ def test_tables_cached_in_inference_mode_serve_a_training_step():
     qkv = torch.randn(1, 10, 3 * 2 * 16, device=DEV)
     with torch.inference_mode():
         lightnet_attention_qkvpacked(qkv, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton")
-        lightnet_attention(*_inputs(1, 2, 10, 16, 16, torch.float32), grid=(3, 3), num_prefix_tokens=1,
-                           backend="triton")
+        lightnet_attention(
+            *_inputs(1, 2, 10, 16, 16, torch.float32), grid=(3, 3), num_prefix_tokens=1, backend="triton"
+        )
     x = qkv.clone().requires_grad_()
     lightnet_attention_qkvpacked(x, 2, grid=(3, 3), num_prefix_tokens=1, backend="triton").sum().backward()
     leaves = [t.requires_grad_() for t in _inputs(1, 2, 10, 16, 16, torch.float32)]

@@ -34,7 +34,6 @@ def _poison(monkeypatch):
     monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)
 
 
-
 def _inputs(b, h, n, d, dv, dtype):
     """Positive feature-mapped q, k (LION's normalised shifted SiLU), v; fresh each call."""
     q = F.normalize(F.silu(torch.randn(b, h, n, d, device=DEV)) + 0.5, dim=-1).to(dtype)
@@ -92,8 +91,9 @@ def _d_grad_mass(fn, tensors, ld, ups):
     S with constant gates [B, H, N], through the reference fn(*tensors, gates); B, N from tensors[0], which is
     q [B, H, N, d] or qkv [B, N, 3 * H * d]), the conditioning-aware version of docs/spec.md 2's relative error."""
     leaves = [t.detach().double() for t in tensors]
-    return _d_mass(lambda g: fn(*leaves, g, backend="torch"), ld, tensors[0].shape[0], tensors[0].shape[-2],
-                   ups[0]).item()
+    return _d_mass(
+        lambda g: fn(*leaves, g, backend="torch"), ld, tensors[0].shape[0], tensors[0].shape[-2], ups[0]
+    ).item()
 
 
 def _check_lion(q, k, v, ld, mask, form, dtype):
@@ -147,8 +147,15 @@ def _check_gates_in_qkv(b, n, h, d, form, dtype, strength, prefix):
     pad = torch.randn(b, n, gate_columns(h) - h, device=DEV).to(dtype)
 
     def fn(qkv, z, backend):
-        return lion_attention_qkvpacked(torch.cat([qkv, z, pad.to(z.dtype)], -1), h, mask="s", gates_in_qkv=True,
-                                        num_prefix_tokens=prefix, form=form, backend=backend)
+        return lion_attention_qkvpacked(
+            torch.cat([qkv, z, pad.to(z.dtype)], -1),
+            h,
+            mask="s",
+            gates_in_qkv=True,
+            num_prefix_tokens=prefix,
+            form=form,
+            backend=backend,
+        )
 
     _check(fn, (qkv, z), dtype, grad_names=("dqkv", "dgate_logits"))
 
@@ -171,8 +178,11 @@ def test_qkvpacked_many_tiles_and_scan(monkeypatch, mask):
     """The packed masked kernels over 13 tiles of 16 (N = 197, B = 1, H = 1, bf16), and the packed op's scan
     form (feature-map kernel, scan, head merge) on the same shape in fp32."""
     monkeypatch.setattr(lk.parallel, "TILE", 16)
-    check = (lambda form, dtype: _check_gates_in_qkv(1, 197, 1, 16, form, dtype, "weak", 1)) if mask == "s_in_qkv" \
+    check = (
+        (lambda form, dtype: _check_gates_in_qkv(1, 197, 1, 16, form, dtype, "weak", 1))
+        if mask == "s_in_qkv"
         else (lambda form, dtype: _check_packed(1, 197, 1, 16, mask, form, dtype, "weak", 1))
+    )
     check("parallel", torch.bfloat16)
     monkeypatch.setattr(lk.scan, "CHUNK", 16)
     check("scan", torch.float32)
@@ -282,17 +292,23 @@ def test_gate_table_from_logits():
     tile, n, h, prefix = 8, 45, 3, 2
     proj = torch.randn(2, n, 20, device=DEV) * 4
     proj[0, :, 5] = torch.linspace(-60.0, 60.0, n)
-    z = proj[..., 4: 4 + h]
+    z = proj[..., 4 : 4 + h]
     g = F.logsigmoid(z.double()).transpose(1, 2).clone()
     g[..., :prefix] = 0.0
     used = lk.parallel.table_columns(n, tile)
     for dtype in (torch.float32, torch.bfloat16):
-        zt = proj.to(dtype)[..., 4: 4 + h]
-        want = lk.parallel.gate_table(F.logsigmoid(zt.float()).transpose(1, 2).masked_fill(
-            torch.arange(n, device=DEV) < prefix, 0.0).contiguous(), (2, h, n, 16), tile)
+        zt = proj.to(dtype)[..., 4 : 4 + h]
+        want = lk.parallel.gate_table(
+            F.logsigmoid(zt.float())
+            .transpose(1, 2)
+            .masked_fill(torch.arange(n, device=DEV) < prefix, 0.0)
+            .contiguous(),
+            (2, h, n, 16),
+            tile,
+        )
         got = lk.parallel.gate_table(zt, (2, h, n, 16), tile, logits_prefix=prefix)
         torch.testing.assert_close(got[:, :used], want[:, :used], rtol=1e-6, atol=1e-5)
-    got = lk.parallel.gate_table(z, (2, h, n, 16), tile, logits_prefix=prefix)[:, :6 * tile]
+    got = lk.parallel.gate_table(z, (2, h, n, 16), tile, logits_prefix=prefix)[:, : 6 * tile]
     inc = F.pad(g, (0, 6 * tile - n)).view(6, 6, tile).cumsum(-1).view(6, -1)
     torch.testing.assert_close(got.double(), inc, rtol=1e-6, atol=1e-5)
 
@@ -322,8 +338,9 @@ def test_snake(mask):
     ld_col = _log_decay(mask, b, h, n, "strong", prefix)
 
     def fn(q, k, v, lr, lc, backend):
-        return lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask,
-                                    log_decay_row=lr, log_decay_col=lc, backend=backend)
+        return lion_snake_attention(
+            q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask, log_decay_row=lr, log_decay_col=lc, backend=backend
+        )
 
     _check(fn, (q, k, v, ld_row, ld_col), torch.float32)
 
@@ -408,13 +425,19 @@ def test_packed_custom_op_fakes(gates_in_qkv):
     dqkv, _ = torch.ops.lightvision.lion_packed_bwd(*args)
     assert torch.isfinite(dqkv).all()  # every element written (outputs are NaN-poisoned)
     if gates_in_qkv:
-        assert (dqkv[..., c3 + h:] == 0).all() and (dqkv[:, 0, c3:] == 0).all()  # padding; the prefix token's gate
-        assert (dqkv[:, 1:, c3: c3 + h] != 0).all()
+        assert (dqkv[..., c3 + h :] == 0).all() and (dqkv[:, 0, c3:] == 0).all()  # padding; the prefix token's gate
+        assert (dqkv[:, 1:, c3 : c3 + h] != 0).all()
 
     def f(qkv, a):
         if gates_in_qkv:
-            y = lion_attention_qkvpacked(torch.cat([qkv[..., :c3], a.transpose(1, 2), qkv[..., c3 + h:]], -1), h,
-                                         mask="s", gates_in_qkv=True, num_prefix_tokens=1, backend="triton")
+            y = lion_attention_qkvpacked(
+                torch.cat([qkv[..., :c3], a.transpose(1, 2), qkv[..., c3 + h :]], -1),
+                h,
+                mask="s",
+                gates_in_qkv=True,
+                num_prefix_tokens=1,
+                backend="triton",
+            )
         else:
             y = lion_attention_qkvpacked(qkv, h, mask="s", log_decay=F.logsigmoid(a), backend="triton")
         return (y * y).sum()

@@ -65,8 +65,13 @@ def test_lion_layer_composition(qkv_bias):
     assert rel(out, ref) < 1e-12
     up = torch.randn_like(ref)
     for p in (attn.gate.weight, attn.gate.bias, attn.qkv.weight, *([attn.qkv.bias] if qkv_bias else [])):
-        assert rel(torch.autograd.grad(out, p, up, retain_graph=True)[0],
-                    torch.autograd.grad(ref, p, up, retain_graph=True)[0]) < 1e-12
+        assert (
+            rel(
+                torch.autograd.grad(out, p, up, retain_graph=True)[0],
+                torch.autograd.grad(ref, p, up, retain_graph=True)[0],
+            )
+            < 1e-12
+        )
     lam = torch.sigmoid(LionAttention(12, 4, mask="d").decay)
     assert torch.allclose(lam, torch.linspace(0.9, 0.99, 4)[None], atol=1e-6)
 
@@ -102,7 +107,7 @@ def test_normalized_layer_composition():
     ref = attn.proj(((q @ k.transpose(-1, -2) @ v) / eta).transpose(1, 2).reshape(2, 21, 12))
     out = attn(x, (4, 5), 1)
     assert rel(out, ref) < 1e-12
-    (out ** 2).sum().backward()
+    (out**2).sum().backward()
     assert (attn.normalizer.weight.grad.abs().sum(-1) > 0).all() and (attn.normalizer.bias.grad.abs() > 0).all()
     perm = torch.randperm(21)
     assert rel(attn(x[:, perm], (4, 5), 1), out[:, perm]) < 1e-12
@@ -174,9 +179,11 @@ def test_mdtpe_residual():
         tpe(x, (7, 10), 1)
 
 
-@pytest.mark.parametrize("form,combine,norm", [("two_sided", "sum", False), ("one_sided", "product", False),
-                                               ("pair", "sum", True), ("pair", "product", False)],
-                         ids=["two_sided-sum", "one_sided-product", "pair-sum-norm", "pair-product"])
+@pytest.mark.parametrize(
+    "form,combine,norm",
+    [("two_sided", "sum", False), ("one_sided", "product", False), ("pair", "sum", True), ("pair", "product", False)],
+    ids=["two_sided-sum", "one_sided-product", "pair-sum-norm", "pair-product"],
+)
 def test_mdtpe_forms_match_the_op(form, combine, norm):
     """Each form is the op's kernel on (the normalised) x: two_sided |n|, one_sided n >= 0, pair = the one-sided
     mixing plus the one-sided mixing of the grid read backwards with the second coefficient set; every parameter

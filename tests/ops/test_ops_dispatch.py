@@ -68,7 +68,7 @@ def test_auto_under_compile_leaves_fusable_pointwise_to_inductor(empty_registry,
 @pytest.mark.parametrize("b,h,n", [(1, 1, 197), (2, 3, 10)])
 def test_softmax_attention(b, h, n, rel):
     q, k, v = (torch.randn(b, h, n, 8, dtype=torch.float64) for _ in range(3))
-    ref = torch.softmax(q @ k.transpose(-1, -2) / 8 ** 0.5, -1) @ v
+    ref = torch.softmax(q @ k.transpose(-1, -2) / 8**0.5, -1) @ v
     assert rel(softmax_attention(q, k, v), ref) < 1e-12
     ref2 = torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v
     assert rel(softmax_attention(q, k, v, scale=0.3), ref2) < 1e-12

@@ -70,15 +70,21 @@ def _causal_loop(q, k, v, grid, prefix):
 
 
 def _inputs(b, h, n, d, dv, dtype=F64, k_scale=2.0):
-    return (torch.randn(b, h, n, d, dtype=F64).to(dtype), (torch.randn(b, h, n, d, dtype=F64) * k_scale).to(dtype),
-            torch.randn(b, h, n, dv, dtype=F64).to(dtype))
+    return (
+        torch.randn(b, h, n, d, dtype=F64).to(dtype),
+        (torch.randn(b, h, n, d, dtype=F64) * k_scale).to(dtype),
+        torch.randn(b, h, n, dv, dtype=F64).to(dtype),
+    )
 
 
-@pytest.mark.parametrize("b,h,grid,prefix,d", [(1, 1, (7, 11), 1, 6), (2, 2, (4, 5), 0, 5), (1, 2, (23,), 2, 4),
-                                               (1, 1, (2, 3, 4), 1, 7)])
-@pytest.mark.parametrize("lrpe,key_softmax", [("per_axis", True), ("global", True), ("mixed", True), (False, True),
-                                               ("per_axis", False)], ids=["per_axis", "global", "mixed", "no_lrpe",
-                                                                           "no_decay"])
+@pytest.mark.parametrize(
+    "b,h,grid,prefix,d", [(1, 1, (7, 11), 1, 6), (2, 2, (4, 5), 0, 5), (1, 2, (23,), 2, 4), (1, 1, (2, 3, 4), 1, 7)]
+)
+@pytest.mark.parametrize(
+    "lrpe,key_softmax",
+    [("per_axis", True), ("global", True), ("mixed", True), (False, True), ("per_axis", False)],
+    ids=["per_axis", "global", "mixed", "no_lrpe", "no_decay"],
+)
 def test_equals_loop_reference(b, h, grid, prefix, d, lrpe, key_softmax, rel):
     n = math.prod(grid) + prefix
     q, k, v = _inputs(b, h, n, d, d + 2)
@@ -116,8 +122,9 @@ def test_causal_matches_eq7_and_final_state(b, h, grid, prefix, rel):
 def test_causal_no_decay_is_causal_linear_attention(rel):
     q, k, v = _inputs(1, 2, 30, 4, 4)
     qh, kh = F.silu(q), F.silu(k)
-    ref = torch.stack([(qh[:, :, t, None] * kh[:, :, : t + 1]).sum(-1)[..., None].mul(v[:, :, : t + 1]).sum(2)
-                       for t in range(30)], 2)
+    ref = torch.stack(
+        [(qh[:, :, t, None] * kh[:, :, : t + 1]).sum(-1)[..., None].mul(v[:, :, : t + 1]).sum(2) for t in range(30)], 2
+    )
     assert rel(lightnet_attention(q, k, v, causal=True, key_softmax=False), ref) < 1e-12
 
 
@@ -142,7 +149,8 @@ def test_low_precision(dtype, causal, rel):
 def test_gradcheck(causal):
     q, k, v = (t.requires_grad_(True) for t in _inputs(1, 1, 7, 3, 2))
     assert torch.autograd.gradcheck(
-        lambda a, b_, c: lightnet_attention(a, b_, c, grid=(2, 3), num_prefix_tokens=1, causal=causal), (q, k, v))
+        lambda a, b_, c: lightnet_attention(a, b_, c, grid=(2, 3), num_prefix_tokens=1, causal=causal), (q, k, v)
+    )
 
 
 def test_strided_views_from_fused_qkv(rel):
@@ -150,8 +158,10 @@ def test_strided_views_from_fused_qkv(rel):
     qkv = torch.randn(b, n, 3, h, d, dtype=F64)
     q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))
     y = lightnet_attention(q, k, v, grid=(4, 5), num_prefix_tokens=1)
-    assert rel(y, lightnet_attention(q.contiguous(), k.contiguous(), v.contiguous(), grid=(4, 5),
-                                     num_prefix_tokens=1)) < 1e-14
+    assert (
+        rel(y, lightnet_attention(q.contiguous(), k.contiguous(), v.contiguous(), grid=(4, 5), num_prefix_tokens=1))
+        < 1e-14
+    )
 
 
 def test_errors():

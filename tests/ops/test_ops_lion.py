@@ -103,8 +103,9 @@ def test_forms_agree_gradients(mask, rel):
     grads = {}
     for form in ("parallel",) + FORMS:
         leaves = [t.clone().requires_grad_(True) for t in inputs]
-        y = lion_attention(*leaves[:3], mask=mask, log_decay=leaves[3] if ld is not None else None, form=form,
-                           chunk_size=8)
+        y = lion_attention(
+            *leaves[:3], mask=mask, log_decay=leaves[3] if ld is not None else None, form=form, chunk_size=8
+        )
         (y * torch.linspace(-1, 1, y.numel(), dtype=F64).view_as(y)).sum().backward()
         grads[form] = [t.grad for t in leaves]
     for form in FORMS:
@@ -120,7 +121,8 @@ def test_gradcheck_log_decay(mask):
     ld = _log_decay(mask, b, h, n, "strong").requires_grad_(True)
     for form in ("parallel", "scan"):
         assert torch.autograd.gradcheck(
-            lambda x: lion_attention(q, k, v, mask=mask, log_decay=x, form=form, chunk_size=4), (ld,))
+            lambda x: lion_attention(q, k, v, mask=mask, log_decay=x, form=form, chunk_size=4), (ld,)
+        )
 
 
 def test_normalize_false_pair(rel):
@@ -151,11 +153,11 @@ def _snake_positions_loop(h, w, order, prefix):
     seq = list(range(prefix))
     if order == "row":
         for r in range(h):
-            for c in (range(w) if r % 2 == 0 else range(w - 1, -1, -1)):
+            for c in range(w) if r % 2 == 0 else range(w - 1, -1, -1):
                 seq.append(prefix + r * w + c)
     else:
         for c in range(w):
-            for r in (range(h) if c % 2 == 0 else range(h - 1, -1, -1)):
+            for r in range(h) if c % 2 == 0 else range(h - 1, -1, -1):
                 seq.append(prefix + r * w + c)
     pos = [0] * len(seq)
     for t, idx in enumerate(seq):
@@ -194,12 +196,15 @@ def test_snake_equals_definition(mask, b, h, grid, prefix, rel):
     q, k, v = _feat(b, h, n, 4)
     ld_r = _log_decay(mask, b, h, n, "strong", prefix)
     ld_c = _log_decay(mask, b, h, n, "strong", prefix)
-    m = (_snake_mask_loop(mask, ld_r, b, h, n, grid, prefix, "row")
-         + _snake_mask_loop(mask, ld_c, b, h, n, grid, prefix, "col")) / 2
+    m = (
+        _snake_mask_loop(mask, ld_r, b, h, n, grid, prefix, "row")
+        + _snake_mask_loop(mask, ld_c, b, h, n, grid, prefix, "col")
+    ) / 2
     ref = _masked_ref(q, k, v, m)
     for form in ("parallel", "chunk", "recurrent", "scan"):
-        y = lion_snake_attention(q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask, log_decay_row=ld_r,
-                                 log_decay_col=ld_c, form=form)
+        y = lion_snake_attention(
+            q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask, log_decay_row=ld_r, log_decay_col=ld_c, form=form
+        )
         assert rel(y, ref) < 1e-12, form
 
 
@@ -210,8 +215,9 @@ def test_snake_large_grid_fp32(rel):
     lds = [_log_decay("s", b, h, n, "weak") for _ in range(2)]
     kw = dict(grid=grid, num_prefix_tokens=1, mask="s")
     ref = lion_snake_attention(q, k, v, log_decay_row=lds[0], log_decay_col=lds[1], **kw)
-    y = lion_snake_attention(q.float(), k.float(), v.float(), log_decay_row=lds[0].float(),
-                             log_decay_col=lds[1].float(), form="scan", **kw)
+    y = lion_snake_attention(
+        q.float(), k.float(), v.float(), log_decay_row=lds[0].float(), log_decay_col=lds[1].float(), form="scan", **kw
+    )
     assert rel(y, ref) < 1e-5
 
 
@@ -235,7 +241,7 @@ def test_qkvpacked_gates_in_qkv(h):
     assert cols == 64
     x = torch.randn(b, n, c3 + cols, dtype=F64, requires_grad=True)
     y = lion_attention_qkvpacked(x, h, mask="s", gates_in_qkv=True, num_prefix_tokens=prefix, form="chunk")
-    la = F.logsigmoid(x[..., c3: c3 + h]).transpose(1, 2).clone()
+    la = F.logsigmoid(x[..., c3 : c3 + h]).transpose(1, 2).clone()
     la[..., :prefix] = 0.0
     ref = lion_attention_qkvpacked(x[..., :c3], h, mask="s", log_decay=la, form="chunk")
     assert torch.allclose(y, ref, rtol=1e-12, atol=1e-12)
@@ -277,11 +283,27 @@ def test_errors():
     with pytest.raises(ValueError, match="4-D"):
         lion_attention(q[0], k[0], v[0])
     with pytest.raises(ValueError, match="sequence has N=10"):
-        lion_snake_attention(q, k, v, grid=(3, 4), num_prefix_tokens=0, mask="d", log_decay_row=torch.zeros(3),
-                             log_decay_col=torch.zeros(3))
+        lion_snake_attention(
+            q,
+            k,
+            v,
+            grid=(3, 4),
+            num_prefix_tokens=0,
+            mask="d",
+            log_decay_row=torch.zeros(3),
+            log_decay_col=torch.zeros(3),
+        )
     with pytest.raises(ValueError, match="2-D grid"):
-        lion_snake_attention(q, k, v, grid=(9,), num_prefix_tokens=1, mask="d", log_decay_row=torch.zeros(3),
-                             log_decay_col=torch.zeros(3))
+        lion_snake_attention(
+            q,
+            k,
+            v,
+            grid=(9,),
+            num_prefix_tokens=1,
+            mask="d",
+            log_decay_row=torch.zeros(3),
+            log_decay_col=torch.zeros(3),
+        )
     with pytest.raises(ValueError, match=r"\[H\] or \[B, H, N\]"):
         two_scan_attention(q, k, v, torch.zeros(2, 3))
 

@@ -19,8 +19,11 @@ def _spectrum(variant, size, start, dim):
 
 
 @pytest.mark.parametrize("variant", ["per_axis", "global"])
-@pytest.mark.parametrize("grid,dim,prefix", [((7, 11), 6, 1), ((3, 4, 5), 8, 2), ((13,), 5, 0), ((4, 6), 7, 0)],
-                         ids=["7x11-d6-p1", "3x4x5-d8-p2", "13-d5", "4x6-d7"])
+@pytest.mark.parametrize(
+    "grid,dim,prefix",
+    [((7, 11), 6, 1), ((3, 4, 5), 8, 2), ((13,), 5, 0), ((4, 6), 7, 0)],
+    ids=["7x11-d6-p1", "3x4x5-d8-p2", "13-d5", "4x6-d7"],
+)
 def test_angles_layout(grid, dim, prefix, variant):
     ang = lrpe_angles(grid, dim, prefix, variant=variant)
     assert ang.shape == (math.prod(grid) + prefix, dim) and ang.dtype == torch.float32
@@ -33,7 +36,7 @@ def test_angles_layout(grid, dim, prefix, variant):
         theta = _spectrum(variant, size, start, dim)
         for t, c in enumerate(coords):
             want = c[axis] * theta
-            torch.testing.assert_close(ang[prefix + t, start:start + size].double(), want, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(ang[prefix + t, start : start + size].double(), want, rtol=1e-6, atol=1e-6)
         start += size
     assert lrpe_angles(grid, dim, prefix, dtype=F64).dtype == F64
 
@@ -76,8 +79,9 @@ def test_md_lrpe_form_and_prefix():
 _OFFSET_CASES = [((7, 11), 1, 8, v) for v in LRPE_VARIANTS] + [((3, 4, 5), 0, 9, v) for v in ("per_axis", "global")]
 
 
-@pytest.mark.parametrize("grid,prefix,dim,variant", _OFFSET_CASES,
-                         ids=[f"{'x'.join(map(str, c[0]))}-{c[3]}" for c in _OFFSET_CASES])
+@pytest.mark.parametrize(
+    "grid,prefix,dim,variant", _OFFSET_CASES, ids=[f"{'x'.join(map(str, c[0]))}-{c[3]}" for c in _OFFSET_CASES]
+)
 def test_scores_depend_only_on_offsets(grid, prefix, dim, variant):
     """q~_s . k~_t for tokens carrying the same q and k vectors is a function of the per-axis offsets s - t."""
     n = math.prod(grid) + prefix

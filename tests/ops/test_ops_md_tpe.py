@@ -69,11 +69,26 @@ def test_scan_equals_dense_fp32_and_grads(causal, combine, rel):
     assert rel(outs["scan"], outs["dense"]) < 1e-12
     for g_s, g_d in zip(grads["scan"], grads["dense"]):
         assert g_d.abs().sum() > 0 and rel(g_s, g_d) < 1e-12
-    y32 = md_tpe(x.detach().float(), grid, coeffs.detach().float(), log_lambda.detach().float(),
-                 num_prefix_tokens=prefix, causal=causal, impl="scan", combine=combine)
+    y32 = md_tpe(
+        x.detach().float(),
+        grid,
+        coeffs.detach().float(),
+        log_lambda.detach().float(),
+        num_prefix_tokens=prefix,
+        causal=causal,
+        impl="scan",
+        combine=combine,
+    )
     assert y32.dtype == torch.float32 and rel(y32, outs["dense"]) < 1e-5
-    ybf = md_tpe(x.detach().bfloat16(), grid, coeffs.detach().float(), log_lambda.detach().float(),
-                 num_prefix_tokens=prefix, causal=causal, combine=combine)
+    ybf = md_tpe(
+        x.detach().bfloat16(),
+        grid,
+        coeffs.detach().float(),
+        log_lambda.detach().float(),
+        num_prefix_tokens=prefix,
+        causal=causal,
+        combine=combine,
+    )
     assert ybf.dtype == torch.bfloat16 and rel(ybf, outs["dense"]) < 1e-2
 
 
