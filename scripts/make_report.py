@@ -58,12 +58,16 @@ def _fwdbwd(records: list[dict]) -> dict:
 
 
 def render_attention(files: list[str], **_) -> str:
-    """fwd+bwd CUDA-graph ms per length: SDPA, LightNet, LION masked / scan, fla, LION-S with the mask materialised."""
-    main = load(files[0])["records"]
-    ms = _fwdbwd(main) | (_fwdbwd(load(files[1])["records"]) if len(files) > 1 else {})
+    """fwd+bwd CUDA-graph ms per length: SDPA, LightNet, LION masked / scan, fla, LION-S with the mask materialised.
+    The files' records are merged, a later file winning for the same (op, impl, N) (as plot_attention.py does)."""
+    ms, shapes = {}, set()
+    for name in files:
+        records = load(name)["records"]
+        ms |= _fwdbwd(records)
+        shapes |= {(r["N"], r["B"]) for r in records}
     fmt = lambda v: "-" if v is None else f"{v:#.3g}" if v < 10 else f"{v:.1f}"  # noqa: E731
     rows = []
-    for n, b in sorted({(r["N"], r["B"]) for r in main}):
+    for n, b in sorted(shapes):
         get = lambda op, impl: ms.get((op, impl, n))  # noqa: E731
         pair = lambda op: f"{fmt(get(op, 'triton_parallel'))} / {fmt(get(op, 'triton_scan'))}"  # noqa: E731
         rows.append(

@@ -1,6 +1,6 @@
 """LightNet Figure 2 on our kernels: attention time against sequence length, one scan versus two scans.
 
-    python scripts/plot_attention.py benchmarks/results/attention_fwd_bwd_h100_20261122.json \
+    python scripts/plot_attention.py benchmarks/results/attention_fwd_bwd_h100_20261125.json \
         --out benchmarks/results/attention_vs_length
 
 Reads result files of ``scripts/bench_attention.py`` (records with op, impl, N, B, mode, ms, ms_graph), merges
