@@ -195,6 +195,36 @@ def render_yardstick(files: list[str], **_) -> str:
     return table(["cutout", "epochs", "test top-1", "with flip TTA", "where"], rows)
 
 
+def render_input_pipeline(files: list[str], **_) -> str:
+    """DeiT training images/s per input path against synthetic input, the loader alone, per-stage ms per batch."""
+    results = load(files[0])["results"]
+    ceiling = results["synthetic"]["images_per_s"]
+    rows = []
+    for name, r in results.items():
+        loader = r.get("loader_images_per_s")
+        stages = [f"{r[k]:.1f}" for k in ("read_ms", "decode_ms", "augment_ms", "step_ms")]
+        rows.append(
+            [
+                name,
+                f"{r['images_per_s']:.0f}",
+                f"{r['images_per_s'] / ceiling:.0%}",
+                "-" if loader is None else f"{loader:.0f}",
+                *stages,
+            ]
+        )
+    header = [
+        "input",
+        "images/s",
+        "of synthetic",
+        "loader alone images/s",
+        "read ms",
+        "decode ms",
+        "augment ms",
+        "step ms",
+    ]
+    return table(header, rows)
+
+
 def render_diffusion_cifar10(files: list[str], **_) -> str:
     """Per DiT run of ``scripts/run_variants.py`` reports: params, steps, test bits/dim, FID / precision / recall in
     the report's feature network, streak share (the real test images' first) and the shared-GPU steps/s."""
