@@ -187,12 +187,19 @@ def render_classify_cifar10(files: list[str], **_) -> str:
 
 
 def render_yardstick(files: list[str], **_) -> str:
-    """CIFAR-10 yardstick recipes: cutout, epochs, test top-1 plain and with flip TTA."""
+    """CIFAR-10 yardstick recipes: widths, cutout, epochs, test top-1 plain and with flip TTA."""
     rows = [
-        [r["cutout"] or "-", r["epochs"], f"{r['test_top1']:.2f}", r.get("test_top1_flip_tta", "-"), r["source"]]
+        [
+            "-".join(str(w) for w in r.get("widths", (64, 128, 256, 512))),
+            r["cutout"] or "-",
+            r["epochs"],
+            f"{r['test_top1']:.2f}",
+            r.get("test_top1_flip_tta", "-"),
+            r["source"],
+        ]
         for r in load(files[0])["results"]
     ]
-    return table(["cutout", "epochs", "test top-1", "with flip TTA", "where"], rows)
+    return table(["widths", "cutout", "epochs", "test top-1", "with flip TTA", "where"], rows)
 
 
 def render_input_pipeline(files: list[str], **_) -> str:
