@@ -100,11 +100,20 @@ def erase_boxes(n: int, height: int, width: int, prob: float, max_count: int) ->
     return torch.stack([top, left, bh * erased, bw], 1).long().view(n, max_count, 4)
 
 
-def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
-    """uint8 [3, h, w] -> uint8 [3, *size], antialiased when shrinking (as PIL resamples)."""
+def _resize_many(images: Sequence[torch.Tensor], size: tuple[int, int], mode: str) -> torch.Tensor:
+    """uint8 [3, h_i, w_i] per image -> uint8 [N, 3, *size], antialiased when shrinking (as PIL resamples).
+
+    Each image is resized on its own (sizes differ), but the rounding back to uint8 runs once on the batch: two
+    kernel launches per image instead of five, for a path whose cost is launches (one batch of 128 at 224 px).
+    """
     kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
-    out = F.interpolate(img[None].float(), size=size, mode=mode, **kwargs)
-    return out[0].round().clamp(0, 255).to(torch.uint8)
+    out = torch.cat([F.interpolate(img[None].float(), size=size, mode=mode, **kwargs) for img in images])
+    return out.round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
+    """uint8 [3, h, w] -> uint8 [3, *size] (:func:`_resize_many` of one image)."""
+    return _resize_many([img], size, mode)[0]
 
 
 def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -179,13 +188,8 @@ class DeviceTrainTransform:
         """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image -> uint8 [N, 3, S, S]."""
         sizes = torch.tensor([img.shape[-2:] for img in images])
         params = resized_crop_params(sizes, self.scale).tolist()
-        size = (self.img_size, self.img_size)
-        x = torch.stack(
-            [
-                _resize(img[:, t : t + h, left : left + w], size, self.interpolation)
-                for img, (t, left, h, w) in zip(images, params)
-            ]
-        )
+        crops = [img[:, t : t + h, left : left + w] for img, (t, left, h, w) in zip(images, params)]
+        x = _resize_many(crops, (self.img_size, self.img_size), self.interpolation)
         flip = torch.nonzero(batch_random().rand(len(images), device="cpu") < 0.5).flatten()
         if flip.numel():
             idx = flip.to(x.device, non_blocking=True)

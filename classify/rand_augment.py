@@ -233,15 +233,29 @@ class BatchRandAugment:
         return op, applied, level.clamp(0, self.magnitude_max), negate
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Augment uint8 [N, 3, H, W] (any device); returns a new uint8 tensor of the same shape."""
+        """Augment uint8 [N, 3, H, W] (any device); returns a new uint8 tensor of the same shape.
+
+        Per layer, the images that apply an op are gathered once, sorted by op, so that each op runs on a
+        contiguous slice, and scattered back once (one copy of the order and the arguments to the device per layer).
+        """
         op, applied, level, negate = self.draw(x.shape[0])
         x = x.clone()
         fill = self.fill.to(x.device)
         for layer in range(self.num_layers):
+            groups, args = [], []
             for k, name in enumerate(self.names):
                 rows = torch.nonzero((op[layer] == k) & applied[layer]).flatten()
                 if rows.numel():
-                    arg = level_to_arg(name, level[layer, rows], negate[layer, rows], self.translate_pct)
-                    idx = rows.to(x.device, non_blocking=True)
-                    x[idx] = apply_op(x[idx], name, arg.to(x.device, non_blocking=True), fill, self.interpolation)
+                    groups.append((name, rows))
+                    args.append(level_to_arg(name, level[layer, rows], negate[layer, rows], self.translate_pct))
+            if not groups:
+                continue
+            order = torch.cat([rows for _, rows in groups]).to(x.device, non_blocking=True)
+            arg = torch.cat(args).float().to(x.device, non_blocking=True)
+            picked, start = x[order], 0
+            for name, rows in groups:
+                end = start + rows.numel()
+                picked[start:end] = apply_op(picked[start:end], name, arg[start:end], fill, self.interpolation)
+                start = end
+            x[order] = picked
         return x

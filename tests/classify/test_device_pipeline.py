@@ -157,6 +157,21 @@ def test_rand_augment_parses_recipe_and_draws_like_timm():
             BatchRandAugment(config, 224, MEAN)
 
 
+def test_rand_augment_batch_equals_image_by_image():
+    """Each image of a batch gets exactly its own drawn ops: the batch equals the images augmented one at a time."""
+    ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)
+    base = torch.from_numpy(textured()).permute(2, 0, 1)
+    x = torch.stack([base.roll(7 * i, dims=-1) for i in range(24)])
+    with use_batch_random(BatchRandom(6)):
+        draws = ra.draw(len(x))
+    ra.draw = lambda n: draws
+    batch = ra(x)
+    for i in range(len(x)):
+        ra.draw = lambda n, i=i: tuple(d[:, i : i + 1] for d in draws)
+        assert torch.equal(batch[i], ra(x[i : i + 1])[0]), f"image {i}"
+    assert draws[1].any(0).sum() > 12  # most images had an op applied
+
+
 def test_train_transform_is_reproducible_and_erases_at_reprob():
     images = [
         decode_jpeg(torch.frombuffer(bytearray(jpeg_bytes(60 + 7 * i, 80, i)), dtype=torch.uint8)) for i in range(6)
