@@ -11,6 +11,9 @@
 #                plot_attention.py, bench_models.py, profile_model.py)
 #   memory       DeiT-S inference memory at batch 8 from 224 to 1024 px, every attention, and its growth exponent with
 #                the token count (bench_models.py --memory-only; a minute or two)
+#   input        the classifier input pipeline: an ImageNet-like JPEG folder (scripts/make_imagenet_like.py, 20,000
+#                images from the CIFAR-10 archives in .carry/) and DeiT-S training images/s from it per input path against
+#                synthetic input (scripts/bench_input.py; needs the webdataset and braceexpand wheels; about 4 min)
 #   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
 #                narrows them with -k)
 #   variants     LightNet-DiT-S/2 variants (configs/variants/diffusion_cifar10.yaml) and attention kinds trained side by
@@ -69,6 +72,12 @@ for stage in "$@"; do
       python3 "$repo/scripts/bench_models.py" --family deit --memory-only --out "$out/models_memory.json" \
         > "$out/models_memory.log" 2>&1; stamp "memory done rc=$?"
       tail -n 12 "$out/models_memory.log"
+      ;;
+    input)
+      python3 "$repo/scripts/make_imagenet_like.py" --cifar "$repo/.carry" --out /tmp/imagenet_like --count 20000 \
+        > "$out/make_imagenet_like.log" 2>&1; stamp "imagenet-like folder done rc=$?"
+      python3 "$repo/scripts/bench_input.py" --data /tmp/imagenet_like --out "$out/input.json" > "$out/input.log" 2>&1
+      stamp "input done rc=$?"; tail -n 8 "$out/input.log"
       ;;
     tests)
       (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels tests/ops tests/layers ${LV_TESTS_K:+-k "$LV_TESTS_K"} \
