@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
+from lightvision.kernels.resize import resized_crops
 from lightvision.ops._checks import check_choice
 
 __all__ = ["DeviceEvalTransform", "DeviceTrainTransform", "erase_boxes", "resized_crop_params"]
@@ -100,20 +101,11 @@ def erase_boxes(n: int, height: int, width: int, prob: float, max_count: int) ->
     return torch.stack([top, left, bh * erased, bw], 1).long().view(n, max_count, 4)
 
 
-def _resize_many(images: Sequence[torch.Tensor], size: tuple[int, int], mode: str) -> torch.Tensor:
-    """uint8 [3, h_i, w_i] per image -> uint8 [N, 3, *size], antialiased when shrinking (as PIL resamples).
-
-    Each image is resized on its own (sizes differ), but the rounding back to uint8 runs once on the batch: two
-    kernel launches per image instead of five, for a path whose cost is launches (one batch of 128 at 224 px).
-    """
-    kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
-    out = torch.cat([F.interpolate(img[None].float(), size=size, mode=mode, **kwargs) for img in images])
-    return out.round_().clamp_(0, 255).to(torch.uint8)
-
-
 def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
-    """uint8 [3, h, w] -> uint8 [3, *size] (:func:`_resize_many` of one image)."""
-    return _resize_many([img], size, mode)[0]
+    """uint8 [3, h, w] -> uint8 [3, *size], antialiased when shrinking (as PIL resamples)."""
+    kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
+    out = F.interpolate(img[None].float(), size=size, mode=mode, **kwargs)
+    return out[0].round().clamp(0, 255).to(torch.uint8)
 
 
 def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -185,16 +177,13 @@ class DeviceTrainTransform:
         self.recount = int(aug.get("recount", 1))
 
     def crop_flip(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image -> uint8 [N, 3, S, S]."""
+        """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image -> uint8 [N, 3, S, S]
+        (``lightvision.kernels.resize``: one launch for the batch on CUDA)."""
         sizes = torch.tensor([img.shape[-2:] for img in images])
-        params = resized_crop_params(sizes, self.scale).tolist()
-        crops = [img[:, t : t + h, left : left + w] for img, (t, left, h, w) in zip(images, params)]
-        x = _resize_many(crops, (self.img_size, self.img_size), self.interpolation)
-        flip = torch.nonzero(batch_random().rand(len(images), device="cpu") < 0.5).flatten()
-        if flip.numel():
-            idx = flip.to(x.device, non_blocking=True)
-            x[idx] = x[idx].flip(-1)
-        return x
+        boxes = resized_crop_params(sizes, self.scale)
+        flip = batch_random().rand(len(images), device="cpu") < 0.5
+        x = resized_crops(images, boxes, flip, self.img_size, self.interpolation)
+        return x.round_().clamp_(0, 255).to(torch.uint8)
 
     def color_jitter(self, x: torch.Tensor) -> torch.Tensor:
         """torchvision ``ColorJitter(b, c, s)``: factors uniform in [max(0, 1 - j), 1 + j], in a random order per

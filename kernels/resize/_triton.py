@@ -1,0 +1,98 @@
+"""Triton program of :func:`lightvision.kernels.resize.resized_crops`.
+
+One program computes a BY x BX tile of one image's channel. PyTorch's antialiased resampling (``F.interpolate(...,
+antialias=True)``, PIL's filters) is separable: output pixel (y, x) of a crop of h x w input pixels scaled to S x S is
+
+    out[y, x] = sum_r wy[y, r] sum_c wx[x, c] in[t + r, l + c],
+
+    w[o, i] = f((i - center_o + 0.5) / s') / sum_i' f((i' - center_o + 0.5) / s'),   center_o = scale (o + 0.5),
+    scale = h / S (rows) or w / S (columns),  s' = max(scale, 1),  i in [int(center_o - R s' + 0.5), int(center_o +
+    R s' + 0.5)) clipped to the crop,
+
+with f the bicubic kernel of a = -0.5 (R = 2) or the triangle (R = 1). The program walks the input rows its tile
+needs once, resamples each row horizontally for the tile's columns, and adds it to every output row with that row's
+vertical weight, so each input pixel is read about (horizontal taps) times instead of (horizontal x vertical taps).
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _filter(x, BICUBIC: tl.constexpr):
+    x = tl.abs(x)
+    if BICUBIC:  # Keys' cubic convolution with a = -0.5 (PIL's and PyTorch's antialiased bicubic)
+        near = (1.5 * x - 2.5) * x * x + 1.0
+        far = ((-0.5 * x + 2.5) * x - 4.0) * x + 2.0
+        return tl.where(x < 1.0, near, tl.where(x < 2.0, far, 0.0))
+    return tl.maximum(1.0 - x, 0.0)
+
+
+@triton.jit
+def _taps(o, scale, size, RADIUS: tl.constexpr):
+    """First input index, tap count, centre and filter stretch of output indices o (any shape)."""
+    center = scale * (o.to(tl.float32) + 0.5)
+    stretch = tl.maximum(scale, 1.0)
+    support = RADIUS * stretch
+    lo = tl.maximum((center - support + 0.5).to(tl.int32), 0)
+    hi = tl.minimum((center + support + 0.5).to(tl.int32), size)
+    return lo, hi - lo, center, stretch
+
+
+@triton.jit
+def resized_crops_kernel(
+    SRC,
+    PARAMS,
+    OUT,
+    C,
+    S,
+    BICUBIC: tl.constexpr,
+    RADIUS: tl.constexpr,
+    BY: tl.constexpr,
+    BX: tl.constexpr,
+):
+    """SRC: every image's [C, H, W] uint8 pixels one after another; PARAMS int64 [N, 8]: offset of the image in
+    SRC, H, W, crop top, left, height, width, flip; OUT float32 [N, C, S, S]."""
+    nc = tl.program_id(0)
+    n, c = nc // C, nc % C
+    p = PARAMS + n * 8
+    offset, width = tl.load(p), tl.load(p + 2)
+    height_img = tl.load(p + 1)
+    top, left, h, w, flip = tl.load(p + 3), tl.load(p + 4), tl.load(p + 5), tl.load(p + 6), tl.load(p + 7)
+    oy = tl.program_id(1) * BY + tl.arange(0, BY)
+    ox = tl.program_id(2) * BX + tl.arange(0, BX)
+    row_ok, col_ok = oy < S, ox < S
+    scale_y = h.to(tl.float32) / S
+    scale_x = w.to(tl.float32) / S
+    ylo, yn, yc, ys = _taps(oy, scale_y, h.to(tl.int32), RADIUS)
+    xlo, xn, xc, xs = _taps(ox, scale_x, w.to(tl.int32), RADIUS)
+    xn = tl.where(col_ok, xn, 0)
+    yn = tl.where(row_ok, yn, 0)
+    # normalisers of each output row's and column's weights
+    ynorm = tl.zeros((BY,), tl.float32)
+    for k in range(0, tl.max(yn)):
+        ynorm += tl.where(k < yn, _filter((ylo + k - yc + 0.5) / ys, BICUBIC), 0.0)
+    xnorm = tl.zeros((BX,), tl.float32)
+    for k in range(0, tl.max(xn)):
+        xnorm += tl.where(k < xn, _filter((xlo + k - xc + 0.5) / xs, BICUBIC), 0.0)
+    xnorm = tl.where(col_ok, xnorm, 1.0)
+    ynorm = tl.where(row_ok, ynorm, 1.0)
+    base = SRC + offset + c * height_img * width + top * width + left
+    r_first = tl.min(tl.where(row_ok, ylo, 2147483647))
+    r_last = tl.max(tl.where(row_ok, ylo + yn, 0))
+    ntx = tl.max(xn)
+    acc = tl.zeros((BY, BX), tl.float32)
+    for r in range(r_first, r_last):
+        line = tl.zeros((BX,), tl.float32)
+        for k in range(0, ntx):
+            col = xlo + k
+            ok = k < xn
+            wx = tl.where(ok, _filter((col - xc + 0.5) / xs, BICUBIC), 0.0)
+            px = tl.load(base + r * width + col, mask=ok, other=0).to(tl.float32)
+            line += wx * px
+        wy = tl.where((r >= ylo) & (r < ylo + yn), _filter((r - yc + 0.5) / ys, BICUBIC), 0.0)
+        acc += wy[:, None] * line[None, :]
+    acc = acc / (ynorm[:, None] * xnorm[None, :])
+    ox_out = tl.where(flip != 0, S - 1 - ox, ox)
+    dst = OUT + nc * S * S + oy[:, None] * S + ox_out[None, :]
+    tl.store(dst, acc, mask=row_ok[:, None] & col_ok[None, :])

@@ -1,0 +1,64 @@
+"""The batched resized-crop program (lightvision.kernels.resize) against its reference, F.interpolate with
+antialiasing per crop: shrinking and enlarging crops, odd sizes, one and three channels, flips, NaN-poisoned
+outputs. On CPU the program runs in the Triton interpreter."""
+
+import pytest
+import torch
+
+from lightvision.kernels import _launch
+from lightvision.kernels.resize import resized_crops, resized_crops_reference
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)
+
+
+def _batch(channels: int, seed: int = 0):
+    """Images of different sizes (smooth and noisy) and crop boxes that shrink, enlarge and stretch them."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = [(37, 50), (29, 23), (61, 44), (8, 9), (40, 40)]
+    images = []
+    for i, (h, w) in enumerate(sizes):
+        img = torch.randint(0, 256, (channels, h, w), generator=g, dtype=torch.uint8)
+        if i % 2:  # a smooth image beside the noisy ones
+            ramp = torch.linspace(0, 255, w).expand(channels, h, w)
+            img = (ramp + torch.linspace(0, 40, h)[:, None]).clamp(0, 255).to(torch.uint8)
+        images.append(img.to(DEVICE))
+    boxes = torch.tensor([[0, 0, 37, 50], [3, 4, 20, 17], [10, 2, 51, 7], [1, 1, 7, 8], [5, 9, 3, 31]])
+    flip = torch.tensor([False, True, True, False, True])
+    return images, boxes, flip
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("size", [13, 32], ids=lambda s: f"S={s}")
+@pytest.mark.parametrize("channels", [1, 3], ids=lambda c: f"C={c}")
+def test_matches_reference(mode, size, channels):
+    images, boxes, flip = _batch(channels)
+    out = resized_crops(images, boxes, flip, size, mode, backend="triton")
+    ref = resized_crops_reference(images, boxes, flip, size, mode)
+    assert out.shape == (len(images), channels, size, size) and out.dtype == torch.float32
+    assert not out.isnan().any()  # every output pixel written (outputs start as NaN)
+    assert (out - ref).abs().max() < 2e-3  # 0..255 scale: float summation order only
+    rounded = out.round().clamp(0, 255).to(torch.uint8)
+    assert (rounded.int() - ref.round().clamp(0, 255).int()).abs().max() <= 1
+
+
+def test_single_image_and_auto_backend():
+    images, boxes, flip = _batch(3, seed=1)
+    one = resized_crops(images[:1], boxes[:1], flip[:1], 16, backend="triton")
+    torch.testing.assert_close(one, resized_crops_reference(images[:1], boxes[:1], flip[:1], 16), atol=2e-3, rtol=0)
+    auto = resized_crops(images, boxes, flip, 16, "nearest")  # not a kernel mode: the reference, on any device
+    assert torch.equal(auto, resized_crops_reference(images, boxes, flip, 16, "nearest"))
+
+
+def test_bad_arguments_named():
+    images, boxes, flip = _batch(3)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        resized_crops(images, boxes, flip, 16, "lanczos")
+    with pytest.raises(ValueError, match="backend must be"):
+        resized_crops(images, boxes, flip, 16, backend="cuda")
+    with pytest.raises(ValueError, match="bicubic / bilinear"):
+        resized_crops(images, boxes, flip, 16, "nearest", backend="triton")
