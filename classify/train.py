@@ -41,6 +41,7 @@ from lightvision.classify.data import (
 from lightvision.classify.deit import create_from_config, position_args
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
+from lightvision.engine.compiled import compile_setting
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.weights import record_init
@@ -109,6 +110,7 @@ DEFAULTS: dict[str, Any] = {
         "ema_decay": 0.99996,  # null: no EMA
         "grad_checkpointing": False,
         "compile": False,  # torch.compile the model (lightvision kernels stay in the graph as custom ops)
+        "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
         "eval_every_epochs": 1,
         "eval_batch_size": 256,
         "log_every": 50,
@@ -286,7 +288,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         seed=t["seed"],
         hooks=[(eval_every, lambda tr: None if tr.step == max_steps else validate(tr))],
         accelerator=accelerator,
-        torch_compile=bool(t["compile"]),
+        torch_compile=compile_setting(t["compile"], t["compile_mode"]),
     )
     if accelerator.is_main_process:
         log.info(

@@ -27,6 +27,7 @@ from lightvision.diffusion.fid import PRC_NEIGHBOURHOOD
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
+from lightvision.engine.compiled import compile_setting
 from lightvision.engine.data import loader_workers
 
 DEFAULTS: dict = {
@@ -62,6 +63,7 @@ DEFAULTS: dict = {
         "keep_last": 3,
         "nan_policy": "stop",
         "compile": False,  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
+        "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
         "eval_every": 0,
         "eval_samples": 5000,
     },  # FID etc. of eval_samples EMA samples every eval_every steps
@@ -439,7 +441,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
         nan_policy=t["nan_policy"],
         seed=int(cfg["seed"]),
         hooks=hooks,
-        torch_compile=bool(t["compile"]),
+        torch_compile=compile_setting(t["compile"], t["compile_mode"]),
         accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), int(cfg["seed"]), cpu=cpu),
     )
     summary = trainer.fit(resume or None)

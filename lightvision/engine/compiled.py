@@ -6,6 +6,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def compile_setting(compile: bool, mode: str | None) -> bool | str:
+    """A recipe's ``train.compile`` / ``train.compile_mode`` as the Trainer's ``torch_compile``: False, True (torch's
+    default mode) or a mode name. A mode without ``compile`` or an unknown mode is one clear error."""
+    if mode is None:
+        return bool(compile)
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"train.compile_mode must be one of {', '.join(COMPILE_MODES)} or null, got {mode!r}")
+    if not compile:
+        raise ValueError(f"train.compile_mode={mode} applies to a compiled model: set train.compile=true as well")
+    return mode
+
 
 def compile_model(model: nn.Module, mode: str | None = None) -> nn.Module:
     """``torch.compile(model, mode=mode)`` with Inductor's coalescing tiling analysis turned off.

@@ -101,7 +101,8 @@ class Trainer:
             ``grad_accum_steps`` not synced with the data loader, seedable sampler; ``mixed_precision`` is then
             the accelerator's. Default: built from ``mixed_precision``, ``grad_accum_steps`` and ``seed``.
         torch_compile: run the prepared model through :func:`~lightvision.engine.compiled.compile_model`
-            (checkpoints, EMA and ``unwrapped_model`` see the plain module).
+            (checkpoints, EMA and ``unwrapped_model`` see the plain module); a string is the compile mode, e.g.
+            "reduce-overhead" (CUDA graphs: one launch per forward / backward for host-bound steps).
     """
 
     def __init__(
@@ -128,7 +129,7 @@ class Trainer:
         metric_mode: str = "max",
         hooks: Sequence[tuple[int, Hook]] = (),
         accelerator: Accelerator | None = None,
-        torch_compile: bool = False,
+        torch_compile: bool | str = False,
     ):
         for name, value in [
             ("max_steps", max_steps),
@@ -161,7 +162,7 @@ class Trainer:
         self.model_config = model_config
         self.model, self.optimizer, self.train_loader = accelerator.prepare(model, optimizer, train_loader)
         if torch_compile:
-            self.model = compile_model(self.model)
+            self.model = compile_model(self.model, None if torch_compile is True else torch_compile)
         self.scheduler = scheduler
         self.loss_fn = loss_fn
         self.ema = ModelEma(self.unwrapped_model, ema_decay) if ema_decay is not None else None

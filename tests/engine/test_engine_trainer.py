@@ -147,3 +147,22 @@ def test_compiled_model_trains_like_eager_and_saves_plain_weights(tmp_path):
     resumed = build(tmp_path / "compiled", 8)
     resumed.fit(resume=True)
     assert resumed.step == 8
+
+
+def test_compile_mode_reaches_torch_compile(tmp_path, monkeypatch):
+    """``torch_compile="reduce-overhead"`` compiles in that mode (True: torch's default); the recipes' keys map to it,
+    and a mode without ``train.compile`` or an unknown mode is one clear error."""
+    from lightvision.engine import trainer as trainer_module
+    from lightvision.engine.compiled import compile_setting
+
+    modes = []
+    monkeypatch.setattr(trainer_module, "compile_model", lambda model, mode=None: modes.append(mode) or model)
+    build(tmp_path / "a", 2, torch_compile="reduce-overhead")
+    build(tmp_path / "b", 2, torch_compile=True)
+    assert modes == ["reduce-overhead", None]
+    assert compile_setting(True, None) is True and compile_setting(False, None) is False
+    assert compile_setting(True, "max-autotune") == "max-autotune"
+    with pytest.raises(ValueError, match="set train.compile=true"):
+        compile_setting(False, "reduce-overhead")
+    with pytest.raises(ValueError, match="must be one of default, reduce-overhead"):
+        compile_setting(True, "fast")
