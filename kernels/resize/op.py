@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-import triton
 
 from .._launch import empty, interpreting
 
@@ -77,8 +76,8 @@ def resized_crops(
     hw = torch.tensor([img.shape[-2:] for img in images])
     params = torch.cat([offsets[:, None], hw, boxes.long().cpu(), flip.long().cpu()[:, None]], 1)
     out = empty((len(images), channels, size, size), torch.float32, device)
-    grid = (len(images) * channels, triton.cdiv(size, BY), triton.cdiv(size, BX))
-    from ._triton import resized_crops_kernel
+    grid = (len(images) * channels, -(-size // BY), -(-size // BX))
+    from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
 
     resized_crops_kernel[grid](
         torch.cat(flat),
