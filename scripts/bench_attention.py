@@ -42,6 +42,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import sys
 
 import torch
@@ -226,9 +227,10 @@ def _timed(bench_fn, run, **kw) -> float:
         return float("nan")
 
 
-def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> list[dict]:
+def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True, saved=None) -> list[dict]:
     """Median ms per call: "ms" from do_bench (eager: host launch overhead included when it exceeds the
-    GPU time), "ms_graph" from do_bench_cudagraph (the calls replayed from a CUDA graph: device time)."""
+    GPU time), "ms_graph" from do_bench_cudagraph (the calls replayed from a CUDA graph: device time).
+    ``saved(records)`` runs after every timing, so a run stopped part way keeps what it measured."""
     records = []
     for (op, impl), make in REGISTRY.items():
         if (ops and op not in ops) or (impls and impl not in impls):
@@ -316,6 +318,8 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True) -> li
                     )
                 )
                 print(f"{op:8s} {impl:12s} N={N:6d} B={B:4d} {mode:6s} {ms:8.3f} ms  graph {ms_graph:8.3f} ms")
+                if saved is not None:
+                    saved(records)
             del fn, inputs
             torch.cuda.empty_cache()
     return records
@@ -417,6 +421,15 @@ def main(argv=None) -> int:
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
     shapes = [tuple(int(x) for x in s.split("x")) for s in split(args.shapes)] or SHAPES
     checks = check_lightnet(device, {int(x) for x in split(args.check_d)}) if args.check else []
+    env = results_env(" ".join(["python3", *sys.argv]))
+
+    def save(records: list[dict]) -> None:
+        """The results so far to --out, replaced atomically (a run stopped mid-write keeps the last whole file)."""
+        if args.out:
+            with open(args.out + ".tmp", "w") as f:
+                json.dump(dict(env=env, checks=checks, records=records), f, indent=1)
+            os.replace(args.out + ".tmp", args.out)
+
     records = bench(
         set(split(args.ops)),
         set(split(args.impls)),
@@ -425,14 +438,12 @@ def main(argv=None) -> int:
         getattr(torch, args.dtype),
         device,
         args.peak_gbs,
+        saved=save,
     )
     sweep_shapes = [tuple(int(x) for x in s.split("x")) for s in split(args.sweep)]
     if sweep_shapes:
         records += sweep(sweep_shapes, getattr(torch, args.dtype), device, args.peak_gbs)
-    env = results_env(" ".join(["python3", *sys.argv]))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(env=env, checks=checks, records=records), f, indent=1)
+    save(records)
     if checks:
         bad = [c for c in checks if not c["ok"]]
         print(f"checks: {len(checks) - len(bad)}/{len(checks)} passed" + "".join(f"\n  FAIL {c}" for c in bad))
