@@ -239,6 +239,7 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True, saved
             fn, inputs = make(B, H, N, D, dtype, device)
             elem = inputs[0].element_size()
             for mode in modes:
+                case = dict(op=op, impl=impl, B=B, H=H, N=N, d=D, dtype=str(dtype).split(".")[-1], mode=mode)
                 if mode == "fwd":
 
                     def run():
@@ -254,21 +255,7 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True, saved
                     except torch.OutOfMemoryError as e:  # recorded as a failed timing (ms NaN), not a crash
                         print(f"{op:8s} {impl:12s} N={N:6d} B={B:4d} {mode:6s} out of memory: {str(e).splitlines()[0]}")
                         torch.cuda.empty_cache()
-                        records.append(
-                            dict(
-                                op=op,
-                                impl=impl,
-                                B=B,
-                                H=H,
-                                N=N,
-                                d=D,
-                                dtype=str(dtype).split(".")[-1],
-                                mode=mode,
-                                ms=float("nan"),
-                                ms_graph=float("nan"),
-                                oom=True,
-                            )
-                        )
+                        records.append(dict(case, ms=float("nan"), ms_graph=float("nan"), oom=True))
                         continue
                     dout = torch.randn_like(out)
                     del out
@@ -300,14 +287,7 @@ def bench(ops, impls, shapes, modes, dtype, device, peak_gbs, graphs=True, saved
                 floor_ms = nbytes / (peak_gbs * 1e9) * 1e3
                 records.append(
                     dict(
-                        op=op,
-                        impl=impl,
-                        B=B,
-                        H=H,
-                        N=N,
-                        d=D,
-                        dtype=str(dtype).split(".")[-1],
-                        mode=mode,
+                        case,
                         ms=ms,
                         ms_graph=ms_graph,
                         gbs=nbytes / (ms * 1e-3) / 1e9,
