@@ -23,11 +23,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
-from lightvision.kernels.resize import resized_crops
+from lightvision.kernels.resize import resize, resized_crops
 from lightvision.ops._checks import check_choice
 
 __all__ = ["DeviceEvalTransform", "DeviceTrainTransform", "erase_boxes", "resized_crop_params"]
@@ -103,9 +102,7 @@ def erase_boxes(n: int, height: int, width: int, prob: float, max_count: int) ->
 
 def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
     """uint8 [3, h, w] -> uint8 [3, *size], antialiased when shrinking (as PIL resamples)."""
-    kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
-    out = F.interpolate(img[None].float(), size=size, mode=mode, **kwargs)
-    return out[0].round().clamp(0, 255).to(torch.uint8)
+    return resize(img[None].float(), size, mode)[0].round().clamp(0, 255).to(torch.uint8)
 
 
 def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -53,6 +53,7 @@ from lightvision.classify.train import load_recipe, make_criterion, model_config
 from lightvision.engine import BatchRandom, use_batch_random
 from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
+from lightvision.engine.device import resolve_device
 from lightvision.results import results_env
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
@@ -232,13 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         help="recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224",
     )
     args = p.parse_args(argv)
-    device = torch.device(
-        "cuda"
-        if args.device == "auto" and torch.cuda.is_available()
-        else "cpu"
-        if args.device == "auto"
-        else args.device
-    )
+    device = torch.device(resolve_device(args.device))
     if "shards_gpu" in args.settings:
         start = time.perf_counter()
         index = make_shards(image_folder(args.data, "train", None), args.work / "shards", "train", args.shard_size)

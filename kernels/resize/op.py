@@ -21,6 +21,12 @@ KERNEL_MODES = {"bicubic": 2, "bilinear": 1}  # filter radius of the antialiased
 BY, BX = 16, 64
 
 
+def resize(x: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
+    """float [B, C, h, w] -> [B, C, *size] by ``F.interpolate``, antialiased when shrinking (as PIL resamples)."""
+    kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
+    return F.interpolate(x, size=size, mode=mode, **kwargs)
+
+
 def resized_crops_reference(
     images: Sequence[torch.Tensor], boxes: torch.Tensor, flip: torch.Tensor, size: int, mode: str = "bicubic"
 ) -> torch.Tensor:
@@ -34,9 +40,8 @@ def resized_crops_reference(
     Returns:
         float32 [N, C, S, S], the resampled values before rounding (0..255 up to the filters' overshoot).
     """
-    kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
     crops = [img[None, :, t : t + h, left : left + w].float() for img, (t, left, h, w) in zip(images, boxes.tolist())]
-    out = torch.cat([F.interpolate(crop, size=(size, size), mode=mode, **kwargs) for crop in crops])
+    out = torch.cat([resize(crop, (size, size), mode) for crop in crops])
     mirrored = torch.nonzero(flip.cpu()).flatten().to(out.device)
     if mirrored.numel():
         out[mirrored] = out[mirrored].flip(-1)
