@@ -2,21 +2,25 @@
 
     lightvision classify train-yardstick --data data/cifar10 --out runs/yardstick      # one GPU, a few minutes
 
-Network (:class:`YardstickNet`, 6.6M parameters at the default widths 64-128-256-512, the ResNet-9 layout of the
-fast CIFAR-10 training literature): conv-BN-GELU stem, three stages of conv-BN-GELU + 2x2 max-pool (the first and
-last followed by a residual pair of conv-BN-GELU), global max-pool, a bias-free linear head scaled by 1/8. Input:
-RGB in [0, 1], normalised inside the network with the CIFAR-10 channel statistics, so the weights file alone is a
-feature network. Features: ``pool`` (the pooled last stage, 512-d) and ``spatial`` (the second stage, 8 x 8 at 32 px).
+Network (:class:`YardstickNet`, 9.1M parameters at the default widths 64-160-320-512, the ResNet-9 layout of the
+fast CIFAR-10 training literature with a residual pair in every stage): conv-BN-GELU stem, three stages of
+conv-BN-GELU + 2x2 max-pool, each followed by a residual pair of conv-BN-GELU where ``model.residual`` says so,
+global max-pool, a bias-free linear head scaled by 1/8. Input: RGB in [0, 1], normalised inside the network with the
+CIFAR-10 channel statistics, so the weights file alone is a feature network. Features: ``pool`` (the pooled last
+stage, 512-d) and ``spatial`` (the second stage, 8 x 8 at 32 px). With ``model.flip_average`` (default) the network
+in eval mode (as a classifier and as the feature network) averages its features over the image and its mirror
+image (the mirror's spatial map flipped back), so its features, logits and top-1 do not change under a horizontal
+flip; training sees single views.
 
 Training (:func:`train_yardstick`, through the engine :class:`~lightvision.engine.Trainer`): the JPEG (or PNG) files
 are decoded once into uint8 tensors held in memory (the ImageFolder layout ``root/train/<class>/*``,
 ``root/test/<class>/*``, or the two ``cifar10-{train,test}-jpg.tar.gz`` archives in ``root``); each batch is
-augmented on the device (reflect-pad 4 + random 32 x 32 crop, horizontal flip, an 8 x 8 cutout; per-sample draws
-from the engine's ``batch_random``); label smoothing 0.2; 60 epochs; SGD with Nesterov momentum 0.9, weight decay
+augmented on the device (reflect-pad 4 + random 32 x 32 crop, horizontal flip, a 16 x 16 cutout; per-sample draws
+from the engine's ``batch_random``); label smoothing 0.2; 100 epochs; SGD with Nesterov momentum 0.9, weight decay
 5e-4 on conv / linear weights, a linear warm-up over the first 20% of the steps and a linear decay to 0; bf16
 autocast on a GPU. Writes the engine
 run folder (checkpoints, ``metrics.jsonl`` with test top-1 every ``train.eval_every_epochs``), ``results.json`` and
-``yardstick.safetensors`` (float16 conv / linear weights, the widths, classes and test top-1 in its metadata).
+``yardstick.safetensors`` (float16 conv / linear weights; the architecture, classes and test top-1 in its metadata).
 
 The packaged weights (:func:`packaged_yardstick`) are ``classify/weights/cifar10_yardstick.safetensors``.
 """
@@ -56,12 +60,12 @@ ARCHIVES = {"train": "cifar10-train-jpg.tar.gz", "test": "cifar10-test-jpg.tar.g
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 DEFAULTS: dict[str, Any] = {
-    "model": {"widths": [64, 128, 256, 512]},
+    "model": {"widths": [64, 160, 320, 512], "residual": [True, True, True], "flip_average": True},
     "data": {"root": None, "train_split": "train", "test_split": "test"},
-    "augment": {"pad": 4, "cutout": 8},
+    "augment": {"pad": 4, "cutout": 16},
     "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
     "train": {
-        "epochs": 60,
+        "epochs": 100,
         "batch_size": 512,
         "max_steps": None,
         "mixed_precision": "bf16",
@@ -98,26 +102,45 @@ class YardstickNet(nn.Module):
     Args:
         widths: channels of the stem and of the three stages.
         num_classes: classes of the head.
+        residual: per stage, whether a residual pair follows its pooling.
+        flip_average: in eval mode, average the features over the image and its mirror image.
     """
 
-    def __init__(self, widths: tuple[int, int, int, int] | list[int] = (64, 128, 256, 512), num_classes: int = 10):
+    def __init__(
+        self,
+        widths: tuple[int, int, int, int] | list[int] = (64, 128, 256, 512),
+        num_classes: int = 10,
+        residual: tuple[bool, bool, bool] | list[bool] = (True, False, True),
+        flip_average: bool = False,
+    ):
         super().__init__()
         w0, w1, w2, w3 = (int(w) for w in widths)
-        self.widths, self.num_classes = [w0, w1, w2, w3], num_classes
+        if len(residual) != 3:
+            raise ValueError(f"model.residual needs one flag per stage (3), got {list(residual)}")
+        self.widths, self.num_classes, self.residual = [w0, w1, w2, w3], num_classes, [bool(r) for r in residual]
+        self.flip_average = bool(flip_average)
         self.register_buffer("mean", torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor(CIFAR10_STD).view(1, 3, 1, 1), persistent=False)
         self.stem = ConvBN(3, w0)
-        self.stage1 = nn.Sequential(ConvBN(w0, w1), nn.MaxPool2d(2), Residual(w1))
-        self.stage2 = nn.Sequential(ConvBN(w1, w2), nn.MaxPool2d(2))
-        self.stage3 = nn.Sequential(ConvBN(w2, w3), nn.MaxPool2d(2), Residual(w3))
+        self.stage1, self.stage2, self.stage3 = (
+            nn.Sequential(ConvBN(cin, cout), nn.MaxPool2d(2), *([Residual(cout)] if res else []))
+            for cin, cout, res in zip((w0, w1, w2), (w1, w2, w3), self.residual)
+        )
         self.head = nn.Linear(w3, num_classes, bias=False)
 
+    def _features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        spatial = self.stage2(self.stage1(self.stem((x - self.mean) / self.std)))
+        return torch.amax(self.stage3(spatial), dim=(2, 3)), spatial
+
     def forward_features(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        """x: RGB [B, 3, H, W] in [0, 1] -> {"pool": [B, w3], "spatial": [B, w2, H / 4, W / 4]}."""
-        x = self.stem((x - self.mean) / self.std)
-        spatial = self.stage2(self.stage1(x))
-        pool = torch.amax(self.stage3(spatial), dim=(2, 3))
-        return {"pool": pool, "spatial": spatial}
+        """x: RGB [B, 3, H, W] in [0, 1] -> {"pool": [B, w3], "spatial": [B, w2, H / 4, W / 4]}; the mean over x
+        and its mirror image in eval mode with ``flip_average``."""
+        if self.training or not self.flip_average:
+            pool, spatial = self._features(x)
+            return {"pool": pool, "spatial": spatial}
+        pool, spatial = self._features(torch.cat([x, x.flip(-1)]))
+        b = x.shape[0]
+        return {"pool": 0.5 * (pool[:b] + pool[b:]), "spatial": 0.5 * (spatial[:b] + spatial[b:].flip(-1))}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits [B, num_classes] of RGB [B, 3, H, W] in [0, 1]."""
@@ -126,7 +149,7 @@ class YardstickNet(nn.Module):
 
 def save_yardstick(model: YardstickNet, path: str | Path, meta: dict[str, Any] | None = None) -> Path:
     """Write the weights as safetensors with the architecture (and ``meta``) in the header: convolution and linear
-    weights in float16 (13 MB at the default widths), BatchNorm parameters and statistics in float32."""
+    weights in float16 (18 MB at the default widths), BatchNorm parameters and statistics in float32."""
     from safetensors.torch import save_file
 
     path = Path(path)
@@ -138,6 +161,8 @@ def save_yardstick(model: YardstickNet, path: str | Path, meta: dict[str, Any] |
     header = {
         "format": "lightvision-yardstick",
         "widths": json.dumps(model.widths),
+        "residual": json.dumps(model.residual),
+        "flip_average": json.dumps(model.flip_average),
         "num_classes": str(model.num_classes),
         **{k: json.dumps(v) for k, v in (meta or {}).items()},
     }
@@ -166,7 +191,9 @@ def load_yardstick(path: str | Path) -> tuple[YardstickNet, Path]:
             f"{path} is not a yardstick file (no 'lightvision-yardstick' header): pass the "
             "yardstick.safetensors that `lightvision classify train-yardstick` wrote"
         )
-    model = YardstickNet(json.loads(header["widths"]), int(header["num_classes"]))
+    residual = json.loads(header.get("residual", "[true, false, true]"))
+    flip_average = json.loads(header.get("flip_average", "false"))
+    model = YardstickNet(json.loads(header["widths"]), int(header["num_classes"]), residual, flip_average)
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     model.load_state_dict(state)
     return model.eval(), path
@@ -317,7 +344,9 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     decode_seconds = time.perf_counter() - start
     accelerator = make_accelerator(t["mixed_precision"] or "no", 1, int(t["seed"]), cpu=resolve_device(device) == "cpu")
     torch.manual_seed(int(t["seed"]))
-    model = YardstickNet(cfg["model"]["widths"], len(classes)).to(memory_format=torch.channels_last)
+    m = cfg["model"]
+    model = YardstickNet(m["widths"], len(classes), m["residual"], m["flip_average"])
+    model = model.to(memory_format=torch.channels_last)
     batch = int(t["batch_size"])
     per_process = batch // accelerator.num_processes
     loader = torch.utils.data.DataLoader(
@@ -356,7 +385,13 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
         loader,
         loss_fn,
         max_steps=max_steps,
-        model_config={"name": "yardstick", "widths": model.widths, "num_classes": len(classes)},
+        model_config={
+            "name": "yardstick",
+            "widths": model.widths,
+            "residual": model.residual,
+            "flip_average": model.flip_average,
+            "num_classes": len(classes),
+        },
         mixed_precision=t["mixed_precision"] or "no",
         log_every=min(int(t["log_every"]), max_steps),
         ckpt_every=max_steps,
@@ -369,8 +404,12 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     fit = trainer.fit(resume=resume or None)
     net = trainer.unwrapped_model
     top1 = accuracy(net, test_images, test_labels, accelerator.device, autocast=cuda)
+    flip_average, net.flip_average = net.flip_average, False
+    single_view = accuracy(net, test_images, test_labels, accelerator.device, autocast=cuda)
+    net.flip_average = flip_average
     results = {
         "test_top1": round(top1, 2),
+        "test_top1_single_view": round(single_view, 2),
         "params": sum(p.numel() for p in net.parameters()),
         "step": fit["step"],
         "epochs": round(fit["step"] / steps_per_epoch, 2),

@@ -159,3 +159,45 @@ def test_packaged_yardstick_loads_as_a_feature_network():
     feats = net(torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8))
     assert feats["pool"].shape == (2, 512) and feats["spatial"].shape == (2, 448)
     assert all(torch.isfinite(v).all() for v in feats.values())
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        header = f.metadata()
+    assert float(header["test_top1"]) >= 93.0 and json.loads(header["flip_average"]) is True
+    images = torch.randint(0, 256, (2, 3, 32, 32), dtype=torch.uint8)
+    assert torch.allclose(net(images)["pool"], net(images.flip(-1))["pool"], atol=1e-4)  # features of a mirror pair
+
+
+def test_residual_stages_are_an_architecture_choice_kept_in_the_weights_file(tmp_path):
+    plain, deep = YardstickNet([8, 8, 16, 16]), YardstickNet([8, 8, 16, 16], residual=[True, True, True])
+    added = sum(p.numel() for p in deep.parameters()) - sum(p.numel() for p in plain.parameters())
+    assert added == 2 * (16 * 16 * 9 + 32)  # a residual pair of 3x3 convolutions + BatchNorm at 16 channels
+    deep.eval()
+    path = save_yardstick(deep, tmp_path / "deep.safetensors")
+    loaded, _ = load_yardstick(path)
+    assert loaded.residual == [True, True, True]
+    x = torch.rand(2, 3, 16, 16)
+    assert torch.allclose(loaded(x), deep(x), atol=2e-2)  # conv weights stored in float16
+    with pytest.raises(ValueError, match="one flag per stage"):
+        YardstickNet(residual=[True, True])
+
+
+def test_flip_average_makes_eval_features_mirror_invariant_and_training_single_view(tmp_path):
+    torch.manual_seed(0)
+    net = YardstickNet([8, 8, 16, 16], flip_average=True).eval()
+    x = torch.rand(3, 3, 16, 16)
+    feats, mirrored = net.forward_features(x), net.forward_features(x.flip(-1))
+    assert torch.allclose(feats["pool"], mirrored["pool"], atol=1e-6)
+    assert torch.allclose(feats["spatial"], mirrored["spatial"].flip(-1), atol=1e-6)
+    single = YardstickNet([8, 8, 16, 16]).eval()
+    single.load_state_dict(net.state_dict())
+    a, b = single.forward_features(x), single.forward_features(x.flip(-1))
+    assert torch.allclose(feats["pool"], 0.5 * (a["pool"] + b["pool"]), atol=1e-6)
+    assert torch.allclose(feats["spatial"], 0.5 * (a["spatial"] + b["spatial"].flip(-1)), atol=1e-6)
+    assert not torch.allclose(a["pool"], b["pool"], atol=1e-3)  # a single view is not mirror-invariant
+    net.train()
+    assert torch.equal(net.forward_features(x)["pool"], single.train().forward_features(x)["pool"])
+    loaded, _ = load_yardstick(save_yardstick(net, tmp_path / "f.safetensors"))
+    assert (
+        loaded.flip_average and not load_yardstick(save_yardstick(single, tmp_path / "s.safetensors"))[0].flip_average
+    )
