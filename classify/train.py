@@ -75,6 +75,7 @@ DEFAULTS: dict[str, Any] = {
         "num_workers": 8,
         "pipeline": "cpu",  # "cpu": decode + augment in loader workers; "gpu": workers read bytes, the device decodes
         "format": "folder",  # "folder": root/<split>/<class>/*; "shards": root/<split>-*.tar (classify make-shards)
+        "prefetch": True,  # pipeline gpu: decode + augment the next batch in a background thread during the step
     },
     "aug": {
         "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
@@ -147,13 +148,12 @@ def make_criterion(mixup: Any, smoothing: float) -> nn.Module:
     return LabelSmoothingCrossEntropy(smoothing) if smoothing > 0 else nn.CrossEntropyLoss()
 
 
-def make_loss_fn(mixup: Any, smoothing: float, prepare: Any = None):
-    """``loss_fn(model, batch)`` for the Trainer: (``prepare``: decode + augment on the device,
-    :func:`~lightvision.classify.data.device_batches`), Mixup/CutMix, then :func:`make_criterion`'s loss."""
+def make_loss_fn(mixup: Any, smoothing: float):
+    """``loss_fn(model, (images, labels))`` for the Trainer: Mixup/CutMix, then :func:`make_criterion`'s loss."""
     criterion = make_criterion(mixup, smoothing)
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
-        images, labels = batch if prepare is None else prepare(batch)
+        images, labels = batch
         if mixup is not None:
             images, labels = mixup(images, labels)
         return criterion(model(images), labels)
@@ -267,7 +267,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         return out
 
     eval_every = t["eval_every_epochs"] * steps_per_epoch
-    loss_fn = make_loss_fn(mixup, a["smoothing"], device_batches(cfg, train_set, train=True))
+    loss_fn = make_loss_fn(mixup, a["smoothing"])
     trainer = Trainer(
         run_dir,
         cfg,
@@ -277,6 +277,8 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         train_loader,
         loss_fn,
         max_steps=max_steps,
+        prepare_batch=device_batches(cfg, train_set, train=True),
+        prefetch=cfg["data"]["prefetch"],
         model_config=mcfg,
         grad_accum_steps=t["grad_accum_steps"],
         clip_grad=o["clip_grad"],

@@ -12,7 +12,12 @@ autocast; ``--set`` overrides any key) on one device:
   processes);
 - ``folder_gpu``: the JPEG folder, ``data.pipeline=gpu`` (workers read bytes; nvjpeg decode + augmentation on
   the device);
-- ``shards_gpu``: the folder's train split as webdataset shards (written once into ``--work``), ``gpu``.
+- ``shards_gpu``: the folder's train split as webdataset shards (written once into ``--work``), ``gpu``;
+- ``trainer_gpu`` / ``trainer_gpu_inline``: the JPEG folder, ``gpu``, through ``lightvision classify train`` itself
+  (the engine's Trainer: a loss read back every step for the NaN guard) with ``data.prefetch`` on (decode and
+  augmentation of the next batch in a background thread during the step) and off; ``trainer_cpu``: the same
+  command with ``cpu``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps after
+  ``--warmup``; they have no stage times.
 
 Per setting: ``images_per_s`` over ``--steps`` steps after ``--warmup`` (the device synchronised only at the ends,
 so loading overlaps the steps as in training); ``loader_images_per_s``: the loader alone, nothing else running
@@ -49,15 +54,16 @@ from lightvision.classify.data import (
 )
 from lightvision.classify.deit import create_from_config
 from lightvision.classify.shards import make_shards
-from lightvision.classify.train import load_recipe, make_criterion, model_config
+from lightvision.classify.train import load_recipe, make_criterion, model_config, train
 from lightvision.engine import BatchRandom, use_batch_random
 from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
 from lightvision.engine.device import resolve_device
+from lightvision.engine.metrics import MetricsLogger
 from lightvision.results import results_env
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
-SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu")
+SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu", "trainer_gpu", "trainer_gpu_inline", "trainer_cpu")
 STAGES = ("read", "decode", "augment", "step")
 NUM_CLASSES = 1000  # ImageNet's head; the folder's labels are a subset
 
@@ -195,6 +201,47 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     return out
 
 
+def measure_trainer(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """images/s of ``lightvision classify train`` from the folder: the training log's rate after the warm-up."""
+    import shutil
+
+    run = args.work / f"run_{name}"
+    shutil.rmtree(run, ignore_errors=True)
+    pipeline = "cpu" if name == "trainer_cpu" else "gpu"
+    window = max(1, args.warmup)
+    steps = max(window, args.steps // window * window)
+    cfg = load_recipe(
+        RECIPE,
+        [
+            f"data.root={args.data}",
+            f"data.pipeline={pipeline}",
+            f"data.prefetch={'false' if name.endswith('inline') else 'true'}",
+            f"data.num_workers={args.workers}",
+            f"train.batch_size={args.batch_size}",
+            f"model.img_size={args.img_size}",
+            f"train.max_steps={window + steps}",
+            f"train.log_every={window}",
+            "train.eval_every_epochs=1000",
+            "train.ckpt_every_epochs=1000",
+            f"run.dir={run}",
+            *args.set,
+        ],
+    )
+    train(cfg, device=device.type)
+    records = [r for r in MetricsLogger(run).records() if "steps_per_s" in r and r["step"] > window]
+    seconds = sum(window / r["steps_per_s"] for r in records)
+    batch = cfg["train"]["batch_size"]
+    return {
+        "pipeline": pipeline,
+        "format": "folder",
+        "prefetch": cfg["data"]["prefetch"],
+        "batch_size": batch,
+        "img_size": cfg["model"]["img_size"],
+        "steps": len(records) * window,
+        "images_per_s": len(records) * window * batch / seconds,
+    }
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
     cols = ("images_per_s", "loader_images_per_s", "read_ms", "decode_ms", "augment_ms", "step_ms")
     lines = ["| setting | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -253,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
     for name in args.settings:
         try:
-            report["results"][name] = measure(name, args, device)
+            run = measure_trainer if name.startswith("trainer") else measure
+            report["results"][name] = run(name, args, device)
         except Exception as err:  # noqa: BLE001 - recorded; the other settings still run
             report["results"][name] = {"error": f"{type(err).__name__}: {err}"}
         print(json.dumps({name: report["results"][name]}), flush=True)

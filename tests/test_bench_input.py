@@ -56,7 +56,7 @@ def imagenet_like(tmp_path_factory):
                     "--count",
                     "12",
                     "--val-count",
-                    "2",
+                    "6",
                     "--workers",
                     workers,
                 ]
@@ -68,7 +68,7 @@ def imagenet_like(tmp_path_factory):
 
 def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
     files = sorted((imagenet_like / "a").rglob("*.jpg"))
-    assert len(files) == 14 and {f.parent.parent.name for f in files} == {"train", "val"}
+    assert len(files) == 18 and {f.parent.parent.name for f in files} == {"train", "val"}
     for f in files:
         assert f.read_bytes() == (imagenet_like / "b" / f.relative_to(imagenet_like / "a")).read_bytes()
         w, h = Image.open(f).size
@@ -115,10 +115,13 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     env = report["env"]
     assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "--img-size 16" in env["command"]
     results = report["results"]
-    assert list(results) == ["synthetic", "folder_cpu", "folder_gpu", "shards_gpu"]
+    trainer = ["trainer_gpu", "trainer_gpu_inline", "trainer_cpu"]
+    assert list(results) == ["synthetic", "folder_cpu", "folder_gpu", "shards_gpu", *trainer]
     for name, r in results.items():
         assert "error" not in r, (name, r)
-        assert r["images_per_s"] > 0 and r["step_ms"] > 0 and r["img_size"] == 16
+        assert r["images_per_s"] > 0 and r["img_size"] == 16 and (name in trainer or r["step_ms"] > 0)
     assert results["folder_gpu"]["decode_ms"] > 0 and results["shards_gpu"]["loader_images_per_s"] > 0
+    assert [results[n]["prefetch"] for n in trainer] == [True, False, True] and results["trainer_gpu"]["steps"] == 1
+    assert (imagenet_like / "work" / "run_trainer_gpu" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-6].startswith("| setting |") and printed[-1].startswith("| shards_gpu |")
+    assert printed[-9].startswith("| setting |") and printed[-1].startswith("| trainer_cpu |")

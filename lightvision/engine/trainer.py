@@ -25,6 +25,7 @@ after a resume; the order of samples is.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -32,6 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +60,19 @@ log = logging.getLogger(__name__)
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 Hook = Callable[["Trainer"], "dict[str, Any] | None"]
+
+
+def _record_stream(tree: Any, stream: torch.cuda.Stream) -> None:
+    """``record_stream`` on every CUDA tensor of a nested batch: its memory stays reserved until ``stream`` is done."""
+    if isinstance(tree, torch.Tensor):
+        if tree.is_cuda:
+            tree.record_stream(stream)
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            _record_stream(value, stream)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            _record_stream(value, stream)
 
 
 def _positive(name: str, value: int) -> None:
@@ -88,6 +103,11 @@ class Trainer:
         scheduler: stepped once per optimizer step (e.g. ``LambdaLR``); ``state_dict`` is checkpointed. May be None.
         train_loader: a map-style ``DataLoader`` (``shuffle=True`` for random order); prepared by the trainer.
         loss_fn: ``loss_fn(model, batch)`` -> loss tensor, or dict with ``"loss"`` plus other scalars to log.
+        prepare_batch: ``prepare_batch(batch)`` -> what ``loss_fn`` receives, run on each loader batch under that
+            micro-batch's :func:`~lightvision.engine.batch_random.batch_random` draws (e.g. decoding and augmenting
+            on the GPU); it must draw from ``batch_random()`` only, not from the global generators.
+        prefetch: run ``prepare_batch`` one micro-batch ahead in a background thread (on its own CUDA stream on a
+            GPU), so its host work overlaps the running step; the results are the same as without.
         max_steps: optimizer steps to train for; each consumes ``grad_accum_steps`` batches per process.
         model_config: architecture description, stored with checkpoints and checked on resume.
         clip_grad: max gradient norm (None: no clipping; the norm is logged when set).
@@ -116,6 +136,8 @@ class Trainer:
         loss_fn: LossFn,
         *,
         max_steps: int,
+        prepare_batch: Callable[[Any], Any] | None = None,
+        prefetch: bool = True,
         model_config: dict,
         grad_accum_steps: int = 1,
         clip_grad: float | None = None,
@@ -164,7 +186,7 @@ class Trainer:
         if torch_compile:
             self.model = compile_model(self.model, None if torch_compile is True else torch_compile)
         self.scheduler = scheduler
-        self.loss_fn = loss_fn
+        self.loss_fn, self.prepare_batch, self.prefetch = loss_fn, prepare_batch, prefetch
         self.ema = ModelEma(self.unwrapped_model, ema_decay) if ema_decay is not None else None
         self.max_steps, self.grad_accum_steps, self.clip_grad = max_steps, grad_accum_steps, clip_grad
         self.log_every, self.ckpt_every, self.nan_policy = log_every, ckpt_every, nan_policy
@@ -268,22 +290,79 @@ class Trainer:
             return
         raise CheckpointError("no loadable checkpoint to resume from:\n" + "\n".join(errors))
 
-    def _batches(self) -> Iterator[Any]:
-        """Endless stream of batches over epochs, tracking (epoch, batch_in_epoch) and starting there."""
+    def _batches(self) -> Iterator[tuple[Any, tuple[int, int]]]:
+        """Endless stream of ``(batch, (epoch, batch_in_epoch))`` over epochs from the saved position; the position
+        is the data state once the batch is consumed (:meth:`_train_step` records it then)."""
+        epoch, index = self.epoch, self.batch_in_epoch
         while True:
             loader = self.train_loader
-            if self.batch_in_epoch:
-                loader = self.accelerator.skip_first_batches(loader, self.batch_in_epoch)
-            loader.set_epoch(self.epoch)
+            if index:
+                loader = self.accelerator.skip_first_batches(loader, index)
+            loader.set_epoch(epoch)
             empty = True
             for batch in loader:
                 empty = False
-                self.batch_in_epoch += 1
-                yield batch
-            if empty and self.batch_in_epoch == 0:
+                index += 1
+                yield batch, (epoch, index)
+            if empty and index == 0:
                 raise ValueError("train_loader yields no batches (dataset smaller than one batch with drop_last?)")
-            self.epoch += 1
-            self.batch_in_epoch = 0
+            epoch, index = epoch + 1, 0
+
+    def _draws(self, step: int, micro: int) -> BatchRandom:
+        acc = self.accelerator
+        return BatchRandom(batch_seed(self.seed, step, micro), acc.process_index, acc.num_processes)
+
+    def _prepared(self, batches: Iterator[tuple[Any, tuple[int, int]]], count: int) -> Iterator[tuple[Any, Any]]:
+        """The next ``count`` micro-batches of ``batches`` through ``prepare_batch`` (each under the draws of the
+        (step, micro-batch) it will train), one ahead in a background thread when ``prefetch``. The loader is read on
+        this thread only (its iteration may synchronise processes); the thread runs ``prepare_batch`` alone."""
+        first, accum = self.step, self.grad_accum_steps
+
+        def prepare(j: int, batch: Any) -> Any:
+            if self.prepare_batch is None:
+                return batch
+            with use_batch_random(self._draws(first + j // accum, j % accum)):
+                return self.prepare_batch(batch)
+
+        if not (self.prefetch and self.prepare_batch is not None):
+            for j in range(count):
+                batch, position = next(batches)
+                yield prepare(j, batch), position
+            return
+        device = self.accelerator.device
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+        def prepare_on_stream(j: int, batch: Any, loaded: Any) -> tuple[Any, Any]:
+            if stream is None:
+                return prepare(j, batch), None
+            with torch.cuda.stream(stream):
+                stream.wait_event(loaded)  # the loader's copies to the device, made on the step's stream
+                _record_stream(batch, stream)
+                out = prepare(j, batch)
+                ready = torch.cuda.Event()
+                ready.record(stream)
+            return out, ready
+
+        def submit(pool: ThreadPoolExecutor, j: int) -> tuple[Any, Any]:
+            batch, position = next(batches)
+            loaded = None
+            if stream is not None:
+                loaded = torch.cuda.Event()
+                loaded.record(torch.cuda.current_stream(device))
+            return pool.submit(prepare_on_stream, j, batch, loaded), position
+
+        with ThreadPoolExecutor(1, thread_name_prefix="prepare_batch") as pool:
+            pending = submit(pool, 0) if count > 0 else None
+            for j in range(count):
+                future, position = pending
+                batch, ready = future.result()
+                if j + 1 < count:
+                    pending = submit(pool, j + 1)
+                if ready is not None:  # the step's stream waits for the batch and keeps its memory while in use
+                    current = torch.cuda.current_stream(device)
+                    current.wait_event(ready)
+                    _record_stream(batch, current)
+                yield batch, position
 
     def _seed_micro_batch(self, micro: int) -> None:
         set_seed(hashed_seed(self.seed, self.step, micro, self.accelerator.process_index, nbytes=4))
@@ -294,10 +373,9 @@ class Trainer:
         self.model.train()
         totals: dict[str, torch.Tensor] = {}
         for micro in range(self.grad_accum_steps):
-            batch = next(batches)
+            batch, (self.epoch, self.batch_in_epoch) = next(batches)
             self._seed_micro_batch(micro)
-            draws = BatchRandom(batch_seed(self.seed, self.step, micro), acc.process_index, acc.num_processes)
-            with acc.accumulate(self.model), use_batch_random(draws):
+            with acc.accumulate(self.model), use_batch_random(self._draws(self.step, micro)):
                 out = self.loss_fn(self.model, batch)
                 losses = out if isinstance(out, dict) else {"loss": out}
                 if "loss" not in losses:
@@ -404,13 +482,20 @@ class Trainer:
 
     def _fit(self) -> dict[str, Any]:
         acc = self.accelerator
-        batches = self._batches()
+        remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
         record: dict[str, Any] = {}
         first_step = self.step
         self._window_start = (self.step, time.monotonic())
-        with tqdm(
-            total=self.max_steps, initial=self.step, disable=not acc.is_main_process, desc="train", dynamic_ncols=True
-        ) as progress:
+        with (
+            contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
+            tqdm(
+                total=self.max_steps,
+                initial=self.step,
+                disable=not acc.is_main_process,
+                desc="train",
+                dynamic_ncols=True,
+            ) as progress,
+        ):
             while self.step < self.max_steps:
                 self._train_step(batches)
                 progress.update(1)

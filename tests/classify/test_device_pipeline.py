@@ -217,7 +217,9 @@ def test_mixup_labels_follow_the_mixed_images(mode):
     assert torch.allclose(target, expect, atol=1e-5)
     assert 0 < lam[0] < 1  # something was mixed
 
-    class Record(torch.nn.Module):  # through the training loss: decode + transform on the device, then mixup
+    class Record(
+        torch.nn.Module
+    ):  # decode + transform on the device (the Trainer's prepare_batch), then the loss's mixup
         def forward(self, images):
             self.images = images
             return torch.zeros(images.shape[0], classes)
@@ -236,7 +238,7 @@ def test_mixup_labels_follow_the_mixed_images(mode):
         return prepared[-1][0].clone(), y  # timm's Mixup mixes in place
 
     np.random.seed(1)
-    loss = make_loss_fn(mixup, smoothing, prepare)(model, batch)
+    loss = make_loss_fn(mixup, smoothing)(model, prepare(batch))
     np.random.seed(1)
     ref_images, ref_target = mixup(prepared[0][0].clone(), prepared[0][1])
     assert torch.equal(model.images, ref_images)

@@ -166,3 +166,46 @@ def test_compile_mode_reaches_torch_compile(tmp_path, monkeypatch):
         compile_setting(False, "reduce-overhead")
     with pytest.raises(ValueError, match="must be one of default, reduce-overhead"):
         compile_setting(True, "fast")
+
+
+def noisy_inputs(threads: list[str]):
+    """A ``prepare_batch`` that adds noise from the micro-batch's draws and records the thread it ran on."""
+    import threading
+
+    from lightvision.engine import batch_random
+
+    def prepare(batch):
+        threads.append(threading.current_thread().name)
+        inputs, target = batch
+        return inputs + 0.5 * batch_random().randn_like(inputs), target
+
+    return prepare
+
+
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "inline"])
+def test_prepare_batch_ahead_trains_and_resumes_like_inline(tmp_path, prefetch):
+    threads: list[str] = []
+    reference = build(tmp_path / "ref", 10, log_every=2, prepare_batch=noisy_inputs([]), prefetch=False)
+    reference.fit()
+    build(tmp_path / "run", 6, log_every=2, prepare_batch=noisy_inputs(threads), prefetch=prefetch).fit()
+    resumed = build(tmp_path / "run", 10, log_every=2, prepare_batch=noisy_inputs(threads), prefetch=prefetch)
+    resumed.fit(resume=True)  # from step 6: mid-epoch (7 batches per epoch, 2 per step)
+    assert losses(tmp_path / "run") == losses(tmp_path / "ref")
+    assert (resumed.epoch, resumed.batch_in_epoch) == (reference.epoch, reference.batch_in_epoch)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(reference.unwrapped_model.state_dict().values(), resumed.unwrapped_model.state_dict().values())
+    )
+    assert len(threads) == 20  # one call per micro-batch trained, none beyond the last step
+    assert all(name.startswith("prepare_batch") for name in threads) == prefetch
+    plain = build(tmp_path / "plain", 10, log_every=2)
+    plain.fit()
+    assert losses(tmp_path / "plain") != losses(tmp_path / "ref")  # the prepared inputs were what trained
+
+
+def test_prepare_batch_errors_reach_the_training_loop(tmp_path):
+    def broken(batch):
+        raise ValueError("no image of the batch could be decoded")
+
+    with pytest.raises(ValueError, match="could be decoded"):
+        build(tmp_path, 4, prepare_batch=broken).fit()
