@@ -187,10 +187,11 @@ def render_classify_cifar10(files: list[str], **_) -> str:
 
 
 def render_yardstick(files: list[str], **_) -> str:
-    """CIFAR-10 yardstick recipes: widths, cutout, epochs, test top-1 plain and with flip TTA."""
+    """CIFAR-10 yardstick recipes: widths, residual stages, cutout, epochs, test top-1 of one view and flip-averaged."""
     rows = [
         [
             "-".join(str(w) for w in r.get("widths", (64, 128, 256, 512))),
+            ", ".join(str(i + 1) for i, res in enumerate(r.get("residual", (True, False, True))) if res),
             r["cutout"] or "-",
             r["epochs"],
             f"{r['test_top1']:.2f}",
@@ -199,26 +200,30 @@ def render_yardstick(files: list[str], **_) -> str:
         ]
         for r in load(files[0])["results"]
     ]
-    return table(["widths", "cutout", "epochs", "test top-1", "with flip TTA", "where"], rows)
+    head = ["widths", "residual stages", "cutout", "epochs", "test top-1, one view", "flip-averaged", "where"]
+    return table(head, rows)
 
 
 def render_input_pipeline(files: list[str], **_) -> str:
-    """DeiT training images/s per input path against synthetic input, the loader alone, per-stage ms per batch."""
-    results = load(files[0])["results"]
-    ceiling = results["synthetic"]["images_per_s"]
+    """DeiT training images/s per input path against the synthetic input of the same run, the loader alone, per-stage
+    ms per batch; one row per setting and file."""
     rows = []
-    for name, r in results.items():
-        loader = r.get("loader_images_per_s")
-        stages = [f"{r[k]:.1f}" for k in ("read_ms", "decode_ms", "augment_ms", "step_ms")]
-        rows.append(
-            [
-                name,
-                f"{r['images_per_s']:.0f}",
-                f"{r['images_per_s'] / ceiling:.0%}",
-                "-" if loader is None else f"{loader:.0f}",
-                *stages,
-            ]
-        )
+    for name in files:
+        results = load(name)["results"]
+        ceiling = results["synthetic"]["images_per_s"]
+        for setting, r in results.items():
+            loader = r.get("loader_images_per_s")
+            stages = [f"{r[k]:.1f}" if k in r else "-" for k in ("read_ms", "decode_ms", "augment_ms", "step_ms")]
+            rows.append(
+                [
+                    setting,
+                    f"{r['images_per_s']:.0f}",
+                    f"{r['images_per_s'] / ceiling:.0%}",
+                    "-" if loader is None else f"{loader:.0f}",
+                    *stages,
+                    name,
+                ]
+            )
     header = [
         "input",
         "images/s",
@@ -228,6 +233,7 @@ def render_input_pipeline(files: list[str], **_) -> str:
         "decode ms",
         "augment ms",
         "step ms",
+        "file",
     ]
     return table(header, rows)
 

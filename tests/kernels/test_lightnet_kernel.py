@@ -334,16 +334,21 @@ print(torch._dynamo.explain(model)(torch.randn(1, 3, 16, 16, device=sys.argv[2])
 """
 
 
-def test_model_kernel_path_traces_as_one_graph_after_preload():
+def test_model_kernel_path_traces_as_one_graph_after_preload(tmp_path):
     # in a fresh process (no kernel family imported; the kernels forced, on CPU in the Triton interpreter):
     # the lazy family import of a first call is not traceable (a graph break per op);
-    # lightvision.engine.compile_model calls preload_kernels first
+    # lightvision.engine.compile_model calls preload_kernels first. The process runs in an empty folder, so the
+    # installed package is imported, not a checkout's lightvision/ folder
     import subprocess
     import sys
 
     def breaks(mode):
         run = subprocess.run(
-            [sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode, DEV], capture_output=True, text=True, timeout=600
+            [sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode, DEV],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp_path,
         )
         assert run.returncode == 0, run.stderr[-2000:]
         return int(run.stdout.strip().splitlines()[-1])
