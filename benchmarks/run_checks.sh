@@ -4,7 +4,8 @@
 # Needs .whl/ (timm, einops, diffusers, torch-fidelity, fla-core wheels; scripts/device_env.sh installs them) and, for
 # the CIFAR-10 stages, .carry/cifar10-{train,test}-jpg.tar.gz (copies of ../shared/data/cifar10).
 # Stages (each writes its JSON and log under OUT_DIR):
-#   kernels      the Triton kernels against the fp64 references (LION: about 5 min of compilation on a cold cache)
+#   kernels      the Triton kernels against the fp64 references (LION: seven processes with disjoint case sets, merged
+#                into lion_check.json; most of its time is Triton compilation on a cold cache)
 #   models2gpu   classify + diffusion CIFAR-10 comparisons, on GPU 0 and GPU 1 at the same time (about 8 min)
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
@@ -47,11 +48,27 @@ for stage in "$@"; do
       grep -E '"(test_bits_per_dim|fid|precision|recall|train_steps_per_s|error)"' "$out/diffusion.log"
       ;;
     kernels)
-      python3 -m lightvision.kernels.lion.check --out "$out/lion_check.json" > "$out/lion_check.log" 2>&1
-      stamp "lion check done rc=$?"
+      for sizes in 50 197 221 577 1024 4096 0; do  # disjoint shards in parallel (0: the snake and two-scan cases)
+        extras=$([ "$sizes" = 0 ] || echo --no-extras)
+        python3 -m lightvision.kernels.lion.check --sizes "$sizes" $extras --out "$out/lion_check_$sizes.json" \
+          > "$out/lion_check_$sizes.log" 2>&1 &
+      done
+      wait; stamp "lion check shards done"
+      python3 - "$out" <<'MERGE'
+import glob, json, sys
+parts = sorted(glob.glob(f"{sys.argv[1]}/lion_check_*.json"))
+if not parts:
+    sys.exit("lion check: no shard wrote its results (see lion_check_*.log)")
+merged = json.load(open(parts[0]))
+merged["checks"] = [c for p in parts for c in json.load(open(p))["checks"]]
+merged["env"]["command"] = "bash benchmarks/run_checks.sh OUT kernels (python -m lightvision.kernels.lion.check --sizes S, one process per S in 50 197 221 577 1024 4096 and 0 = the snake and two-scan cases)"
+json.dump(merged, open(f"{sys.argv[1]}/lion_check.json", "w"), indent=1)
+failed = sum(not c["ok"] for c in merged["checks"])
+print(f"lion check: {len(merged['checks']) - failed} / {len(merged['checks'])} passed from {len(parts)} shards")
+MERGE
       python3 "$repo/scripts/bench_attention.py" --check --ops lightnet --impls triton --shapes 196x256 --modes fwd \
         --out "$out/lightnet_check.json" > "$out/lightnet_check.log" 2>&1; stamp "lightnet check done rc=$?"
-      tail -n 8 "$out/lion_check.log"; tail -n 2 "$out/lightnet_check.log"
+      tail -n 2 "$out/lightnet_check.log"
       ;;
     multigpu)
       python3 "$repo/scripts/multi_gpu_check.py" --data /tmp/cifar --out "$out/multi_gpu.json" > "$out/multi_gpu.log" 2>&1

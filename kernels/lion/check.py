@@ -80,11 +80,12 @@ def _log_decay(mask, strength, b, h, n, prefix, dev):
     return None
 
 
-def _packed_cases(dev: str, max_n: int) -> list[dict]:
-    """The packed layer core on raw qkv against phi + lion_attention + merge_heads in fp64."""
+def _packed_cases(dev: str, max_n: int, sizes: set[int]) -> list[dict]:
+    """The packed layer core on raw qkv against phi + lion_attention + merge_heads in fp64 (N <= ``max_n``, and in
+    ``sizes`` when given)."""
     rows = []
     for n, prefix, b in ((50, 0, 2), (197, 1, 2), (577, 1, 1)):
-        if n > max_n:
+        if n > max_n or (sizes and n not in sizes):
             continue
         h, d = 6, 64
         for dtype in (torch.float32, torch.bfloat16):
@@ -132,7 +133,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--sizes",
         default="",
-        help="comma list of N: only these LION cases (default: all); several "
+        help="comma list of N: only these LION and packed cases (default: all); several "
         "processes with disjoint sizes share the Triton compile work of a fresh machine",
     )
     ap.add_argument("--no-extras", action="store_true", help="skip the snake-order and two-scan cases")
@@ -156,7 +157,7 @@ def main(argv=None) -> int:
         (4096, 0, 1, 1, 64, False),
     ]
     sizes = {int(x) for x in args.sizes.split(",") if x}
-    rows += _packed_cases(dev, args.max_n)
+    rows += _packed_cases(dev, args.max_n, sizes)
     if args.packed_only:
         cases, args.no_extras = [], True
     for n, prefix, b, h, d, sequential in [c for c in cases if c[0] <= args.max_n and (not sizes or c[0] in sizes)]:
