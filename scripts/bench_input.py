@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -152,23 +153,29 @@ def _endless(loader: Any) -> Any:
         yield from loader
 
 
+def _recipe(args: argparse.Namespace, root: Path, pipeline: str, *overrides: str) -> dict:
+    """The DeiT recipe for one setting: data root and pipeline, the command's sizes and workers, ``overrides``, then
+    the command's ``--set``."""
+    return load_recipe(
+        RECIPE,
+        [
+            f"data.root={root}",
+            f"data.pipeline={pipeline}",
+            f"data.num_workers={args.workers}",
+            f"train.batch_size={args.batch_size}",
+            f"model.img_size={args.img_size}",
+            *overrides,
+            *args.set,
+        ],
+    )
+
+
 def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """images/s, loader-only images/s and per-stage ms per batch of one setting."""
     pipeline = "cpu" if name == "folder_cpu" else "gpu"
     fmt = "shards" if name.startswith("shards") else "folder"
     root = args.work / "shards" if fmt == "shards" else args.data
-    cfg = load_recipe(
-        RECIPE,
-        [
-            f"data.root={root}",
-            f"data.pipeline={pipeline}",
-            f"data.format={fmt}",
-            f"data.num_workers={args.workers}",
-            f"train.batch_size={args.batch_size}",
-            f"model.img_size={args.img_size}",
-            *args.set,
-        ],
-    )
+    cfg = _recipe(args, root, pipeline, f"data.format={fmt}")
     batch = cfg["train"]["batch_size"]
     dataset = loader = batches = None
     if name != "synthetic":
@@ -203,29 +210,21 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
 
 def measure_trainer(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """images/s of ``lightvision classify train`` from the folder: the training log's rate after the warm-up."""
-    import shutil
-
     run = args.work / f"run_{name}"
     shutil.rmtree(run, ignore_errors=True)
     pipeline = "cpu" if name == "trainer_cpu" else "gpu"
     window = max(1, args.warmup)
     steps = max(window, args.steps // window * window)
-    cfg = load_recipe(
-        RECIPE,
-        [
-            f"data.root={args.data}",
-            f"data.pipeline={pipeline}",
-            f"data.prefetch={'false' if name.endswith('inline') else 'true'}",
-            f"data.num_workers={args.workers}",
-            f"train.batch_size={args.batch_size}",
-            f"model.img_size={args.img_size}",
-            f"train.max_steps={window + steps}",
-            f"train.log_every={window}",
-            "train.eval_every_epochs=1000",
-            "train.ckpt_every_epochs=1000",
-            f"run.dir={run}",
-            *args.set,
-        ],
+    cfg = _recipe(
+        args,
+        args.data,
+        pipeline,
+        f"data.prefetch={'false' if name.endswith('inline') else 'true'}",
+        f"train.max_steps={window + steps}",
+        f"train.log_every={window}",
+        "train.eval_every_epochs=1000",
+        "train.ckpt_every_epochs=1000",
+        f"run.dir={run}",
     )
     train(cfg, device=device.type)
     records = [r for r in MetricsLogger(run).records() if "steps_per_s" in r and r["step"] > window]
