@@ -9,7 +9,9 @@ trained with ``configs/classify/cifar10.yaml`` for ``--epochs`` epochs (``--warm
 mixup / cutmix off, RandAugment and random erasing on as in the recipe), then evaluated on the test split at every
 ``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
 ``classify_cifar10[_TAG].json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
-images/s) under ``--out`` and prints a table last; runs stay in ``--work``.
+images/s) under ``--out`` and prints a table last; runs stay in ``--work``. With ``--resume`` a name whose run folder
+holds checkpoints continues from the newest (a run stopped by SIGTERM checkpoints and is reported as an error until
+it is resumed to the end). Exits with 1 when a name failed.
 """
 
 from __future__ import annotations
@@ -54,8 +56,10 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
         ],
     )
     start = time.time()
-    final = train(cfg)
+    final = train(cfg, resume=args.resume)
     train_seconds = time.time() - start
+    if final["interrupted"]:
+        raise RuntimeError(f"stopped by SIGTERM at step {final['step']}; run again with --resume to finish")
     report = evaluate_checkpoint(run, args.img_size, batch_size=500, num_workers=args.workers)
     return {
         "model": cfg["model"]["name"],
@@ -64,7 +68,7 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
         "params": final["params"],
         "epochs": final["epochs"],
         "train_seconds": round(train_seconds, 1),
-        "train_images_per_s": round(final["step"] * args.batch_size / train_seconds, 1),
+        "train_images_per_s": round(final["steps_run"] * args.batch_size / train_seconds, 1),
         "final": final,
         "eval": [
             {k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
@@ -99,12 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])
+    p.add_argument("--resume", action="store_true", help="continue each run from the newest checkpoint of its folder")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
     _, report = comparison_report("classify", args, argv)
     results = run_each(args.kinds, lambda name: run_kind(name, args), report, report_path("classify", args))
     print(table(results, args.img_size))
-    return 0
+    failed = [name for name, r in results.items() if "error" in r]
+    if failed:
+        print(f"classify benchmark: {len(failed)} of {len(results)} failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

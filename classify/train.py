@@ -320,6 +320,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         "processes": procs,
         "val_set_size": len(val_set),
         "steps_run": fit["steps_run"],
+        "interrupted": fit["interrupted"],
         **final,
     }
     trainer.metrics.log(fit["step"], results)

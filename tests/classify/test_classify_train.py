@@ -275,6 +275,15 @@ def test_no_aug_is_deterministic_and_runs_repeat_exactly(tmp_path):
     assert [s for s, *_ in curves[0]] == [1, 2] and curves[0] == curves[1]
 
 
+def benchmark_args(tmp_path: Path, data: Path) -> list[str]:
+    """classify.benchmark arguments: one epoch of a tiny model at batch 4, evaluated at 32 and 48 px."""
+    return [
+        *("--data", str(data), "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")),
+        *("--epochs", "1", "--warmup-epochs", "0", "--batch-size", "4", "--workers", "0", "--img-size", "32", "48"),
+        *("--set", TINY_ARGS, "train.mixed_precision=no"),
+    ]
+
+
 def test_cifar10_benchmark_runs_every_kind(tmp_path):
     """classify.benchmark: one recipe per kind, evaluated at every size; a failing kind is reported, not fatal."""
     from lightvision.classify import benchmark
@@ -283,35 +292,8 @@ def test_cifar10_benchmark_runs_every_kind(tmp_path):
     write_image_folder(data, corrupt=False)
     (data / "val").rename(data / "test")  # the CIFAR-10 recipe validates on test/
     out = tmp_path / "out"
-    code = benchmark.main(
-        [
-            "softmax",
-            "lightnet",
-            "normalized",
-            "no_such_kind",
-            "--data",
-            str(data),
-            "--out",
-            str(out),
-            "--work",
-            str(tmp_path / "work"),
-            "--epochs",
-            "1",
-            "--warmup-epochs",
-            "0",
-            "--batch-size",
-            "4",
-            "--workers",
-            "0",
-            "--img-size",
-            "32",
-            "48",
-            "--set",
-            TINY_ARGS,
-            "train.mixed_precision=no",
-        ]
-    )
-    assert code == 0
+    code = benchmark.main(["softmax", "lightnet", "normalized", "no_such_kind", *benchmark_args(tmp_path, data)])
+    assert code == 1  # one name failed
     report = json.loads((out / "classify_cifar10.json").read_text())
     assert report["env"]["command"].startswith("python -m lightvision.classify.benchmark")
     for kind in ("softmax", "lightnet", "normalized"):
@@ -321,3 +303,31 @@ def test_cifar10_benchmark_runs_every_kind(tmp_path):
         assert all(e["images"] == 8 and 0 <= e["top1"] <= 100 for e in result["eval"])
         assert result["params"] > 0 and result["epochs"] == 1
     assert "error" in report["results"]["no_such_kind"]
+
+
+def test_cifar10_benchmark_resume(tmp_path, monkeypatch):
+    """--resume continues a run from its checkpoints (a finished one trains no more and evaluates the same);
+    without it a run folder with checkpoints fails the name; a run stopped by SIGTERM is an error, not a result."""
+    from lightvision.classify import benchmark, train
+
+    data = tmp_path / "data"
+    write_image_folder(data, corrupt=False)
+    (data / "val").rename(data / "test")
+    report = tmp_path / "out" / "classify_cifar10.json"
+    assert benchmark.main(["softmax", *benchmark_args(tmp_path, data)]) == 0
+    first = json.loads(report.read_text())["results"]["softmax"]
+    assert first["final"]["steps_run"] == first["final"]["step"] > 0
+
+    assert benchmark.main(["softmax", *benchmark_args(tmp_path, data)]) == 1
+    assert "already holds checkpoint" in json.loads(report.read_text())["results"]["softmax"]["error"]
+
+    assert benchmark.main(["softmax", "--resume", *benchmark_args(tmp_path, data)]) == 0
+    again = json.loads(report.read_text())["results"]["softmax"]
+    assert again["final"]["steps_run"] == 0 and again["final"]["step"] == first["final"]["step"]
+    accuracy = [[(e["top1"], e["top5"]) for e in r["eval"]] for r in (first, again)]
+    assert accuracy[0] == accuracy[1]
+
+    stopped = {**first["final"], "interrupted": True}
+    monkeypatch.setattr(train, "train", lambda cfg, resume=False: stopped)
+    assert benchmark.main(["softmax", "--resume", *benchmark_args(tmp_path, data)]) == 1
+    assert "stopped by SIGTERM" in json.loads(report.read_text())["results"]["softmax"]["error"]
