@@ -9,9 +9,9 @@ trained with ``configs/classify/cifar10.yaml`` for ``--epochs`` epochs (``--warm
 mixup / cutmix off, RandAugment and random erasing on as in the recipe), then evaluated on the test split at every
 ``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
 ``classify_cifar10[_TAG].json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
-images/s) under ``--out`` and prints a table last; runs stay in ``--work``. With ``--resume`` a name whose run folder
-holds checkpoints continues from the newest (a run stopped by SIGTERM checkpoints and is reported as an error until
-it is resumed to the end). Exits with 1 when a name failed.
+images/s, the mean training loss of every epoch) under ``--out`` and prints a table last; runs stay in ``--work``.
+With ``--resume`` a name whose run folder holds checkpoints continues from the newest (a run stopped by SIGTERM
+checkpoints and is reported as an error until it is resumed to the end). Exits with 1 when a name failed.
 """
 
 from __future__ import annotations
@@ -26,6 +26,17 @@ import torch
 from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "cifar10.yaml"
+
+
+def loss_per_epoch(run: str | Path) -> list[float]:
+    """Mean training loss of each epoch (0, 1, ...) of a run, from the logged windows of its ``metrics.jsonl``."""
+    from lightvision.engine import MetricsLogger
+
+    sums: dict[int, list[float]] = {}
+    for record in MetricsLogger(run).records():
+        if "loss" in record and "steps_per_s" in record:
+            sums.setdefault(int(record["epoch"]), []).append(record["loss"])
+    return [round(sum(v) / len(v), 4) for _, v in sorted(sums.items())]
 
 
 def run_kind(name: str, args: argparse.Namespace) -> dict:
@@ -70,6 +81,7 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
         "train_seconds": round(train_seconds, 1),
         "train_images_per_s": round(final["steps_run"] * args.batch_size / train_seconds, 1),
         "final": final,
+        "loss_per_epoch": loss_per_epoch(run),
         "eval": [
             {k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
             for r in report["results"]

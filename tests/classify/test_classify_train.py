@@ -302,6 +302,7 @@ def test_cifar10_benchmark_runs_every_kind(tmp_path):
         assert [e["img_size"] for e in result["eval"]] == [32, 48]
         assert all(e["images"] == 8 and 0 <= e["top1"] <= 100 for e in result["eval"])
         assert result["params"] > 0 and result["epochs"] == 1
+        assert len(result["loss_per_epoch"]) == 1 and 0 < result["loss_per_epoch"][0] < 10
     assert "error" in report["results"]["no_such_kind"]
 
 
@@ -331,3 +332,15 @@ def test_cifar10_benchmark_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(train, "train", lambda cfg, resume=False: stopped)
     assert benchmark.main(["softmax", "--resume", *benchmark_args(tmp_path, data)]) == 1
     assert "stopped by SIGTERM" in json.loads(report.read_text())["results"]["softmax"]["error"]
+
+
+def test_benchmark_loss_per_epoch(tmp_path):
+    """Mean of each epoch's logged windows, in epoch order; records without a window (results, evaluations) skipped."""
+    from lightvision.classify.benchmark import loss_per_epoch
+    from lightvision.engine import MetricsLogger
+
+    log = MetricsLogger(tmp_path)
+    for step, epoch, loss in ((1, 0, 2.0), (2, 0, 1.0), (3, 1, 0.5)):
+        log.log(step, {"loss": loss, "epoch": epoch, "steps_per_s": 1.0})
+    log.log(3, {"loss": 9.0, "epoch": 1, "val_top1": 50.0})
+    assert loss_per_epoch(tmp_path) == [1.5, 0.5]
