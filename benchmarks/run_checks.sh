@@ -7,6 +7,10 @@
 #   kernels      the Triton kernels against the fp64 references (LION: seven processes with disjoint case sets, merged
 #                into lion_check.json; most of its time is Triton compilation on a cold cache)
 #   models2gpu   classify + diffusion CIFAR-10 comparisons, on GPU 0 and GPU 1 at the same time (about 8 min)
+#   classify_table  the CIFAR-10 classification table: LV_NAMES (default softmax lightnet lion_d lion_s lion_s_snake;
+#                names of configs/variants/classify_cifar10.yaml too) trained LV_EPOCHS (100) epochs side by side, spread
+#                over the GPUs (scripts/run_variants.py --family classify, CUDA MPS), LV_SET recipe overrides for all,
+#                then the plot (scripts/plot_classify.py); five 100-epoch runs took 19-27 min on two H100s
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
@@ -46,6 +50,16 @@ for stage in "$@"; do
       wait
       grep -A 12 "^| attention" "$out/classify.log"
       grep -E '"(test_bits_per_dim|fid|precision|recall|train_steps_per_s|error)"' "$out/diffusion.log"
+      ;;
+    classify_table)
+      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      tag="deit_t_${LV_EPOCHS:-100}epochs"
+      python3 "$repo/scripts/run_variants.py" --family classify ${LV_NAMES:-softmax lightnet lion_d lion_s lion_s_snake} \
+        --data /tmp/cifar --out "$out" --work /tmp/lightvision_classify_table --tag "$tag" --workers 5 \
+        --variants "$repo/configs/variants/classify_cifar10.yaml" -- --epochs "${LV_EPOCHS:-100}" --warmup-epochs 5 \
+        --set train.compile=true ${LV_SET:-} > "$out/classify_table.log" 2>&1; stamp "classify table done rc=$?"
+      python3 "$repo/scripts/plot_classify.py" "$out/classify_cifar10_$tag.json" --out "$out/classify_cifar10_$tag.png"
+      tail -n 8 "$out/classify_table.log"
       ;;
     kernels)
       for sizes in 50 197 221 577 1024 4096 0; do  # disjoint shards in parallel (0: the snake and two-scan cases)

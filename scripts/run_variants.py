@@ -1,14 +1,17 @@
-"""Run several ``lightvision.diffusion.benchmark`` names side by side on one GPU within a time budget.
+"""Run several CIFAR-10 benchmark names (``lightvision.{diffusion,classify}.benchmark``) side by side on the GPUs.
 
     python scripts/run_variants.py lightnet lightnet_paper softmax --steps 4000 --deadline 540 --data /tmp/cifar \\
         --out OUT --variants configs/variants/diffusion_cifar10.yaml -- --samples 1000 --sample-steps 50
+    python scripts/run_variants.py --family classify softmax lightnet lion_d lion_s lion_s_snake --data /tmp/cifar \\
+        --out OUT --tag deit_t_100epochs -- --epochs 100 --warmup-epochs 5 --set train.compile=true
 
-Every name trains in its own process (CUDA MPS shares the GPU when its daemon runs), all at once. Each process logs
-its step to ``metrics.jsonl``; from the measured rates the driver predicts when each run ends (training plus
-``--eval-seconds``), and while the slowest would miss ``--deadline`` it stops the last-listed run still going (names
-are in priority order), which speeds up the others. The per-name reports are merged into
-``diffusion_cifar10_<--tag>.json`` (``stopped`` lists the names cut for time). Steps/s in it are rates under sharing,
-not one run's own speed.
+Every name trains in its own process, all at once, spread round-robin over ``--gpus`` (default: every visible GPU;
+CUDA MPS shares a GPU between processes when its daemon runs); arguments after ``--`` go to every benchmark process.
+Each process logs its step to ``metrics.jsonl``. With ``--steps`` (the diffusion runs' length) and ``--deadline`` the
+driver predicts from the measured rates when each run ends (training plus ``--eval-seconds``), and while the slowest
+would miss the deadline it stops the last-listed run still going (names are in priority order), which speeds up the
+others. The per-name reports are merged into ``{family}_cifar10_<--tag>.json`` (``stopped`` lists the names cut for
+time). Rates in it are rates under sharing, not one run's own speed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 from lightvision.results import results_env
 
@@ -35,13 +40,19 @@ def last_step(metrics: Path) -> int:
     return max(steps, default=0)
 
 
+def run_metrics(work: Path, family: str, name: str) -> Path:
+    """Where the benchmark process of ``name`` (run with ``--work work/name``) logs its training metrics."""
+    return work / name / ("runs" if family == "diffusion" else "") / name / "metrics.jsonl"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("names", nargs="+")
-    p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--deadline", type=float, required=True, help="seconds from now by which every run must end")
+    p.add_argument("--family", choices=("diffusion", "classify"), default="diffusion", help="which benchmark to run")
+    p.add_argument("--steps", type=int, help="training steps of every run (diffusion; needed by --deadline)")
+    p.add_argument("--deadline", type=float, help="seconds from now by which every run must end (with --steps)")
     p.add_argument("--eval-seconds", type=float, default=150.0, help="expected evaluation time after training")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
@@ -49,34 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants")
     p.add_argument("--tag", default="variants")
     p.add_argument("--workers", type=int, default=3, help="data loader workers per run")
+    p.add_argument("--gpus", type=int, help="GPUs to spread the runs over (default: every visible one)")
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.deadline is not None and args.steps is None:
+        p.error("--deadline needs --steps (the runs' length, to predict when they end)")
+    gpus = args.gpus or torch.cuda.device_count()
     start = time.time()
     out, work = Path(args.out), Path(args.work)
     (out / "parts").mkdir(parents=True, exist_ok=True)
     procs = {}
-    for name in args.names:
-        cmd = [
-            sys.executable,
-            "-m",
-            "lightvision.diffusion.benchmark",
-            name,
-            "--data",
-            args.data,
-            "--out",
-            str(out / "parts"),
-            "--work",
-            str(work / name),
-            "--tag",
-            name,
-            "--steps",
-            str(args.steps),
-            *extra,
-            "--set",
-            f"data.num_workers={args.workers}",
-        ]
+    for i, name in enumerate(args.names):
+        cmd = [sys.executable, "-m", f"lightvision.{args.family}.benchmark", name, "--data", args.data]
+        cmd += ["--out", str(out / "parts"), "--work", str(work / name), "--tag", name]
+        cmd += ["--steps", str(args.steps)] if args.steps else []
+        cmd += [*extra, "--set", f"data.num_workers={args.workers}"]
         cmd += ["--variants", args.variants] if args.variants else []
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i % gpus)} if gpus else None
         log = open(out / f"log_{name}.txt", "w")
-        procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), time.time())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        procs[name] = (proc, time.time())
     stopped, seen = [], {name: [] for name in args.names}  # seen: (time, step) observations per run
     while any(proc.poll() is None for proc, _ in procs.values()):
         time.sleep(10)
@@ -84,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         finish = {}
         for name, (proc, _) in procs.items():
             if proc.poll() is None:
-                step = last_step(work / name / "runs" / name / "metrics.jsonl")
+                step = last_step(run_metrics(work, args.family, name))
                 seen[name].append((now, step))
+                if args.deadline is None:
+                    continue
                 # the rate over the last minute, counted from the first step (start-up and compilation excluded)
                 window = [(t, s) for t, s in seen[name] if now - t <= 60 and s > 0]
                 if step >= args.steps:
@@ -95,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
                     finish[name] = now + (args.steps - step) * (now - then[0]) / (step - then[1]) + args.eval_seconds
         running = [n for n, (proc, _) in procs.items() if proc.poll() is None]
         decided = all(n in finish for n in running)
-        training = [n for n in running if seen[n] and seen[n][-1][1] < args.steps]
+        training = [n for n in running if seen[n] and seen[n][-1][1] < (args.steps or 0)]
         late = max(finish.values(), default=0.0)
-        if len(running) > 1 and training and decided and late > start + args.deadline:
+        if args.deadline is not None and len(running) > 1 and training and decided and late > start + args.deadline:
             victim = training[-1]
             os.killpg(procs[victim][0].pid, signal.SIGKILL)
             seen.update({n: [] for n in running})  # the survivors speed up: measure afresh
@@ -118,19 +122,31 @@ def main(argv: list[str] | None = None) -> int:
         "concurrent_runs": len(args.names),
     }
     for name in args.names:
-        part = out / "parts" / f"diffusion_cifar10_{name}.json"
+        part = out / "parts" / f"{args.family}_cifar10_{name}.json"
         if part.is_file():
             report = json.loads(part.read_text())
-            merged.setdefault("real_streak_share", report.get("real_streak_share"))
+            if "real_streak_share" in report:
+                merged.setdefault("real_streak_share", report["real_streak_share"])
             merged["settings"] = report["settings"]
             merged["results"].update(report["results"])
-    (out / f"diffusion_cifar10_{args.tag}.json").write_text(json.dumps(merged, indent=2, default=str))
-    print(table(merged))
-    return 0
+        else:
+            why = "stopped to meet the deadline" if name in stopped else f"no report (see {out / f'log_{name}.txt'})"
+            merged["results"][name] = {"error": why}
+    if "settings" in merged:
+        merged["settings"].update(kinds=args.names, tag=args.tag, work=str(work))
+    (out / f"{args.family}_cifar10_{args.tag}.json").write_text(json.dumps(merged, indent=2, default=str))
+    if args.family == "classify":
+        from lightvision.classify.benchmark import table as classify_table
+
+        print(classify_table(merged["results"], merged.get("settings", {}).get("img_size", [32])))
+    else:
+        print(table(merged))
+    failed = [n for n, r in merged["results"].items() if "error" in r and n not in stopped]
+    return 1 if failed else 0
 
 
 def table(report: dict) -> str:
-    """Markdown: name, parameters, steps, bits/dim, FID, precision, recall, streak share, steps/s."""
+    """Diffusion runs as markdown: name, parameters, steps, bits/dim, FID, precision, recall, streak share, steps/s."""
     real, nan = report.get("real_streak_share") or {}, float("nan")
     lines = [
         "| name | params (M) | steps | test bits/dim | FID | precision | recall | streak share | steps/s (shared) |",
