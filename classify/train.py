@@ -182,7 +182,8 @@ def _check_schedule(sched: dict[str, Any]) -> None:
 
 
 def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
-    """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics.
+    """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics with the run's
+    step, epochs, steps run by this call and ``interrupted`` (True when a SIGTERM stopped it after a checkpoint).
 
     Args:
         device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
