@@ -23,7 +23,7 @@ from timm.data.auto_augment import rand_augment_transform
 from lightvision.engine import batch_random
 from lightvision.ops._checks import check_choice
 
-__all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "OPS", "apply_op", "level_to_arg"]
+__all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "OPS", "affine_theta", "apply_op", "level_to_arg"]
 
 LEVEL_DENOM = 10.0
 GEOMETRIC_OPS = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
@@ -109,28 +109,36 @@ def _smooth(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _affine(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
-    """PIL's ``Image.transform(AFFINE)`` / ``rotate``: each output pixel centre (u, v) samples the input at
-    (a u + b v + c, d u + e v + f), with coordinates in pixels from the top-left corner."""
-    n, _, h, w = x.shape
+def affine_theta(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The geometric op's sampling map for ``F.affine_grid``: float [N, 2, 3] on ``arg``'s device.
+
+    PIL's ``Image.transform(AFFINE)`` / ``rotate`` samples each output pixel centre (u, v) at
+    (a u + b v + c, d u + e v + f) in pixels from the top-left corner; with x_n = 2 x / W - 1, y_n = 2 y / H - 1
+    that is the map [[a, b H/W, a + b H/W + 2c/W - 1], [d W/H, e, d W/H + e + 2f/H - 1]] of normalised coordinates.
+    """
     one, zero = torch.ones_like(arg), torch.zeros_like(arg)
+    h, w = float(height), float(width)
     if name == "Rotate":  # counter-clockwise by arg degrees about the centre (PIL rotate)
         rad = -arg * math.pi / 180.0
         cos, sin = rad.cos(), rad.sin()
         cx, cy = w / 2.0, h / 2.0
-        rows = (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
+        a, b, c, d, e, f = cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy
     elif name == "ShearX":
-        rows = (one, arg, zero, zero, one, zero)
+        a, b, c, d, e, f = one, arg, zero, zero, one, zero
     elif name == "ShearY":
-        rows = (one, zero, zero, arg, one, zero)
+        a, b, c, d, e, f = one, zero, zero, arg, one, zero
     elif name == "TranslateXRel":
-        rows = (one, zero, arg * w, zero, one, zero)
+        a, b, c, d, e, f = one, zero, arg * w, zero, one, zero
     else:  # TranslateYRel
-        rows = (one, zero, zero, zero, one, arg * h)
-    m = torch.stack(rows, 1).view(n, 2, 3)
-    v, u = torch.meshgrid(torch.arange(h, device=x.device) + 0.5, torch.arange(w, device=x.device) + 0.5, indexing="ij")
-    src = torch.einsum("nij,hwj->nhwi", m, torch.stack([u, v, torch.ones_like(u)], -1))  # [N, H, W, 2] pixels
-    grid = torch.stack([2 * src[..., 0] / w - 1, 2 * src[..., 1] / h - 1], -1)
+        a, b, c, d, e, f = one, zero, zero, zero, one, arg * h
+    rows = (a, b * h / w, a + b * h / w + 2 * c / w - 1, d * w / h, e, d * w / h + e + 2 * f / h - 1)
+    return torch.stack(rows, 1).view(-1, 2, 3)
+
+
+def _warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
+    """Each uint8 [N, 3, H, W] image resampled through its own ``theta`` [N, 2, 3] (:func:`affine_theta`), outside
+    the image filled with ``fill`` [3] (0..255); rounded back to uint8."""
+    grid = F.affine_grid(theta.float(), list(x.shape), align_corners=False)
     fill = fill.view(1, -1, 1, 1)
     out = F.grid_sample(x.float() - fill, grid, mode=mode, padding_mode="zeros", align_corners=False) + fill
     return out.round().clamp(0, 255).to(torch.uint8)
@@ -150,7 +158,7 @@ def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, 
     """
     base = name[: -len("Increasing")] if name.endswith("Increasing") else name
     if name in GEOMETRIC_OPS:
-        return _affine(x, name, arg, fill, mode)
+        return _warp(x, affine_theta(name, arg, x.shape[-2], x.shape[-1]), fill, mode)
     if base == "AutoContrast":
         return TF.autocontrast(x)
     if base == "Equalize":
@@ -235,27 +243,43 @@ class BatchRandAugment:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Augment uint8 [N, 3, H, W] (any device); returns a new uint8 tensor of the same shape.
 
-        Per layer, the images that apply an op are gathered once, sorted by op, so that each op runs on a
-        contiguous slice, and scattered back once (one copy of the order and the arguments to the device per layer).
+        Per layer, the images that apply an op are gathered once, sorted by op with the geometric ops first, and
+        scattered back once. The geometric ops are all affine maps, so their images are resampled together by one
+        ``grid_sample`` with a map per image; the maps and the other ops' arguments are made on the CPU and copied to
+        the device once per layer.
         """
         op, applied, level, negate = self.draw(x.shape[0])
         x = x.clone()
         fill = self.fill.to(x.device)
+        height, width = x.shape[-2:]
+        names = sorted(range(len(self.names)), key=lambda k: self.names[k] not in GEOMETRIC_OPS)
         for layer in range(self.num_layers):
-            groups, args = [], []
-            for k, name in enumerate(self.names):
+            warped, thetas, groups, args = [], [], [], []
+            for k in names:
+                name = self.names[k]
                 rows = torch.nonzero((op[layer] == k) & applied[layer]).flatten()
-                if rows.numel():
+                if not rows.numel():
+                    continue
+                arg = level_to_arg(name, level[layer, rows], negate[layer, rows], self.translate_pct)
+                if name in GEOMETRIC_OPS:
+                    warped.append(rows)
+                    thetas.append(affine_theta(name, arg.double(), height, width))
+                else:
                     groups.append((name, rows))
-                    args.append(level_to_arg(name, level[layer, rows], negate[layer, rows], self.translate_pct))
-            if not groups:
+                    args.append(arg)
+            if not warped and not groups:
                 continue
-            order = torch.cat([rows for _, rows in groups]).to(x.device, non_blocking=True)
-            arg = torch.cat(args).float().to(x.device, non_blocking=True)
-            picked, start = x[order], 0
-            for name, rows in groups:
-                end = start + rows.numel()
-                picked[start:end] = apply_op(picked[start:end], name, arg[start:end], fill, self.interpolation)
-                start = end
+            order = torch.cat(warped + [rows for _, rows in groups]).to(x.device, non_blocking=True)
+            picked, start = x[order], sum(rows.numel() for rows in warped)
+            if warped:
+                theta = torch.cat(thetas).float().to(x.device, non_blocking=True)
+                picked[:start] = _warp(picked[:start], theta, fill, self.interpolation)
+            if groups:
+                arg, first = torch.cat(args).float().to(x.device, non_blocking=True), 0
+                for name, rows in groups:
+                    end = first + rows.numel()
+                    part = slice(start + first, start + end)
+                    picked[part] = apply_op(picked[part], name, arg[first:end], fill, self.interpolation)
+                    first = end
             x[order] = picked
         return x
