@@ -13,6 +13,7 @@ Draws come from :func:`~lightvision.engine.batch_random` (on the CPU, so the dev
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -243,43 +244,51 @@ class BatchRandAugment:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Augment uint8 [N, 3, H, W] (any device); returns a new uint8 tensor of the same shape.
 
-        Per layer, the images that apply an op are gathered once, sorted by op with the geometric ops first, and
-        scattered back once. The geometric ops are all affine maps, so their images are resampled together by one
-        ``grid_sample`` with a map per image; the maps and the other ops' arguments are made on the CPU and copied to
-        the device once per layer.
+        Per layer, the images that apply an op are sorted by op (geometric ops first; one stable sort on the CPU),
+        gathered once and scattered back once. The geometric ops are all affine maps, so their images are resampled
+        together by one ``grid_sample`` with a map per image; the maps and the other ops' arguments are made on the
+        CPU and copied to the device once per layer.
         """
         op, applied, level, negate = self.draw(x.shape[0])
         x = x.clone()
         fill = self.fill.to(x.device)
         height, width = x.shape[-2:]
-        names = sorted(range(len(self.names)), key=lambda k: self.names[k] not in GEOMETRIC_OPS)
+        by_rank = sorted(range(len(self.names)), key=lambda k: self.names[k] not in GEOMETRIC_OPS)
+        rank = torch.empty(len(by_rank), dtype=torch.long)
+        rank[by_rank] = torch.arange(len(by_rank))  # op k's place in the sorted order
+        warped_ops = sum(name in GEOMETRIC_OPS for name in self.names)
         for layer in range(self.num_layers):
-            warped, thetas, groups, args = [], [], [], []
-            for k in names:
-                name = self.names[k]
-                rows = torch.nonzero((op[layer] == k) & applied[layer]).flatten()
-                if not rows.numel():
-                    continue
-                arg = level_to_arg(name, level[layer, rows], negate[layer, rows], self.translate_pct)
-                if name in GEOMETRIC_OPS:
-                    warped.append(rows)
-                    thetas.append(affine_theta(name, arg.double(), height, width))
-                else:
-                    groups.append((name, rows))
-                    args.append(arg)
-            if not warped and not groups:
+            key = torch.where(applied[layer], rank[op[layer]], len(by_rank))  # len(by_rank): no op in this layer
+            counts = torch.bincount(key, minlength=len(by_rank) + 1).tolist()[:-1]
+            bounds = list(itertools.accumulate(counts, initial=0))
+            if not bounds[-1]:
                 continue
-            order = torch.cat(warped + [rows for _, rows in groups]).to(x.device, non_blocking=True)
-            picked, start = x[order], sum(rows.numel() for rows in warped)
-            if warped:
-                theta = torch.cat(thetas).float().to(x.device, non_blocking=True)
-                picked[:start] = _warp(picked[:start], theta, fill, self.interpolation)
-            if groups:
-                arg, first = torch.cat(args).float().to(x.device, non_blocking=True), 0
-                for name, rows in groups:
-                    end = first + rows.numel()
-                    part = slice(start + first, start + end)
-                    picked[part] = apply_op(picked[part], name, arg[first:end], fill, self.interpolation)
-                    first = end
+            rows = torch.argsort(key, stable=True)[: bounds[-1]]
+            lv, ng = level[layer, rows], negate[layer, rows]
+            present = [(self.names[k], a, b) for k, a, b in zip(by_rank, bounds[:-1], bounds[1:], strict=True) if b > a]
+            warp_end = bounds[warped_ops]
+            order = rows.to(x.device, non_blocking=True)
+            picked = x[order]
+            if warp_end:
+                theta = torch.cat(
+                    [
+                        affine_theta(
+                            name, level_to_arg(name, lv[a:b], ng[a:b], self.translate_pct).double(), height, width
+                        )
+                        for name, a, b in present
+                        if b <= warp_end
+                    ]
+                )
+                picked[:warp_end] = _warp(
+                    picked[:warp_end], theta.float().to(x.device, non_blocking=True), fill, self.interpolation
+                )
+            others = [(name, a, b) for name, a, b in present if a >= warp_end]
+            if others:
+                args = [level_to_arg(name, lv[a:b], ng[a:b], self.translate_pct) for name, a, b in others]
+                arg = torch.cat(args).float().to(x.device, non_blocking=True)
+                for name, a, b in others:
+                    picked[a:b] = apply_op(
+                        picked[a:b], name, arg[a - warp_end : b - warp_end], fill, self.interpolation
+                    )
             x[order] = picked
         return x
