@@ -18,7 +18,8 @@
 #                the token count (bench_models.py --memory-only; a minute or two)
 #   input        the classifier input pipeline: an ImageNet-like JPEG folder (scripts/make_imagenet_like.py, 20,000
 #                images from the CIFAR-10 archives in .carry/) and DeiT-S training images/s from it per input path against
-#                synthetic input (scripts/bench_input.py; needs the webdataset and braceexpand wheels; about 4 min)
+#                synthetic input (scripts/bench_input.py; needs the webdataset and braceexpand wheels; about 4 min), then
+#                where one batch's decode and augmentation time goes (scripts/profile_input.py)
 #   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
 #                narrows them with -k)
 #   variants     LightNet-DiT-S/2 variants (configs/variants/diffusion_cifar10.yaml) and attention kinds trained side by
@@ -108,7 +109,10 @@ MERGE
       python3 "$repo/scripts/make_imagenet_like.py" --cifar "$repo/.carry" --out /tmp/imagenet_like --count 20000 \
         > "$out/make_imagenet_like.log" 2>&1; stamp "imagenet-like folder done rc=$?"
       python3 "$repo/scripts/bench_input.py" --data /tmp/imagenet_like --out "$out/input.json" > "$out/input.log" 2>&1
-      stamp "input done rc=$?"; tail -n 8 "$out/input.log"
+      stamp "input done rc=$?"
+      python3 "$repo/scripts/profile_input.py" --data /tmp/imagenet_like --out "$out/input_profile.json" \
+        > "$out/input_profile.log" 2>&1; stamp "input profile done rc=$?"
+      tail -n 8 "$out/input.log"; tail -n 1 "$out/input_profile.log"
       ;;
     tests)
       (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels tests/ops tests/layers ${LV_TESTS_K:+-k "$LV_TESTS_K"} \

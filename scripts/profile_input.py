@@ -1,0 +1,130 @@
+"""Where the GPU input path's time goes: one batch of JPEGs through ``decode_batch`` and the DeiT train transform.
+
+    python scripts/profile_input.py --data /tmp/imagenet_like --out input_profile.json
+
+Median milliseconds of each stage (decode, crop + flip + resize, RandAugment, normalise, random erasing, the whole
+transform) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``; then the
+operations of one decode + transform: on CUDA the kernel launches and the host and device time in torch.profiler
+(the top entries by each), on the CPU the operations dispatched, in all and by RandAugment alone (on a GPU most are
+one kernel launch each). The JSON holds the environment and the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lightvision.classify.data import norm_stats
+from lightvision.classify.device_transforms import DeviceTrainTransform, _normalize
+from lightvision.classify.encoded import EncodedImages, decode_batch
+from lightvision.classify.train import load_recipe
+from lightvision.engine.batch_random import BatchRandom, use_batch_random
+from lightvision.results import results_env
+
+RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten operations dispatched inside the ``with`` block, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="image folder (train/<class>/<image> or <class>/<image>)")
+    p.add_argument("--out", required=True, help="JSON to write")
+    p.add_argument("--recipe", default=str(RECIPE), help="classification recipe whose aug section is profiled")
+    p.add_argument("--img-size", type=int, default=224)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = p.parse_args(argv)
+    root = Path(args.data)
+    files = sorted(f for f in (root / "train" if (root / "train").is_dir() else root).glob("*/*") if f.is_file())
+    if not files:
+        sys.exit(f"profile_input: no images under {root} (expected <class>/<image> or train/<class>/<image>)")
+    raw = [f.read_bytes() for f in files[: args.batch]]
+    data = torch.frombuffer(bytearray(b"".join(raw)), dtype=torch.uint8)
+    encoded = EncodedImages(data, [len(r) for r in raw], [str(f) for f in files[: args.batch]])
+    cfg = load_recipe(args.recipe, [])
+    transform = DeviceTrainTransform(cfg["aug"], args.img_size, *norm_stats(cfg))
+    labels = torch.zeros(len(raw), dtype=torch.long, device=args.device)
+    cuda = args.device.startswith("cuda")
+
+    def timed(fn, *inputs):
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = fn(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
+        return out, 1000 * (time.perf_counter() - start)
+
+    stages = collections.defaultdict(list)
+    for i in range(args.warmup + args.repeats):
+        with use_batch_random(BatchRandom(i)):
+            images, t_decode = timed(lambda: decode_batch(encoded, labels)[0])
+            x, t_crop = timed(transform.crop_flip, images)
+            y, t_rand = timed(transform.rand_augment or (lambda v: v), x)
+            z, t_norm = timed(lambda v: _normalize(v, transform.mean, transform.std), y)
+            _, t_erase = timed(transform.erase, z)
+            _, t_whole = timed(transform, images)
+        if i >= args.warmup:
+            times = (t_decode, t_crop, t_rand, t_norm, t_erase, t_whole)
+            for name, ms in zip(("decode", "crop_flip", "rand_augment", "normalize", "erase", "whole"), times):
+                stages[name].append(ms)
+    report = {
+        "env": results_env("python scripts/profile_input.py " + " ".join(sys.argv[1:] if argv is None else argv)),
+        "settings": vars(args),
+        "images": len(raw),
+        "median_ms": {name: round(statistics.median(v), 2) for name, v in stages.items()},
+    }
+    with use_batch_random(BatchRandom(0)):
+        if cuda:
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                transform(decode_batch(encoded, labels)[0])
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            launch = ("cudaLaunchKernel", "cuLaunchKernel")
+            report["launches"] = sum(e.count for e in events if e.key.startswith(launch))
+            report["device_ms"] = round(sum(e.self_device_time_total for e in events) / 1000, 2)
+            report["host_ms"] = round(sum(e.self_cpu_time_total for e in events) / 1000, 2)
+            for key, attr in (("by_device", "self_device_time_total"), ("by_host", "self_cpu_time_total")):
+                top = sorted(events, key=lambda e: -getattr(e, attr))[:25]
+                report[key] = [(e.key, e.count, round(getattr(e, attr) / 1000, 2)) for e in top]
+        else:
+            with CountOps() as ops:
+                transform(decode_batch(encoded, labels)[0])
+            report["ops_dispatched"] = sum(ops.counts.values())
+            report["top_ops"] = ops.counts.most_common(25)
+            if transform.rand_augment is not None:
+                x = transform.crop_flip(decode_batch(encoded, labels)[0])
+                with CountOps() as ops:
+                    transform.rand_augment(x)
+                report["rand_augment_ops"] = sum(ops.counts.values())
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    counted = f"{report['launches']} launches" if cuda else f"{report['ops_dispatched']} operations dispatched"
+    print(f"median ms per batch of {len(raw)}: {report['median_ms']}; {counted}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
