@@ -40,6 +40,13 @@ def last_step(metrics: Path) -> int:
     return max(steps, default=0)
 
 
+def gpu_ids(limit: int | None) -> list[str]:
+    """The first ``limit`` (None: all) visible GPUs as ``CUDA_VISIBLE_DEVICES`` values: the caller's own list when
+    that variable is set, else 0 .. device_count - 1."""
+    visible = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    return (visible or [str(i) for i in range(torch.cuda.device_count())])[:limit]
+
+
 def run_metrics(work: Path, family: str, name: str) -> Path:
     """Where the benchmark process of ``name`` (run with ``--work work/name``) logs its training metrics."""
     return work / name / ("runs" if family == "diffusion" else "") / name / "metrics.jsonl"
@@ -60,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants")
     p.add_argument("--tag", default="variants")
     p.add_argument("--workers", type=int, default=3, help="data loader workers per run")
-    p.add_argument("--gpus", type=int, help="GPUs to spread the runs over (default: every visible one)")
+    p.add_argument("--gpus", type=int, help="spread the runs over the first N visible GPUs (default: all; 0: none)")
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.deadline is not None and args.steps is None:
         p.error("--deadline needs --steps (the runs' length, to predict when they end)")
-    gpus = args.gpus or torch.cuda.device_count()
+    gpus = gpu_ids(args.gpus)
     start = time.time()
     out, work = Path(args.out), Path(args.work)
     (out / "parts").mkdir(parents=True, exist_ok=True)
@@ -75,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--steps", str(args.steps)] if args.steps else []
         cmd += [*extra, "--set", f"data.num_workers={args.workers}"]
         cmd += ["--variants", args.variants] if args.variants else []
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": str(i % gpus)} if gpus else None
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else None
         log = open(out / f"log_{name}.txt", "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         procs[name] = (proc, time.time())

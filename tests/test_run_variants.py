@@ -11,10 +11,21 @@ from helpers import write_dark_light_folder
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_classify_names_side_by_side(tmp_path):
+def load_script():
     spec = importlib.util.spec_from_file_location("run_variants", ROOT / "scripts" / "run_variants.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_ids_keep_the_callers_list(monkeypatch):
+    module = load_script()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
+    assert module.gpu_ids(None) == ["2", "3"] and module.gpu_ids(1) == ["2"] and module.gpu_ids(0) == []
+
+
+def test_classify_names_side_by_side(tmp_path):
+    module = load_script()
     data = tmp_path / "data"
     write_dark_light_folder(data)
     (data / "val").rename(data / "test")
