@@ -1,7 +1,12 @@
-"""The comparison helper of the whole suite: relative L2 error against a reference (docs/spec.md 2).
+"""The comparison helper of the whole suite: relative L2 error against a reference (docs/spec.md 2); tiny data and
+models for the training tests; :func:`load_script` for the tests of ``scripts/``.
 
-Tests import it as ``from helpers import TOL, assert_close, rel`` (pytest puts ``tests/`` on ``sys.path``
+Tests import them as ``from helpers import TOL, assert_close, rel`` (pytest puts ``tests/`` on ``sys.path``
 through the root conftest)."""
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import torch
 
@@ -80,3 +85,13 @@ def write_dark_light_folder(root, per_class: int = 4, suffix: str = ".png", vari
                 h, w = rng.integers(20, 48, 2) if varied_sizes else (20, 20)
                 pixels = np.clip(base + rng.normal(0, 20, (h, w, 3)), 0, 255).astype(np.uint8)
                 Image.fromarray(pixels).save(folder / f"{i}{suffix}", **({"quality": 90} if suffix == ".jpg" else {}))
+
+
+def load_script(name: str):
+    """``scripts/{name}.py`` imported as module ``name`` (registered in ``sys.modules``, so that worker pools can
+    pickle its functions by module name)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

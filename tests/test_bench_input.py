@@ -3,10 +3,8 @@ tiny settings: every input setting trains, the JSON records them, the table come
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 import tarfile
 from pathlib import Path
 
@@ -14,15 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def load(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # the worker pool pickles the script's functions by module name
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def fake_cifar(root: Path) -> Path:
@@ -44,7 +34,7 @@ def fake_cifar(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def imagenet_like(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench_input")
-    cifar, make = fake_cifar(tmp / "cifar"), load("make_imagenet_like")
+    cifar, make = fake_cifar(tmp / "cifar"), load_script("make_imagenet_like")
     for out, workers in (("a", "2"), ("b", "1")):
         assert (
             make.main(
@@ -78,7 +68,7 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     out = imagenet_like / "bench.json"
     assert (
-        load("bench_input").main(
+        load_script("bench_input").main(
             [
                 "--data",
                 str(imagenet_like / "a"),

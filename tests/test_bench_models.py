@@ -3,21 +3,16 @@ check), its tables and plot, and an argument error raised before any GPU is need
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_models.py"
+from helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_models", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_models")
 
 
 def _memory_records(attention: str, act_of_tokens, sizes=(224, 512, 1024), oom_at=()):

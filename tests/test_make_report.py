@@ -3,22 +3,20 @@ give, every table carries its data's GPU and versions, and a missing file is one
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("make_report", ROOT / "scripts" / "make_report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_report")
 
 
 @pytest.fixture(scope="module")

@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("plot_classify", ROOT / "scripts" / "plot_classify.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def test_plot_from_results(tmp_path):
@@ -23,11 +14,11 @@ def test_plot_from_results(tmp_path):
     result = {"loss_per_epoch": [2.0, 1.5, 1.2], "eval": evals}
     data = {"results": {"softmax": result, "lion_s": {**result, "loss_per_epoch": []}, "broken": {"error": "x"}}}
     (tmp_path / "r.json").write_text(json.dumps(data))
-    assert load_script().main([str(tmp_path / "r.json"), "--out", str(tmp_path / "r.png")]) == 0
+    assert load_script("plot_classify").main([str(tmp_path / "r.json"), "--out", str(tmp_path / "r.png")]) == 0
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_refuses_a_file_without_runs(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"results": {"softmax": {"error": "CheckpointError: ..."}}}))
     with pytest.raises(SystemExit, match="holds no finished run"):
-        load_script().main([str(tmp_path / "r.json"), "--out", str(tmp_path / "r.png")])
+        load_script("plot_classify").main([str(tmp_path / "r.json"), "--out", str(tmp_path / "r.png")])

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-from helpers import write_dark_light_folder
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("run_variants", ROOT / "scripts" / "run_variants.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script, write_dark_light_folder
 
 
 def test_gpu_ids_keep_the_callers_list(monkeypatch):
-    module = load_script()
+    module = load_script("run_variants")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2, 3")
     assert module.gpu_ids(None) == ["2", "3"] and module.gpu_ids(1) == ["2"] and module.gpu_ids(0) == []
 
 
 def test_classify_names_side_by_side(tmp_path):
-    module = load_script()
+    module = load_script("run_variants")
     data = tmp_path / "data"
     write_dark_light_folder(data)
     (data / "val").rename(data / "test")
