@@ -79,7 +79,7 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
         "params": final["params"],
         "epochs": final["epochs"],
         "train_seconds": round(train_seconds, 1),
-        "train_images_per_s": round(final["steps_run"] * args.batch_size / train_seconds, 1),
+        "train_images_per_s": round(final["steps_run"] * final["global_batch"] / train_seconds, 1),
         "final": final,
         "loss_per_epoch": loss_per_epoch(run),
         "eval": [

@@ -27,17 +27,14 @@ from pathlib import Path
 
 import torch
 
+from lightvision.engine import MetricsLogger
 from lightvision.results import results_env
 
 
-def last_step(metrics: Path) -> int:
-    """The newest step in a run's ``metrics.jsonl`` (0 before the first record)."""
-    try:
-        lines = metrics.read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    steps = [json.loads(line).get("step", 0) for line in lines if line.strip()]
-    return max(steps, default=0)
+def last_step(run: Path) -> int:
+    """The newest step in a run folder's ``metrics.jsonl`` (0 before the first record; a line being written is
+    skipped)."""
+    return max((r.get("step", 0) for r in MetricsLogger(run).records()), default=0)
 
 
 def gpu_ids(limit: int | None) -> list[str]:
@@ -47,9 +44,9 @@ def gpu_ids(limit: int | None) -> list[str]:
     return (visible or [str(i) for i in range(torch.cuda.device_count())])[:limit]
 
 
-def run_metrics(work: Path, family: str, name: str) -> Path:
-    """Where the benchmark process of ``name`` (run with ``--work work/name``) logs its training metrics."""
-    return work / name / ("runs" if family == "diffusion" else "") / name / "metrics.jsonl"
+def run_folder(work: Path, family: str, name: str) -> Path:
+    """The run folder of the benchmark process of ``name`` (run with ``--work work/name``)."""
+    return work / name / ("runs" if family == "diffusion" else "") / name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         finish = {}
         for name, (proc, _) in procs.items():
             if proc.poll() is None:
-                step = last_step(run_metrics(work, args.family, name))
+                step = last_step(run_folder(work, args.family, name))
                 seen[name].append((now, step))
                 if args.deadline is None:
                     continue
