@@ -44,7 +44,7 @@ for stage in "$@"; do
   case "$stage" in
     models2gpu)
       (CUDA_VISIBLE_DEVICES=0 python3 -m lightvision.classify.benchmark softmax lightnet lion_d lion_s lion_s_snake \
-         --data /tmp/cifar --out "$out" --epochs 4 --workers 12 > "$out/classify.log" 2>&1; stamp "classify done rc=$?") &
+         --data /tmp/cifar --out "$out" --epochs 4 --warmup-epochs 1 --workers 12 > "$out/classify.log" 2>&1; stamp "classify done rc=$?") &
       (CUDA_VISIBLE_DEVICES=1 python3 -m lightvision.diffusion.benchmark softmax lightnet lion_s --data /tmp/cifar \
          --out "$out" --steps 800 --batch-size 128 --bpd-images 1000 --samples 2000 \
          --sample-steps 50 --sample-batch 500 > "$out/diffusion.log" 2>&1; stamp "diffusion done rc=$?") &

@@ -1,15 +1,16 @@
 """CIFAR-10 comparison of attention kinds with one recipe and epoch count (the GPU check of the classifiers).
 
-    python -m lightvision.classify.benchmark --data /tmp/cifar --out $OUT --epochs 5 \\
+    python -m lightvision.classify.benchmark --data /tmp/cifar --out $OUT --epochs 5 --warmup-epochs 1 \\
         softmax lightnet lion_d lion_s lion_s_snake normalized
 
 Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides): ``{kind}_deit_tiny_patch16_224``
 (tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
-trained with ``configs/classify/cifar10.yaml`` for ``--epochs`` epochs (``--warmup-epochs`` of linear warm-up;
-mixup / cutmix off, RandAugment and random erasing on as in the recipe), then evaluated on the test split at every
+trained with ``configs/classify/cifar10.yaml`` (its 100 epochs with 10 of linear warm-up unless ``--epochs`` /
+``--warmup-epochs`` say otherwise; ``--set`` changes any other key), then evaluated on the test split at every
 ``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
 ``classify_cifar10[_TAG].json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
-images/s, the mean training loss of every epoch) under ``--out`` and prints a table last; runs stay in ``--work``.
+images/s, the mean training loss of every epoch, test top-1 after every tenth of the epochs) under ``--out`` and
+prints a table last; runs stay in ``--work``.
 With ``--resume`` a name whose run folder holds checkpoints continues from the newest (a run stopped by SIGTERM
 checkpoints and is reported as an error until it is resumed to the end). Exits with 1 when a name failed.
 """
@@ -39,6 +40,14 @@ def loss_per_epoch(run: str | Path) -> list[float]:
     return [round(sum(v) / len(v), 4) for _, v in sorted(sums.items())]
 
 
+def top1_per_eval(run: str | Path, steps_per_epoch: float) -> list[list[float]]:
+    """[epoch, test top-1] of every evaluation of a run (the ``val_top1`` records of its ``metrics.jsonl``), in order."""
+    from lightvision.engine import MetricsLogger
+
+    seen = {r["step"]: r["val_top1"] for r in MetricsLogger(run).records() if "val_top1" in r}
+    return [[round(step / steps_per_epoch, 2), round(top1, 2)] for step, top1 in sorted(seen.items())]
+
+
 def run_kind(name: str, args: argparse.Namespace) -> dict:
     """Train an attention kind or a variant of ``--variants`` with the shared recipe and evaluate it at every size;
     returns its results."""
@@ -54,18 +63,16 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
             f"model.name={kind}_deit_tiny_patch16_224",
             f"data.root={args.data}",
             f"data.num_workers={args.workers}",
-            f"sched.epochs={args.epochs}",
-            f"sched.warmup_epochs={args.warmup_epochs}",
+            *([f"sched.epochs={args.epochs}"] if args.epochs is not None else []),
+            *([f"sched.warmup_epochs={args.warmup_epochs}"] if args.warmup_epochs is not None else []),
             f"train.batch_size={args.batch_size}",
-            "aug.mixup=0",
-            "aug.cutmix=0",
-            f"train.eval_every_epochs={args.epochs}",
             f"run.dir={run}",
             "train.log_every=50",
             *variant_set,
             *args.set,
         ],
     )
+    cfg["train"]["eval_every_epochs"] = max(1, cfg["sched"]["epochs"] // 10)  # a top-1 curve of about 10 points
     start = time.time()
     final = train(cfg, resume=args.resume)
     train_seconds = time.time() - start
@@ -82,6 +89,7 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
         "train_images_per_s": round(final["steps_run"] * final["global_batch"] / train_seconds, 1),
         "final": final,
         "loss_per_epoch": loss_per_epoch(run),
+        "top1_per_eval": top1_per_eval(run, final["step"] / final["epochs"]),
         "eval": [
             {k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
             for r in report["results"]
@@ -110,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         "softmax lightnet lion_d lion_s lion_s_snake normalized",
         "model.args={patch_size: 4}",
     )
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--warmup-epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, help="training epochs (default: the recipe's)")
+    p.add_argument("--warmup-epochs", type=int, help="linear warm-up epochs (default: the recipe's)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])

@@ -33,13 +33,14 @@ import torch
 import torch.nn.functional as F
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
+from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
-from lightvision.classify.shards import ShardDataset, encoded_item, pil_item
+from lightvision.classify.shards import ShardDataset, decode_pil, encoded_item
 from lightvision.engine.data import SafeImageFolder
 from lightvision.ops._checks import check_choice
 
@@ -134,8 +135,10 @@ def train_dataset(cfg: dict) -> Dataset:
     gpu = d["pipeline"] == "gpu"
     tf = None if gpu else train_transform(cfg["aug"], cfg["model"]["img_size"], *norm_stats(cfg))
     if d["format"] == "shards":
-        item = encoded_item if gpu else pil_item(tf)
-        return ShardDataset(d["root"], d["train_split"], item, train=True, repeats=cfg["aug"]["repeated_aug"])
+        decode = encoded_item if gpu else decode_pil
+        return ShardDataset(
+            d["root"], d["train_split"], decode, train=True, repeats=cfg["aug"]["repeated_aug"], transform=tf
+        )
     return image_folder(d["root"], d["train_split"], tf, loader=read_image_bytes if gpu else None)
 
 
@@ -172,7 +175,7 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipe
                 f"{d['val_split']}/)"
             )
         if d["format"] == "shards":
-            return ShardDataset(d["root"], d["val_split"], encoded_item if gpu else pil_item(tf), train=False)
+            return ShardDataset(d["root"], d["val_split"], encoded_item if gpu else decode_pil, train=False, transform=tf)
         return image_folder(d["root"], d["val_split"], tf, loader)
     root = Path(folder)
     if (root / d["val_split"]).is_dir():
@@ -281,7 +284,7 @@ def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...],
 
     ``aug["no_aug"]`` true: timm's ``no_aug`` training transform instead (resize the short side to ``img_size``,
     center-crop, normalise; nothing random), e.g. to compare runs image for image."""
-    return create_transform(
+    transform = create_transform(
         input_size=img_size,
         is_training=True,
         no_aug=bool(aug.get("no_aug", False)),
@@ -295,6 +298,23 @@ def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...],
         mean=mean,
         std=std,
     )
+    for step in transform.transforms:  # RandAugment / AugMix keep .ops, AutoAugment a .policy of op lists
+        for op in [*getattr(step, "ops", []), *(op for ops in getattr(step, "policy", []) for op in ops)]:
+            if op.name.startswith("Posterize"):
+                op.aug_fn = posterize
+    return transform
+
+
+def posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
+    """Keep the ``bits_to_keep`` high bits of every channel value; 0 bits gives a black image.
+
+    timm's posterize passes 0 bits (RandAugment's increasing posterize at magnitude 10) straight to Pillow, which
+    rejects it since Pillow 11; the GPU pipeline's posterize keeps 0 bits the same way."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
 
 
 def eval_transform(

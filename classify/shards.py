@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset
 
 from lightvision.classify.encoded import check_image_bytes
 
-__all__ = ["ShardDataset", "encoded_item", "make_shards", "pil_item", "read_index"]
+__all__ = ["ShardDataset", "decode_pil", "encoded_item", "make_shards", "read_index"]
 
 META_KEYS = ("cls", "path")
 SHUFFLE_BUFFER = 2000
@@ -92,15 +92,24 @@ class ShardDataset(IterableDataset):
 
     Args:
         root: the shard folder; split: which split.
-        item: ``item(image bytes, key) -> sample`` (raises OSError / ValueError for an unreadable image).
+        decode: ``decode(image bytes, key) -> image`` (raises OSError / ValueError for an unreadable image, which is
+            skipped and counted); transform: applied to the decoded image (its errors are raised, not skipped).
         train: shuffle shards and samples, and repeat; repeats: ``aug.repeated_aug``.
     """
 
-    def __init__(self, root: str | Path, split: str, item: Callable[[bytes, str], Any], train: bool, repeats: int = 1):
+    def __init__(
+        self,
+        root: str | Path,
+        split: str,
+        decode: Callable[[bytes, str], Any],
+        train: bool,
+        repeats: int = 1,
+        transform: Callable[[Any], Any] | None = None,
+    ):
         index = read_index(root, split)
         self.classes, self.count = index["classes"], index["count"]
         self.urls = [str(Path(root) / name) for name in index["shards"]]
-        self.item, self.train, self.repeats = item, train, max(1, repeats)
+        self.decode, self.transform, self.train, self.repeats = decode, transform, train, max(1, repeats)
         self._skipped = multiprocessing.Value("i", 0)
 
     def __len__(self) -> int:
@@ -126,10 +135,12 @@ class ShardDataset(IterableDataset):
             key = sample.get("path", sample["__key__"].encode()).decode()
             ext = next(k for k in sample if not k.startswith("__") and k not in META_KEYS)
             try:
-                yield self.item(sample[ext], key), int(sample["cls"])
+                image = self.decode(sample[ext], key)
             except (OSError, ValueError, SyntaxError) as err:
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
+                continue
+            yield (image if self.transform is None else self.transform(image)), int(sample["cls"])
 
     def __iter__(self) -> Iterator[Any]:
         pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False, empty_check=False)
@@ -140,15 +151,11 @@ class ShardDataset(IterableDataset):
         return iter(pipeline.compose(self._items))
 
 
-def pil_item(transform: Any) -> Callable[[bytes, str], Any]:
-    """``item`` of the cpu pipeline: decode with PIL (RGB), then ``transform``."""
-
-    def item(data: bytes, key: str) -> Any:
-        return transform(Image.open(io.BytesIO(data)).convert("RGB"))
-
-    return item
+def decode_pil(data: bytes, key: str) -> Image.Image:
+    """``decode`` of the cpu pipeline: the image as PIL RGB."""
+    return Image.open(io.BytesIO(data)).convert("RGB")
 
 
 def encoded_item(data: bytes, key: str) -> tuple[Any, str]:
-    """``item`` of the gpu pipeline: the checked bytes and the key, decoded later on the device."""
+    """``decode`` of the gpu pipeline: the checked bytes and the key, decoded later on the device."""
     return check_image_bytes(data, key), key

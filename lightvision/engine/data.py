@@ -25,7 +25,8 @@ class SafeImageFolder(ImageFolder):
 
     The counter lives in shared memory, so ``skipped_images()`` sees the skips of every DataLoader worker.
     More than ``MAX_CONSECUTIVE_FAILURES`` failures in a row means the folder is not images: raises instead of
-    looping. Items are (transform(loader(path)), class index); the default loader opens a PIL RGB image.
+    looping. Items are (transform(loader(path)), class index); the default loader opens a PIL RGB image. Only the
+    loader's errors skip an image: an error of the transform is raised.
     """
 
     def __init__(self, root: str | Path, transform: Any = None, loader: Any = None) -> None:
@@ -44,12 +45,19 @@ class SafeImageFolder(ImageFolder):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         for attempt in range(MAX_CONSECUTIVE_FAILURES):
             slot = (index + attempt) % len(self.samples)
-            path = self.samples[slot][0]
+            path, target = self.samples[slot]
             try:
-                return super().__getitem__(slot)
+                sample = self.loader(path)
             except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for truncated / bad files
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
+                continue
+            # outside the try: a failing transform is a bug to see, not an unreadable image to skip
+            if self.transform is not None:
+                sample = self.transform(sample)
+            if self.target_transform is not None:
+                target = self.target_transform(target)
+            return sample, target
         raise ValueError(
             f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row near {path}: check that {self.root} "
             "holds image files (jpg/png/...) in one sub-folder per class"

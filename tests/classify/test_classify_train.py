@@ -207,6 +207,18 @@ def test_all_images_unreadable_is_an_error(tmp_path):
     assert ds.skipped_images() >= 3
 
 
+def test_a_failing_transform_is_raised_not_skipped(tmp_path):
+    write_dark_light_folder(tmp_path, per_class=2)
+
+    def broken(img):
+        raise ValueError("augmentation bug")
+
+    ds = image_folder(tmp_path, "train", broken)
+    with pytest.raises(ValueError, match="augmentation bug"):
+        ds[0]
+    assert ds.skipped_images() == 0
+
+
 def test_eval_refuses_other_checkpoints(tmp_path):
     from torch import nn
 
@@ -344,3 +356,15 @@ def test_benchmark_loss_per_epoch(tmp_path):
         log.log(step, {"loss": loss, "epoch": epoch, "steps_per_s": 1.0})
     log.log(3, {"loss": 9.0, "epoch": 1, "val_top1": 50.0})
     assert loss_per_epoch(tmp_path) == [1.5, 0.5]
+
+
+def test_benchmark_top1_per_eval(tmp_path):
+    """[epoch, top-1] of every evaluation record in step order; a repeat of a step (the final record) counted once."""
+    from lightvision.classify.benchmark import top1_per_eval
+    from lightvision.engine import MetricsLogger
+
+    log = MetricsLogger(tmp_path)
+    log.log(2, {"loss": 1.0, "epoch": 0, "steps_per_s": 1.0})
+    for step, top1 in ((4, 31.234), (8, 55.0), (8, 55.0), (12, 61.5)):
+        log.log(step, {"val_top1": top1})
+    assert top1_per_eval(tmp_path, 4) == [[1.0, 31.23], [2.0, 55.0], [3.0, 61.5]]

@@ -21,7 +21,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
-from lightvision.classify.data import build_mixup, eval_transform, image_folder
+from lightvision.classify.data import build_mixup, eval_transform, image_folder, train_transform
 from lightvision.classify.device_transforms import (
     DeviceEvalTransform,
     DeviceTrainTransform,
@@ -116,6 +116,22 @@ def test_colour_ops_equal_timm(name, arg):
         torch.tensor(FILL, dtype=torch.float32),
     )[0]
     assert torch.equal(out, ref)
+
+
+def test_cpu_posterize_keeps_zero_bits_like_the_gpu():
+    """RandAugment's increasing posterize at magnitude 10 keeps 0 bits: the CPU transform gives the GPU op's black
+    image (timm hands 0 bits to Pillow, which rejects them) and a whole transform at that magnitude never fails."""
+    aug = {"auto_augment": "rand-m10-n3-mstd0-inc1", "reprob": 0.0, "scale": (1.0, 1.0)}
+    tf = train_transform(aug, 32, MEAN, STD)
+    op = next(op for step in tf.transforms for op in getattr(step, "ops", []) if op.name == "PosterizeIncreasing")
+    op.prob = 1.0
+    img = textured()
+    out = torch.from_numpy(np.array(op(Image.fromarray(img)))).permute(2, 0, 1)
+    ref = apply_op(torch.from_numpy(img).permute(2, 0, 1)[None], "PosterizeIncreasing", torch.tensor([0.0]), torch.tensor(FILL, dtype=torch.float32))
+    assert out.max() == 0 and torch.equal(out, ref[0])
+    random.seed(0)
+    for _ in range(100):  # 3 ops of 15 a draw at probability 0.5: posterize at 0 bits about 10 times
+        assert tf(Image.fromarray(img)).shape == (3, 32, 32)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from test_device_pipeline import recipe, write_jpeg_folder
 
 from lightvision import cli
 from lightvision.classify.data import image_folder
-from lightvision.classify.shards import ShardDataset, encoded_item, pil_item
+from lightvision.classify.shards import ShardDataset, decode_pil, encoded_item
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_shards_hold_the_folder(shards, capsys):
     items = list(read)
     assert read.classes == folder.classes and len(read) == 8
     assert Counter((bytes(data.numpy()), label) for (data, _), label in items) == expect
-    decoded = list(ShardDataset(out, "train", pil_item(lambda img: torch.tensor(img.size)), train=False))
+    decoded = list(ShardDataset(out, "train", decode_pil, train=False, transform=lambda img: torch.tensor(img.size)))
     assert Counter((tuple(size.tolist()), label) for size, label in decoded) == Counter(
         (folder.loader(path).size, label) for path, label in folder.samples
     )
