@@ -41,7 +41,7 @@ def loss_per_epoch(run: str | Path) -> list[float]:
 
 
 def top1_per_eval(run: str | Path, steps_per_epoch: float) -> list[list[float]]:
-    """[epoch, test top-1] of every evaluation of a run (the ``val_top1`` records of its ``metrics.jsonl``), in order."""
+    """[epoch, test top-1] of every evaluation of a run (``val_top1`` records of its ``metrics.jsonl``), in order."""
     from lightvision.engine import MetricsLogger
 
     seen = {r["step"]: r["val_top1"] for r in MetricsLogger(run).records() if "val_top1" in r}

@@ -31,9 +31,9 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageOps
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
-from PIL import Image, ImageOps
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
@@ -175,7 +175,9 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipe
                 f"{d['val_split']}/)"
             )
         if d["format"] == "shards":
-            return ShardDataset(d["root"], d["val_split"], encoded_item if gpu else decode_pil, train=False, transform=tf)
+            return ShardDataset(
+                d["root"], d["val_split"], encoded_item if gpu else decode_pil, train=False, transform=tf
+            )
         return image_folder(d["root"], d["val_split"], tf, loader)
     root = Path(folder)
     if (root / d["val_split"]).is_dir():

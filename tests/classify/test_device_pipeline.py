@@ -127,7 +127,12 @@ def test_cpu_posterize_keeps_zero_bits_like_the_gpu():
     op.prob = 1.0
     img = textured()
     out = torch.from_numpy(np.array(op(Image.fromarray(img)))).permute(2, 0, 1)
-    ref = apply_op(torch.from_numpy(img).permute(2, 0, 1)[None], "PosterizeIncreasing", torch.tensor([0.0]), torch.tensor(FILL, dtype=torch.float32))
+    ref = apply_op(
+        torch.from_numpy(img).permute(2, 0, 1)[None],
+        "PosterizeIncreasing",
+        torch.tensor([0.0]),
+        torch.tensor(FILL, dtype=torch.float32),
+    )
     assert out.max() == 0 and torch.equal(out, ref[0])
     random.seed(0)
     for _ in range(100):  # 3 ops of 15 a draw at probability 0.5: posterize at 0 bits about 10 times
