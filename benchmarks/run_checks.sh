@@ -57,7 +57,7 @@ for stage in "$@"; do
       tag="deit_t_${LV_EPOCHS:-100}epochs"
       python3 "$repo/scripts/run_variants.py" --family classify ${LV_NAMES:-softmax lightnet lion_d lion_s lion_s_snake} \
         --data /tmp/cifar --out "$out" --work /tmp/lightvision_classify_table --tag "$tag" --workers 5 \
-        --variants "$repo/configs/variants/classify_cifar10.yaml" -- --epochs "${LV_EPOCHS:-100}" --warmup-epochs 5 \
+        --variants "$repo/configs/variants/classify_cifar10.yaml" -- --epochs "${LV_EPOCHS:-100}" \
         --set train.compile=true ${LV_SET:-} > "$out/classify_table.log" 2>&1; stamp "classify table done rc=$?"
       python3 "$repo/scripts/plot_classify.py" "$out/classify_cifar10_$tag.json" --out "$out/classify_cifar10_$tag.png"
       tail -n 8 "$out/classify_table.log"

@@ -311,7 +311,7 @@ def posterize(img: Image.Image, bits_to_keep: int, **_: Any) -> Image.Image:
     """Keep the ``bits_to_keep`` high bits of every channel value; 0 bits gives a black image.
 
     timm's posterize passes 0 bits (RandAugment's increasing posterize at magnitude 10) straight to Pillow, which
-    rejects it since Pillow 11; the GPU pipeline's posterize keeps 0 bits the same way."""
+    rejects it (Pillow 13; 12.3 still took it); the GPU pipeline's posterize keeps 0 bits the same way."""
     if bits_to_keep >= 8:
         return img
     if bits_to_keep <= 0:

@@ -177,12 +177,17 @@ def render_memory(files: list[str], **_) -> str:
 
 
 def render_classify_cifar10(files: list[str], **_) -> str:
-    """Top-1 at the training size (32 px) and at 48 / 64 px without fine-tuning, per attention or variant and file."""
+    """Top-1 at the training size (32 px) and at 48 / 64 px without fine-tuning, per attention or variant and file; a
+    run stopped before its end shows its last top-1 during training."""
     rows = []
     for name in files:
         for kind, r in load(name)["results"].items():
-            top1 = {e["img_size"]: f"{e['top1']:.1f}" for e in r["eval"]}
-            rows.append([kind, f"{r['params'] / 1e6:.2f}M", top1.get(32), top1.get(48), top1.get(64), name])
+            top1 = {e["img_size"]: f"{e['top1']:.1f}" for e in r.get("eval", [])}
+            if not top1 and r.get("top1_per_eval"):
+                epoch, last = r["top1_per_eval"][-1]
+                top1[32] = f"{last:.1f} at epoch {epoch:g} (stopped)"
+            cells = [top1.get(size, "-") for size in (32, 48, 64)]
+            rows.append([kind, f"{r['params'] / 1e6:.2f}M", *cells, name])
     return table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
 
 
