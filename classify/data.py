@@ -40,7 +40,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
-from lightvision.classify.shards import ShardDataset, decode_pil, encoded_item
+from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
 from lightvision.engine.data import SafeImageFolder
 from lightvision.ops._checks import check_choice
 
@@ -135,7 +135,7 @@ def train_dataset(cfg: dict) -> Dataset:
     gpu = d["pipeline"] == "gpu"
     tf = None if gpu else train_transform(cfg["aug"], cfg["model"]["img_size"], *norm_stats(cfg))
     if d["format"] == "shards":
-        decode = encoded_item if gpu else decode_pil
+        decode = checked_bytes if gpu else decode_pil
         return ShardDataset(
             d["root"], d["train_split"], decode, train=True, repeats=cfg["aug"]["repeated_aug"], transform=tf
         )
@@ -176,7 +176,7 @@ def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipe
             )
         if d["format"] == "shards":
             return ShardDataset(
-                d["root"], d["val_split"], encoded_item if gpu else decode_pil, train=False, transform=tf
+                d["root"], d["val_split"], checked_bytes if gpu else decode_pil, train=False, transform=tf
             )
         return image_folder(d["root"], d["val_split"], tf, loader)
     root = Path(folder)

@@ -31,7 +31,7 @@ from torch.utils.data import IterableDataset
 
 from lightvision.classify.encoded import check_image_bytes
 
-__all__ = ["ShardDataset", "decode_pil", "encoded_item", "make_shards", "read_index"]
+__all__ = ["ShardDataset", "decode_pil", "checked_bytes", "make_shards", "read_index"]
 
 META_KEYS = ("cls", "path")
 SHUFFLE_BUFFER = 2000
@@ -156,6 +156,6 @@ def decode_pil(data: bytes, key: str) -> Image.Image:
     return Image.open(io.BytesIO(data)).convert("RGB")
 
 
-def encoded_item(data: bytes, key: str) -> tuple[Any, str]:
+def checked_bytes(data: bytes, key: str) -> tuple[Any, str]:
     """``decode`` of the gpu pipeline: the checked bytes and the key, decoded later on the device."""
     return check_image_bytes(data, key), key

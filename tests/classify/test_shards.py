@@ -13,7 +13,7 @@ from test_device_pipeline import recipe, write_jpeg_folder
 
 from lightvision import cli
 from lightvision.classify.data import image_folder
-from lightvision.classify.shards import ShardDataset, decode_pil, encoded_item
+from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_shards_hold_the_folder(shards, capsys):
     assert sorted(p.name for p in out.glob("train-*.tar")) == index["shards"]
     folder = image_folder(data, "train", None)
     expect = Counter((Path(path).read_bytes(), label) for path, label in folder.samples)
-    read = ShardDataset(out, "train", encoded_item, train=False)
+    read = ShardDataset(out, "train", checked_bytes, train=False)
     items = list(read)
     assert read.classes == folder.classes and len(read) == 8
     assert Counter((bytes(data.numpy()), label) for (data, _), label in items) == expect
@@ -62,7 +62,7 @@ def test_training_stream_repeats_each_kept_image(shards):
     _, out = shards
     stream = [
         (bytes(data.numpy()), label)
-        for (data, _), label in ShardDataset(out, "train", encoded_item, train=True, repeats=2)
+        for (data, _), label in ShardDataset(out, "train", checked_bytes, train=True, repeats=2)
     ]
     counts = Counter(stream)
     assert len(stream) == 8 and set(counts.values()) == {2}  # 4 of 8 images kept, each twice
