@@ -13,7 +13,9 @@ Two sources, chosen by ``data.source`` in the recipe:
   ``data.pipeline: cpu`` decodes (PIL) and augments each image in the DataLoader workers. ``data.pipeline: gpu``:
   the workers only read the files' bytes (:mod:`lightvision.classify.encoded`); the batch is decoded on the
   training device and augmented there with the same steps (:mod:`lightvision.classify.device_transforms`):
-  :func:`device_batches` turns a loader batch into (images, labels) on the device.
+  :func:`device_batches` turns a loader batch into (images, labels) on the device. ``data.cache: device`` (with
+  ``gpu``, on a folder) decodes the training images once into device memory (:mod:`lightvision.classify.decoded`)
+  and augments batches from there.
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
   bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images.
 
@@ -37,6 +39,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from lightvision.classify.decoded import CachedBatches, DecodedImages
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
@@ -70,12 +73,19 @@ DIGITS_MEAN = (0.3,)
 DIGITS_STD = (0.4,)
 PIPELINES = ("cpu", "gpu")
 FORMATS = ("folder", "shards")
+CACHES = (None, "device")
 
 
 def check_data_options(d: dict[str, Any]) -> None:
-    """``data.pipeline`` and ``data.format`` are known values (and usable with ``data.source``)."""
+    """``data.pipeline``, ``data.format`` and ``data.cache`` are known values (and usable together)."""
     check_choice(d["pipeline"], PIPELINES, "data.pipeline")
     check_choice(d["format"], FORMATS, "data.format")
+    check_choice(d.get("cache"), CACHES, "data.cache")
+    if d.get("cache") == "device" and (d["source"], d["pipeline"], d["format"]) != ("imagefolder", "gpu", "folder"):
+        raise ValueError(
+            "data.cache=device keeps the gpu pipeline's decoded images of an image folder: it needs "
+            "data.pipeline=gpu and data.format=folder (or leave data.cache unset)"
+        )
     if d["source"] == "digits" and (d["pipeline"], d["format"]) != ("cpu", "folder"):
         raise ValueError("data.source=digits is an in-memory set: it takes data.pipeline=cpu and data.format=folder")
 
@@ -206,18 +216,24 @@ class DeviceBatches:
         return self.transform(images), labels
 
 
-def device_batches(cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None) -> DeviceBatches | None:
+def device_batches(
+    cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None
+) -> DeviceBatches | CachedBatches | None:
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
     ``data.pipeline: cpu`` (the batch already is that); for ``gpu`` a :class:`DeviceBatches` with the DeiT train
     transform (``train``) or the eval transform at ``img_size`` (default ``model.img_size``); ``dataset`` counts
-    the images that do not decode."""
+    the images that do not decode. A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
+    (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform."""
     d = cfg["data"]
     if d["pipeline"] != "gpu":
         return None
     size = img_size or cfg["model"]["img_size"]
     mean, std = norm_stats(cfg)
     if train:
-        return DeviceBatches(DeviceTrainTransform(cfg["aug"], size, mean, std), dataset)
+        transform = DeviceTrainTransform(cfg["aug"], size, mean, std)
+        if isinstance(dataset, DecodedImages):
+            return CachedBatches(transform, dataset)
+        return DeviceBatches(transform, dataset)
     crop_pct = d["crop_pct"] or _pretrained_cfg(cfg).crop_pct
     return DeviceBatches(DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std), dataset)
 
@@ -238,11 +254,14 @@ class _MappedLoader:
 def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: bool) -> DataLoader:
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
-    for ``data.pipeline: gpu``."""
+    for ``data.pipeline: gpu``, (index, label) batches read in this process for decoded images
+    (:class:`~lightvision.classify.decoded.DecodedImages`)."""
     repeats = cfg["aug"]["repeated_aug"]
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
-    gpu = cfg["data"]["pipeline"] == "gpu"
+    decoded = isinstance(dataset, DecodedImages)
+    gpu = cfg["data"]["pipeline"] == "gpu" and not decoded
+    workers = 0 if decoded else workers
     return DataLoader(
         dataset,
         batch_size=cfg["train"]["batch_size"],

@@ -38,6 +38,7 @@ from lightvision.classify.data import (
     train_dataset,
     val_dataset,
 )
+from lightvision.classify.decoded import DecodedImages
 from lightvision.classify.deit import create_from_config, position_args
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
@@ -76,6 +77,7 @@ DEFAULTS: dict[str, Any] = {
         "pipeline": "cpu",  # "cpu": decode + augment in loader workers; "gpu": workers read bytes, the device decodes
         "format": "folder",  # "folder": root/<split>/<class>/*; "shards": root/<split>-*.tar (classify make-shards)
         "prefetch": True,  # pipeline gpu: decode + augment the next batch in a background thread during the step
+        "cache": None,  # "device" (pipeline gpu, folder): decode the training images once into device memory
     },
     "aug": {
         "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
@@ -230,6 +232,15 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
     workers = loader_workers(cfg["data"]["num_workers"])
     cuda = accelerator.device.type == "cuda"
+    if cfg["data"]["cache"] == "device":
+        train_set = DecodedImages(train_set, accelerator.device, workers, progress=accelerator.is_local_main_process)
+        if accelerator.is_main_process:
+            log.info(
+                "decoded %d training images once into %s memory (%s)",
+                len(train_set),
+                accelerator.device,
+                train_set.describe(),
+            )
     train_loader = make_train_loader(cfg, train_set, workers, cuda)
     val_loader = make_val_loader(
         cfg, val_set, t["eval_batch_size"], workers, cuda, device_batches(cfg, val_set, train=False), accelerator

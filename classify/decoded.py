@@ -1,0 +1,84 @@
+"""``data.cache: device``: the training images decoded once and kept in the training device's memory.
+
+For sets small enough to hold decoded (CIFAR-10: 50,000 x 3 x 32 x 32 uint8 = 150 MB). The image folder is read and
+decoded once, as ``data.pipeline: gpu`` decodes a batch (loader workers read the bytes,
+:func:`~lightvision.classify.encoded.decode_batch` decodes on the device, unreadable images are skipped and counted,
+their slots hold the next good image with its label). From then on the training loader yields only
+(index [B], label [B]) and :class:`CachedBatches` gathers the batch's images on the device and augments them with
+the gpu pipeline's train transform: per epoch no file is read, no image decoded, no loader worker busy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+from tqdm.auto import tqdm
+
+from lightvision.classify.encoded import collate_encoded, decode_batch
+
+__all__ = ["CachedBatches", "DecodedImages"]
+
+
+class DecodedImages(Dataset):
+    """An image folder decoded on ``device``; item i is (i, label i).
+
+    Args:
+        folder: a :class:`~lightvision.engine.data.SafeImageFolder` whose loader returns checked bytes
+            (:func:`~lightvision.classify.encoded.read_image_bytes`).
+        device: where the decoded images live (the training device).
+        workers: loader workers reading the files; batch_size: images decoded per call; progress: show a bar.
+
+    ``images`` is uint8 [N, 3, H, W] when every image has one size, else a list of uint8 [3, H_i, W_i];
+    ``labels`` int64 [N] on the device; ``classes``, ``class_to_idx`` and ``skipped_images()`` are the folder's.
+    """
+
+    def __init__(self, folder: Any, device: torch.device, workers: int, batch_size: int = 256, progress: bool = True):
+        self.folder, self.classes, self.class_to_idx = folder, folder.classes, folder.class_to_idx
+        loader = DataLoader(folder, batch_size=batch_size, num_workers=workers, collate_fn=collate_encoded)
+        images: list[torch.Tensor] = []
+        labels = []
+        for batch in tqdm(loader, desc="decoding the training images once", disable=not progress, leave=False):
+            decoded, batch_labels = decode_batch(batch["images"], batch["labels"].to(device), skips=folder)
+            images += decoded
+            labels.append(batch_labels)
+        self.labels = torch.cat(labels)
+        self.targets = self.labels.tolist()  # on the host: items are read without a device round trip
+        one_size = len({img.shape for img in images}) == 1
+        self.images: torch.Tensor | list[torch.Tensor] = torch.stack(images) if one_size else images
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return index, self.targets[index]
+
+    def describe(self) -> str:
+        """Shape and size of the decoded images, for the log."""
+        tensors = [self.images] if isinstance(self.images, torch.Tensor) else self.images
+        size = sum(t.numel() for t in tensors) / 2**20
+        shape = list(self.images.shape) if isinstance(self.images, torch.Tensor) else f"{len(tensors)} sizes varying"
+        return f"uint8 {shape}, {size:.0f} MiB"
+
+    def skipped_images(self) -> int:
+        """Unreadable images skipped while decoding (counted once: the set is decoded once)."""
+        return self.folder.skipped_images()
+
+    def gather(self, index: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        """The images at ``index`` [B]: uint8 [B, 3, H, W] (one size) or a list of uint8 [3, H_i, W_i]."""
+        if isinstance(self.images, torch.Tensor):
+            return self.images[index.to(self.images.device)]
+        return [self.images[i] for i in index.tolist()]
+
+
+class CachedBatches:
+    """(images float [B, C, S, S], labels [B]) on the device from a loader batch (index [B], label [B]) of a
+    :class:`DecodedImages`: the images at ``index`` through ``transform`` (a ``DeviceTrainTransform``)."""
+
+    def __init__(self, transform: Any, decoded: DecodedImages):
+        self.transform, self.decoded = transform, decoded
+
+    def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        index, labels = batch
+        return self.transform(self.decoded.gather(index)), labels.to(self.decoded.labels.device)
