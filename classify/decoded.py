@@ -18,7 +18,17 @@ from tqdm.auto import tqdm
 
 from lightvision.classify.encoded import collate_encoded, decode_batch
 
-__all__ = ["CachedBatches", "DecodedImages"]
+__all__ = ["CachedBatches", "DecodedImages", "MEMORY_SHARE", "memory_limit"]
+
+MEMORY_SHARE = 0.4  # the decoded images may take at most this share of a CUDA device's memory
+
+
+def memory_limit(device: torch.device) -> float | None:
+    """Bytes the decoded images may take on ``device``: ``MEMORY_SHARE`` of a CUDA device's memory; None (no limit)
+    elsewhere."""
+    if device.type != "cuda":
+        return None
+    return MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory
 
 
 class DecodedImages(Dataset):
@@ -30,6 +40,7 @@ class DecodedImages(Dataset):
         device: where the decoded images live (the training device).
         workers: loader workers reading the files; batch_size: images decoded per call; progress: show a bar.
 
+    Raises a one-line ValueError when the decoded images pass ``MEMORY_SHARE`` of a CUDA device's memory.
     ``images`` is uint8 [N, 3, H, W] when every image has one size, else a list of uint8 [3, H_i, W_i];
     ``labels`` int64 [N] on the device; ``classes``, ``class_to_idx`` and ``skipped_images()`` are the folder's.
     """
@@ -39,10 +50,19 @@ class DecodedImages(Dataset):
         loader = DataLoader(folder, batch_size=batch_size, num_workers=workers, collate_fn=collate_encoded)
         images: list[torch.Tensor] = []
         labels = []
+        limit = memory_limit(device)
+        held = 0
         for batch in tqdm(loader, desc="decoding the training images once", disable=not progress, leave=False):
             decoded, batch_labels = decode_batch(batch["images"], batch["labels"].to(device), skips=folder)
             images += decoded
             labels.append(batch_labels)
+            held += sum(img.numel() for img in decoded)
+            if limit is not None and held > limit:
+                raise ValueError(
+                    f"data.cache=device: the decoded training images pass {limit / 2**30:.1f} GiB "
+                    f"({MEMORY_SHARE:.0%} of {device}'s memory) after {len(images)} of {len(folder)} images: "
+                    "leave data.cache unset for this data set"
+                )
         self.labels = torch.cat(labels)
         self.targets = self.labels.tolist()  # on the host: items are read without a device round trip
         one_size = len({img.shape for img in images}) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -189,6 +190,18 @@ def render_classify_cifar10(files: list[str], **_) -> str:
             cells = [top1.get(size, "-") for size in (32, 48, 64)]
             rows.append([kind, f"{r['params'] / 1e6:.2f}M", *cells, name])
     return table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
+
+
+def render_training_rate(files: list[str], **_) -> str:
+    """Training images/s per setting and attention: the median of each run's steady log windows."""
+    kinds = ["softmax", "lightnet", "lion_d", "lion_s", "lion_s_snake"]
+    rows = []
+    for name in files:
+        for s in load(name)["settings"]:
+            rates = s["images_per_s"]
+            cells = [f"{statistics.median(rates[k]):,.0f}" if k in rates else "-" for k in kinds]
+            rows.append([s["setting"], s["batch"], s["compile_mode"], *cells])
+    return table(["setting", "batch", "compile mode", *kinds], rows)
 
 
 def render_yardstick(files: list[str], **_) -> str:

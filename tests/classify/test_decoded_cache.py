@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
+from lightvision.classify import decoded as decoded_module
 from lightvision.classify.data import (
     DeviceBatches,
     check_data_options,
@@ -75,6 +76,15 @@ def test_classify_train_with_device_cache(tmp_path):
     losses = [r["loss"] for r in records if "loss" in r]
     assert len(losses) == 6 and all(np.isfinite(losses))  # 12 files / batch 4 x 2 epochs
     assert json.loads((run / "results.json").read_text())["skipped_images"] >= 3
+
+
+def test_a_set_too_large_for_the_device_is_one_clear_error(tmp_path, monkeypatch):
+    write_dark_light_folder(tmp_path, per_class=5, suffix=".jpg")
+    folder = image_folder(tmp_path, "train", None, loader=read_image_bytes)
+    monkeypatch.setattr(decoded_module, "memory_limit", lambda device: 20 * 20 * 3 * 5)  # room for 5 of 10 images
+    with pytest.raises(ValueError, match="leave data.cache unset") as err:
+        DecodedImages(folder, torch.device("cpu"), workers=0, batch_size=3, progress=False)
+    assert "after 6 of 10 images" in str(err.value) and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize(
