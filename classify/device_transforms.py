@@ -174,9 +174,12 @@ class DeviceTrainTransform:
         self.recount = int(aug.get("recount", 1))
 
     def crop_flip(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image -> uint8 [N, 3, S, S]
-        (``lightvision.kernels.resize``: one launch for the batch on CUDA)."""
-        sizes = torch.tensor([img.shape[-2:] for img in images])
+        """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image (or uint8 [N, 3, H, W]) ->
+        uint8 [N, 3, S, S] (``lightvision.kernels.resize``: one launch for the batch on CUDA)."""
+        if isinstance(images, torch.Tensor):  # uint8 [N, 3, H, W]: one size
+            sizes = torch.tensor(images.shape[-2:]).expand(len(images), 2)
+        else:
+            sizes = torch.tensor([img.shape[-2:] for img in images])
         boxes = resized_crop_params(sizes, self.scale)
         flip = batch_random().rand(len(images), device="cpu") < 0.5
         x = resized_crops(images, boxes, flip, self.img_size, self.interpolation)

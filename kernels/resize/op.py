@@ -33,7 +33,7 @@ def resized_crops_reference(
     """Each image's crop resized to size x size, mirrored where ``flip``.
 
     Args:
-        images: uint8 [C, H_i, W_i] per image, on one device.
+        images: uint8 [C, H_i, W_i] per image, on one device (or one uint8 [N, C, H, W] tensor).
         boxes: int [N, 4] crop (top, left, height, width) per image, inside the image.
         flip: bool [N], mirror the resized crop left-right.
         size: output side S; mode: "bicubic" or "bilinear" (antialiased when shrinking, as PIL) or "nearest".
@@ -60,13 +60,14 @@ def resized_crops(
 
     ``backend``: "auto" runs the program on CUDA for bicubic / bilinear crops of images with one channel count and
     the reference otherwise; "triton" requires the program (CUDA, or Triton's interpreter); "torch" the reference.
+    ``images`` as one [N, C, H, W] tensor (images of one size) is read in place, without a per-image packing step.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     device = images[0].device
-    covered = mode in KERNEL_MODES and len({img.shape[0] for img in images}) == 1
+    covered = mode in KERNEL_MODES and (isinstance(images, torch.Tensor) or len({img.shape[0] for img in images}) == 1)
     runnable = device.type == "cuda" or (backend == "triton" and interpreting())
     if backend == "triton" and not (covered and runnable):
         raise ValueError(
@@ -75,17 +76,24 @@ def resized_crops(
         )
     if backend == "torch" or not (covered and runnable):
         return resized_crops_reference(images, boxes, flip, size, mode)
-    channels = images[0].shape[0]
-    flat = [img.contiguous().reshape(-1) for img in images]
-    offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
-    hw = torch.tensor([img.shape[-2:] for img in images])
+    if isinstance(images, torch.Tensor):  # one size, already one buffer: no per-image host work
+        n, channels, height, width = images.shape
+        packed = images.contiguous().reshape(-1)
+        offsets = torch.arange(n) * (channels * height * width)
+        hw = torch.tensor([height, width]).expand(n, 2)
+    else:
+        channels = images[0].shape[0]
+        flat = [img.contiguous().reshape(-1) for img in images]
+        packed = torch.cat(flat)
+        offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
+        hw = torch.tensor([img.shape[-2:] for img in images])
     params = torch.cat([offsets[:, None], hw, boxes.long().cpu(), flip.long().cpu()[:, None]], 1)
     out = empty((len(images), channels, size, size), torch.float32, device)
     grid = (len(images) * channels, -(-size // BY), -(-size // BX))
     from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
 
     resized_crops_kernel[grid](
-        torch.cat(flat),
+        packed,
         params.to(device, non_blocking=True),
         out,
         channels,
