@@ -10,7 +10,8 @@
 #   classify_table  the CIFAR-10 classification table: LV_NAMES (default softmax lightnet lion_d lion_s lion_s_snake;
 #                names of configs/variants/classify_cifar10.yaml too) trained LV_EPOCHS (100) epochs side by side, spread
 #                over the GPUs (scripts/run_variants.py --family classify, CUDA MPS), LV_SET recipe overrides for all,
-#                then the plot (scripts/plot_classify.py); five 100-epoch runs took 19-27 min on two H100s
+#                LV_TAG the report's name (default deit_t_<LV_EPOCHS>epochs), then the plot (scripts/plot_classify.py);
+#                five 100-epoch runs took 19-27 min on two H100s
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
@@ -54,7 +55,7 @@ for stage in "$@"; do
       ;;
     classify_table)
       nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
-      tag="deit_t_${LV_EPOCHS:-100}epochs"
+      tag="${LV_TAG:-deit_t_${LV_EPOCHS:-100}epochs}"
       python3 "$repo/scripts/run_variants.py" --family classify ${LV_NAMES:-softmax lightnet lion_d lion_s lion_s_snake} \
         --data /tmp/cifar --out "$out" --work /tmp/lightvision_classify_table --tag "$tag" --workers 5 \
         --variants "$repo/configs/variants/classify_cifar10.yaml" -- --epochs "${LV_EPOCHS:-100}" \
