@@ -78,7 +78,9 @@ class DecodedImages(Dataset):
         """Shape and size of the decoded images, for the log."""
         tensors = [self.images] if isinstance(self.images, torch.Tensor) else self.images
         size = sum(t.numel() for t in tensors) / 2**20
-        shape = list(self.images.shape) if isinstance(self.images, torch.Tensor) else f"{len(tensors)} sizes varying"
+        shape = (
+            list(self.images.shape) if isinstance(self.images, torch.Tensor) else f"{len(tensors)} images, sizes vary"
+        )
         return f"uint8 {shape}, {size:.0f} MiB"
 
     def skipped_images(self) -> int:
