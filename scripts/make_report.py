@@ -194,13 +194,13 @@ def render_classify_cifar10(files: list[str], **_) -> str:
 
 def render_training_rate(files: list[str], **_) -> str:
     """Training images/s per setting and attention: the median of each run's steady log windows."""
-    kinds = ["softmax", "lightnet", "lion_d", "lion_s", "lion_s_snake"]
+    settings = [s for name in files for s in load(name)["settings"]]
+    kinds = list(dict.fromkeys(k for s in settings for k in s["images_per_s"]))  # in order of first appearance
     rows = []
-    for name in files:
-        for s in load(name)["settings"]:
-            rates = s["images_per_s"]
-            cells = [f"{statistics.median(rates[k]):,.0f}" if k in rates else "-" for k in kinds]
-            rows.append([s["setting"], s["batch"], s["compile_mode"], *cells])
+    for s in settings:
+        rates = s["images_per_s"]
+        cells = [f"{statistics.median(rates[k]):,.0f}" if k in rates else "-" for k in kinds]
+        rows.append([s["setting"], s["batch"], s["compile_mode"], *cells])
     return table(["setting", "batch", "compile mode", *kinds], rows)
 
 
