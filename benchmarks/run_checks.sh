@@ -8,10 +8,11 @@
 #                into lion_check.json; most of its time is Triton compilation on a cold cache)
 #   models2gpu   classify + diffusion CIFAR-10 comparisons, on GPU 0 and GPU 1 at the same time (about 8 min)
 #   classify_table  the CIFAR-10 classification table: LV_NAMES (default softmax lightnet lion_d lion_s lion_s_snake;
-#                names of configs/variants/classify_cifar10.yaml too) trained LV_EPOCHS (100) epochs side by side, spread
-#                over the GPUs (scripts/run_variants.py --family classify, CUDA MPS), LV_SET recipe overrides for all,
-#                LV_TAG the report's name (default deit_t_<LV_EPOCHS>epochs), then the plot (scripts/plot_classify.py);
-#                five 100-epoch runs took 19-27 min on two H100s
+#                names of configs/variants/classify_cifar10.yaml too) trained LV_EPOCHS (default: the recipe's 200)
+#                epochs side by side, spread over the GPUs (scripts/run_variants.py --family classify, CUDA MPS), with
+#                the fast path (data.pipeline=gpu data.cache=device, compiled with CUDA graphs) and LV_SET recipe
+#                overrides for all, LV_TAG the report's name (default deit_t_patch4_<epochs>epochs), then the plot
+#                (scripts/plot_classify.py); five 200-epoch runs took 15-19 min on two H200s
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
@@ -55,11 +56,12 @@ for stage in "$@"; do
       ;;
     classify_table)
       nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
-      tag="${LV_TAG:-deit_t_${LV_EPOCHS:-100}epochs}"
+      tag="${LV_TAG:-deit_t_patch4_${LV_EPOCHS:-200}epochs}"
       python3 "$repo/scripts/run_variants.py" --family classify ${LV_NAMES:-softmax lightnet lion_d lion_s lion_s_snake} \
         --data /tmp/cifar --out "$out" --work /tmp/lightvision_classify_table --tag "$tag" --workers 5 \
-        --variants "$repo/configs/variants/classify_cifar10.yaml" -- --epochs "${LV_EPOCHS:-100}" \
-        --set train.compile=true ${LV_SET:-} > "$out/classify_table.log" 2>&1; stamp "classify table done rc=$?"
+        --variants "$repo/configs/variants/classify_cifar10.yaml" -- ${LV_EPOCHS:+--epochs "$LV_EPOCHS"} \
+        --set train.compile=true train.compile_mode=reduce-overhead data.pipeline=gpu data.cache=device ${LV_SET:-} \
+        > "$out/classify_table.log" 2>&1; stamp "classify table done rc=$?"
       python3 "$repo/scripts/plot_classify.py" "$out/classify_cifar10_$tag.json" --out "$out/classify_cifar10_$tag.png"
       tail -n 8 "$out/classify_table.log"
       ;;

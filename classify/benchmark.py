@@ -4,8 +4,8 @@
         softmax lightnet lion_d lion_s lion_s_snake normalized
 
 Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides): ``{kind}_deit_tiny_patch16_224``
-(tiny width and depth, patch 2: a 16 x 16 grid + cls at 32 px)
-trained with ``configs/classify/cifar10.yaml`` (its 100 epochs with 5 of linear warm-up unless ``--epochs`` /
+(tiny width and depth, patch 4: an 8 x 8 grid + cls at 32 px)
+trained with ``configs/classify/cifar10.yaml`` (its 200 epochs with 5 of linear warm-up unless ``--epochs`` /
 ``--warmup-epochs`` say otherwise; ``--set`` changes any other key), then evaluated on the test split at every
 ``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
 ``classify_cifar10[_TAG].json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,

@@ -2,8 +2,8 @@
 mean training loss of every epoch, test top-1 during training (``top1_per_eval``, where recorded) and test top-1
 against the evaluation size (the models trained at the first size; runs without a final evaluation are left out there).
 
-    python scripts/plot_classify.py benchmarks/results/classify_cifar10_deit_t_100epochs_h100x2_20261125.json \\
-        --out benchmarks/results/classify_cifar10_deit_t_100epochs_h100x2_20261125.png
+    python scripts/plot_classify.py benchmarks/results/classify_cifar10_deit_t_patch4_200epochs_h200x2_20261126.json \\
+        --out benchmarks/results/classify_cifar10_deit_t_patch4_200epochs_h200x2_20261126.png
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python scripts/run_variants.py lightnet lightnet_paper softmax --steps 4000 --deadline 540 --data /tmp/cifar \\
         --out OUT --variants configs/variants/diffusion_cifar10.yaml -- --samples 1000 --sample-steps 50
     python scripts/run_variants.py --family classify softmax lightnet lion_d lion_s lion_s_snake --data /tmp/cifar \\
-        --out OUT --tag deit_t_100epochs -- --epochs 100 --warmup-epochs 5 --set train.compile=true
+        --out OUT --tag deit_t_patch4_200epochs -- --set train.compile=true data.pipeline=gpu data.cache=device
 
 Every name trains in its own process, all at once, spread round-robin over ``--gpus`` (default: every visible GPU;
 CUDA MPS shares a GPU between processes when its daemon runs); arguments after ``--`` go to every benchmark process.
