@@ -76,12 +76,11 @@ class DecodedImages(Dataset):
 
     def describe(self) -> str:
         """Shape and size of the decoded images, for the log."""
-        tensors = [self.images] if isinstance(self.images, torch.Tensor) else self.images
-        size = sum(t.numel() for t in tensors) / 2**20
-        shape = (
-            list(self.images.shape) if isinstance(self.images, torch.Tensor) else f"{len(tensors)} images, sizes vary"
-        )
-        return f"uint8 {shape}, {size:.0f} MiB"
+        if isinstance(self.images, torch.Tensor):
+            shape, size = list(self.images.shape), self.images.numel()
+        else:
+            shape, size = f"{len(self.images)} images, sizes vary", sum(t.numel() for t in self.images)
+        return f"uint8 {shape}, {size / 2**20:.0f} MiB"
 
     def skipped_images(self) -> int:
         """Unreadable images skipped while decoding (counted once: the set is decoded once)."""

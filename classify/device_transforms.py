@@ -26,7 +26,7 @@ import torch
 
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
-from lightvision.kernels.resize import resize, resized_crops
+from lightvision.kernels.resize import image_sizes, resize, resized_crops
 from lightvision.ops._checks import check_choice
 
 __all__ = ["DeviceEvalTransform", "DeviceTrainTransform", "erase_boxes", "resized_crop_params"]
@@ -176,11 +176,7 @@ class DeviceTrainTransform:
     def crop_flip(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image (or uint8 [N, 3, H, W]) ->
         uint8 [N, 3, S, S] (``lightvision.kernels.resize``: one launch for the batch on CUDA)."""
-        if isinstance(images, torch.Tensor):  # uint8 [N, 3, H, W]: one size
-            sizes = torch.tensor(images.shape[-2:]).expand(len(images), 2)
-        else:
-            sizes = torch.tensor([img.shape[-2:] for img in images])
-        boxes = resized_crop_params(sizes, self.scale)
+        boxes = resized_crop_params(image_sizes(images), self.scale)
         flip = batch_random().rand(len(images), device="cpu") < 0.5
         x = resized_crops(images, boxes, flip, self.img_size, self.interpolation)
         return x.round_().clamp_(0, 255).to(torch.uint8)

@@ -27,6 +27,13 @@ def resize(x: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
     return F.interpolate(x, size=size, mode=mode, **kwargs)
 
 
+def image_sizes(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """int64 [N, 2] (H_i, W_i) of uint8 [C, H_i, W_i] images, or of one [N, C, H, W] tensor (no per-image work)."""
+    if isinstance(images, torch.Tensor):
+        return torch.tensor(images.shape[-2:]).expand(len(images), 2)
+    return torch.tensor([img.shape[-2:] for img in images])
+
+
 def resized_crops_reference(
     images: Sequence[torch.Tensor], boxes: torch.Tensor, flip: torch.Tensor, size: int, mode: str = "bicubic"
 ) -> torch.Tensor:
@@ -80,14 +87,12 @@ def resized_crops(
         n, channels, height, width = images.shape
         packed = images.contiguous().reshape(-1)
         offsets = torch.arange(n) * (channels * height * width)
-        hw = torch.tensor([height, width]).expand(n, 2)
     else:
         channels = images[0].shape[0]
         flat = [img.contiguous().reshape(-1) for img in images]
         packed = torch.cat(flat)
         offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
-        hw = torch.tensor([img.shape[-2:] for img in images])
-    params = torch.cat([offsets[:, None], hw, boxes.long().cpu(), flip.long().cpu()[:, None]], 1)
+    params = torch.cat([offsets[:, None], image_sizes(images), boxes.long().cpu(), flip.long().cpu()[:, None]], 1)
     out = empty((len(images), channels, size, size), torch.float32, device)
     grid = (len(images) * channels, -(-size // BY), -(-size // BX))
     from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
