@@ -13,6 +13,12 @@
 #                the fast path (data.pipeline=gpu data.cache=device, compiled with CUDA graphs) and LV_SET recipe
 #                overrides for all, LV_TAG the report's name (default deit_t_patch4_<epochs>epochs), then the plot
 #                (scripts/plot_classify.py); five 200-epoch runs took 15-19 min on two H200s
+#   resolution   transfer to other image sizes, three groups at once over the first four GPUs (CUDA MPS): the CIFAR-10
+#                table (softmax, LightNet, LION-D / S / snake, the LION ones with the cls token and with the mean of
+#                every token, LV_EPOCHS default 200) evaluated at 16-96 px in every position setting; the training
+#                switches (aug.sizes, aug.scale) against the plain recipe for every attention (LV_SCREEN_EPOCHS,
+#                default 15); LightNet-DiT and DiT-S/2 per attention (LV_DIT_STEPS, default 2500) sampled at 32 / 48 /
+#                64 px in image and token units
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
@@ -120,6 +126,29 @@ MERGE
     tests)
       (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels tests/ops tests/layers ${LV_TESTS_K:+-k "$LV_TESTS_K"} \
         > "$out/tests.log" 2>&1); stamp "tests done rc=$?"; tail -n 15 "$out/tests.log"
+      ;;
+    resolution)
+      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      fast="train.compile=true train.compile_mode=reduce-overhead data.pipeline=gpu data.cache=device"
+      sizes="--img-size 16 24 32 48 64 96"
+      classify() {  # GPUS TAG EPOCHS NAMES... -- BENCHMARK ARGS
+        local gpus=$1 tag=$2 epochs=$3; shift 3
+        CUDA_VISIBLE_DEVICES=$gpus python3 "$repo/scripts/run_variants.py" --family classify --data /tmp/cifar \
+          --out "$out/$tag" --work "/tmp/lightvision_$tag" --tag "$tag" --workers 3 \
+          --variants "$repo/configs/variants/classify_cifar10.yaml" "$@" --epochs "$epochs" --set $fast \
+          > "$out/$tag.log" 2>&1; stamp "$tag done rc=$?"
+      }
+      kinds="softmax lightnet lion_d lion_s lion_s_snake"
+      classify 0,1,2,3 resolution_table "${LV_EPOCHS:-200}" $kinds lion_d_avg_all lion_s_avg_all lion_s_snake_avg_all \
+        -- $sizes --eval-pos image token image:p=1 image:p=1.5 image:p=2 image:p=1,2 image:p=2,1 &
+      classify 3,2,1,0 resolution_screen "${LV_SCREEN_EPOCHS:-15}" $kinds softmax_sizes lightnet_sizes lion_d_sizes \
+        lion_s_sizes lion_s_snake_sizes softmax_scale lightnet_scale lion_d_scale lion_s_scale lion_s_snake_scale \
+        -- $sizes --eval-pos image token &
+      CUDA_VISIBLE_DEVICES=1,2,3,0 python3 "$repo/scripts/run_variants.py" $kinds --steps "${LV_DIT_STEPS:-2500}" \
+        --data /tmp/cifar --out "$out/resolution_dit" --work /tmp/lightvision_resolution_dit --tag resolution_dit \
+        -- --no-fid --samples 500 --bpd-images 500 --sample-steps 50 --sample-sizes 32 48 64 \
+        --sample-units image token > "$out/resolution_dit.log" 2>&1 && stamp "resolution_dit done" &
+      wait
       ;;
     variants)
       nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"

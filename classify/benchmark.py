@@ -7,7 +7,8 @@ Per attention kind (or a variant of ``--variants``: a kind plus recipe overrides
 (tiny width and depth, patch 4: an 8 x 8 grid + cls at 32 px)
 trained with ``configs/classify/cifar10.yaml`` (its 200 epochs with 5 of linear warm-up unless ``--epochs`` /
 ``--warmup-epochs`` say otherwise; ``--set`` changes any other key), then evaluated on the test split at every
-``--img-size`` (the models see 48 and 64 px images without any change to their weights). Writes
+``--img-size`` (the models see 48 and 64 px images without any change to their weights) in every position setting of
+``--eval-pos`` (the same weights run with another position unit or LION decay power, :func:`pos_setting`). Writes
 ``classify_cifar10[_TAG].json`` (the recipe as resolved, per kind: parameters, top-1 / top-5 per size, train seconds,
 images/s, the mean training loss of every epoch, test top-1 after every tenth of the epochs) under ``--out`` and
 prints a table last; runs stay in ``--work``.
@@ -48,6 +49,23 @@ def top1_per_eval(run: str | Path, steps_per_epoch: float) -> list[list[float]]:
     return [[round(step / steps_per_epoch, 2), round(top1, 2)] for step, top1 in sorted(seen.items())]
 
 
+def pos_setting(text: str, kind: str) -> dict | None:
+    """``load_classifier``'s model_args of an ``--eval-pos`` setting for an attention kind: "image" or "token" (the
+    position unit), "image:p=P" (LION's decay power P; "P,Q" the row and column snake orders). None when the setting
+    does not apply to the kind (a decay power without LION decays, a pair without snake orders)."""
+    unit, _, power = text.partition(":p=")
+    if unit not in ("image", "token"):
+        raise ValueError(f"--eval-pos {text!r}: the unit must be 'image' or 'token', optionally ':p=POWER'")
+    if not power:
+        return {"pos_unit": unit}
+    if kind not in ("lion_d", "lion_s", "lion_d_snake", "lion_s_snake"):
+        return None
+    powers = [float(v) for v in power.split(",")]
+    if len(powers) > 1 and not kind.endswith("_snake"):
+        return None
+    return {"pos_unit": unit, "attn_kwargs": {"decay_power": powers[0] if len(powers) == 1 else powers}}
+
+
 def run_kind(name: str, args: argparse.Namespace) -> dict:
     """Train an attention kind or a variant of ``--variants`` with the shared recipe and evaluate it at every size;
     returns its results."""
@@ -78,7 +96,21 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
     train_seconds = time.time() - start
     if final["interrupted"]:
         raise RuntimeError(f"stopped by SIGTERM at step {final['step']}; run again with --resume to finish")
-    report = evaluate_checkpoint(run, args.img_size, batch_size=500, num_workers=args.workers)
+    evals = []
+    for setting in args.eval_pos:
+        model_args = pos_setting(setting, kind)
+        if model_args is None:
+            continue
+        report = evaluate_checkpoint(
+            run,
+            args.img_size,
+            out_dir=run / "eval" / setting.replace(":", "_").replace(",", "_"),
+            batch_size=500,
+            num_workers=args.workers,
+            model_args=model_args,
+        )
+        keys = ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")
+        evals += [{"pos": setting, **{k: r[k] for k in keys}} for r in report["results"]]
     return {
         "model": cfg["model"]["name"],
         "variant_set": variant_set,
@@ -90,22 +122,20 @@ def run_kind(name: str, args: argparse.Namespace) -> dict:
         "final": final,
         "loss_per_epoch": loss_per_epoch(run),
         "top1_per_eval": top1_per_eval(run, final["step"] / final["epochs"]),
-        "eval": [
-            {k: r[k] for k in ("img_size", "top1", "top5", "images", "images_per_s", "peak_mem_gib")}
-            for r in report["results"]
-        ],
+        "eval": evals,
     }
 
 
 def table(results: dict, sizes: list[int]) -> str:
-    """Markdown: kind, parameters, top-1 at each size, train seconds."""
+    """Markdown: kind, parameters, top-1 at each size (the first ``--eval-pos`` setting), train seconds."""
     head = "| attention | params (M) | " + " | ".join(f"top-1 @{s}px" for s in sizes) + " | train s |"
     lines = [head, "| --- " * (len(sizes) + 3) + "|"]
     for kind, r in results.items():
         if "error" in r:
             lines.append(f"| {kind} | error: {r['error']} |")
             continue
-        acc = {e["img_size"]: e["top1"] for e in r["eval"]}
+        first = r["eval"][0]["pos"] if r["eval"] and "pos" in r["eval"][0] else None
+        acc = {e["img_size"]: e["top1"] for e in r["eval"] if e.get("pos") == first}
         cells = " | ".join(f"{acc[s]:.2f}" for s in sizes)
         lines.append(f"| {kind} | {r['params'] / 1e6:.2f} | {cells} | {r['train_seconds']:.0f} |")
     return "\n".join(lines)
@@ -122,7 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup-epochs", type=int, help="linear warm-up epochs (default: the recipe's)")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--workers", type=int, default=8)
-    p.add_argument("--img-size", type=int, nargs="+", default=[32, 48, 64])
+    p.add_argument("--img-size", type=int, nargs="+", default=[16, 24, 32, 48, 64, 96])
+    p.add_argument(
+        "--eval-pos",
+        nargs="+",
+        default=["image"],
+        help="position settings to evaluate the same weights in: image, token, image:p=POWER (LION decays); the "
+        "table shows the first",
+    )
     p.add_argument("--resume", action="store_true", help="continue each run from the newest checkpoint of its folder")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True

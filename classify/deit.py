@@ -66,7 +66,17 @@ from timm.models._features import feature_take_indices
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lightvision.layers import GLU, MDTPE, PatchEmbed, RMSNorm, build_attention, build_tpe, sincos_pos_embed
+from lightvision.layers import (
+    GLU,
+    MDTPE,
+    POS_UNITS,
+    PatchEmbed,
+    RMSNorm,
+    build_attention,
+    build_tpe,
+    position_scale,
+    sincos_pos_embed,
+)
 from lightvision.ops._checks import check_choice
 
 __all__ = [
@@ -188,11 +198,18 @@ class Block(nn.Module):
             raise ValueError(f"mlp must be 'gelu' or 'glu', got {mlp!r}")
         self.drop_path2 = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def forward(self, x: torch.Tensor, grid: tuple[int, int], num_prefix_tokens: int) -> torch.Tensor:
-        """x [B, num_prefix_tokens + h * w, D], grid (h, w) -> [B, num_prefix_tokens + h * w, D]."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: tuple[int, int],
+        num_prefix_tokens: int,
+        pos_scale: tuple[float, float] | None = None,
+    ) -> torch.Tensor:
+        """x [B, num_prefix_tokens + h * w, D], grid (h, w), its position scale -> [B, num_prefix_tokens + h * w, D]."""
         if self.tpe is not None:
-            x = self.tpe(x, grid, num_prefix_tokens)
-        x = x + self.drop_path1(self.attn(self.norm1(x), grid=grid, num_prefix_tokens=num_prefix_tokens))
+            x = self.tpe(x, grid, num_prefix_tokens, pos_scale)
+        attn = self.attn(self.norm1(x), grid=grid, num_prefix_tokens=num_prefix_tokens, pos_scale=pos_scale)
+        x = x + self.drop_path1(attn)
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
 
@@ -216,6 +233,12 @@ class DeiT(nn.Module):
         attn_kwargs: extra keyword arguments for ``build_attention`` (the kind's ablation switches, e.g. LightNet's
             lrpe "per_axis" | "global" | "mixed" | "none", key_softmax, norm, gate_rank).
         pos_embed: absolute position embedding "learned" | "sincos" | "none" (None: the family's, ``FAMILIES``).
+        pos_unit: what grid positions count, ``lightvision.layers.POS_UNITS``: "image" (default: coordinates in units
+            of the training grid ``pos_grid``, so the sin-cos embedding, MD-LRPE angles, MD-TPE and LION decays give
+            a token the code of its place in the image at any input size, as the resampled learned embedding does)
+            or "token" (integer patch coordinates at every size). At the training size the two are the same model.
+        pos_grid: the training grid (h, w) that image units refer to; None: the grid of ``img_size``.
+            ``set_input_size`` keeps it (the weights were trained on it).
         tpe_placement: MD-TPE "none" | "embed" | "block" (None: the family's).
         tpe_kwargs: ``MDTPE`` options (form, combine, decay, norm, expand).
     """
@@ -237,10 +260,13 @@ class DeiT(nn.Module):
         drop_path_rate: float = 0.0,
         attn_kwargs: dict[str, Any] | None = None,
         pos_embed: str | None = None,
+        pos_unit: str = "image",
+        pos_grid: tuple[int, int] | None = None,
         tpe_placement: str | None = None,
         tpe_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
+        check_choice(pos_unit, POS_UNITS, "pos_unit")
         if attention not in FAMILIES:
             raise ValueError(f"attention must be one of {sorted(FAMILIES)}, got {attention!r}")
         check_choice(global_pool, GLOBAL_POOLS, "global_pool")
@@ -258,6 +284,8 @@ class DeiT(nn.Module):
         self.patch_size = patch_size
         self.img_size = _pair(img_size)
         self._check_size(self.img_size)
+        self.pos_unit = pos_unit
+        self.pos_grid = self.grid_size(self.img_size) if pos_grid is None else _pair(pos_grid)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         if self.pos_embed_kind == "learned":
             grid = self.grid_size(self.img_size)
@@ -317,6 +345,11 @@ class DeiT(nn.Module):
                 f"multiple of {p} (e.g. {max(p, h // p * p)}x{max(p, w // p * p)})"
             )
 
+    def position_scale(self, grid: tuple[int, int]) -> tuple[float, float] | None:
+        """Per-axis position scale at ``grid``: training grid / grid in image units, None in token units or at the
+        training grid (``lightvision.layers.position``)."""
+        return position_scale(grid, self.pos_grid, self.pos_unit)
+
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
         """The absolute position embedding [1, 1 + h * w, D] for ``grid`` (bicubic resample if needed)."""
         stored = self.grid_size(self.img_size)
@@ -327,7 +360,8 @@ class DeiT(nn.Module):
         )
 
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
-        """Make ``img_size`` the nominal size: resamples the position embedding once (no-op without one)."""
+        """Make ``img_size`` the nominal size: resamples the learned position embedding once (no-op without one); the
+        training grid of image units (``pos_grid``) stays."""
         img_size = _pair(img_size)
         self._check_size(img_size)
         if self.pos_embed is not None:
@@ -377,24 +411,28 @@ class DeiT(nn.Module):
         the grid: patch embedding, cls token, absolute position embedding, dropout, MD-TPE."""
         self._check_size((x.shape[-2], x.shape[-1]))
         x, grid = self.patch_embed(x)
+        grid = tuple(grid)
+        scale = self.position_scale(grid)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_embed is not None:
-            x = x + self._pos_embed_for(tuple(grid))
+            x = x + self._pos_embed_for(grid)
         elif self.pos_embed_kind == "sincos":
-            x = torch.cat([x[:, :1], x[:, 1:] + sincos_pos_embed(x.shape[-1], tuple(grid), x.device).to(x.dtype)], 1)
+            pos = sincos_pos_embed(x.shape[-1], grid, x.device, pos_scale=scale).to(x.dtype)
+            x = torch.cat([x[:, :1], x[:, 1:] + pos], 1)
         x = self.pos_drop(x)
         if self.tpe is not None:
-            x = self.tpe(x, grid, self.num_prefix_tokens)
+            x = self.tpe(x, grid, self.num_prefix_tokens, scale)
         return x, grid
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images [B, C, H, W] (H, W multiples of the patch) -> normed tokens [B, 1 + (H/p)(W/p), D]."""
         x, grid = self.embed(x)
+        scale = self.position_scale(grid)
         for blk in self.blocks:
             if self.grad_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(blk, x, grid, self.num_prefix_tokens, use_reentrant=False)
+                x = checkpoint(blk, x, grid, self.num_prefix_tokens, scale, use_reentrant=False)
             else:
-                x = blk(x, grid, self.num_prefix_tokens)
+                x = blk(x, grid, self.num_prefix_tokens, scale)
         return self.norm(x)
 
     def forward_intermediates(
@@ -581,13 +619,15 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
 
 
 def position_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` with the family's position settings made explicit for the families of ``LEGACY_POSITION``, so that
-    a checkpoint keeps rebuilding as it was trained whatever the default becomes."""
+    """``args`` with the position settings made explicit, so that a checkpoint keeps rebuilding as it was trained
+    whatever the defaults become: the position unit for every family, the embedding and MD-TPE placement for the
+    families of ``LEGACY_POSITION``."""
     attention = attention_of(name)
-    if attention not in LEGACY_POSITION:
-        return dict(args)
-    family = FAMILIES[attention]
-    return {"pos_embed": family.pos_embed, "tpe_placement": family.tpe_placement, **args}
+    explicit: dict[str, Any] = {"pos_unit": "image"}
+    if attention in LEGACY_POSITION:
+        family = FAMILIES[attention]
+        explicit.update(pos_embed=family.pos_embed, tpe_placement=family.tpe_placement)
+    return {**explicit, **args}
 
 
 @register_model

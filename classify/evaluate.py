@@ -186,6 +186,7 @@ def evaluate_checkpoint(
     batch_size: int = 128,
     num_workers: int = 4,
     device: str = "auto",
+    model_args: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate a training run (or one checkpoint folder) at every size in ``img_sizes``; write the report.
 
@@ -193,18 +194,23 @@ def evaluate_checkpoint(
         own validation split (its ``data.root``, or the bundled digits).
     weights: "ema" or "model"; None: EMA when the run kept one.
     out_dir: where eval.md / eval.json / eval.png go (default: ``<run folder>/eval``).
+    model_args: architecture arguments that change how the same weights run (``load_classifier``), e.g.
+        ``{"pos_unit": "token"}``.
     Returns ``{"checkpoint", "model", "weights", "results": [per-size metrics], "paths"}``.
     """
     if device not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     device = resolve_device(device)
-    model, meta, cfg = load_classifier(checkpoint, weights, img_sizes)
+    model, meta, cfg = load_classifier(checkpoint, weights, img_sizes, model_args)
     out = Path(out_dir) if out_dir else Path(meta["checkpoint"]).parent.parent / "eval"
     return _evaluate_and_report(model, cfg, meta, img_sizes, data, out, batch_size, num_workers, device)
 
 
 def load_classifier(
-    checkpoint: str | Path, weights: str | None = None, img_sizes: Sequence[int] | None = None
+    checkpoint: str | Path,
+    weights: str | None = None,
+    img_sizes: Sequence[int] | None = None,
+    model_args: dict[str, Any] | None = None,
 ) -> tuple[nn.Module, dict[str, Any], dict]:
     """The classifier of a ``lightvision classify train`` run (or one checkpoint folder) with its weights.
 
@@ -212,6 +218,9 @@ def load_classifier(
         checkpoint: run folder (its latest checkpoint) or checkpoint folder.
         weights: "ema" or "model"; None: EMA when the run kept one.
         img_sizes: sizes the model will see, checked before the weights load (None: no check).
+        model_args: arguments merged over the recorded ``model_config["args"]`` (``attn_kwargs`` key by key) that
+            leave the weights as they are: ``pos_unit`` ("image" | "token"), ``attn_kwargs.decay_power`` (LION),
+            ``global_pool`` of a head trained for it.
 
     Returns:
         (model, meta {"checkpoint", "model", "train_img_size", "weights"}, the run's recipe).
@@ -228,6 +237,11 @@ def load_classifier(
             f"{ckpt} was not written by `lightvision classify train` (model_config {mcfg}): pass the run folder of "
             "a classifier"
         )
+    if model_args:
+        args = {**mcfg["args"], **model_args}
+        if "attn_kwargs" in model_args:
+            args["attn_kwargs"] = {**(mcfg["args"].get("attn_kwargs") or {}), **model_args["attn_kwargs"]}
+        mcfg = {**mcfg, "args": args}
     model = create_from_config(mcfg)
     if img_sizes is not None:
         check_img_sizes(model, img_sizes)

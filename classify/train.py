@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from torch import nn
@@ -42,6 +43,7 @@ from lightvision.classify.decoded import DecodedImages
 from lightvision.classify.deit import create_from_config, position_args
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
+from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
@@ -82,6 +84,9 @@ DEFAULTS: dict[str, Any] = {
     "aug": {
         "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
         "scale": [0.08, 1.0],  # RandomResizedCrop area range
+        # mixed resolution (FlexiViT-style): a list of image sizes, one drawn per optimizer step (keyed by seed and
+        # step) to which the batch is resized on the device; null: every step at model.img_size
+        "sizes": None,
         "auto_augment": "rand-m9-mstd0.5-inc1",
         "color_jitter": 0.3,
         "interpolation": "bicubic",
@@ -150,12 +155,27 @@ def make_criterion(mixup: Any, smoothing: float) -> nn.Module:
     return LabelSmoothingCrossEntropy(smoothing) if smoothing > 0 else nn.CrossEntropyLoss()
 
 
-def make_loss_fn(mixup: Any, smoothing: float):
-    """``loss_fn(model, (images, labels))`` for the Trainer: Mixup/CutMix, then :func:`make_criterion`'s loss."""
+def step_size(images: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
+    """A training batch [B, C, H, W] at this step's size of ``sizes`` (``aug.sizes``): one size per step, drawn from
+    the current :func:`~lightvision.engine.batch_random.batch_random` (the same on every process and on resume), the
+    batch resized to it (bilinear, antialiased); None or the batch's own size: unchanged."""
+    if not sizes:
+        return images
+    pick = int(torch.randint(len(sizes), (1,), generator=batch_random().generator()))
+    size = sizes[pick]
+    if images.shape[-2:] == (size, size):
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+
+
+def make_loss_fn(mixup: Any, smoothing: float, sizes: list[int] | None = None):
+    """``loss_fn(model, (images, labels))`` for the Trainer: the step's size (:func:`step_size`), Mixup/CutMix, then
+    :func:`make_criterion`'s loss."""
     criterion = make_criterion(mixup, smoothing)
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch
+        images = step_size(images, sizes)
         if mixup is not None:
             images, labels = mixup(images, labels)
         return criterion(model(images), labels)
@@ -181,6 +201,19 @@ def _check_schedule(sched: dict[str, Any]) -> None:
         raise ValueError(f"sched.epochs must be at least 1, got {sched['epochs']!r}")
     if sched["warmup_epochs"] is None or sched["warmup_epochs"] < 0:
         raise ValueError(f"sched.warmup_epochs must be 0 or more, got {sched['warmup_epochs']!r}")
+
+
+def _check_sizes(sizes: Any, model: nn.Module) -> None:
+    """``aug.sizes``: null or a non-empty list of image sizes the model's patch divides."""
+    if sizes is None:
+        return
+    if not isinstance(sizes, list) or not sizes or not all(isinstance(v, int) and v > 0 for v in sizes):
+        raise ValueError(f"aug.sizes must be null or a list of image sizes such as [24, 32, 48], got {sizes!r}")
+    for size in sizes:
+        try:
+            model._check_size((size, size))
+        except ValueError as err:
+            raise ValueError(f"aug.sizes: {err}") from None
 
 
 def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
@@ -227,6 +260,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
             "both splits need the same class sub-folders"
         )
 
+    _check_sizes(a["sizes"], model)
     mixup = build_mixup(a, num_classes)
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
@@ -279,7 +313,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         return out
 
     eval_every = t["eval_every_epochs"] * steps_per_epoch
-    loss_fn = make_loss_fn(mixup, a["smoothing"])
+    loss_fn = make_loss_fn(mixup, a["smoothing"], a["sizes"])
     trainer = Trainer(
         run_dir,
         cfg,

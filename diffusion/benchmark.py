@@ -14,6 +14,9 @@
    Evaluation uses the EMA weights of the recipe (decay 0.9999 with the engine's warm-up
    ``min(0.9999, (1 + s) / (10 + s))``: after s steps the EMA averages roughly the last s / 10 steps, so short runs
    are evaluated fairly);
+   With ``--sample-sizes`` the EMA model also samples at each of those image sizes in every position unit of
+   ``--sample-units`` (``lightvision.layers.POS_UNITS``; 64 samples, guidance 1.5): a grid
+   ``grid_<name>_<size>px_<unit>.png`` and the streak share of each;
 2. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
    ``grid_<name>.png`` under ``--out`` (``--save-samples``: the samples too, ``samples_<name>.npz``, for metrics
    computed elsewhere); runs, checkpoints and the samples otherwise stay in ``--work``.
@@ -51,6 +54,36 @@ def real_streak_share(data: str, count: int) -> dict:
 
     files = image_files(Path(data) / "test")
     return streak_summary(folder_streak_share(files[:: max(1, len(files) // count)], count))
+
+
+def sample_sizes(model, diffusion, codec, name: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Samples of the trained model at each ``--sample-sizes`` image size in each ``--sample-units`` position unit:
+    grids under ``--out`` and streak shares (module docstring)."""
+    from lightvision.diffusion.sample import generate, save_grid, to_uint8
+    from lightvision.diffusion.streaks import streak_share
+
+    trained_unit, classes, rows = model.config.pos_unit, int(model.config["num_classes"]), []
+    idx = list(range(64))
+    try:
+        for unit in args.sample_units:
+            model.register_to_config(pos_unit=unit)
+            for size in args.sample_sizes:
+                images = generate(
+                    model,
+                    diffusion,
+                    codec,
+                    [i % classes for i in idx],
+                    idx,
+                    latent_size=codec.latent_size(size),
+                    cfg_scale=1.5,
+                    device=device,
+                )
+                grid = save_grid(images, Path(args.out) / f"grid_{name}_{size}px_{unit}.png", nrow=8)
+                share = streak_summary(streak_share(to_uint8(images)))
+                rows.append({"img_size": size, "pos_unit": unit, "streak_share": share, "grid": grid.name})
+    finally:
+        model.register_to_config(pos_unit=trained_unit)
+    return rows
 
 
 def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
@@ -132,6 +165,9 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
             record["feature_space"] = fid["feature_space"]
         except (RuntimeError, ValueError, OSError) as err:
             record["fid_error"] = f"{type(err).__name__}: {err}"
+    if args.sample_sizes:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            record["sizes"] = sample_sizes(model, diffusion, codec, name, args, device)
     grid_out = out / f"grid_{name}.png"
     grid_out.write_bytes((Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
     last = result["last_record"]
@@ -172,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-steps", type=int, default=100)
     p.add_argument("--sample-batch", type=int, default=500)
     p.add_argument("--save-samples", action="store_true", help="also write samples_<name>.npz (ADM layout) to --out")
+    p.add_argument("--sample-sizes", type=int, nargs="*", default=[], help="image sizes to sample at after training")
+    p.add_argument("--sample-units", nargs="+", default=["image"], help="position units of --sample-sizes")
     args = p.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True

@@ -1,7 +1,8 @@
 """DiT family (Peebles & Xie) with pluggable lightvision attention; a diffusers ``ModelMixin`` + ``ConfigMixin``.
 
     x [B, C, H, W] --patchify p--> tokens [B, N, D], grid (H/p, W/p)
-      + fixed 2-D sin-cos position embedding (``pos_embed="sincos"``; recomputed for each grid)
+      + fixed 2-D sin-cos position embedding (``pos_embed="sincos"``; recomputed for each grid, in the position
+        unit ``pos_unit``: at another size, "image" measures coordinates in training-grid cells)
       + MD-TPE residual after the patch embedding (``tpe_placement="embed"``) or at the start of every block ("block");
         LightNet's MD-LRPE lives inside its attention
     c = TimestepEmbed(t) + LabelEmbed(y)                                   [B, D]
@@ -32,10 +33,12 @@ from lightvision.layers import (
     ATTENTION_KINDS,
     GLU,
     MDTPE,
+    POS_UNITS,
     ModulatedLayerNorm,
     PatchEmbed,
     build_attention,
     build_tpe,
+    position_scale,
     sincos_pos_embed,
 )
 from lightvision.ops import gated_residual
@@ -106,12 +109,14 @@ class DiTBlock(nn.Module):
         else:
             self.modulation_offset = nn.Parameter(torch.zeros(6, dim))
 
-    def forward(self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int], pos_scale: tuple[float, float] | None = None
+    ) -> torch.Tensor:
         mod = self.modulation(c).unflatten(1, (6, -1)) if self.adaln == "block" else c + self.modulation_offset
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(1)  # [B, D] each
         if self.tpe is not None:
-            x = self.tpe(x, grid, 0)
-        x = gated_residual(x, gate1, self.attn(self.norm1(x, shift1, scale1), grid=grid))
+            x = self.tpe(x, grid, 0, pos_scale)
+        x = gated_residual(x, gate1, self.attn(self.norm1(x, shift1, scale1), grid=grid, pos_scale=pos_scale))
         return gated_residual(x, gate2, self.ffn(self.norm2(x, shift2, scale2)))
 
 
@@ -120,7 +125,8 @@ class DiT(ModelMixin, ConfigMixin):
 
     ``num_classes`` real classes plus a null class (index ``num_classes``) used by label dropout
     (``class_dropout_prob`` in training) and classifier-free guidance; ``num_classes=0`` is unconditional.
-    Any H, W divisible by ``patch_size`` works; ``input_size`` is the training size (for the record).
+    Any H, W divisible by ``patch_size`` works; ``input_size`` is the training size, the grid that image units of
+    position refer to.
 
     Args (every one is a config entry, so each ablation is a ``model.kwargs`` switch of the recipes):
         input_size (32), patch_size (2), in_channels (4): latent size, patch p, latent channels.
@@ -134,6 +140,9 @@ class DiT(ModelMixin, ConfigMixin):
         pos_embed (None: the family's default): "sincos" (fixed 2-D sin-cos added after the patch embedding) or "none".
         tpe_placement (None: the family's default): MD-TPE placement "none" | "embed" | "block" (``TPE_PLACEMENTS``).
         tpe_kwargs (None: the family's default): ``MDTPE`` options (form, combine, decay, norm, expand).
+        pos_unit ("image"): what grid positions count at another latent size (``lightvision.layers.POS_UNITS``):
+            "image" measures the sin-cos embedding, MD-TPE, MD-LRPE and LION decays in cells of the training grid
+            (``input_size / patch_size``), "token" in patches of the grid at hand.
     The family defaults are ``POSITION_DEFAULTS`` / ``LIGHTNET_POSITION_DEFAULTS``; the resolved values are
     written back to the config, so a saved model rebuilds as it was trained.
     """
@@ -158,9 +167,11 @@ class DiT(ModelMixin, ConfigMixin):
         tpe_placement: str | None = None,
         tpe_kwargs: dict | None = None,
         ffn: str | None = None,
+        pos_unit: str = "image",
     ):
         super().__init__()
         check_choice(attention, ATTENTION_KINDS, "attention")
+        check_choice(pos_unit, POS_UNITS, "pos_unit")
         adaln = adaln or ("shared" if attention == "lightnet" else "block")
         check_choice(adaln, ("block", "shared"), "adaln")
         ffn = ffn or ("glu" if attention == "lightnet" else "mlp")
@@ -228,6 +239,12 @@ class DiT(ModelMixin, ConfigMixin):
         """Label index of the unconditional (dropped) class."""
         return self.config.num_classes
 
+    def position_scale(self, grid: tuple[int, int]) -> tuple[float, float] | None:
+        """Per-axis position scale at ``grid`` (``lightvision.layers.position``): training grid / grid in image units,
+        None in token units or at the training grid."""
+        side = self.config.input_size // self.config.patch_size
+        return position_scale(grid, (side, side), self.config.pos_unit)
+
     def check_input_shape(self, shape: tuple[int, ...]) -> None:
         """Raise ValueError unless ``shape`` is [B, in_channels, H, W] with H and W divisible by the patch."""
         p, c = self.config.patch_size, self.config.in_channels
@@ -248,14 +265,16 @@ class DiT(ModelMixin, ConfigMixin):
             drop = torch.rand(b, device=x.device) < self.config.class_dropout_prob
             y = torch.where(drop, torch.full_like(y, self.null_class), y)
         tokens, grid = self.patch_embed(x)
+        grid = tuple(grid)
+        scale = self.position_scale(grid)
         if self.config.pos_embed == "sincos":
-            tokens = tokens + sincos_pos_embed(tokens.shape[-1], grid, device=x.device).to(tokens.dtype)
+            tokens = tokens + sincos_pos_embed(tokens.shape[-1], grid, x.device, pos_scale=scale).to(tokens.dtype)
         if self.tpe is not None:
-            tokens = self.tpe(tokens, grid, 0)
+            tokens = self.tpe(tokens, grid, 0, scale)
         c = self.t_embedder(t) + self.y_embedder(y)
         cond = c if self.shared_modulation is None else self.shared_modulation(c).unflatten(1, (6, -1))
         for block in self.blocks:
-            tokens = block(tokens, cond, grid)
+            tokens = block(tokens, cond, grid, scale)
         if self.shared_modulation is None:
             shift, scale = self.final_modulation(c).unflatten(1, (2, -1)).unbind(1)
         else:

@@ -21,6 +21,7 @@ import torch
 
 from .layers.attention import LightNetAttention, LionAttention, NormalizedAttention, SoftmaxAttention
 from .ops import lightnet_attention, lion_attention, lion_snake_attention, normalized_attention, softmax_attention
+from .ops._checks import check_grid, check_pos_scale
 
 LAYERS = (SoftmaxAttention, LightNetAttention, LionAttention, NormalizedAttention)
 MAX_BYTES = 2 * 2**30  # the identity and the matrix are each B * H * N * N elements
@@ -62,6 +63,7 @@ def effective_attention(
     x: torch.Tensor,
     grid: Sequence[int] | None = None,
     num_prefix_tokens: int = 0,
+    pos_scale: Sequence[float] | None = None,
     *,
     max_bytes: int = MAX_BYTES,
 ) -> torch.Tensor:
@@ -71,7 +73,8 @@ def effective_attention(
         layer: a ``SoftmaxAttention``, ``LightNetAttention``, ``LionAttention`` (any mask, snake or not) or
             ``NormalizedAttention``.
         x: [B, N, C] the layer's input (after the block's norm).
-        grid: token grid as the layer is called with; num_prefix_tokens: leading tokens without a position.
+        grid: token grid as the layer is called with; num_prefix_tokens: leading tokens without a position;
+            pos_scale: the position scale it is called with (None: token units).
         max_bytes: memory guard for the [B, H, N, N] matrices.
 
     Returns:
@@ -94,6 +97,7 @@ def effective_attention(
                 grid=grid,
                 num_prefix_tokens=num_prefix_tokens,
                 lrpe=layer.lrpe,
+                pos_scale=pos_scale,
                 key_softmax=layer.key_softmax,
                 backend="torch",
             )
@@ -101,7 +105,8 @@ def effective_attention(
             return core_matrix(
                 normalized_attention, q, k, max_bytes=max_bytes, log_eta=layer.log_eta(x), form="parallel"
             )
-        decays = layer._log_decays(x, num_prefix_tokens)  # LION: its feature map and decays
+        factors = layer.decay_factors(check_pos_scale(pos_scale, check_grid(grid, x.shape[1], num_prefix_tokens)))
+        decays = layer._log_decays(x, num_prefix_tokens, factors)  # LION: its feature map and decays
         q, k = layer._phi(q), layer._phi(k)
         if layer.snake:
             return core_matrix(
@@ -148,7 +153,8 @@ def attention_maps(model: torch.nn.Module, *inputs: torch.Tensor, max_bytes: int
         x = args[0]
         grid = kwargs.get("grid", args[1] if len(args) > 1 else None)
         prefix = kwargs.get("num_prefix_tokens", args[2] if len(args) > 2 else 0)
-        maps.append(effective_attention(layer, x, grid, prefix, max_bytes=max_bytes))
+        scale = kwargs.get("pos_scale", args[3] if len(args) > 3 else None)
+        maps.append(effective_attention(layer, x, grid, prefix, scale, max_bytes=max_bytes))
 
     for block in model.blocks:
         handles.append(block.attn.register_forward_pre_hook(capture, with_kwargs=True))

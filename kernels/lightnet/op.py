@@ -70,14 +70,15 @@ def rotation_tables(
     dtype: torch.dtype,
     device: torch.device,
     variant: str = "per_axis",
+    pos_scale: tuple[float, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos Theta, sin Theta) for the kernels, each [N, group * d] contiguous: a program's ``group`` heads of d
-    features side by side (``head_group``); angles from ``lrpe_angles`` (any of its variants). fp32 for fp32 inputs,
-    fp16 for 16-bit inputs (|cos|, |sin| <= 1: rounding 2^-11, under the inputs' own). ``grid`` None (no MD-LRPE):
-    a 1-element stand-in that the programs never read."""
+    features side by side (``head_group``); angles from ``lrpe_angles`` (any of its variants and position scales).
+    fp32 for fp32 inputs, fp16 for 16-bit inputs (|cos|, |sin| <= 1: rounding 2^-11, under the inputs' own). ``grid``
+    None (no MD-LRPE): a 1-element stand-in that the programs never read."""
     if grid is None:
         return (torch.zeros(1, device=device),) * 2
-    ang = lrpe_angles(grid, d, num_prefix_tokens, device=device, variant=variant)
+    ang = lrpe_angles(grid, d, num_prefix_tokens, device=device, variant=variant, pos_scale=pos_scale)
     table_dtype = torch.float32 if dtype == torch.float32 else torch.float16
     return torch.cos(ang).to(table_dtype).repeat(1, group), torch.sin(ang).to(table_dtype).repeat(1, group)
 
@@ -99,12 +100,13 @@ def _tables(
     dtype: torch.dtype,
     device: torch.device,
     variant: str,
+    pos_scale: tuple[float, ...] | None,
 ):
     """``rotation_tables`` for a checked grid (``_rotation_grid``): cached per shape in eager mode; recomputed by the
     graph under torch.compile, so that they are the graph's own tensors (tables cached during a CUDA-graph warm-up
     would stay in the graph's memory pool, owned by no output, and ``mode="reduce-overhead"`` refuses that)."""
     build = rotation_tables if torch.compiler.is_compiling() else _cached_rotation_tables
-    return build(grid, num_prefix_tokens, d, group, dtype, device, variant)
+    return build(grid, num_prefix_tokens, d, group, dtype, device, variant, pos_scale)
 
 
 def _tiles_per_split(tiles: int, splits: int) -> tuple[int, int]:
@@ -548,32 +550,36 @@ def _rotation_grid(grid, n: int, num_prefix_tokens: int, lrpe: str | None):
 
 
 def lightnet_attention_triton(
-    q, k, v, *, grid=None, num_prefix_tokens=0, lrpe="per_axis", causal=False, key_softmax=True
+    q, k, v, *, grid=None, num_prefix_tokens=0, lrpe="per_axis", pos_scale=None, causal=False, key_softmax=True
 ):
     """Kernel entry of ``lightvision.ops.lightnet_attention`` (registered with the ops dispatch).
 
     q, k [B, H, N, d], v [B, H, N, d_v] -> o [B, H, N, d_v] in the input dtype. As in the reference,
-    MD-LRPE (``lrpe``: a variant name or None, normalised by the op) applies when it and a ``grid`` are given.
+    MD-LRPE (``lrpe``: a variant name or None, normalised by the op; ``pos_scale`` its coordinate factors, checked by
+    the op) applies when it and a ``grid`` are given.
     Returns NotImplemented (the reference then runs) for causal=True, key_softmax=False, or inputs outside
     ``supports``. Under torch.compile the call goes through the custom op ``lightvision::lightnet_attn_fwd``; in
     eager mode through the same launchers directly."""
     if causal or not key_softmax or not supports(q, k, v):
         return NotImplemented
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
-    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], 1, q.dtype, q.device, lrpe)
+    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], 1, q.dtype, q.device, lrpe, pos_scale)
     if torch.compiler.is_compiling():
         return lightnet_attn_fwd(q, k, v, cos, sin, grid is not None)[0]
     return _LightNetEager.apply(q, k, v, cos, sin, grid is not None)
 
 
-def lightnet_attention_qkvpacked_triton(qkv, num_heads, *, grid=None, num_prefix_tokens=0, lrpe="per_axis"):
+def lightnet_attention_qkvpacked_triton(
+    qkv, num_heads, *, grid=None, num_prefix_tokens=0, lrpe="per_axis", pos_scale=None
+):
     """Kernel entry of ``lightvision.ops.lightnet_attention_qkvpacked``: qkv [B, N, 3 * H * d] -> o [B, N, H * d];
     NotImplemented (the reference runs) for inputs outside ``supports``."""
     q, k, v = split_heads(qkv, num_heads)
     if not supports(q, k, v):
         return NotImplemented
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
-    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], head_group(num_heads, q.shape[3]), q.dtype, q.device, lrpe)
+    group = head_group(num_heads, q.shape[3])
+    cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], group, q.dtype, q.device, lrpe, pos_scale)
     if torch.compiler.is_compiling():
         return lightnet_attn_packed_fwd(qkv, num_heads, cos, sin, grid is not None)[0]
     return _LightNetPackedEager.apply(qkv, num_heads, cos, sin, grid is not None)

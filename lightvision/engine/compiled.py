@@ -31,6 +31,8 @@ def compile_model(model: nn.Module, mode: str | None = None) -> nn.Module:
     ``mode="reduce-overhead"`` replays the forward and the backward as CUDA graphs: one launch per graph instead of
     one per kernel, which takes the host's launch time out of small steps. The kernels keep no GPU tensors between
     calls under compile (the LightNet rotation tables are computed by the graph), so the graphs own all their memory.
+    ``dynamic=False``: each input size (mixed-resolution training, ``aug.sizes``; evaluation at other sizes) gets a
+    graph of its own with its grid and position scale as constants, instead of one graph with symbolic sizes.
     Checkpoints stay free of ``_orig_mod.`` prefixes (:func:`lightvision.engine.unwrap_model`).
     """
     import torch._inductor.config as inductor_config
@@ -41,4 +43,4 @@ def compile_model(model: nn.Module, mode: str | None = None) -> nn.Module:
 
     if hasattr(inductor_config.triton, "coalesce_tiling_analysis"):
         inductor_config.triton.coalesce_tiling_analysis = False
-    return torch.compile(model, mode=mode)
+    return torch.compile(model, mode=mode, dynamic=False)

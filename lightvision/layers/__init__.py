@@ -1,4 +1,5 @@
-"""nn.Module layers on the attention cores; every attention layer is called as ``attn(x, grid, num_prefix_tokens)``."""
+"""nn.Module layers on the attention cores; every attention layer is called as
+``attn(x, grid, num_prefix_tokens, pos_scale)``."""
 
 from .attention import (
     ATTENTION_KINDS,
@@ -11,7 +12,7 @@ from .attention import (
 from .mlp import GLU
 from .norm import ModulatedLayerNorm, RMSNorm
 from .patch_embed import PatchEmbed
-from .position import TPE_PLACEMENTS, build_tpe, sincos_pos_embed
+from .position import POS_UNITS, TPE_PLACEMENTS, build_tpe, position_scale, sincos_pos_embed
 from .tpe import MDTPE, TPE_FORMS
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "MDTPE",
     "ModulatedLayerNorm",
     "NormalizedAttention",
+    "POS_UNITS",
     "PatchEmbed",
     "RMSNorm",
     "SoftmaxAttention",
@@ -29,5 +31,6 @@ __all__ = [
     "TPE_PLACEMENTS",
     "build_attention",
     "build_tpe",
+    "position_scale",
     "sincos_pos_embed",
 ]

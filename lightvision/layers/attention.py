@@ -1,4 +1,4 @@
-"""Attention layers: x [B, N, C] -> [B, N, C], all called as ``attn(x, grid, num_prefix_tokens)``."""
+"""Attention layers: x [B, N, C] -> [B, N, C], all called as ``attn(x, grid, num_prefix_tokens, pos_scale)``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ..ops import (
     softmax_attention,
     split_heads,
 )
-from ..ops._checks import BACKENDS, check_choice, check_options, compute_dtype
+from ..ops._checks import BACKENDS, check_choice, check_options, check_pos_scale, compute_dtype
 from ..ops.lion import FORMS, GATE_ALIGN, MASK_FEATURE_MAP, gate_columns, log_gates
 from ..ops.md_lrpe import lrpe_variant
 from ..ops.normalized import FORMS as NORMALIZED_FORMS
@@ -62,13 +62,22 @@ class _QKV(nn.Module):
 
     merge = staticmethod(merge_heads)
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        pos_scale: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         """Attend over the tokens.
 
         Args:
             x: [B, N, C] tokens, N = num_prefix_tokens + prod(grid).
             grid: the patch grid (h, w) (or any number of axes); None for a plain sequence.
             num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
+            pos_scale: per-axis position scale of the grid (``lightvision.layers.position``: training grid / grid in
+                image units), read by the kinds whose signals count grid steps (LightNet's MD-LRPE, LION's decays);
+                None: token units.
 
         Returns:
             [B, N, C].
@@ -93,7 +102,13 @@ class SoftmaxAttention(_QKV):
         super().__init__(dim, num_heads, qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        pos_scale: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         q, k, v = self.split(x)
         return self.proj(self.merge(softmax_attention(q, k, v)))
@@ -149,9 +164,17 @@ class LightNetAttention(_QKV):
             raise ValueError(f"gate_rank must be None, 'full', 0 or a positive int, got {gate_rank!r}")
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        pos_scale: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
-        kw = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe, backend=self.backend)
+        kw = dict(
+            grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe, pos_scale=pos_scale, backend=self.backend
+        )
         if self.key_softmax:
             o = lightnet_attention_qkvpacked(self.qkv(x), self.num_heads, **kw)
         else:
@@ -180,6 +203,11 @@ class LionAttention(_QKV):
     Linear runs alone, padded to a multiple of GATE_ALIGN outputs. The gate stays in the autograd graph (it is never
     re-wrapped as a new tensor).
     snake: M = (M_row + M_col) / 2 over row- and column-snake orders (2-D grid required), own decays each.
+    Position scale (other resolutions, ``lightvision.layers.position``): every log-decay is multiplied by
+    f = (prod_j a_j)^(decay_power / k) over the k grid axes: a raster (or snake) step crosses 1 / a of a training
+    cell along a row, and a row is 1 / a times longer, so an offset of one image fraction spans about a (power 1,
+    along a row) to a^2 (power 2, across rows) times more steps; ``decay_power`` picks the exponent (measured; with
+    snake a pair gives the row- and the column-snake order their own).
     form: passed to lion_attention ("auto": the kernels' measured rule, ``lightvision.kernels.lion.choose_form``;
     the reference: parallel for N <= 1024, linear-time scan beyond).
 
@@ -189,6 +217,8 @@ class LionAttention(_QKV):
         snake: average the row- and column-snake masks (mask "d" or "s", 2-D grids).
         form: one of ``lightvision.ops.lion.FORMS``.
         qkv_bias: bias on the q / k / v projection.
+        decay_power: exponent of the position scale on the log-decays (above), or with snake a (row order, column
+            order) pair; 0 keeps token units.
         backend: "auto" | "torch" | "triton".
 
     Example:
@@ -205,16 +235,26 @@ class LionAttention(_QKV):
         snake: bool = False,
         form: str = "auto",
         qkv_bias: bool = True,
+        decay_power: float | Sequence[float] = 2.0,
         backend: str = "auto",
     ):
         super().__init__(dim, num_heads, qkv_bias)
         check_choice(mask, ("lit", "d", "s"), "LION mask")
+        orders = 2 if snake else 1
+        powers = decay_power if isinstance(decay_power, (list, tuple)) else [decay_power] * orders
+        if len(powers) != orders or not all(
+            isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p <= 4 for p in powers
+        ):
+            raise ValueError(
+                f"decay_power must be a number in [0, 4]{' or a (row, column) pair' if snake else ''}, "
+                f"got {decay_power!r}"
+            )
+        self.decay_power = tuple(float(p) for p in powers)
         check_choice(form, FORMS, "LION form")
         check_choice(backend, BACKENDS, "backend")
         if snake and mask == "lit":
             raise ValueError("snake orders need a decaying mask: use mask='d' or 's' with snake=True")
         self.mask, self.snake, self.form, self.backend = mask, snake, form, backend
-        orders = 2 if snake else 1
         if mask == "d":
             lam = torch.linspace(0.9, 0.99, num_heads) if num_heads > 1 else torch.tensor([0.95])
             self.decay = nn.Parameter(torch.logit(lam).repeat(orders, 1))  # [orders, H]
@@ -226,17 +266,25 @@ class LionAttention(_QKV):
     def _phi(self, x: torch.Tensor) -> torch.Tensor:
         return lion_feature_map(x, MASK_FEATURE_MAP[self.mask], backend=self.backend)
 
-    def _log_decays(self, x: torch.Tensor, num_prefix_tokens: int) -> list[torch.Tensor | None]:
-        """One log-decay per order: [H] for "d", [B, H, N] for "s", None for "lit"."""
+    def decay_factors(self, pos_scale: Sequence[float] | None) -> list[float]:
+        """The factor f on the log-decays of each order at a position scale (class docstring); 1 for None."""
+        if pos_scale is None:
+            return [1.0] * len(self.decay_power)
+        return [math.prod(pos_scale) ** (p / len(pos_scale)) for p in self.decay_power]
+
+    def _log_decays(self, x: torch.Tensor, num_prefix_tokens: int, factors: list[float]) -> list[torch.Tensor | None]:
+        """One log-decay per order, times its factor: [H] for "d", [B, H, N] for "s", None for "lit"."""
         if self.mask == "lit":
             return [None]
         if self.mask == "d":
-            return list(F.logsigmoid(self.decay.to(compute_dtype(self.decay))).unbind(0))
+            log_lam = F.logsigmoid(self.decay.to(compute_dtype(self.decay)))
+            return [ld * f for ld, f in zip(log_lam.unbind(0), factors)]
         b, n, _ = x.shape
         w, bias = self.gate.weight, self.gate.bias
         pad = gate_columns(w.shape[0], GATE_ALIGN) - w.shape[0]
         z = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(bias, (0, pad)))[..., : w.shape[0]]
-        return list(log_gates(-z.view(b, n, -1, self.num_heads), num_prefix_tokens).unbind(1))  # [B, H, N] each
+        log_a = log_gates(-z.view(b, n, -1, self.num_heads), num_prefix_tokens)
+        return [la * f for la, f in zip(log_a.unbind(1), factors)]  # [B, H, N] each
 
     def _qkv_gates(self, x: torch.Tensor) -> torch.Tensor:
         """One projection x -> [q, k, v, -(w^T x + b), 0 padding]: [B, N, 3C + gate_columns(H)] (mask "s", no
@@ -247,10 +295,17 @@ class LionAttention(_QKV):
         weight = torch.cat([self.qkv.weight, -w, w.new_zeros(pad, self.dim)])
         return F.linear(x, weight, torch.cat([qkv_b, -b, b.new_zeros(pad)]))
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        pos_scale: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
+        factors = self.decay_factors(check_pos_scale(pos_scale, grid))
         if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
-            if self.mask == "s":
+            if self.mask == "s" and factors == [1.0]:
                 y = lion_attention_qkvpacked(
                     self._qkv_gates(x),
                     self.num_heads,
@@ -265,14 +320,14 @@ class LionAttention(_QKV):
                     self.qkv(x),
                     self.num_heads,
                     mask=self.mask,
-                    log_decay=self._log_decays(x, num_prefix_tokens)[0],
+                    log_decay=self._log_decays(x, num_prefix_tokens, factors)[0],
                     form=self.form,
                     backend=self.backend,
                 )
             return self.proj(y)
         if grid is None or len(grid) != 2:
             raise ValueError(f"LionAttention(snake=True) needs a 2-D grid (h, w), got {grid}")
-        lds = self._log_decays(x, num_prefix_tokens)
+        lds = self._log_decays(x, num_prefix_tokens, factors)
         q, k, v = self.split(x)
         q, k = self._phi(q), self._phi(k)
         o = lion_snake_attention(
@@ -327,7 +382,13 @@ class NormalizedAttention(_QKV):
             z = F.linear(x.to(dt), self.normalizer.weight.to(dt), self.normalizer.bias.to(dt))
         return (z + math.log(x.shape[1])).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int] | None = None, num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: Sequence[int] | None = None,
+        num_prefix_tokens: int = 0,
+        pos_scale: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         q, k, v = self.split(x)
         return self.proj(self.merge(normalized_attention(q, k, v, self.log_eta(x), form=self.form)))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import md_tpe
-from ..ops._checks import check_choice
+from ..ops._checks import check_choice, check_pos_scale
 from ..ops.md_tpe import COMBINES
 from .attention import _check_tokens
 from .norm import RMSNorm
@@ -77,13 +77,24 @@ class MDTPE(nn.Module):
                 state_dict[prefix + name] = value[None]
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, x: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        grid: Sequence[int],
+        num_prefix_tokens: int = 0,
+        pos_scale: Sequence[float] | None = None,
+    ) -> torch.Tensor:
         """Add the position mixing to the tokens.
+
+        With a position scale a (``lightvision.layers.position``) axis j's kernel is sampled at steps of a_j training
+        cells: lambda^|n| -> lambda^(a_j |n|) and coefficients b -> a_j b, so the kernel covers the same fraction of
+        the image and keeps its mass (the sum over n approximates the same integral) at every resolution.
 
         Args:
             x: [B, N, C] tokens.
             grid: ``num_axes`` axes covering N - num_prefix_tokens tokens.
             num_prefix_tokens: leading tokens, left unchanged.
+            pos_scale: per-axis position scale; None: steps of one token.
 
         Returns:
             [B, N, C].
@@ -98,11 +109,15 @@ class MDTPE(nn.Module):
             combine=self.combine,
             impl="dense" if max(grid) <= _DENSE_MAX_AXIS else "scan",
         )
-        log_lam = F.logsigmoid(self.lam_logit)
-        y = md_tpe(u, grid, self.coeffs[0], log_lam[0], **kw)
+        log_lam, coeffs = F.logsigmoid(self.lam_logit), self.coeffs  # [orders, axes, e], [orders, axes, C, e]
+        scale = check_pos_scale(pos_scale, grid)
+        if scale is not None:
+            a = torch.tensor(scale, dtype=log_lam.dtype, device=log_lam.device)
+            log_lam, coeffs = log_lam * a[:, None], coeffs * a[:, None, None].to(coeffs.dtype)
+        y = md_tpe(u, grid, coeffs[0], log_lam[0], **kw)
         if self.form == "pair":  # the backward kernel: the one-sided mixing of the grid read in reverse
             y = y + _reverse(
-                md_tpe(_reverse(u, grid, num_prefix_tokens), grid, self.coeffs[1], log_lam[1], **kw),
+                md_tpe(_reverse(u, grid, num_prefix_tokens), grid, coeffs[1], log_lam[1], **kw),
                 grid,
                 num_prefix_tokens,
             )

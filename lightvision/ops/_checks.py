@@ -44,6 +44,20 @@ def as_grid(grid: Sequence[int]) -> tuple[int, ...]:
     return out
 
 
+def check_pos_scale(pos_scale: Sequence[float] | None, grid: tuple[int, ...] | None) -> tuple[float, ...] | None:
+    """Validate per-axis position scales (grid coordinates are multiplied by them; None = 1, token units) against a
+    checked grid: one positive finite float per axis. Returns a tuple of floats, or None for None / all ones."""
+    if pos_scale is None:
+        return None
+    try:
+        scale = tuple(float(s) for s in pos_scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"pos_scale must be a sequence of floats, one per grid axis, got {pos_scale!r}") from None
+    if grid is None or len(scale) != len(grid) or not all(math.isfinite(s) and s > 0 for s in scale):
+        raise ValueError(f"pos_scale must hold one positive float per grid axis of {grid}, got {pos_scale!r}")
+    return None if all(s == 1.0 for s in scale) else scale
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, name: str) -> None:
     """q, k: [B, H, N, d]; v: [B, H, N, d_v]; same device."""
     for t, tn in ((q, "q"), (k, "k"), (v, "v")):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_grid, check_qkv, compute_dtype
+from ._checks import check_grid, check_pos_scale, check_qkv, compute_dtype
 from ._dispatch import dispatch
 from .heads import merge_heads, split_heads
 from .md_lrpe import lrpe_angles, lrpe_variant
@@ -37,6 +37,7 @@ def lightnet_attention(
     grid: Sequence[int] | None = None,
     num_prefix_tokens: int = 0,
     lrpe: bool | str | None = "per_axis",
+    pos_scale: Sequence[float] | None = None,
     causal: bool = False,
     key_softmax: bool = True,
     backend: str = "auto",
@@ -50,6 +51,8 @@ def lightnet_attention(
         num_prefix_tokens: leading tokens (cls, registers, conditions) without a grid position.
         lrpe: an MD-LRPE variant of ``lightvision.ops.md_lrpe.LRPE_VARIANTS``, True (= "per_axis"), or
             False / None (off).
+        pos_scale: MD-LRPE's per-axis factors on the grid coordinates (training grid / grid for image units;
+            ``lightvision.ops.md_lrpe``); None: token units.
         causal: the causal form (Eq. 7) instead of the non-causal one.
         key_softmax: False for the "no decay" ablation (SiLU on k).
         backend: "torch" | "auto" | "triton" (:mod:`lightvision.ops._dispatch`).
@@ -65,7 +68,15 @@ def lightnet_attention(
     check_qkv(q, k, v, "lightnet_attention")
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
     lrpe = lrpe_variant(lrpe)
-    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe, causal=causal, key_softmax=key_softmax)
+    pos_scale = check_pos_scale(pos_scale, grid)
+    kwargs = dict(
+        grid=grid,
+        num_prefix_tokens=num_prefix_tokens,
+        lrpe=lrpe,
+        pos_scale=pos_scale,
+        causal=causal,
+        key_softmax=key_softmax,
+    )
     out = dispatch("lightnet_attention", backend, q.device, (q, k, v), kwargs)
     if out is not NotImplemented:
         return out
@@ -73,7 +84,9 @@ def lightnet_attention(
     qf, kf, vf = q.to(dt), k.to(dt), v.to(dt)
     rot = None
     if lrpe is not None and grid is not None:
-        ang = lrpe_angles(grid, q.shape[-1], num_prefix_tokens, device=q.device, dtype=dt, variant=lrpe)
+        ang = lrpe_angles(
+            grid, q.shape[-1], num_prefix_tokens, device=q.device, dtype=dt, variant=lrpe, pos_scale=pos_scale
+        )
         rot = torch.cat([torch.cos(ang), torch.sin(ang)], -1)  # [N, 2d]
     qt = _rotate(F.silu(qf), rot)
     if causal and key_softmax:
@@ -97,6 +110,7 @@ def lightnet_attention_qkvpacked(
     grid: Sequence[int] | None = None,
     num_prefix_tokens: int = 0,
     lrpe: bool | str | None = "per_axis",
+    pos_scale: Sequence[float] | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Non-causal LightNet attention on a fused projection.
@@ -108,7 +122,7 @@ def lightnet_attention_qkvpacked(
     Args:
         qkv: [B, N, 3 * H * d], the output of one fused q / k / v Linear.
         num_heads: H.
-        grid, num_prefix_tokens, lrpe, backend: as in :func:`lightnet_attention`.
+        grid, num_prefix_tokens, lrpe, pos_scale, backend: as in :func:`lightnet_attention`.
 
     Returns:
         o [B, N, H * d] in qkv's dtype.
@@ -121,7 +135,8 @@ def lightnet_attention_qkvpacked(
         raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
     q, k, v = split_heads(qkv, num_heads)
     grid = check_grid(grid, q.shape[2], num_prefix_tokens)
-    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe_variant(lrpe))
+    pos_scale = check_pos_scale(pos_scale, grid)
+    kwargs = dict(grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=lrpe_variant(lrpe), pos_scale=pos_scale)
     out = dispatch("lightnet_attention_qkvpacked", backend, qkv.device, (qkv, num_heads), kwargs)
     if out is not NotImplemented:
         return out

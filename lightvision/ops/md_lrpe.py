@@ -4,7 +4,10 @@ Every feature i of a token at grid coordinates c (one per axis) is rotated by an
 
     Theta_i(c) = theta_i * (u_i . c),      x -> [x * cos(Theta), x * sin(Theta)]  in R^{2d},
 
-so q~_s . k~_t = sum_i q_i k_i cos(Theta_i(s) - Theta_i(t)) depends only on the offset s - t. The d features are
+so q~_s . k~_t = sum_i q_i k_i cos(Theta_i(s) - Theta_i(t)) depends only on the offset s - t. With a position scale
+(``pos_scale``, one factor a per axis) the coordinates are c_j * a_j: a = training grid / grid measures the offset in
+units of the training grid (image units), so an offset covering the same fraction of the image keeps its angle at
+every resolution; a = 1 counts tokens. The d features are
 split into one contiguous group per axis (the first ``d % k`` groups one larger); the variants differ in the
 frequencies theta_i and the directions u_i:
 
@@ -29,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._checks import as_grid, check_grid
+from ._checks import as_grid, check_grid, check_pos_scale
 
 LRPE_VARIANTS = ("per_axis", "global", "mixed")
 _GOLDEN_ANGLE = math.pi * (3.0 - math.sqrt(5.0))
@@ -100,6 +103,7 @@ def lrpe_angles(
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
     variant: str = "per_axis",
+    pos_scale: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """Rotation angles Theta [N, dim] of every token (N = prod(grid) + num_prefix_tokens; prefix rows 0).
 
@@ -112,6 +116,7 @@ def lrpe_angles(
         num_prefix_tokens: leading tokens without a position.
         base: the spectrum's base.
         variant: one of ``LRPE_VARIANTS`` (module docstring).
+        pos_scale: per-axis factors on the coordinates (module docstring); None: 1 (token units).
 
     Returns:
         Theta [N, dim].
@@ -125,17 +130,22 @@ def lrpe_angles(
         raise ValueError(f"num_prefix_tokens must be a non-negative int, got {num_prefix_tokens!r}")
     if not isinstance(dim, int) or dim < 1:
         raise ValueError(f"dim must be a positive int, got {dim!r}")
+    scale = check_pos_scale(pos_scale, grid) or (1.0,) * len(grid)
     freq = lrpe_frequencies(dim, len(grid), variant, base).to(device)
-    coords = torch.stack(
-        torch.meshgrid(*[torch.arange(g, dtype=torch.float64, device=device) for g in grid], indexing="ij"), -1
-    ).reshape(-1, len(grid))  # [prod(grid), num_axes], row-major
+    axes = [torch.arange(g, dtype=torch.float64, device=device) * a for g, a in zip(grid, scale)]
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), -1).reshape(-1, len(grid))  # [prod(grid), axes]
     angles = coords @ freq.T  # [prod(grid), dim]
     prefix = angles.new_zeros(num_prefix_tokens, dim)
     return torch.cat([prefix, angles], 0).to(dtype)
 
 
 def md_lrpe(
-    x: torch.Tensor, grid: Sequence[int], num_prefix_tokens: int = 0, base: float = 10000.0, variant: str = "per_axis"
+    x: torch.Tensor,
+    grid: Sequence[int],
+    num_prefix_tokens: int = 0,
+    base: float = 10000.0,
+    variant: str = "per_axis",
+    pos_scale: Sequence[float] | None = None,
 ) -> torch.Tensor:
     """MD-LRPE of features x, cos/sin form (LightNet Eq. 16).
 
@@ -145,6 +155,7 @@ def md_lrpe(
         num_prefix_tokens: leading tokens, encoded as [x, 0].
         base: the spectrum's base.
         variant: one of ``LRPE_VARIANTS``.
+        pos_scale: per-axis factors on the coordinates (module docstring); None: token units.
 
     Returns:
         [x * cos(Theta), x * sin(Theta)] of shape [..., N, 2d] in x's dtype (computed in at least fp32).
@@ -157,6 +168,8 @@ def md_lrpe(
         raise ValueError(f"md_lrpe: x must be [..., N, d], got shape {tuple(x.shape)}")
     grid = check_grid(grid, x.shape[-2], num_prefix_tokens)
     dt = torch.promote_types(x.dtype, torch.float32)
-    ang = lrpe_angles(grid, x.shape[-1], num_prefix_tokens, base, device=x.device, dtype=dt, variant=variant)
+    ang = lrpe_angles(
+        grid, x.shape[-1], num_prefix_tokens, base, device=x.device, dtype=dt, variant=variant, pos_scale=pos_scale
+    )
     xf = x.to(dt)
     return torch.cat([xf * torch.cos(ang), xf * torch.sin(ang)], -1).to(x.dtype)

@@ -368,3 +368,49 @@ def test_benchmark_top1_per_eval(tmp_path):
     for step, top1 in ((4, 31.234), (8, 55.0), (8, 55.0), (12, 61.5)):
         log.log(step, {"val_top1": top1})
     assert top1_per_eval(tmp_path, 4) == [[1.0, 31.23], [2.0, 55.0], [3.0, 61.5]]
+
+
+def test_benchmark_position_settings_and_mixed_sizes(tmp_path):
+    """--eval-pos evaluates the same weights in each position setting (a LION decay power only where there are LION
+    decays), and aug.sizes trains each step at one drawn size."""
+    from lightvision.classify import benchmark
+
+    data = tmp_path / "data"
+    write_image_folder(data, corrupt=False)
+    (data / "val").rename(data / "test")
+    args = benchmark_args(tmp_path, data) + ["aug.sizes=[16, 32]", "--eval-pos", "image", "token", "image:p=1"]
+    assert benchmark.main(["lion_d", "softmax", *args]) == 0
+    results = json.loads((tmp_path / "out" / "classify_cifar10.json").read_text())["results"]
+    lion = [(e["pos"], e["img_size"]) for e in results["lion_d"]["eval"]]
+    assert lion == [(p, s) for p in ("image", "token", "image:p=1") for s in (32, 48)]
+    assert [e["pos"] for e in results["softmax"]["eval"]] == ["image"] * 2 + ["token"] * 2
+    assert results["lion_d"]["recipe"]["aug"]["sizes"] == [16, 32]
+    assert benchmark.pos_setting("image:p=1,2", "lion_s_snake") == {
+        "pos_unit": "image",
+        "attn_kwargs": {"decay_power": [1.0, 2.0]},
+    }
+    with pytest.raises(ValueError, match="the unit must be 'image' or 'token'"):
+        benchmark.pos_setting("pixels", "lion_d")
+
+
+def test_step_size_is_drawn_per_step(tmp_path):
+    """aug.sizes: one size per optimizer step from the step's BatchRandom (the same draw on a rerun), the batch
+    resized on its device; sizes the patch does not divide are refused before training."""
+    import torch
+
+    from lightvision.classify.train import step_size
+    from lightvision.engine.batch_random import BatchRandom, batch_seed, use_batch_random
+
+    images = torch.rand(2, 3, 32, 32)
+    picks = []
+    for step in range(12):
+        with use_batch_random(BatchRandom(batch_seed(0, step, 0))):
+            picks.append(step_size(images, [16, 24, 32]).shape[-1])
+            with use_batch_random(BatchRandom(batch_seed(0, step, 0))):
+                assert step_size(images, [16, 24, 32]).shape[-1] == picks[-1]
+    assert set(picks) == {16, 24, 32}
+    assert step_size(images, None) is images
+    data = tmp_path / "data"
+    write_image_folder(data, corrupt=False)
+    with pytest.raises(ValueError, match=r"aug.sizes: image size 18x18 is not divisible"):
+        cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "aug.sizes=[16, 18]"])

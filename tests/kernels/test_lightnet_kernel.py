@@ -127,6 +127,40 @@ def test_lrpe_variants_match_reference(variant, dtype, path):
     assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
 
 
+SCALE_CASES = [
+    ((14, 14), (0.5, 0.5), torch.float32, "split"),  # N = 197: a 7 x 7 training grid evaluated at 2x
+    ((6, 9), (4 / 6, 4 / 9), torch.bfloat16, "fused"),  # a 4 x 4 training grid at a non-square size
+    ((4, 4), (2.0, 2.0), torch.float32, "fused"),  # a smaller grid than the training one
+]
+
+
+@pytest.mark.parametrize(
+    "grid,scale,dtype,path", SCALE_CASES, ids=[f"{g[0]}x{g[1]}-{str(t)[6:]}-{p}" for g, _, t, p in SCALE_CASES]
+)
+def test_position_scale_matches_reference(grid, scale, dtype, path):
+    """MD-LRPE in image units (``pos_scale`` = training grid / grid): the kernels' tables, both entries, output and
+    every gradient against the fp64 reference at grids other than the training one, weak and strong key softmax."""
+    from lightvision.ops import lightnet_attention_qkvpacked
+
+    prefix, d = 1, 16
+    n = math.prod(grid) + prefix
+    b = 2 if path == "fused" else 1
+    _check_path(b, 2, n, d, d, dtype, path)
+    for k_scale in (0.3, 4.0):
+        _check(*_inputs(b, 2, n, d, d, dtype, k_scale), dtype, grid=grid, num_prefix_tokens=prefix, pos_scale=scale)
+    qkv = (torch.randn(1, n, 3 * 2 * d, device=DEV) * 1.5).to(dtype).requires_grad_()
+    kw = dict(grid=grid, num_prefix_tokens=prefix, pos_scale=scale)
+    o = lightnet_attention_qkvpacked(qkv, 2, backend="triton", **kw)
+    do = torch.randn_like(o)
+    (g,) = torch.autograd.grad(o, qkv, do)
+    ref_qkv = qkv.detach().double().requires_grad_()
+    o_ref = lightnet_attention_qkvpacked(ref_qkv, 2, backend="torch", **kw)
+    (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
+    assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
+    unscaled = lightnet_attention_qkvpacked(qkv.detach().double(), 2, backend="torch", grid=grid, num_prefix_tokens=1)
+    assert rel(unscaled, o_ref) > 1e-3  # the scale reaches the tables: token units give another output
+
+
 @pytest.mark.parametrize("b,n,grid,path", [(1, 7, None, "fused"), (1, 37, (37,), "split"), (2, 37, None, "fused")])
 def test_matches_reference_without_lrpe(b, n, grid, path):
     # lrpe=False, or no grid (the reference then applies no rotation either)

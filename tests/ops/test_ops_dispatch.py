@@ -41,7 +41,8 @@ def test_registered_kernel_dispatch(empty_registry):
     assert torch.equal(lightnet_attention(q, k, v, backend="auto"), ref)  # CPU tensors: auto keeps the reference
     assert not calls
     assert (lightnet_attention(q, k, v, grid=(3, 3), backend="triton") == 0).all()
-    assert calls[-1] == dict(grid=(3, 3), num_prefix_tokens=0, lrpe="per_axis", causal=False, key_softmax=True)
+    want = dict(grid=(3, 3), num_prefix_tokens=0, lrpe="per_axis", pos_scale=None, causal=False, key_softmax=True)
+    assert calls[-1] == want
     with pytest.raises(RuntimeError, match="does not support"):
         lightnet_attention(q, k, v, causal=True, backend="triton")
     with pytest.raises(ValueError, match="unknown op name"):
