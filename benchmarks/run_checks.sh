@@ -18,7 +18,7 @@
 #                every token, LV_EPOCHS default 200) evaluated at 16-96 px in every position setting; the training
 #                switches (aug.sizes, aug.scale) against the plain recipe for every attention (LV_SCREEN_EPOCHS,
 #                default 15); LightNet-DiT and DiT-S/2 per attention (LV_DIT_STEPS, default 2500) sampled at 32 / 48 /
-#                64 px in image and token units
+#                64 px in image and token units; LV_GROUPS (default "table screen dit") picks the groups
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
@@ -139,12 +139,13 @@ MERGE
           > "$out/$tag.log" 2>&1; stamp "$tag done rc=$?"
       }
       kinds="softmax lightnet lion_d lion_s lion_s_snake"
-      classify 0,1,2,3 resolution_table "${LV_EPOCHS:-200}" $kinds lion_d_avg_all lion_s_avg_all lion_s_snake_avg_all \
+      groups=" ${LV_GROUPS:-table screen dit} "
+      [[ $groups == *" table "* ]] && classify 0,1,2,3 resolution_table "${LV_EPOCHS:-200}" $kinds lion_d_avg_all lion_s_avg_all lion_s_snake_avg_all \
         -- $sizes --eval-pos image token image:p=1 image:p=1.5 image:p=2 image:p=1,2 image:p=2,1 &
-      classify 3,2,1,0 resolution_screen "${LV_SCREEN_EPOCHS:-15}" $kinds softmax_sizes lightnet_sizes lion_d_sizes \
+      [[ $groups == *" screen "* ]] && classify 3,2,1,0 resolution_screen "${LV_SCREEN_EPOCHS:-15}" $kinds softmax_sizes lightnet_sizes lion_d_sizes \
         lion_s_sizes lion_s_snake_sizes softmax_scale lightnet_scale lion_d_scale lion_s_scale lion_s_snake_scale \
         -- $sizes --eval-pos image token &
-      CUDA_VISIBLE_DEVICES=1,2,3,0 python3 "$repo/scripts/run_variants.py" $kinds --steps "${LV_DIT_STEPS:-2500}" \
+      [[ $groups == *" dit "* ]] && CUDA_VISIBLE_DEVICES=1,2,3,0 python3 "$repo/scripts/run_variants.py" $kinds --steps "${LV_DIT_STEPS:-2500}" \
         --data /tmp/cifar --out "$out/resolution_dit" --work /tmp/lightvision_resolution_dit --tag resolution_dit \
         -- --no-fid --samples 500 --bpd-images 500 --sample-steps 50 --sample-sizes 32 48 64 \
         --sample-units image token > "$out/resolution_dit.log" 2>&1 && stamp "resolution_dit done" &
