@@ -1,5 +1,6 @@
-"""scripts/make_report.py on the committed results: every file it names exists, benchmarks/README.md is what the files
-give, every table carries its data's GPU and versions, and a missing file is one clear error."""
+"""scripts/make_report.py on the committed results: every file it names exists and every file under
+benchmarks/results/ is named (by the one naming rule, without absolute paths), benchmarks/README.md is what the files
+give, every table carries its data's GPU and versions, and a missing or unlisted file is one clear error."""
 
 from __future__ import annotations
 
@@ -29,6 +30,25 @@ def test_every_named_file_exists(report, spec):
     assert len(names) > 20
     missing = [n for n in names if not (report.RESULTS / n).is_file()]
     assert not missing
+
+
+def test_every_result_file_is_listed_and_named_by_the_rule(report, spec):
+    report.check_results(spec)
+    names = sorted(p.name for p in report.RESULTS.iterdir())
+    assert sorted(set(report.named_files(spec))) == names
+    assert all(report.NAME_RULE.fullmatch(n) for n in names)
+
+
+def test_no_absolute_paths_in_the_result_files(report):
+    absolute = re.compile(r"(?<![\w.~/-])/(?:work|root|tmp|home|opt|usr|mnt|data|scratch)/")
+    assert [p.name for p in report.RESULTS.glob("*.json") if absolute.search(p.read_text())] == []
+
+
+def test_recorded_commands_are_relative_to_the_repository_root():
+    from lightvision.results import REPO_ROOT, results_env
+
+    command = f"python {REPO_ROOT}/scripts/bench_models.py --out {REPO_ROOT}/benchmarks/results/m.json --data /d"
+    assert results_env(command)["command"] == "python scripts/bench_models.py --out benchmarks/results/m.json --data /d"
 
 
 def test_committed_report_is_current(report, spec):
@@ -77,6 +97,34 @@ def test_a_missing_file_is_one_clear_error(report, spec, monkeypatch, capsys):
     assert report.main(["--check"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "no_such_result.json" in err and "does not exist" in err
+
+
+def test_an_unlisted_result_file_is_one_clear_error(report, spec, monkeypatch, capsys):
+    dropped = spec["sections"][-1]
+    trimmed = {**spec, "sections": spec["sections"][:-1]}
+    monkeypatch.setattr(report.yaml, "safe_load", lambda _: trimmed)
+    assert report.main(["--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not listed in benchmarks/report.yaml" in err
+    assert (dropped.get("files") or dropped["links"])[0] in err
+
+
+def test_a_missing_link_is_one_clear_error(report, spec, monkeypatch, capsys):
+    broken = {**spec, "sections": [{**spec["sections"][0], "links": ["no_such_plot_h100x1_20261125.png"]}]}
+    monkeypatch.setattr(report.yaml, "safe_load", lambda _: broken)
+    assert report.main(["--check"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no_such_plot_h100x1_20261125.png" in err and "does not exist" in err
+
+
+@pytest.mark.parametrize(
+    "name", ["lion_h100_20261123b.json", "grids_20261125.png", "run_20261125_h100x1.json", "x_h100_20261125.json"]
+)
+def test_a_name_off_the_rule_is_refused(report, tmp_path, monkeypatch, name):
+    (tmp_path / name).write_text("{}")
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="naming rule"):
+        report.check_results({"sections": [{"title": "t", "links": [name]}]})
 
 
 def test_no_work_bookkeeping_in_the_report(report):
