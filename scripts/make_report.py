@@ -263,7 +263,9 @@ def render_input_pipeline(files: list[str], **_) -> str:
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:
     """Per DiT run of ``scripts/run_variants.py`` reports: params, steps, test bits/dim, FID / precision / recall in
-    the report's feature network, streak share (the real test images' first) and the shared-GPU steps/s."""
+    the report's feature network ("-" for runs without them), streak share (the real test images' first) and the
+    shared-GPU steps/s."""
+    metric = lambda r, key, fmt: "-" if r.get(key) is None else format(r[key], fmt)  # noqa: E731
     first = load(files[0])
     real = first["real_streak_share"]
     rows = [["real test images", "", "", "", "", "", "", f"{real['mean']:.3f}", ""]]
@@ -278,9 +280,9 @@ def render_diffusion_cifar10(files: list[str], **_) -> str:
                     f"{r['params'] / 1e6:.1f}M",
                     r["steps"],
                     f"{r['test_bits_per_dim']:.3f}",
-                    f"{r['fid']:.1f}",
-                    f"{r['precision']:.3f}",
-                    f"{r['recall']:.3f}",
+                    metric(r, "fid", ".1f"),
+                    metric(r, "precision", ".3f"),
+                    metric(r, "recall", ".3f"),
                     f"{r['streak_share']['mean']:.3f}",
                     r["train_steps_per_s"],
                 ]
@@ -366,11 +368,19 @@ def check_results(spec: dict) -> None:
             )
 
 
+def anchor(title: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
 def build(spec: dict) -> str:
-    """The report's markdown from ``spec`` (the parsed YAML)."""
-    parts = [f"# {spec['title']}", spec["intro"].strip()]
+    """The report's markdown from ``spec`` (the parsed YAML): the intro, the questions (level-2 sections) as contents,
+    then every section under its heading."""
+    questions = [s["title"] for s in spec["sections"] if s.get("level") == 2]
+    contents = "\n".join(f"- [{title}](#{anchor(title)})" for title in questions)
+    parts = [f"# {spec['title']}", spec["intro"].strip(), contents]
     for section in spec["sections"]:
-        parts.append(f"## {section['title']}")
+        parts.append(f"{'#' * section.get('level', 3)} {section['title']}")
         if section.get("text"):
             parts.append(section["text"].strip())
         if section.get("table"):

@@ -66,13 +66,33 @@ def test_every_link_of_the_report_resolves(report):
 def test_tables_name_hardware_versions_and_softmax_backend(report, spec):
     text = report.build(spec)
     for section in spec["sections"]:
-        if section.get("table") in (None, "index"):
+        if section.get("table") is None:
             continue
-        body = text.split(f"## {section['title']}\n", 1)[1].split("\n## ", 1)[0]
+        body = text.split(f"# {section['title']}\n", 1)[1].split("\n#", 1)[0]
         for name in section["files"]:
             env = report.load(name)["env"]
             assert f"`{name}`" in body and env["gpu"] in body and f"torch {env['torch']}" in body
         assert "- softmax: " in body
+
+
+def test_one_section_per_question_listed_as_contents(report, spec):
+    questions = [s["title"] for s in spec["sections"] if s.get("level") == 2]
+    assert questions == [
+        "Correctness",
+        "Attention speed",
+        "Model speed and memory",
+        "Classification quality and resolution transfer",
+        "Diffusion quality",
+        "Input rate",
+        "Scaling over GPUs",
+    ]
+    text = report.build(spec)
+    for title in questions:
+        assert f"\n## {title}\n" in text and f"- [{title}](#{report.anchor(title)})" in text
+    assert report.anchor("Classification quality and resolution transfer") == (
+        "classification-quality-and-resolution-transfer"
+    )
+    assert report.anchor("Where a training step's time goes") == "where-a-training-steps-time-goes"
 
 
 def test_tables_are_computed_from_the_files(report, spec):
