@@ -111,30 +111,26 @@ def test_tables_are_computed_from_the_files(report, spec):
     assert len(fla) == 1 and cells[6] == f"{fla[0]:#.3g}"
 
 
-def test_a_missing_file_is_one_clear_error(report, spec, monkeypatch, capsys):
-    broken = {**spec, "sections": [{**spec["sections"][0], "files": ["no_such_result.json"]}]}
-    monkeypatch.setattr(report.yaml, "safe_load", lambda _: broken)
+def one_line_error(report, spec, monkeypatch, capsys) -> str:
+    """make_report --check's message on ``spec``: exit code 1 and a single line."""
+    monkeypatch.setattr(report.yaml, "safe_load", lambda _: spec)
     assert report.main(["--check"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "no_such_result.json" in err and "does not exist" in err
+    assert err.count("\n") == 0
+    return err
+
+
+@pytest.mark.parametrize("key, name", [("files", "no_such_result.json"), ("links", "no_such_plot_h100x1_20261125.png")])
+def test_a_missing_file_is_one_clear_error(report, spec, monkeypatch, capsys, key, name):
+    broken = {**spec, "sections": [{**spec["sections"][1], key: [name]}]}
+    err = one_line_error(report, broken, monkeypatch, capsys)
+    assert name in err and "does not exist" in err
 
 
 def test_an_unlisted_result_file_is_one_clear_error(report, spec, monkeypatch, capsys):
     dropped = spec["sections"][-1]
-    trimmed = {**spec, "sections": spec["sections"][:-1]}
-    monkeypatch.setattr(report.yaml, "safe_load", lambda _: trimmed)
-    assert report.main(["--check"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "is not listed in benchmarks/report.yaml" in err
-    assert (dropped.get("files") or dropped["links"])[0] in err
-
-
-def test_a_missing_link_is_one_clear_error(report, spec, monkeypatch, capsys):
-    broken = {**spec, "sections": [{**spec["sections"][0], "links": ["no_such_plot_h100x1_20261125.png"]}]}
-    monkeypatch.setattr(report.yaml, "safe_load", lambda _: broken)
-    assert report.main(["--check"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "no_such_plot_h100x1_20261125.png" in err and "does not exist" in err
+    err = one_line_error(report, {**spec, "sections": spec["sections"][:-1]}, monkeypatch, capsys)
+    assert "is not listed in benchmarks/report.yaml" in err and dropped["files"][0] in err
 
 
 @pytest.mark.parametrize(
