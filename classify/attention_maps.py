@@ -7,7 +7,7 @@ Given several checkpoints (e.g. softmax, LightNet and LION-S runs), each one's f
 ``comparison.png`` sets them side by side: one row per run, per size the image and the query's head-averaged weights
 in the chosen layers.
 
-    lightvision classify attention-maps --checkpoint runs/cifar10 --image cat.png --img-size 32 64 --query 8,8
+    lightvision classify attention-maps --checkpoint runs/cifar10_deit --image cat.png --img-size 32 64 --query 8,8
     lightvision classify attention-maps --checkpoint runs/softmax runs/lightnet runs/lion_s --image cat.png \\
         --img-size 32 64 --out maps
 """

@@ -6,7 +6,7 @@
         model.name=lightnet_deit_small_patch16_224
     lightvision classify eval --checkpoint runs/classify --data /imagenet/val --img-size 224 288 384 512
     lightvision classify train-yardstick --data data/cifar10 --out runs/yardstick
-    lightvision classify attention-maps --checkpoint runs/cifar10 --image cat.png --img-size 32 64 --out maps
+    lightvision classify attention-maps --checkpoint runs/cifar10_deit --image cat.png --img-size 32 64 --out maps
     lightvision classify make-shards --data /imagenet --out /imagenet-shards --split train --shard-size 1000
 """
 

@@ -53,7 +53,7 @@ POS_EMBEDS = ("sincos", "none")
 # normalized attention (DiT's block as published, only the token mixer changes; its core has no position). LightNet
 # adds to it a one-sided MD-TPE pair with short initial decays after the patch embedding: MD-TPE as the only absolute
 # signal (the printed form) makes samples a plaid of row and column streaks; beside the sin-cos embedding this form
-# keeps the likelihood gain without the plaid (CIFAR-10 DiT-S/2 ablation in the README).
+# keeps the likelihood gain without the plaid (CIFAR-10 DiT-S/2 position screen in benchmarks/README.md).
 POSITION_DEFAULTS = {"pos_embed": "sincos", "tpe_placement": "none", "tpe_kwargs": {}}
 LIGHTNET_POSITION_DEFAULTS = {
     "pos_embed": "sincos",

@@ -12,9 +12,12 @@ from pathlib import Path
 
 import torch
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 def results_env(command: str) -> dict:
-    """``{"gpu", "torch", "triton", "command", "date"}``: the hardware, versions, the producing command, UTC date."""
+    """``{"gpu", "torch", "triton", "command", "date"}``: the hardware, versions, the producing command (paths inside
+    the repository written relative to its root), UTC date."""
     try:
         import triton
 
@@ -25,7 +28,7 @@ def results_env(command: str) -> dict:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "triton": triton_version,
-        "command": command,
+        "command": command.replace(f"{REPO_ROOT}/", ""),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
 

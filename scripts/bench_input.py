@@ -1,7 +1,7 @@
 """Classifier input pipeline throughput: DeiT training images/s fed from each input path, and where the time goes.
 
-    python scripts/make_imagenet_like.py --cifar /work/shared/data/cifar10 --out /tmp/imagenet_like --count 20000
-    python scripts/bench_input.py --data /tmp/imagenet_like --out benchmarks/results/input_h100.json
+    python scripts/make_imagenet_like.py --cifar data/cifar10 --out data/imagenet_like --count 20000
+    python scripts/bench_input.py --data data/imagenet_like --out input.json
 
 Settings, each a training loop of the DeiT recipe (``configs/classify/deit_imagenet.yaml``: DeiT-S at 224 px,
 RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, Mixup / CutMix, repeated augmentation x3, AdamW, bf16

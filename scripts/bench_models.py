@@ -1,6 +1,6 @@
 """Model-level speed: training-step and inference throughput (images/s) and peak GPU memory, bf16.
 
-    python scripts/bench_models.py --out benchmarks/results/models_h100.json            # everything
+    python scripts/bench_models.py --out models.json                                   # everything
     python scripts/bench_models.py --family deit --sizes 224 512 --attentions softmax lightnet
 
 Families and the batch used at each resolution (stated in every record):
@@ -366,9 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the fixed-batch inference memory (no timing) and its growth with the token count",
     )
-    parser.add_argument(
-        "--out", default="benchmarks/results/models.json", help="JSON path; .md and .png are written beside it"
-    )
+    parser.add_argument("--out", default="models.json", help="JSON path; .md and .png are written beside it")
     args = parser.parse_args(argv)
     if args.memory_batch < 0:
         parser.error(f"--memory-batch must be >= 0 (0: no memory records), got {args.memory_batch}")

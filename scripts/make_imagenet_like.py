@@ -1,6 +1,6 @@
 """An ImageNet-like JPEG folder from CIFAR-10, for input-pipeline throughput (not for accuracy).
 
-    python scripts/make_imagenet_like.py --cifar /work/shared/data/cifar10 --out /tmp/imagenet_like --count 20000
+    python scripts/make_imagenet_like.py --cifar data/cifar10 --out data/imagenet_like --count 20000
 
 Writes ``OUT/train/<class>/<n>.jpg`` (``--count`` images) and ``OUT/val/<class>/<n>.jpg`` (``--val-count``,
 default count / 20): CIFAR-10 images (train archive for train, test archive for val, drawn with replacement),

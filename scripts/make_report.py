@@ -4,13 +4,17 @@
     python scripts/make_report.py --check              # exit 1 if benchmarks/README.md is not what the files give
 
 Every table is computed from its JSON files and headed by their hardware, torch / Triton versions, dates and the
-softmax backend the YAML states for them; the prose around the tables comes from the YAML.
+softmax backend the YAML states for them; the prose around the tables comes from the YAML. Both modes first check
+benchmarks/results/ against the YAML: every file there is listed by a section, every listed file is there, and every
+name follows ``<what>_<device>_<yyyymmdd>.<ext>`` (device: the GPU and its count, e.g. ``h100x1``, ``h200x2``, or
+``cpu``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -22,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "benchmarks" / "report.yaml"
 OUT = ROOT / "benchmarks" / "README.md"
 RESULTS = ROOT / "benchmarks" / "results"
+NAME_RULE = re.compile(r"[a-z0-9]+(_[a-z0-9]+)*_([a-z0-9]+x\d+|cpu)_20\d{6}\.(json|png|md)")
 
 
 def load(name: str) -> dict:
@@ -258,7 +263,9 @@ def render_input_pipeline(files: list[str], **_) -> str:
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:
     """Per DiT run of ``scripts/run_variants.py`` reports: params, steps, test bits/dim, FID / precision / recall in
-    the report's feature network, streak share (the real test images' first) and the shared-GPU steps/s."""
+    the report's feature network ("-" for runs without them), streak share (the real test images' first) and the
+    shared-GPU steps/s."""
+    metric = lambda r, key, fmt: "-" if r.get(key) is None else format(r[key], fmt)  # noqa: E731
     first = load(files[0])
     real = first["real_streak_share"]
     rows = [["real test images", "", "", "", "", "", "", f"{real['mean']:.3f}", ""]]
@@ -273,9 +280,9 @@ def render_diffusion_cifar10(files: list[str], **_) -> str:
                     f"{r['params'] / 1e6:.1f}M",
                     r["steps"],
                     f"{r['test_bits_per_dim']:.3f}",
-                    f"{r['fid']:.1f}",
-                    f"{r['precision']:.3f}",
-                    f"{r['recall']:.3f}",
+                    metric(r, "fid", ".1f"),
+                    metric(r, "precision", ".3f"),
+                    metric(r, "recall", ".3f"),
                     f"{r['streak_share']['mean']:.3f}",
                     r["train_steps_per_s"],
                 ]
@@ -326,24 +333,6 @@ def render_multi_gpu(files: list[str], **_) -> str:
     )
 
 
-def render_index(files: list[str], **_) -> str:
-    """File, GPU, versions, date and producing command of each design measurement."""
-    rows = []
-    for name in files:
-        env = load(name)["env"]
-        cmd = " ".join(str(env.get("command", "")).split())
-        rows.append(
-            [
-                f"[`{name}`](results/{name})",
-                env["gpu"].replace("NVIDIA ", ""),
-                f"{env['torch']} / {env.get('triton')}",
-                str(env.get("date") or "-")[:10],
-                (cmd[:110] + " ...") if len(cmd) > 110 else cmd,
-            ]
-        )
-    return table(["file", "GPU", "torch / Triton", "date", "command"], rows)
-
-
 RENDER = {k[len("render_") :]: v for k, v in globals().items() if k.startswith("render_")}
 
 
@@ -355,18 +344,50 @@ def named_files(spec: dict) -> list[str]:
     return names
 
 
+def check_results(spec: dict) -> None:
+    """Raises ``FileNotFoundError`` for a file the spec lists that is not under benchmarks/results/, ``ValueError`` for
+    a file there that no section lists or whose name breaks ``NAME_RULE``."""
+    spec_path = SPEC.relative_to(ROOT)
+    named = named_files(spec)
+    for name in named:
+        if not (RESULTS / name).is_file():
+            raise FileNotFoundError(f"benchmarks/results/{name} (named in {spec_path}) does not exist")
+    present = sorted(p.name for p in RESULTS.iterdir())
+    unlisted = [name for name in present if name not in set(named)]
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+        raise ValueError(
+            f"benchmarks/results/{unlisted[0]}{more} is not listed in {spec_path}: "
+            "add it to a section's files or links, or delete it"
+        )
+    for name in present:
+        if not NAME_RULE.fullmatch(name):
+            raise ValueError(
+                f"benchmarks/results/{name} breaks the naming rule <what>_<device>_<yyyymmdd>.<ext> "
+                "(e.g. attention_fwd_bwd_h100x1_20261125.json): rename it and its references"
+            )
+
+
+def anchor(title: str) -> str:
+    """GitHub's anchor of a markdown heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+
+
 def build(spec: dict) -> str:
-    """The report's markdown from ``spec`` (the parsed YAML)."""
-    parts = [f"# {spec['title']}", spec["intro"].strip()]
+    """The report's markdown from ``spec`` (the parsed YAML): the intro, the questions (level-2 sections) as contents,
+    then every section under its heading."""
+    questions = [s["title"] for s in spec["sections"] if s.get("level") == 2]
+    contents = "\n".join(f"- [{title}](#{anchor(title)})" for title in questions)
+    parts = [f"# {spec['title']}", spec["intro"].strip(), contents]
     for section in spec["sections"]:
-        parts.append(f"## {section['title']}")
+        parts.append(f"{'#' * section.get('level', 3)} {section['title']}")
         if section.get("text"):
             parts.append(section["text"].strip())
         if section.get("table"):
             parts.append(RENDER[section["table"]](section["files"], **section.get("options", {})))
         if section.get("after"):
             parts.append(section["after"].strip())
-        if section.get("files") and section.get("table") != "index":
+        if section.get("files"):
             parts.append(provenance(section["files"], section.get("softmax")))
     parts.append("<!-- generated by scripts/make_report.py from benchmarks/report.yaml: edit those, not this file -->")
     return "\n\n".join(parts) + "\n"
@@ -377,8 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="compare with benchmarks/README.md instead of writing it")
     args = p.parse_args(argv)
     try:
-        text = build(yaml.safe_load(SPEC.read_text()))
-    except (FileNotFoundError, KeyError) as err:
+        spec = yaml.safe_load(SPEC.read_text())
+        check_results(spec)
+        text = build(spec)
+    except (FileNotFoundError, KeyError, ValueError) as err:
         print(f"make_report: error: {err}", file=sys.stderr)
         return 1
     if args.check:

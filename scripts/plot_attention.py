@@ -1,12 +1,12 @@
 """LightNet Figure 2 on our kernels: attention time against sequence length, one scan versus two scans.
 
-    python scripts/plot_attention.py benchmarks/results/attention_fwd_bwd_h100_20261125.json \
-        --out benchmarks/results/attention_vs_length
+    python scripts/plot_attention.py benchmarks/results/attention_fwd_bwd_h100x1_20261125.json \
+        --out benchmarks/results/attention_vs_length_h100x1_20261125
 
 Reads result files of ``scripts/bench_attention.py`` (records with op, impl, N, B, mode, ms, ms_graph), merges
 them (a later file wins for the same (op, impl, N, mode)), and writes ``OUT.md`` (one table per direction:
 rows N, columns op/impl, medians in ms: CUDA-graph replays, the device time, by default; ``--timing eager``
-for the eager calls, host overhead included), ``OUT_fwd.png`` and ``OUT_fwdbwd.png`` (log-x, log-y),
+for the eager calls, host overhead included), ``OUT.png`` (forward and forward + backward side by side, log-x, log-y),
 and the ratio two-scan / one-scan per length: each LION scan kernel (``lion_d`` / ``lion_s``,
 ``triton_scan``) over the Triton one-scan (``lightnet``, ``triton``). The ratio table is printed last.
 """
@@ -72,32 +72,36 @@ def ratio_table(records: dict) -> str:
     return "\n".join(lines)
 
 
-def plot(records: dict, mode: str, path: Path, graph: bool) -> None:
-    """Time against N for every (op, impl), log-x and log-y."""
+def plot(records: dict, path: Path, graph: bool) -> None:
+    """Time against N for every (op, impl): forward and forward + backward side by side, log-x and log-y."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     colors = plt.get_cmap("tab20").colors  # one colour per series; dashed: outside references (PyTorch, fla, SDPA)
-    for idx, (op, impl) in enumerate(sorted({(op, impl) for op, impl, _, m in records if m == mode})):
-        pts = sorted((n, r["t"]) for (o, i, n, m), r in records.items() if (o, i, m) == (op, impl, mode))
-        ax.plot(
-            *zip(*pts),
-            marker="o",
-            color=colors[2 * idx % 20 + idx // 10 % 2],
-            label=f"{op} {impl}",
-            linestyle="-" if impl.startswith("triton") else "--",
-            linewidth=2.5 if (op, impl) == ONE_SCAN else 1.5,
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("sequence length N (B*N about 50k tokens, H = 6, d = 64, bf16)")
-    ax.set_ylabel(f"ms (median{', CUDA graph' if graph else ', eager'})")
-    ax.set_title({"fwd": "forward", "fwdbwd": "forward + backward"}[mode])
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    series = sorted({(op, impl) for op, impl, _, _ in records})
+    for ax, mode in zip(axes, ("fwd", "fwdbwd")):
+        for idx, (op, impl) in enumerate(series):
+            pts = sorted((n, r["t"]) for (o, i, n, m), r in records.items() if (o, i, m) == (op, impl, mode))
+            if not pts:
+                continue
+            ax.plot(
+                *zip(*pts),
+                marker="o",
+                color=colors[2 * idx % 20 + idx // 10 % 2],
+                label=f"{op} {impl}",
+                linestyle="-" if impl.startswith("triton") else "--",
+                linewidth=2.5 if (op, impl) == ONE_SCAN else 1.5,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N (B*N about 50k tokens, H = 6, d = 64, bf16)")
+        ax.set_ylabel(f"ms (median{', CUDA graph' if graph else ', eager'})")
+        ax.set_title({"fwd": "forward", "fwdbwd": "forward + backward"}[mode])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -105,7 +109,7 @@ def plot(records: dict, mode: str, path: Path, graph: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", nargs="+", help="JSON files written by scripts/bench_attention.py")
-    parser.add_argument("--out", default="benchmarks/results/attention_vs_length", help="output prefix")
+    parser.add_argument("--out", required=True, help="output path without suffix: writes OUT.md and OUT.png")
     parser.add_argument(
         "--timing",
         choices=["graph", "eager"],
@@ -120,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = []
     for mode in ("fwd", "fwdbwd"):
         sections.append(f"### {mode} ({args.timing} medians, ms)\n\n{table(records, mode)}")
-        plot(records, mode, out.parent / f"{out.name}_{mode}.png", args.timing == "graph")
+    plot(records, out.with_suffix(".png"), args.timing == "graph")
     ratios = ratio_table(records)
     sections.append(f"### two scans / one scan\n\n{ratios}")
     out.with_suffix(".md").write_text("\n\n".join(sections) + "\n")

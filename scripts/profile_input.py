@@ -1,6 +1,6 @@
 """Where the GPU input path's time goes: one batch of JPEGs through ``decode_batch`` and the DeiT train transform.
 
-    python scripts/profile_input.py --data /tmp/imagenet_like --out input_profile.json
+    python scripts/profile_input.py --data data/imagenet_like --out input_profile.json
 
 Median milliseconds of each stage (decode, crop + flip + resize, RandAugment, normalise, random erasing, the whole
 transform) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``; then the

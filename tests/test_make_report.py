@@ -1,5 +1,6 @@
-"""scripts/make_report.py on the committed results: every file it names exists, benchmarks/README.md is what the files
-give, every table carries its data's GPU and versions, and a missing file is one clear error."""
+"""scripts/make_report.py on the committed results: every file it names exists and every file under
+benchmarks/results/ is named (by the one naming rule, without absolute paths), benchmarks/README.md is what the files
+give, every table carries its data's GPU and versions, and a missing or unlisted file is one clear error."""
 
 from __future__ import annotations
 
@@ -31,6 +32,25 @@ def test_every_named_file_exists(report, spec):
     assert not missing
 
 
+def test_every_result_file_is_listed_and_named_by_the_rule(report, spec):
+    report.check_results(spec)
+    names = sorted(p.name for p in report.RESULTS.iterdir())
+    assert sorted(set(report.named_files(spec))) == names
+    assert all(report.NAME_RULE.fullmatch(n) for n in names)
+
+
+def test_no_absolute_paths_in_the_result_files(report):
+    absolute = re.compile(r"(?<![\w.~/-])/(?:work|root|tmp|home|opt|usr|mnt|data|scratch)/")
+    assert [p.name for p in report.RESULTS.glob("*.json") if absolute.search(p.read_text())] == []
+
+
+def test_recorded_commands_are_relative_to_the_repository_root():
+    from lightvision.results import REPO_ROOT, results_env
+
+    command = f"python {REPO_ROOT}/scripts/bench_models.py --out {REPO_ROOT}/benchmarks/results/m.json --data /d"
+    assert results_env(command)["command"] == "python scripts/bench_models.py --out benchmarks/results/m.json --data /d"
+
+
 def test_committed_report_is_current(report, spec):
     assert report.OUT.read_text() == report.build(spec), "run python scripts/make_report.py"
     assert report.main(["--check"]) == 0
@@ -46,13 +66,33 @@ def test_every_link_of_the_report_resolves(report):
 def test_tables_name_hardware_versions_and_softmax_backend(report, spec):
     text = report.build(spec)
     for section in spec["sections"]:
-        if section.get("table") in (None, "index"):
+        if section.get("table") is None:
             continue
-        body = text.split(f"## {section['title']}\n", 1)[1].split("\n## ", 1)[0]
+        body = text.split(f"# {section['title']}\n", 1)[1].split("\n#", 1)[0]
         for name in section["files"]:
             env = report.load(name)["env"]
             assert f"`{name}`" in body and env["gpu"] in body and f"torch {env['torch']}" in body
         assert "- softmax: " in body
+
+
+def test_one_section_per_question_listed_as_contents(report, spec):
+    questions = [s["title"] for s in spec["sections"] if s.get("level") == 2]
+    assert questions == [
+        "Correctness",
+        "Attention speed",
+        "Model speed and memory",
+        "Classification quality and resolution transfer",
+        "Diffusion quality",
+        "Input rate",
+        "Scaling over GPUs",
+    ]
+    text = report.build(spec)
+    for title in questions:
+        assert f"\n## {title}\n" in text and f"- [{title}](#{report.anchor(title)})" in text
+    assert report.anchor("Classification quality and resolution transfer") == (
+        "classification-quality-and-resolution-transfer"
+    )
+    assert report.anchor("Where a training step's time goes") == "where-a-training-steps-time-goes"
 
 
 def test_tables_are_computed_from_the_files(report, spec):
@@ -71,12 +111,36 @@ def test_tables_are_computed_from_the_files(report, spec):
     assert len(fla) == 1 and cells[6] == f"{fla[0]:#.3g}"
 
 
-def test_a_missing_file_is_one_clear_error(report, spec, monkeypatch, capsys):
-    broken = {**spec, "sections": [{**spec["sections"][0], "files": ["no_such_result.json"]}]}
-    monkeypatch.setattr(report.yaml, "safe_load", lambda _: broken)
+def one_line_error(report, spec, monkeypatch, capsys) -> str:
+    """make_report --check's message on ``spec``: exit code 1 and a single line."""
+    monkeypatch.setattr(report.yaml, "safe_load", lambda _: spec)
     assert report.main(["--check"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "no_such_result.json" in err and "does not exist" in err
+    assert err.count("\n") == 0
+    return err
+
+
+@pytest.mark.parametrize("key, name", [("files", "no_such_result.json"), ("links", "no_such_plot_h100x1_20261125.png")])
+def test_a_missing_file_is_one_clear_error(report, spec, monkeypatch, capsys, key, name):
+    broken = {**spec, "sections": [{**spec["sections"][1], key: [name]}]}
+    err = one_line_error(report, broken, monkeypatch, capsys)
+    assert name in err and "does not exist" in err
+
+
+def test_an_unlisted_result_file_is_one_clear_error(report, spec, monkeypatch, capsys):
+    dropped = spec["sections"][-1]
+    err = one_line_error(report, {**spec, "sections": spec["sections"][:-1]}, monkeypatch, capsys)
+    assert "is not listed in benchmarks/report.yaml" in err and dropped["files"][0] in err
+
+
+@pytest.mark.parametrize(
+    "name", ["lion_h100_20261123b.json", "grids_20261125.png", "run_20261125_h100x1.json", "x_h100_20261125.json"]
+)
+def test_a_name_off_the_rule_is_refused(report, tmp_path, monkeypatch, name):
+    (tmp_path / name).write_text("{}")
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    with pytest.raises(ValueError, match="naming rule"):
+        report.check_results({"sections": [{"title": "t", "links": [name]}]})
 
 
 def test_no_work_bookkeeping_in_the_report(report):

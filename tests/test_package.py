@@ -1,5 +1,6 @@
 """The installed package: namespace mapping, nothing generic in site-packages, the CLI surface."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -42,21 +43,16 @@ def test_installed_distribution_adds_no_generic_top_level_module(tmp_path):
 
 
 def test_wheel_contains_only_the_lightvision_package(tmp_path):
+    """Built from a copy of the checkout: a build in place would leave setuptools' build/ folder in it."""
+    before = sorted(p.name for p in REPO.iterdir())
+    source = tmp_path / "source"
+    skip = shutil.ignore_patterns(".git", "build", "dist", "runs", "data", "*.egg-info", "__pycache__", ".*cache")
+    shutil.copytree(REPO, source, ignore=skip)
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(REPO),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), source],
         check=True,
     )
+    assert sorted(p.name for p in REPO.iterdir()) == before
     (wheel,) = tmp_path.glob("lightvision-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}

@@ -31,7 +31,7 @@ MAX_HEAD_DIM = 128
 # form="auto": the flash-style parallel kernel below these sequence lengths, the linear-time scan from them
 # on. Every stage of the scan is parallel over chunks, so the choice depends on N alone (not on the batch).
 # Crossovers measured on an H100, bf16, H = 6, d = 64, B * N ~ 50k (docs/kernels_lion.md,
-# benchmarks/results/lion_attention_h100_20261122e.json, lion_attention_h100_20261122f.json).
+# commits d4669ef and 595434c).
 AUTO_SCAN_MIN_N_TRAIN = {"lit": 512, "d": 512, "s": 512}
 AUTO_SCAN_MIN_N_INFER = {"lit": 1024, "d": 512, "s": 512}
 _FORMS = {"parallel": "parallel", "chunk": "parallel", "scan": "scan", "recurrent": "scan"}

@@ -21,7 +21,7 @@ backward reuses: the kernels load them rather than summing the gates of every ti
 layout changes cost 8% of the forward at N = 197). The forward walks both sides in one loop and scales each
 tile by both halves of its rank-one mask (no side accumulators; in the probe 151 registers instead of 244; 22%
 faster at N = 197 with the table); the backward kernels keep two walks
-(benchmarks/results/lion_bwd_walks_h100_20261123.json).
+(commit 0d860c4; docs/kernels_lion.md).
 
 Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
     dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
@@ -51,8 +51,8 @@ from .._launch import empty
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
 # The kernels pipeline 3 key / query tiles from this N on, 2 below it. H100, backward with 3 stages: 1-5% faster
-# for N >= 576, 2-5% slower at N = 196 (benchmarks/results/lion_parallel_stages_h100_20261122.json); forward with
-# 3 stages: 2-5% slower at N = 197, 1-4% faster from N = 577 (lion_fwd_stages_zinv_rejected_h100_20261123.json).
+# for N >= 576, 2-5% slower at N = 196 (commit 595434c); forward with
+# 3 stages: 2-5% slower at N = 197, 1-4% faster from N = 577 (commit 0d860c4).
 STAGES_3_MIN_N = 512
 # Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
@@ -383,7 +383,7 @@ def _bwd_dq_kernel(
     n_tiles = tl.cdiv(N, T)
     # the forward's walk as two loops, left (lower triangle) then right (upper), with side accumulators scaled by
     # the row half of the mask once per side: with this kernel's W row sums, one loop that scales every tile by
-    # both halves was slower for S gates (benchmarks/results/lion_bwd_walks_h100_20261123.json)
+    # both halves was slower for S gates (commit 0d860c4; docs/kernels_lion.md)
     for side in tl.static_range(2):
         n_side = _span(cs, it, side, n_tiles, SKIP)
         dq_s = tl.zeros([T, BD], dtype=tl.float32)

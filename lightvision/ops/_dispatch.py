@@ -10,7 +10,7 @@ runs, with ``backend="triton"`` a RuntimeError is raised.
 
 Under ``torch.compile``, "auto" runs the reference of the ops in ``INDUCTOR_FUSES`` (RMSNorm, SiLU x mul): Inductor
 fuses it with the residual adds and casts around it, which the opaque kernel cannot (one H100, DeiT-S training
-under reduce-overhead, LightNet 4-6% more images/s at 224-1024 px: benchmarks/results/pointwise_ab_h100_20261123.json);
+under reduce-overhead, LightNet 4-6% more images/s at 224-1024 px: commit 235b8d0);
 "triton" still takes the kernel's custom op. The other fused kernels stay faster than Inductor's code there.
 
 Families are imported lazily, once, the first time an op asks for a kernel (or all at once by
