@@ -12,8 +12,8 @@ In a feature network's space (:mod:`lightvision.diffusion.features`; Inception-v
 * precision / recall (Kynkaanniemi et al. 2019, k = 3; torch-fidelity's ``prc``): the fraction of samples inside
   the reference manifold (the union of balls reaching each reference point's 3rd nearest neighbour), and of
   reference points inside the samples' manifold; ``pool`` features.
-* IS (Salimans et al. 2016; torch-fidelity's ``isc``, unshuffled splits of 5000 as in ADM) of the Inception logits
-  (Inception only).
+* IS (Salimans et al. 2016; torch-fidelity's ``isc`` per split) of the Inception logits (Inception only): the mean
+  over consecutive splits of 5000 samples, the last one shorter, as in ADM.
 * KID (Binkowski et al. 2018; torch-fidelity's ``kid``) of the ``pool`` features.
 
 The reference side is an image folder, an ``.npz`` image batch in the ADM layout (``arr_0``: uint8 [N, H, W, 3]) or
@@ -25,7 +25,6 @@ content hash of the images and the network's weights (``lightvision diffusion fi
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -237,12 +236,13 @@ def precision_recall(
     return {"precision": out["precision"], "recall": out["recall"]}
 
 
-def inception_score(logits: np.ndarray) -> float:
-    """IS of Inception logits [N, 1008]: mean over consecutive splits of 5000 (ADM; one split below 5000)."""
+def inception_score(logits: np.ndarray, split_size: int = IS_SPLIT_SIZE) -> float:
+    """IS of Inception logits [N, 1008]: the mean over consecutive splits of ``split_size`` samples, the last one
+    shorter (ADM: 12,000 samples -> 5000 / 5000 / 2000)."""
     from torch_fidelity.metric_isc import isc_features_to_metric
 
-    splits = max(1, math.ceil(len(logits) / IS_SPLIT_SIZE))
-    return isc_features_to_metric(torch.as_tensor(logits), splits=splits, shuffle=False)["inception_score_mean"]
+    parts = torch.as_tensor(logits).split(split_size)
+    return float(np.mean([isc_features_to_metric(p, splits=1, shuffle=False)["inception_score_mean"] for p in parts]))
 
 
 def kernel_distance(samples: np.ndarray, reference: np.ndarray, subset_size: int = 1000) -> dict[str, float]:

@@ -15,7 +15,7 @@ from PIL import Image
 
 from helpers import digits_classifier
 from lightvision.cli import main
-from lightvision.diffusion.fid import compute_fid, frechet_distance
+from lightvision.diffusion.fid import compute_fid, frechet_distance, inception_score
 
 
 def write_set(folder, seed, n, shift=0.0, size=16):
@@ -41,6 +41,21 @@ def test_frechet_distance_closed_forms():
     ref = np.trace(s1 + s2 - 2 * sqrtm(s1 @ s2).real)
     assert frechet_distance(mu1[:1].repeat(5), s1, mu1[:1].repeat(5), s2) == pytest.approx(ref, rel=1e-6)
     assert abs(frechet_distance(mu1, s1, mu1, s1)) < 1e-9
+
+
+def test_inception_score_averages_consecutive_splits_with_a_short_last_one():
+    logits = np.random.default_rng(0).normal(0, 3, (12, 10))
+
+    def score(part):  # exp of the mean KL(p(y|x) || p(y)) over one split
+        p = np.exp(part - part.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        return np.exp((p * (np.log(p) - np.log(p.mean(0, keepdims=True)))).sum(1).mean())
+
+    expected = np.mean([score(logits[:5]), score(logits[5:10]), score(logits[10:])])  # 5 / 5 / 2, as ADM splits
+    equal_thirds = np.mean([score(part) for part in np.split(logits, 3)])
+    assert abs(expected - equal_thirds) > 1e-3
+    assert inception_score(logits, split_size=5) == pytest.approx(expected, rel=1e-10)
+    assert inception_score(logits[:4], split_size=5) == pytest.approx(score(logits[:4]), rel=1e-10)
 
 
 @pytest.fixture(scope="module")
