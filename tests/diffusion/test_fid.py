@@ -211,6 +211,14 @@ def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstic
     )
 
 
+def test_fid_help_names_the_metrics_and_the_output_keys(capsys):
+    with pytest.raises(SystemExit):
+        main(["diffusion", "fid", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for word in ("FID", "sFID", "IS", "precision", "recall", "KID", "JSON", "feature_space", "num_reference"):
+        assert re.search(rf"\b{word}\b", text), word
+
+
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
     run = digits_classifier(tmp_path / "clf", **RGB_DATA)
     ref = write_set(tmp_path / "ref", 0, 5)
