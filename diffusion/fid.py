@@ -36,6 +36,7 @@ import torch
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 ADM_NUM_SAMPLES = 50_000
 IS_SPLIT_SIZE = 5000  # ADM: IS over consecutive splits of 5000 samples
+STORED_GAUSSIANS = (("mu", "sigma"), ("mu_s", "sigma_s"))  # what an ADM reference batch stores beside arr_0
 PRC_NEIGHBOURHOOD = 3
 
 FeatureNet = Callable[[torch.Tensor], "dict[str, torch.Tensor]"]
@@ -73,7 +74,9 @@ def is_statistics(path: str | Path) -> bool:
 
 
 class ImageSet:
-    """Images of a folder (RGB files, one size) or of an ADM ``.npz`` batch (``arr_0``: uint8 [N, H, W, 3]).
+    """Images of a folder (RGB files, one size) or of an ADM ``.npz`` batch (``arr_0``: uint8 [N, H, W, 3]; an ADM
+    reference batch also stores the evaluator's Inception Gaussians ``mu``, ``sigma``, ``mu_s``, ``sigma_s``, kept in
+    ``stored``).
 
     Args:
         source: the folder or ``.npz`` file.
@@ -84,13 +87,14 @@ class ImageSet:
         self.source = Path(source)
         if self.source.is_dir():
             self.files: list[Path] | None = image_files(self.source)[:limit]
-            self.array = None
+            self.array, self.stored = None, {}
             first = self._read(self.files[:1])
         elif self.source.is_file() and self.source.suffix == ".npz":
             with np.load(self.source) as f:
                 if "arr_0" not in f.files:
                     raise ValueError(f"{self.source} holds no images (arr_0): an image batch is uint8 [N, H, W, 3]")
                 self.array = f["arr_0"][:limit]
+                self.stored = {k: f[k] for pair in STORED_GAUSSIANS if set(pair) <= set(f.files) for k in pair}
             if self.array.dtype != np.uint8 or self.array.ndim != 4 or self.array.shape[3] != 3:
                 raise ValueError(
                     f"{self.source}: arr_0 must be uint8 [N, H, W, 3], got {self.array.dtype} {list(self.array.shape)}"
@@ -170,6 +174,21 @@ def statistics(features: dict[str, np.ndarray], feature_space: str) -> dict[str,
     return stats
 
 
+def with_stored_gaussians(stats: dict[str, np.ndarray], images: ImageSet) -> dict[str, np.ndarray]:
+    """``stats`` of ``images`` in Inception space with the Gaussians an ADM reference batch stores in place of those
+    computed from its images, as the ADM evaluator uses them for FID / sFID (its features still serve precision /
+    recall and KID); ``stats`` unchanged for other sources or feature spaces."""
+    if not images.stored or not str(stats["feature_space"]).startswith("inception-"):
+        return stats
+    for key in images.stored:
+        if key in stats and images.stored[key].shape != stats[key].shape:
+            raise ValueError(
+                f"{images.source}: stored {key!r} has shape {list(images.stored[key].shape)}, the Inception features "
+                f"give {list(stats[key].shape)}: remove the stored statistics to compute them from arr_0"
+            )
+    return {**stats, **images.stored}
+
+
 def save_statistics(stats: dict[str, np.ndarray], path: str | Path) -> Path:
     """Write statistics as ``.npz`` atomically (a partial file is never left under ``path``)."""
     path = Path(path)
@@ -199,7 +218,8 @@ def reference_statistics(
     reference: str | Path, net: FeatureNet, cache_dir: str | Path | None = None, batch_size: int = 64
 ) -> dict[str, np.ndarray]:
     """Statistics of ``reference`` in ``net``'s space: a statistics file as is, images through the cache
-    (``cache_dir``/ref-<images hash>-<network id>.npz; None: :func:`default_cache_dir`)."""
+    (``cache_dir``/ref-<images hash>-<network id>.npz; None: :func:`default_cache_dir`), with the Gaussians an ADM
+    reference batch stores (:func:`with_stored_gaussians`)."""
     reference = Path(reference)
     if not reference.exists():
         raise FileNotFoundError(
@@ -211,10 +231,11 @@ def reference_statistics(
     images = ImageSet(reference)
     cache = Path(cache_dir or default_cache_dir()) / f"ref-{images.content_hash()}-{net.id}.npz"
     if cache.is_file():
-        return load_statistics(cache, net.id)
-    stats = statistics(extract_features(images, net, batch_size), net.id)
-    save_statistics(stats, cache)
-    return stats
+        stats = load_statistics(cache, net.id)
+    else:
+        stats = statistics(extract_features(images, net, batch_size), net.id)
+        save_statistics(stats, cache)
+    return with_stored_gaussians(stats, images)
 
 
 def precision_recall(
@@ -335,7 +356,7 @@ def write_reference(
         image_size=image_set.size,
         device=device,
     )
-    stats = statistics(extract_features(image_set, net, batch_size), net.id)
+    stats = with_stored_gaussians(statistics(extract_features(image_set, net, batch_size), net.id), image_set)
     save_statistics(stats, out)
     supports = ["fid", "precision", "recall", "kid"] + (["sfid"] if "mu_s" in stats else [])
     return {"statistics": str(out), "feature_space": net.id, "num_images": len(image_set), "metrics": supports}

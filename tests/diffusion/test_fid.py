@@ -15,7 +15,7 @@ from PIL import Image
 
 from helpers import digits_classifier
 from lightvision.cli import main
-from lightvision.diffusion.fid import compute_fid, frechet_distance, inception_score
+from lightvision.diffusion.fid import compute_fid, frechet_distance, inception_score, load_statistics
 
 
 def write_set(folder, seed, n, shift=0.0, size=16):
@@ -159,6 +159,34 @@ def test_inception_metrics_match_numpy(tmp_path, inception_weights):
         assert ours[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
     assert ours["fid"] > 1 and ours["sfid"] > 1 and 1 <= ours["isc"] and {"kid", "kid_std"} <= set(ours)
     assert (ours["num_samples"], ours["num_reference"]) == (5, 5) and ours["feature_space"].startswith("inception-")
+
+
+@pytest.mark.slow
+def test_an_adm_reference_batch_scores_fid_with_its_stored_gaussians(tmp_path, inception_weights, yardstick, capsys):
+    """As the ADM evaluator: FID / sFID against the batch's stored mu / sigma, mu_s / sigma_s; precision / recall
+    from its images (arr_0)."""
+    arr = np.stack([np.asarray(Image.open(p)) for p in sorted(write_set(tmp_path / "imgs", 0, 5, size=32).iterdir())])
+    rng = np.random.default_rng(1)
+    stored = {}
+    for mu, sigma, dim in (("mu", "sigma", 2048), ("mu_s", "sigma_s", 2023)):
+        a = rng.normal(size=(dim, 8))
+        stored[mu], stored[sigma] = rng.normal(size=dim), a @ a.T / 8
+    adm = tmp_path / "VIRTUAL_tiny_labeled.npz"
+    np.savez(adm, arr_0=arr, **stored)
+    cache = tmp_path / "cache"
+    out = compute_fid(adm, adm, inception_weights=inception_weights, cache_dir=cache, num_samples=None)
+    own = load_statistics(next(cache.glob("ref-*.npz")))  # the Gaussians of arr_0: the samples' too
+    for metric, mu, sigma in (("fid", "mu", "sigma"), ("sfid", "mu_s", "sigma_s")):
+        expected = frechet_distance(own[mu], own[sigma], stored[mu], stored[sigma])
+        assert out[metric] == pytest.approx(expected, rel=1e-9) and expected > 1, metric  # arr_0's own: 0
+    assert out["precision"] == out["recall"] == 1.0 and out["num_reference"] == 5
+
+    stats = tmp_path / "stats.npz"
+    main(["diffusion", "fid-ref", str(adm), "--out", str(stats), "--inception-weights", inception_weights])
+    with np.load(stats) as f:
+        assert all(np.array_equal(f[k], v) for k, v in stored.items()) and f["features"].shape == (5, 2048)
+    other_space = compute_fid(adm, adm, feature_extractor=yardstick, cache_dir=cache)  # not the stored ones' space
+    assert abs(other_space["fid"]) < 1e-6 and abs(other_space["sfid"]) < 1e-6
 
 
 def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstick, capsys, cli_error):
