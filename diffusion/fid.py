@@ -25,6 +25,7 @@ content hash of the images and the network's weights (``lightvision diffusion fi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -32,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from lightvision.engine.data import read_rgb, warn_skipped
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 ADM_NUM_SAMPLES = 50_000
@@ -76,19 +79,22 @@ def is_statistics(path: str | Path) -> bool:
 class ImageSet:
     """Images of a folder (RGB files, one size) or of an ADM ``.npz`` batch (``arr_0``: uint8 [N, H, W, 3]; an ADM
     reference batch also stores the evaluator's Inception Gaussians ``mu``, ``sigma``, ``mu_s``, ``sigma_s``, kept in
-    ``stored``).
+    ``stored``). Unreadable files of a folder are skipped (``skipped``, one warning naming the first ones).
 
     Args:
         source: the folder or ``.npz`` file.
-        limit: use the first ``limit`` images only (sorted file order / array order).
+        limit: use the first ``limit`` (readable) images only (sorted file order / array order).
     """
 
     def __init__(self, source: str | Path, limit: int | None = None):
-        self.source = Path(source)
+        self.source, self.limit = Path(source), limit
+        self.skipped: list[str] = []
         if self.source.is_dir():
-            self.files: list[Path] | None = image_files(self.source)[:limit]
+            self.files: list[Path] | None = image_files(self.source)
             self.array, self.stored = None, {}
-            first = self._read(self.files[:1])
+            first = next((img for img in map(read_rgb, self.files) if img is not None), None)
+            if first is None:
+                raise ValueError(f"none of the {len(self.files)} image files under {str(self.source)!r} is readable")
         elif self.source.is_file() and self.source.suffix == ".npz":
             with np.load(self.source) as f:
                 if "arr_0" not in f.files:
@@ -99,27 +105,39 @@ class ImageSet:
                 raise ValueError(
                     f"{self.source}: arr_0 must be uint8 [N, H, W, 3], got {self.array.dtype} {list(self.array.shape)}"
                 )
-            self.files, first = None, self.array[:1]
+            self.files, first = None, self.array[0]
         else:
             raise FileNotFoundError(f"{str(self.source)!r} is neither an image folder nor an .npz image batch")
-        self.size = tuple(first.shape[1:3])
+        self.size = tuple(first.shape[:2])
 
-    def __len__(self) -> int:
-        return len(self.files) if self.files is not None else len(self.array)
-
-    @staticmethod
-    def _read(files: list[Path]) -> np.ndarray:
-        from PIL import Image
-
-        return np.stack([np.asarray(Image.open(p).convert("RGB")) for p in files])
+    def _read(self) -> Iterator[np.ndarray]:
+        """The folder's readable images [H, W, 3] in order, at most ``limit``; unreadable files go to ``skipped``."""
+        self.skipped, count = [], 0
+        for path in self.files:
+            if self.limit is not None and count == self.limit:
+                break
+            img = read_rgb(path)
+            if img is None:
+                self.skipped.append(str(path.relative_to(self.source)))
+                continue
+            if img.shape[:2] != self.size:
+                raise ValueError(
+                    f"{path} is {img.shape[0]} x {img.shape[1]} px, the images before it {self.size[0]} x "
+                    f"{self.size[1]} px: every image of {self.source} must have one size"
+                )
+            count += 1
+            yield img
+        warn_skipped(self.skipped, self.source)
 
     def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
         """uint8 batches [B, 3, H, W] in order."""
-        for i in range(0, len(self), batch_size):
-            arr = (
-                self._read(self.files[i : i + batch_size]) if self.files is not None else self.array[i : i + batch_size]
-            )
-            yield torch.from_numpy(np.ascontiguousarray(arr)).permute(0, 3, 1, 2)
+        if self.files is None:
+            parts = (self.array[i : i + batch_size] for i in range(0, len(self.array), batch_size))
+        else:
+            images = self._read()
+            parts = iter(lambda: list(itertools.islice(images, batch_size)), [])
+        for part in parts:
+            yield torch.from_numpy(np.ascontiguousarray(np.stack(part))).permute(0, 3, 1, 2)
 
     def content_hash(self) -> str:
         """Hash of the images' bytes (folder: independent of file names; ``.npz``: the array)."""
@@ -309,7 +327,8 @@ def compute_fid(
     """Metrics of ``samples`` (image folder or ``.npz`` batch; the first ``num_samples``) against ``reference``.
 
     Args:
-        samples: folder or ADM ``.npz``; fewer than ``num_samples`` images are used with a warning on stderr.
+        samples: folder or ADM ``.npz``; fewer than ``num_samples`` images are used with a warning on stderr (as are
+            the unreadable files of a folder, which are skipped).
         reference: folder, ADM ``.npz`` or statistics ``.npz`` in the same feature space.
         inception_weights / feature_extractor: the feature network
             (:func:`~lightvision.diffusion.features.feature_network`).
@@ -322,18 +341,19 @@ def compute_fid(
     from lightvision.diffusion.features import feature_network
 
     images = ImageSet(samples, num_samples)
-    if num_samples is not None and len(images) < num_samples:
-        print(
-            f"warning: {len(images)} samples in {samples} (fewer than {num_samples}; ADM reports use "
-            f"{ADM_NUM_SAMPLES})",
-            file=sys.stderr,
-        )
     net = feature_network(
         feature_extractor=feature_extractor, inception_weights=inception_weights, image_size=images.size, device=device
     )
     ref = reference_statistics(reference, net, cache_dir, batch_size)
-    out = metrics(extract_features(images, net, batch_size), ref, device)
-    return {**out, "feature_space": net.id, "num_samples": len(images), "num_reference": int(ref.get("num_images", -1))}
+    features = extract_features(images, net, batch_size)
+    count = len(features["pool"])
+    if num_samples is not None and count < num_samples:
+        print(
+            f"warning: {count} samples in {samples} (fewer than {num_samples}; ADM reports use {ADM_NUM_SAMPLES})",
+            file=sys.stderr,
+        )
+    out = metrics(features, ref, device)
+    return {**out, "feature_space": net.id, "num_samples": count, "num_reference": int(ref.get("num_images", -1))}
 
 
 def write_reference(
@@ -359,7 +379,8 @@ def write_reference(
     stats = with_stored_gaussians(statistics(extract_features(image_set, net, batch_size), net.id), image_set)
     save_statistics(stats, out)
     supports = ["fid", "precision", "recall", "kid"] + (["sfid"] if "mu_s" in stats else [])
-    return {"statistics": str(out), "feature_space": net.id, "num_images": len(image_set), "metrics": supports}
+    count = int(stats["num_images"])
+    return {"statistics": str(out), "feature_space": net.id, "num_images": count, "metrics": supports}
 
 
 def plot_metric(points: list[tuple[int, float]], name: str, path: str | Path, title: str = "") -> Path:

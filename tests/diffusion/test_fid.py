@@ -247,6 +247,21 @@ def test_fid_help_names_the_metrics_and_the_output_keys(capsys):
         assert re.search(rf"\b{word}\b", text), word
 
 
+def test_unreadable_images_are_skipped_and_named(tmp_path, yardstick):
+    ref = write_set(tmp_path / "ref", 0, 8, size=32)
+    samples = write_set(tmp_path / "samples", 1, 8, size=32, shift=40)
+    clean = compute_fid(samples, ref, feature_extractor=yardstick, cache_dir=tmp_path / "c1", num_samples=6)
+    (samples / "00.png").write_bytes((samples / "001.png").read_bytes()[:200])  # truncated, sorted first
+    (samples / "002a.png").write_bytes(b"")
+    (ref / "004a.png").write_bytes(b"not an image")
+    with pytest.warns(UserWarning) as caught:
+        skipped = compute_fid(samples, ref, feature_extractor=yardstick, cache_dir=tmp_path / "c2", num_samples=6)
+    messages = [str(w.message) for w in caught]
+    assert any(re.search(r"skipped 2 unreadable image\(s\) in .*samples: 00\.png, 002a\.png$", m) for m in messages)
+    assert any(re.search(r"skipped 1 unreadable image\(s\) in .*ref: 004a\.png$", m) for m in messages)
+    assert skipped == pytest.approx(clean) and skipped["num_samples"] == 6  # the next readable images fill in
+
+
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
     run = digits_classifier(tmp_path / "clf", **RGB_DATA)
     ref = write_set(tmp_path / "ref", 0, 5)
