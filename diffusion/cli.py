@@ -66,7 +66,7 @@ def _fid(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         device=args.device,
         batch_size=args.batch_size,
-        num_samples=args.num_samples or None,
+        num_samples=None if args.num_samples == 0 else args.num_samples,
     )
     _print_json(metrics, args.out)
     return 0

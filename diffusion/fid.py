@@ -41,8 +41,16 @@ ADM_NUM_SAMPLES = 50_000
 IS_SPLIT_SIZE = 5000  # ADM: IS over consecutive splits of 5000 samples
 STORED_GAUSSIANS = (("mu", "sigma"), ("mu_s", "sigma_s"))  # what an ADM reference batch stores beside arr_0
 PRC_NEIGHBOURHOOD = 3
+SAMPLE_IMAGES, SAMPLE_SUMMARY = "images", "summary.json"  # what `lightvision diffusion sample --out` writes
 
 FeatureNet = Callable[[torch.Tensor], "dict[str, torch.Tensor]"]
+
+
+def check_counts(**counts: int | None) -> None:
+    """Refuse, in one line naming the command-line option, a count that is not a positive integer (None: not set)."""
+    for name, value in counts.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
 
 
 def default_cache_dir() -> Path:
@@ -79,7 +87,9 @@ def is_statistics(path: str | Path) -> bool:
 class ImageSet:
     """Images of a folder (RGB files, one size) or of an ADM ``.npz`` batch (``arr_0``: uint8 [N, H, W, 3]; an ADM
     reference batch also stores the evaluator's Inception Gaussians ``mu``, ``sigma``, ``mu_s``, ``sigma_s``, kept in
-    ``stored``). Unreadable files of a folder are skipped (``skipped``, one warning naming the first ones).
+    ``stored``). A folder written by ``lightvision diffusion sample`` (its ``summary.json`` beside ``images/``) means
+    its ``images/``: the grid beside them is no sample. Unreadable files of a folder are skipped (``skipped``, one
+    warning naming the first ones).
 
     Args:
         source: the folder or ``.npz`` file.
@@ -88,6 +98,8 @@ class ImageSet:
 
     def __init__(self, source: str | Path, limit: int | None = None):
         self.source, self.limit = Path(source), limit
+        if (self.source / SAMPLE_SUMMARY).is_file() and (self.source / SAMPLE_IMAGES).is_dir():
+            self.source = self.source / SAMPLE_IMAGES
         self.skipped: list[str] = []
         if self.source.is_dir():
             self.files: list[Path] | None = image_files(self.source)
@@ -339,7 +351,10 @@ def compute_fid(
         "num_samples", "num_reference"}.
     """
     from lightvision.diffusion.features import feature_network
+    from lightvision.engine.device import resolve_device
 
+    check_counts(num_samples=num_samples, batch_size=batch_size)
+    device = resolve_device(device)
     images = ImageSet(samples, num_samples)
     net = feature_network(
         feature_extractor=feature_extractor, inception_weights=inception_weights, image_size=images.size, device=device
@@ -368,7 +383,10 @@ def write_reference(
     """Compute a reference's statistics once (:func:`statistics`) and save them to ``out`` for later evaluations;
     returns a summary (path, feature space, number of images, which metrics the file supports)."""
     from lightvision.diffusion.features import feature_network
+    from lightvision.engine.device import resolve_device
 
+    check_counts(batch_size=batch_size)
+    device = resolve_device(device)
     image_set = ImageSet(images)
     net = feature_network(
         feature_extractor=feature_extractor,

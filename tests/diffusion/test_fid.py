@@ -262,6 +262,19 @@ def test_unreadable_images_are_skipped_and_named(tmp_path, yardstick):
     assert skipped == pytest.approx(clean) and skipped["num_samples"] == 6  # the next readable images fill in
 
 
+def test_bad_counts_and_devices_are_refused_in_one_line(tmp_path, monkeypatch, cli_error):
+    ref = write_set(tmp_path / "ref", 0, 4, size=32)
+    fid = ["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"]
+    assert "--num-samples must be a positive integer, got -1" in cli_error([*fid, "--num-samples", "-1"])
+    assert "--batch-size must be a positive integer, got 0" in cli_error([*fid, "--batch-size", "0"])
+    fid_ref = ["diffusion", "fid-ref", str(ref), "--out", str(tmp_path / "s.npz"), "--feature-extractor", "yardstick"]
+    assert "--batch-size must be a positive integer, got -2" in cli_error([*fid_ref, "--batch-size", "-2"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (fid, fid_ref):
+        assert "--device cuda was asked for but no GPU is visible" in cli_error([*argv, "--device", "cuda"])
+    assert not list(tmp_path.glob("s*.npz"))
+
+
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
     run = digits_classifier(tmp_path / "clf", **RGB_DATA)
     ref = write_set(tmp_path / "ref", 0, 5)
