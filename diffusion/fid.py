@@ -28,7 +28,8 @@ import hashlib
 import itertools
 import os
 import sys
-from collections.abc import Callable, Iterator
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -75,13 +76,27 @@ def content_hash(paths: list[Path]) -> str:
     return hashlib.sha256("".join(digests).encode()).hexdigest()[:24]
 
 
+def read_npz(path: str | Path, keys: Iterable[str] | None = None) -> tuple[list[str], dict[str, np.ndarray]]:
+    """The array names of an ``.npz`` and those of its arrays named in ``keys`` (None: all); a file numpy cannot read
+    as plain arrays (not a zip, truncated, pickled objects) raises one ValueError naming it."""
+    try:
+        with np.load(path) as f:
+            names = list(f.files)
+            return names, {k: f[k] for k in (names if keys is None else [k for k in keys if k in names])}
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"{path} is no readable .npz of plain arrays ({type(err).__name__}): an image batch holds arr_0, uint8 "
+            "[N, H, W, 3] (numpy.savez); statistics come from `lightvision diffusion fid-ref`"
+        ) from None
+
+
 def is_statistics(path: str | Path) -> bool:
     """Whether ``path`` is a statistics ``.npz`` (arrays ``mu`` and ``sigma``, no images)."""
     path = Path(path)
     if not (path.is_file() and path.suffix == ".npz"):
         return False
-    with np.load(path) as f:
-        return "arr_0" not in f.files and {"mu", "sigma"} <= set(f.files)
+    names = set(read_npz(path, ())[0])
+    return "arr_0" not in names and {"mu", "sigma"} <= names
 
 
 class ImageSet:
@@ -108,14 +123,18 @@ class ImageSet:
             if first is None:
                 raise ValueError(f"none of the {len(self.files)} image files under {str(self.source)!r} is readable")
         elif self.source.is_file() and self.source.suffix == ".npz":
-            with np.load(self.source) as f:
-                if "arr_0" not in f.files:
-                    raise ValueError(f"{self.source} holds no images (arr_0): an image batch is uint8 [N, H, W, 3]")
-                self.array = f["arr_0"][:limit]
-                self.stored = {k: f[k] for pair in STORED_GAUSSIANS if set(pair) <= set(f.files) for k in pair}
-            if self.array.dtype != np.uint8 or self.array.ndim != 4 or self.array.shape[3] != 3:
+            names, arrays = read_npz(self.source, ["arr_0", *(k for pair in STORED_GAUSSIANS for k in pair)])
+            if "arr_0" not in arrays:
                 raise ValueError(
-                    f"{self.source}: arr_0 must be uint8 [N, H, W, 3], got {self.array.dtype} {list(self.array.shape)}"
+                    f"{self.source} holds no images (arr_0; it has {', '.join(names) or 'no arrays'}): an image batch "
+                    "is uint8 [N, H, W, 3]"
+                )
+            self.array = arrays["arr_0"][:limit]
+            self.stored = {k: arrays[k] for pair in STORED_GAUSSIANS if set(pair) <= set(arrays) for k in pair}
+            if self.array.dtype != np.uint8 or self.array.ndim != 4 or self.array.shape[3] != 3 or not len(self.array):
+                raise ValueError(
+                    f"{self.source}: arr_0 must be uint8 [N, H, W, 3] with N > 0, got {self.array.dtype} "
+                    f"{list(self.array.shape)}"
                 )
             self.files, first = None, self.array[0]
         else:
@@ -188,9 +207,12 @@ def gaussian(features: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return features.mean(0), np.cov(features, rowvar=False)
 
 
-def statistics(features: dict[str, np.ndarray], feature_space: str) -> dict[str, np.ndarray]:
+def statistics(
+    features: dict[str, np.ndarray], feature_space: str, image_size: tuple[int, int] | None = None
+) -> dict[str, np.ndarray]:
     """What a reference needs: ``mu`` / ``sigma`` (pool), ``mu_s`` / ``sigma_s`` (spatial, when the network has
-    it), the pool ``features`` (float32, for precision / recall and KID), ``feature_space`` and ``num_images``."""
+    it), the pool ``features`` (float32, for precision / recall and KID), ``feature_space``, ``num_images`` and, when
+    given, the images' ``image_size`` (H, W)."""
     mu, sigma = gaussian(features["pool"])
     stats = {
         "mu": mu,
@@ -201,6 +223,8 @@ def statistics(features: dict[str, np.ndarray], feature_space: str) -> dict[str,
     }
     if "spatial" in features:
         stats["mu_s"], stats["sigma_s"] = gaussian(features["spatial"])
+    if image_size is not None:
+        stats["image_size"] = np.array(image_size)
     return stats
 
 
@@ -224,17 +248,20 @@ def save_statistics(stats: dict[str, np.ndarray], path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **stats)
-    os.replace(tmp, path)
+    try:
+        np.savez(tmp, **stats)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
 def load_statistics(path: str | Path, feature_space: str | None = None) -> dict[str, np.ndarray]:
     """Statistics of an ``.npz``; with ``feature_space``, refuses a file written in another space."""
-    with np.load(path) as f:
-        if not {"mu", "sigma"} <= set(f.files):
-            raise ValueError(f"{path} is not a statistics file (needs arrays 'mu' and 'sigma')")
-        stats = {k: f[k] for k in f.files}
+    _, stats = read_npz(path)
+    if not {"mu", "sigma"} <= set(stats):
+        raise ValueError(f"{path} is not a statistics file (needs arrays 'mu' and 'sigma')")
     saved = str(stats["feature_space"]) if "feature_space" in stats else None
     if feature_space is not None and saved is not None and saved != feature_space:
         raise ValueError(
@@ -263,7 +290,7 @@ def reference_statistics(
     if cache.is_file():
         stats = load_statistics(cache, net.id)
     else:
-        stats = statistics(extract_features(images, net, batch_size), net.id)
+        stats = statistics(extract_features(images, net, batch_size), net.id, images.size)
         save_statistics(stats, cache)
     return with_stored_gaussians(stats, images)
 
@@ -315,6 +342,14 @@ def metrics(
     mu, sigma = gaussian(features["pool"])
     out = {"fid": frechet_distance(mu, sigma, reference["mu"], reference["sigma"])}
     if "spatial" in features and "mu_s" in reference:
+        if features["spatial"].shape[1] != reference["mu_s"].shape[0]:
+            size = reference.get("image_size")
+            raise ValueError(
+                f"samples and reference{f' ({size[0]} x {size[1]} px)' if size is not None else ''} give spatial "
+                f"features of different sizes ({features['spatial'].shape[1]} vs {reference['mu_s'].shape[0]} "
+                "values): this feature network's spatial map follows the image size, so sFID needs one image size "
+                "on both sides; resize one set to the other's size"
+            )
         mu_s, sigma_s = gaussian(features["spatial"])
         out["sfid"] = frechet_distance(mu_s, sigma_s, reference["mu_s"], reference["sigma_s"])
     if "logits" in features:
@@ -387,6 +422,8 @@ def write_reference(
 
     check_counts(batch_size=batch_size)
     device = resolve_device(device)
+    if Path(out).suffix != ".npz" or Path(out).is_dir():
+        raise ValueError(f"--out {out} must name an .npz file to write (e.g. {Path(out) / 'reference.npz'})")
     image_set = ImageSet(images)
     net = feature_network(
         feature_extractor=feature_extractor,
@@ -394,7 +431,8 @@ def write_reference(
         image_size=image_set.size,
         device=device,
     )
-    stats = with_stored_gaussians(statistics(extract_features(image_set, net, batch_size), net.id), image_set)
+    features = extract_features(image_set, net, batch_size)
+    stats = with_stored_gaussians(statistics(features, net.id, image_set.size), image_set)
     save_statistics(stats, out)
     supports = ["fid", "precision", "recall", "kid"] + (["sfid"] if "mu_s" in stats else [])
     count = int(stats["num_images"])

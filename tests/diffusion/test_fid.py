@@ -275,6 +275,42 @@ def test_bad_counts_and_devices_are_refused_in_one_line(tmp_path, monkeypatch, c
     assert not list(tmp_path.glob("s*.npz"))
 
 
+def test_unusable_files_are_one_line_errors(tmp_path, yardstick, cli_error):
+    ref = write_set(tmp_path / "ref", 0, 4, size=32)
+    big = write_set(tmp_path / "big", 0, 4, size=64)
+    (tmp_path / "text.npz").write_text("not an archive")
+    np.savez(tmp_path / "whole.npz", arr_0=np.zeros((2, 8, 8, 3), np.uint8))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "whole.npz").read_bytes()[:300])
+    np.savez(tmp_path / "objects.npz", arr_0=np.array([{"a": 1}, None], dtype=object))
+    np.savez(tmp_path / "latents.npz", arr_0=np.zeros((2, 4, 8, 8), np.float16))
+    np.savez(tmp_path / "empty.npz", arr_0=np.zeros((0, 8, 8, 3), np.uint8))
+    np.savez(tmp_path / "other.npz", labels=np.zeros(3))
+    fid = ["diffusion", "fid", "--reference", str(ref), "--feature-extractor", yardstick, "--cache-dir", str(tmp_path)]
+    for name in ("text", "cut", "objects"):
+        assert re.search(
+            rf"{name}\.npz is no readable \.npz of plain arrays", cli_error([*fid, str(tmp_path / f"{name}.npz")])
+        )
+    assert "arr_0 must be uint8 [N, H, W, 3] with N > 0, got float16 [2, 4, 8, 8]" in cli_error(
+        [*fid, str(tmp_path / "latents.npz")]
+    )
+    assert "with N > 0, got uint8 [0, 8, 8, 3]" in cli_error([*fid, str(tmp_path / "empty.npz")])
+    assert "holds no images (arr_0; it has labels)" in cli_error([*fid, str(tmp_path / "other.npz")])
+    assert "spatial features of different sizes (1792 vs 448 values)" in cli_error([*fid, str(big)])
+
+    weights = ["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path)]
+    (tmp_path / "notes.pth").write_text("not weights")
+    torch.save({"fc.weight": torch.zeros(2, 2)}, tmp_path / "other.pth")
+    for name in ("notes.pth", "other.pth"):
+        line = cli_error([*weights, "--inception-weights", str(tmp_path / name)])
+        assert f"{name} holds no Inception-v3 weights" in line and "weights-inception-2015-12-05" in line
+
+    fid_ref = ["diffusion", "fid-ref", str(ref), "--feature-extractor", yardstick]
+    (tmp_path / "stats").mkdir()
+    for out in (tmp_path / "stats", tmp_path / "stats.json"):
+        assert "must name an .npz file" in cli_error([*fid_ref, "--out", str(out)])
+    assert list((tmp_path / "stats").iterdir()) == [] and not list(tmp_path.glob("*.tmp.npz"))
+
+
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
     run = digits_classifier(tmp_path / "clf", **RGB_DATA)
     ref = write_set(tmp_path / "ref", 0, 5)
