@@ -423,7 +423,8 @@ def write_reference(
     check_counts(batch_size=batch_size)
     device = resolve_device(device)
     if Path(out).suffix != ".npz" or Path(out).is_dir():
-        raise ValueError(f"--out {out} must name an .npz file to write (e.g. {Path(out) / 'reference.npz'})")
+        example = Path(out) / "reference.npz" if Path(out).is_dir() else Path(out).with_suffix(".npz")
+        raise ValueError(f"--out {out} must name an .npz file to write, e.g. {example}")
     image_set = ImageSet(images)
     net = feature_network(
         feature_extractor=feature_extractor,
