@@ -40,6 +40,7 @@ def _maps_of_one(
     from lightvision.attention_figures import draw_query_maps, load_image, plot_mean_distance
     from lightvision.classify.data import norm_stats
     from lightvision.classify.evaluate import load_classifier
+    from lightvision.engine.outdir import output_folder
 
     model, meta, cfg = load_classifier(checkpoint, weights, img_sizes)
     model.eval()
@@ -49,45 +50,45 @@ def _maps_of_one(
         raise ValueError(
             f"--query {query[0]},{query[1]} lies outside the training grid {train_grid[0]}x{train_grid[1]}"
         )
-    out.mkdir(parents=True, exist_ok=True)
     report, views = {**meta, "image": str(image), "sizes": {}}, {}
     p = model.num_prefix_tokens
-    for size in img_sizes:
-        x, shown = load_image(image, size, model.patch_embed.proj.in_channels, mean, std)
-        grid = model.grid_size((size, size))
-        maps = attention_maps(model, x)
-        q = query or (train_grid[0] // 2, train_grid[1] // 2)
-        row, col = (min(g - 1, int(v * g / t)) for v, g, t in zip(q, grid, train_grid))
-        path = out / f"attention_maps_{size}px.png"
-        draw_query_maps(
-            maps,
-            shown,
-            grid,
-            model.patch_size,
-            p,
-            (row, col),
-            f"{meta['model']}, {size} px, query patch ({row}, {col})",
-            path,
+    with output_folder(out):
+        for size in img_sizes:
+            x, shown = load_image(image, size, model.patch_embed.proj.in_channels, mean, std)
+            grid = model.grid_size((size, size))
+            maps = attention_maps(model, x)
+            q = query or (train_grid[0] // 2, train_grid[1] // 2)
+            row, col = (min(g - 1, int(v * g / t)) for v, g, t in zip(q, grid, train_grid))
+            path = out / f"attention_maps_{size}px.png"
+            draw_query_maps(
+                maps,
+                shown,
+                grid,
+                model.patch_size,
+                p,
+                (row, col),
+                f"{meta['model']}, {size} px, query patch ({row}, {col})",
+                path,
+            )
+            distance = [mean_attention_distance(a, grid, p)[0].tolist() for a in maps]
+            report["sizes"][str(size)] = {
+                "grid": list(grid),
+                "query": [row, col],
+                "figure": path.name,
+                "mean_distance": distance,
+            }
+            query_token = p + row * grid[1] + col
+            views[size] = {
+                "shown": shown,
+                "grid": grid,
+                "query": (row, col),
+                "patch_px": model.patch_size,
+                "maps": torch.stack([a[0, :, query_token, p:].mean(0).reshape(grid) for a in maps]),
+            }
+        plot_mean_distance(
+            {f"{size} px": e["mean_distance"] for size, e in report["sizes"].items()}, out / "mean_distance.png"
         )
-        distance = [mean_attention_distance(a, grid, p)[0].tolist() for a in maps]
-        report["sizes"][str(size)] = {
-            "grid": list(grid),
-            "query": [row, col],
-            "figure": path.name,
-            "mean_distance": distance,
-        }
-        query_token = p + row * grid[1] + col
-        views[size] = {
-            "shown": shown,
-            "grid": grid,
-            "query": (row, col),
-            "patch_px": model.patch_size,
-            "maps": torch.stack([a[0, :, query_token, p:].mean(0).reshape(grid) for a in maps]),
-        }
-    plot_mean_distance(
-        {f"{size} px": e["mean_distance"] for size, e in report["sizes"].items()}, out / "mean_distance.png"
-    )
-    (out / "attention_maps.json").write_text(json.dumps(report, indent=2))
+        (out / "attention_maps.json").write_text(json.dumps(report, indent=2))
     return report, views
 
 

@@ -27,7 +27,6 @@ The packaged weights (:func:`packaged_yardstick`) are ``classify/weights/cifar10
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -39,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lightvision.engine import Trainer, batch_random, load_config, make_accelerator, save_config
+from lightvision.engine.data import read_rgb, warn_skipped
 from lightvision.engine.device import resolve_device
 
 __all__ = [
@@ -204,17 +204,12 @@ def packaged_yardstick() -> Path | None:
     return PACKAGED if PACKAGED.is_file() else None
 
 
-def _decode(data: bytes) -> torch.Tensor:
-    from PIL import Image
-
-    return torch.from_numpy(np.array(Image.open(io.BytesIO(data)).convert("RGB"))).permute(2, 0, 1)
-
-
 def load_images(root: str | Path, split: str) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
     """Decode a split once: uint8 images [N, 3, H, W], labels [N] (int64) and the sorted class names.
 
     ``root/split/<class>/<image>`` or, when that folder is missing, the archive ``root/cifar10-<split>-jpg.tar.gz``
-    (members ``<split>/<class>/<image>``). Files are read in sorted order, so the tensors do not depend on the disk.
+    (members ``<split>/<class>/<image>``). Files are read in sorted order, so the tensors do not depend on the disk;
+    unreadable files are skipped (one warning naming the first ones).
     """
     root = Path(root)
     folder, archive = root / split, root / ARCHIVES.get(split, f"cifar10-{split}-jpg.tar.gz")
@@ -234,12 +229,25 @@ def load_images(root: str | Path, split: str) -> tuple[torch.Tensor, torch.Tenso
         raise FileNotFoundError(
             f"no {split!r} images under {str(root)!r}: expected {folder}/<class>/<images> or {archive}"
         )
+    source = folder if folder.is_dir() else archive
     if not items:
-        raise FileNotFoundError(f"{folder if folder.is_dir() else archive} holds no {'/'.join(IMAGE_SUFFIXES)} images")
+        raise FileNotFoundError(f"{source} holds no {'/'.join(IMAGE_SUFFIXES)} images")
+    decoded = [(c, name, read_rgb(data)) for c, name, data in items]
+    warn_skipped([f"{c}/{name}" for c, name, img in decoded if img is None], source)
+    decoded = [(c, name, img) for c, name, img in decoded if img is not None]
+    if not decoded:
+        raise ValueError(f"none of the {len(items)} image files in {source} is readable")
+    size = decoded[0][2].shape
+    for c, name, img in decoded:
+        if img.shape != size:
+            raise ValueError(
+                f"{source}: {c}/{name} is {img.shape[0]} x {img.shape[1]} px, {decoded[0][0]}/{decoded[0][1]} "
+                f"{size[0]} x {size[1]} px: every image must have one size"
+            )
     classes = sorted({c for c, _, _ in items})
     index = {c: i for i, c in enumerate(classes)}
-    images = torch.stack([_decode(data) for _, _, data in items])
-    return images, torch.tensor([index[c] for c, _, _ in items]), classes
+    images = torch.from_numpy(np.stack([img for _, _, img in decoded])).permute(0, 3, 1, 2).contiguous()
+    return images, torch.tensor([index[c] for c, _, _ in decoded]), classes
 
 
 class TensorBatches(torch.utils.data.Dataset):

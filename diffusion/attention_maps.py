@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
@@ -47,6 +46,7 @@ def attention_maps_main(
     from lightvision.attention_figures import draw_query_maps, load_image, plot_mean_distance
     from lightvision.diffusion.sample import load_for_sampling
     from lightvision.diffusion.train import build_codec, build_diffusion
+    from lightvision.engine.outdir import output_folder
 
     model, cfg = load_for_sampling(checkpoint, "cpu", weights)
     diffusion = build_diffusion(cfg)
@@ -73,8 +73,6 @@ def attention_maps_main(
         raise ValueError(f"--query {row},{col} lies outside the token grid {grid[0]}x{grid[1]}")
     y = torch.tensor([model.null_class if label is None else label])
     eps = torch.randn(z0.shape, generator=torch.Generator().manual_seed(seed))
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     name = cfg["model"]["name"]
     report = {
         "model": name,
@@ -87,29 +85,30 @@ def attention_maps_main(
         "query": [row, col],
         "timesteps": {},
     }
-    for step in timesteps:
-        t = torch.tensor([step])
-        xt = diffusion.q_sample(z0, t, eps)
-        maps = attention_maps(model, xt, t, y)
-        with torch.no_grad():
-            shown = ((codec.decode(xt)[0] + 1) / 2).permute(1, 2, 0).clamp(0, 1)
-        path = out / f"attention_maps_t{step}.png"
-        draw_query_maps(
-            maps,
-            shown,
-            grid,
-            size // grid[0],
-            0,
-            (row, col),
-            f"{name}, t = {step}, label {'null' if label is None else label}, query ({row}, {col})",
-            path,
+    with output_folder(out_dir) as out:
+        for step in timesteps:
+            t = torch.tensor([step])
+            xt = diffusion.q_sample(z0, t, eps)
+            maps = attention_maps(model, xt, t, y)
+            with torch.no_grad():
+                shown = ((codec.decode(xt)[0] + 1) / 2).permute(1, 2, 0).clamp(0, 1)
+            path = out / f"attention_maps_t{step}.png"
+            draw_query_maps(
+                maps,
+                shown,
+                grid,
+                size // grid[0],
+                0,
+                (row, col),
+                f"{name}, t = {step}, label {'null' if label is None else label}, query ({row}, {col})",
+                path,
+            )
+            report["timesteps"][str(step)] = {
+                "figure": path.name,
+                "mean_distance": [mean_attention_distance(a, grid)[0].tolist() for a in maps],
+            }
+        plot_mean_distance(
+            {f"t = {t}": e["mean_distance"] for t, e in report["timesteps"].items()}, out / "mean_distance.png"
         )
-        report["timesteps"][str(step)] = {
-            "figure": path.name,
-            "mean_distance": [mean_attention_distance(a, grid)[0].tolist() for a in maps],
-        }
-    plot_mean_distance(
-        {f"t = {t}": e["mean_distance"] for t, e in report["timesteps"].items()}, out / "mean_distance.png"
-    )
-    (out / "attention_maps.json").write_text(json.dumps(report, indent=2))
+        (out / "attention_maps.json").write_text(json.dumps(report, indent=2))
     return report

@@ -66,7 +66,7 @@ def _fid(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir,
         device=args.device,
         batch_size=args.batch_size,
-        num_samples=args.num_samples or None,
+        num_samples=None if args.num_samples == 0 else args.num_samples,
     )
     _print_json(metrics, args.out)
     return 0
@@ -192,7 +192,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_sample)
 
     p = sub.add_parser(
-        "fid", help="FID, sFID, IS, precision / recall, KID of samples against a reference (ADM conventions)"
+        "fid",
+        help="FID, sFID, IS, precision / recall, KID of samples against a reference (ADM conventions)",
+        description="Score samples against a reference with the ADM evaluator's conventions (docs/evaluation.md): "
+        "FID (pool features), sFID (spatial features), IS (Inception logits, splits of 5000), precision and recall "
+        "(k = 3) and KID, in the feature space of Inception-v3 or of --feature-extractor. Prints one JSON object "
+        "(--out writes it too): fid, sfid, isc, precision, recall, kid, kid_std (those the feature network and "
+        "the reference allow: no isc outside Inception, no sfid without spatial features, no precision / recall / "
+        "kid against a plain mu / sigma file), feature_space (network and weights hash), num_samples and "
+        "num_reference.",
     )
     p.add_argument("samples", help="folder of sample images or an .npz batch (arr_0: uint8 [N, H, W, 3])")
     p.add_argument(

@@ -73,6 +73,11 @@ class InceptionFeatures:
                 f"(torch-fidelity's {INCEPTION_FILE}), or --feature-extractor RUN|YARDSTICK for a classifier's "
                 "features"
             ) from None
+        except Exception as err:  # pickle's errors for a file that is no torch file, torch's for other weights
+            raise FeatureNetworkError(
+                f"{weights} holds no Inception-v3 weights ({type(err).__name__}): pass torch-fidelity's "
+                f"{INCEPTION_FILE} as --inception-weights"
+            ) from None
         self.device = torch.device(device)
         self.net = net.to(self.device)
         self._spatial: list[torch.Tensor] = []

@@ -2,13 +2,16 @@
 
 Sample i has seed ``seed + i`` and label ``i % num_classes``: rank r of W draws the indices i = r, r + W, ...,
 so the set of images is the same for any number of processes, with no duplicates. Writes
-``images/NNNNNN.png``, ``grid.png`` (the first 64) and ``samples.npz`` (``arr_0``: uint8 [N, H, W, 3], the
-layout of the ADM / DiT evaluation suites).
+``images/NNNNNN.png``, ``grid.png`` (the first 64), ``samples.npz`` (``arr_0``: uint8 [N, H, W, 3], the
+layout of the ADM / DiT evaluation suites) and ``summary.json``; a run into a folder of an earlier one replaces those
+files. ``lightvision diffusion fid`` reads such a folder as its ``images/``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,11 @@ import torch
 
 from lightvision.diffusion.autoencoder import Codec
 from lightvision.diffusion.dit import DiT
+from lightvision.diffusion.fid import SAMPLE_IMAGES, SAMPLE_SUMMARY, check_counts
 from lightvision.diffusion.gaussian import GaussianDiffusion, SampleNoise, guided
+from lightvision.engine.outdir import output_folder
+
+SAMPLE_FILE = re.compile(r"\d{6,}\.png")  # images/NNNNNN.png
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -41,6 +48,16 @@ def save_grid(images: torch.Tensor, path: str | Path, nrow: int | None = None) -
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(path)
     return path
+
+
+def clear_samples(out: Path) -> int:
+    """Remove the files an earlier run wrote to ``out`` (numbered images, npz, grid, summary; nothing else); returns
+    how many."""
+    files = [p for p in (out / SAMPLE_IMAGES).glob("*.png") if SAMPLE_FILE.fullmatch(p.name)]
+    files += [out / name for name in ("samples.npz", "grid.png", SAMPLE_SUMMARY) if (out / name).is_file()]
+    for path in files:
+        path.unlink()
+    return len(files)
 
 
 def rank_indices(num_samples: int, rank: int, world: int) -> list[int]:
@@ -137,9 +154,7 @@ def sample_main(
     """The ``sample`` command; returns a summary (paths, counts, settings). ``pretrained`` (with ``model_name`` and
     optionally a ``recipe`` for the autoencoder and schedule, default the ImageNet-256 one) samples an external
     weights file instead of a run's ``checkpoint``. Bad counts are refused before anything is loaded or written."""
-    for name, value in (("num_samples", num_samples), ("batch_size", batch_size), ("steps", steps)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+    check_counts(num_samples=num_samples, batch_size=batch_size, steps=steps)
     from accelerate import PartialState
     from PIL import Image
     from tqdm.auto import tqdm
@@ -169,30 +184,33 @@ def sample_main(
     diffusion = build_diffusion(cfg).respace(steps)
     num_classes = model.config.num_classes
     out = Path(out_dir)
-    (out / "images").mkdir(parents=True, exist_ok=True)
+    if state.is_main_process and (cleared := clear_samples(out)):
+        print(f"replacing an earlier run's samples in {out} ({cleared} files removed)", file=sys.stderr)
+    state.wait_for_everyone()
     mine = rank_indices(num_samples, state.process_index, state.num_processes)
-    for start in tqdm(
-        range(0, len(mine), batch_size),
-        desc=f"sampling (rank {state.process_index})",
-        disable=not state.is_main_process,
-    ):
-        idx = mine[start : start + batch_size]
-        labels = [i % num_classes for i in idx] if num_classes else None
-        images = generate(
-            model,
-            diffusion,
-            codec,
-            labels,
-            [seed + i for i in idx],
-            latent_size=latent,
-            sampler=sampler,
-            eta=eta,
-            cfg_scale=cfg_scale,
-            guide_channels=guide_channels,
-            device=state.device,
-        )
-        for i, arr in zip(idx, to_uint8(images)):
-            Image.fromarray(arr).save(out / "images" / f"{i:06d}.png")
+    with output_folder(out / SAMPLE_IMAGES) as images_dir:
+        for start in tqdm(
+            range(0, len(mine), batch_size),
+            desc=f"sampling (rank {state.process_index})",
+            disable=not state.is_main_process,
+        ):
+            idx = mine[start : start + batch_size]
+            labels = [i % num_classes for i in idx] if num_classes else None
+            images = generate(
+                model,
+                diffusion,
+                codec,
+                labels,
+                [seed + i for i in idx],
+                latent_size=latent,
+                sampler=sampler,
+                eta=eta,
+                cfg_scale=cfg_scale,
+                guide_channels=guide_channels,
+                device=state.device,
+            )
+            for i, arr in zip(idx, to_uint8(images)):
+                Image.fromarray(arr).save(images_dir / f"{i:06d}.png")
     state.wait_for_everyone()
     summary = {
         "checkpoint": str(checkpoint or pretrained),
@@ -206,13 +224,11 @@ def sample_main(
         "processes": state.num_processes,
     }
     if state.is_main_process:
-        arr = np.stack(
-            [np.asarray(Image.open(out / "images" / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)]
-        )
+        arr = np.stack([np.asarray(Image.open(images_dir / f"{i:06d}.png").convert("RGB")) for i in range(num_samples)])
         np.savez(out / "samples.npz", arr_0=arr)
         save_grid(torch.from_numpy(arr[:64]).permute(0, 3, 1, 2).float() / 127.5 - 1, out / "grid.png")
         if loaded is not None:
             summary["loaded"] = loaded
-        summary.update(npz=str(out / "samples.npz"), grid=str(out / "grid.png"), images=str(out / "images"))
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary.update(npz=str(out / "samples.npz"), grid=str(out / "grid.png"), images=str(images_dir))
+        (out / SAMPLE_SUMMARY).write_text(json.dumps(summary, indent=2))
     return summary

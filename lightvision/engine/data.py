@@ -2,22 +2,27 @@
 
 Every image folder (classification ``root/train``, ``root/val``, diffusion pixel training, ``extract-latents``) is
 read by :class:`SafeImageFolder`: an image that cannot be decoded is skipped with a warning naming the file, the
-next image takes its slot, and ``skipped_images()`` counts the skips across DataLoader workers.
+next image takes its slot, and ``skipped_images()`` counts the skips across DataLoader workers. Readers that decode
+a whole set at once (the FID images, the yardstick's CIFAR-10) use :func:`read_rgb` and :func:`warn_skipped`.
 """
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torchvision.datasets import ImageFolder
 
-__all__ = ["SafeImageFolder", "available_cpus", "loader_workers"]
+__all__ = ["SafeImageFolder", "available_cpus", "loader_workers", "read_rgb", "warn_skipped"]
 
 MAX_CONSECUTIVE_FAILURES = 50
+UNREADABLE = (OSError, ValueError, SyntaxError)  # what PIL raises for a truncated or bad image file
+FIRST_NAMED = 5  # skipped images named in a reader's warning
 
 
 class SafeImageFolder(ImageFolder):
@@ -48,7 +53,7 @@ class SafeImageFolder(ImageFolder):
             path, target = self.samples[slot]
             try:
                 sample = self.loader(path)
-            except (OSError, ValueError, SyntaxError) as err:  # PIL raises these for truncated / bad files
+            except UNREADABLE as err:
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
                 continue
@@ -77,3 +82,24 @@ def loader_workers(requested: int) -> int:
     if requested < 0:
         raise ValueError(f"the number of data loader workers must be >= 0, got {requested}")
     return min(requested, available_cpus())
+
+
+def read_rgb(source: str | Path | bytes) -> np.ndarray | None:
+    """uint8 RGB [H, W, 3] of an image file (its path or its bytes); None when it cannot be decoded."""
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
+            return np.asarray(img.convert("RGB"))
+    except UNREADABLE:
+        return None
+
+
+def warn_skipped(names: list[str], where: str | Path) -> None:
+    """One warning for the unreadable images a reader of ``where`` skipped: how many, and the first few names."""
+    if names:
+        more = f" and {len(names) - FIRST_NAMED} more" if len(names) > FIRST_NAMED else ""
+        warnings.warn(
+            f"skipped {len(names)} unreadable image(s) in {where}: {', '.join(map(str, names[:FIRST_NAMED]))}{more}",
+            stacklevel=2,
+        )

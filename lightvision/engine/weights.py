@@ -7,6 +7,7 @@ into the project's; this module is the part they have in common.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -37,13 +38,17 @@ FOLDER_FILES = (
 )
 # Keys under which training scripts nest the weights (DiT: {"model", "ema", "opt", "args"}; DeiT: {"model", ...}).
 NESTING = ("model", "state_dict", "module")
+# Those scripts also store their argparse.Namespace under "args": a plain attribute bag, safe to rebuild under
+# weights_only loading (torch 2.4 has add_safe_globals, not yet the safe_globals context).
+torch.serialization.add_safe_globals([argparse.Namespace])
 
 
 def read_state_dict(path: str | os.PathLike, which: str = "ema") -> dict[str, torch.Tensor]:
     """The tensors of a weights file (.safetensors, or a torch .pt / .pth / .bin read with ``weights_only``), of a
     Hub-style folder (``FOLDER_FILES``) or of this project's run / checkpoint folder (its ``which`` weights). A
-    training checkpoint that nests its weights gives its ``which`` ("ema" or "model") entry when it has one, else its
-    "model" / "state_dict" / "module" entry; a DDP "module." prefix is dropped.
+    training checkpoint that nests its weights (its "args" may be an argparse.Namespace) gives its ``which`` ("ema"
+    or "model") entry when it has one, else its "model" / "state_dict" / "module" entry; a DDP "module." prefix is
+    dropped.
 
     Raises FileNotFoundError (no such file, or a folder without weights) and CheckpointError (unreadable).
     """

@@ -76,6 +76,11 @@ def test_attention_maps_command(tmp_path, capsys, cli_error):
     assert "not found" in cli_error(
         [*args[:-4], "--image", str(tmp_path / "none.png"), "--out", str(out), "--img-size", "16"]
     )
+    fresh = tmp_path / "new" / "maps"
+    assert "not found" in cli_error(
+        [*args[:-4], "--image", str(tmp_path / "none.png"), "--out", str(fresh), "--img-size", "16"]
+    )
+    assert not (tmp_path / "new").exists()  # a failed run leaves no empty folders
 
 
 def test_attention_maps_side_by_side(tmp_path, capsys, cli_error):

@@ -2,6 +2,7 @@
 DeiT family; distilled and S-curve files are refused clearly; a wrong model's file is refused naming its keys;
 Hub-style save / from_pretrained round trip offline."""
 
+import argparse
 import json
 import math
 import re
@@ -39,7 +40,8 @@ def randomize(model: torch.nn.Module) -> torch.nn.Module:
 
 def test_timm_deit_tiny_and_the_authors_checkpoint_give_the_same_logits(tmp_path):
     ref = randomize(timm.create_model("deit_tiny_patch16_224", img_size=64, num_classes=CLASSES))
-    torch.save({"model": ref.state_dict(), "epoch": 299}, tmp_path / "deit_tiny.pth")  # the DeiT authors' format
+    args = argparse.Namespace(model="deit_tiny_patch16_224", lr=5e-4, input_size=224, resume="")  # main.py's args
+    torch.save({"model": ref.state_dict(), "epoch": 299, "args": args}, tmp_path / "deit_tiny.pth")  # DeiT's format
     model, report = create_pretrained("softmax_deit_tiny_patch16_224", tmp_path / "deit_tiny.pth")
     assert report["layout"] == "deit" and model.img_size == (64, 64) and model.num_classes == CLASSES
     x = images(2, 64)

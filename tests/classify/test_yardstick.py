@@ -41,6 +41,15 @@ def test_images_decode_the_same_from_folders_and_archives(tmp_path):
         load_images(tmp_path / "folders", "train")
 
 
+def test_unreadable_images_are_skipped_and_named(tmp_path):
+    write_split(tmp_path, "test", per_class=3)
+    (tmp_path / "test" / "cat" / "1.jpg").write_bytes((tmp_path / "test" / "cat" / "0.jpg").read_bytes()[:300])
+    (tmp_path / "test" / "dog" / "9.jpg").write_bytes(b"")
+    with pytest.warns(UserWarning, match=r"skipped 2 unreadable image\(s\) in .*test: cat/1\.jpg, dog/9\.jpg$"):
+        images, labels, classes = load_images(tmp_path, "test")
+    assert images.shape == (5, 3, 32, 32) and labels.tolist() == [0, 0, 1, 1, 1] and classes == ["cat", "dog"]
+
+
 def test_augment_is_a_padded_crop_and_flip_of_each_image():
     x = torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8)
     with use_batch_random(BatchRandom(7)):

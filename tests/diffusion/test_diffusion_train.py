@@ -99,13 +99,33 @@ def test_train_resume_and_sample(tmp_path, latents_dir, vae_dir):
     sample_main(str(tmp_path / "a"), str(again), num_samples=2, batch_size=1, steps=4, cfg_scale=1.5)
     np.testing.assert_array_equal(np.load(again / "samples.npz")["arr_0"], arr[:2])  # per-sample seeds
     with pytest.raises(ValueError, match="not divisible"):
-        sample_main(str(tmp_path / "a"), str(tmp_path / "bad"), num_samples=1, image_size=10, steps=2)
+        sample_main(str(tmp_path / "a"), str(tmp_path / "bad" / "out"), num_samples=1, image_size=10, steps=2)
+    assert not (tmp_path / "bad").exists()  # no empty folders left behind
+
+
+def test_a_sample_folder_is_read_by_fid_and_a_rerun_replaces_it(tmp_path, latents_dir, vae_dir, capsys):
+    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+    from lightvision.diffusion.fid import compute_fid
+
+    train(recipe(tmp_path / "run", latents_dir, vae_dir, 1, ["sample.every=100"]))
+    out = tmp_path / "samples"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    sample_main(str(tmp_path / "run"), str(out), num_samples=6, batch_size=6, steps=2)
+    sample_main(str(tmp_path / "run"), str(out), num_samples=4, batch_size=4, steps=2)
+    assert "replacing an earlier run's samples" in capsys.readouterr().err
+    assert sorted(p.name for p in (out / "images").iterdir()) == [f"00000{i}.png" for i in range(4)]
+    assert (out / "notes.txt").read_text() == "mine" and np.load(out / "samples.npz")["arr_0"].shape[0] == 4
+    yardstick = save_yardstick(YardstickNet([8, 8, 16, 16]), tmp_path / "y.safetensors")
+    metrics = compute_fid(out, out / "samples.npz", feature_extractor=str(yardstick), cache_dir=tmp_path / "c")
+    assert metrics["num_samples"] == 4 and abs(metrics["fid"]) < 1e-6  # the grid beside the images is no sample
 
 
 def test_unconditional_model_refuses_guidance(tmp_path, latents_dir, vae_dir):
     train(recipe(tmp_path / "u", latents_dir, vae_dir, 1, ["data.num_classes=0", "sample.every=100"]))
     with pytest.raises(ValueError, match="guidance scale"):
         sample_main(str(tmp_path / "u"), str(tmp_path / "s"), num_samples=1, steps=2, cfg_scale=4.0)
+    assert not (tmp_path / "s").exists()
 
 
 def test_missing_autoencoder_is_a_clear_error(tmp_path):

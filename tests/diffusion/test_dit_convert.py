@@ -1,6 +1,8 @@
 """DiT converters: diffusers' DiTTransformer2DModel and the facebookresearch/DiT layout give the same noise predictions
 as the converted softmax DiT; a file of another model is refused naming its keys; save / from_pretrained round trip."""
 
+import argparse
+
 import pytest
 import torch
 from diffusers import DiTTransformer2DModel
@@ -120,7 +122,8 @@ def test_load_pretrained_reads_a_dit_training_checkpoint_and_picks_ema(tmp_path)
     ref = tiny_diffusers()
     ema = dit_layout(ref)
     raw = {k: v if k == "pos_embed" else torch.zeros_like(v) for k, v in ema.items()}
-    torch.save({"model": raw, "ema": ema, "args": None}, tmp_path / "0400000.pt")
+    args = argparse.Namespace(model="DiT-XL/2", image_size=256, global_batch_size=256, ckpt=None)  # train.py's args
+    torch.save({"model": raw, "ema": ema, "opt": {}, "args": args}, tmp_path / "0400000.pt")
     model = tiny_dit()
     report = load_pretrained(model, tmp_path / "0400000.pt", which="ema")
     assert report["layout"] == "dit"

@@ -15,7 +15,7 @@ from PIL import Image
 
 from helpers import digits_classifier
 from lightvision.cli import main
-from lightvision.diffusion.fid import compute_fid, frechet_distance
+from lightvision.diffusion.fid import compute_fid, frechet_distance, inception_score, load_statistics
 
 
 def write_set(folder, seed, n, shift=0.0, size=16):
@@ -41,6 +41,21 @@ def test_frechet_distance_closed_forms():
     ref = np.trace(s1 + s2 - 2 * sqrtm(s1 @ s2).real)
     assert frechet_distance(mu1[:1].repeat(5), s1, mu1[:1].repeat(5), s2) == pytest.approx(ref, rel=1e-6)
     assert abs(frechet_distance(mu1, s1, mu1, s1)) < 1e-9
+
+
+def test_inception_score_averages_consecutive_splits_with_a_short_last_one():
+    logits = np.random.default_rng(0).normal(0, 3, (12, 10))
+
+    def score(part):  # exp of the mean KL(p(y|x) || p(y)) over one split
+        p = np.exp(part - part.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        return np.exp((p * (np.log(p) - np.log(p.mean(0, keepdims=True)))).sum(1).mean())
+
+    expected = np.mean([score(logits[:5]), score(logits[5:10]), score(logits[10:])])  # 5 / 5 / 2, as ADM splits
+    equal_thirds = np.mean([score(part) for part in np.split(logits, 3)])
+    assert abs(expected - equal_thirds) > 1e-3
+    assert inception_score(logits, split_size=5) == pytest.approx(expected, rel=1e-10)
+    assert inception_score(logits[:4], split_size=5) == pytest.approx(score(logits[:4]), rel=1e-10)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +161,34 @@ def test_inception_metrics_match_numpy(tmp_path, inception_weights):
     assert (ours["num_samples"], ours["num_reference"]) == (5, 5) and ours["feature_space"].startswith("inception-")
 
 
+@pytest.mark.slow
+def test_an_adm_reference_batch_scores_fid_with_its_stored_gaussians(tmp_path, inception_weights, yardstick, capsys):
+    """As the ADM evaluator: FID / sFID against the batch's stored mu / sigma, mu_s / sigma_s; precision / recall
+    from its images (arr_0)."""
+    arr = np.stack([np.asarray(Image.open(p)) for p in sorted(write_set(tmp_path / "imgs", 0, 5, size=32).iterdir())])
+    rng = np.random.default_rng(1)
+    stored = {}
+    for mu, sigma, dim in (("mu", "sigma", 2048), ("mu_s", "sigma_s", 2023)):
+        a = rng.normal(size=(dim, 8))
+        stored[mu], stored[sigma] = rng.normal(size=dim), a @ a.T / 8
+    adm = tmp_path / "VIRTUAL_tiny_labeled.npz"
+    np.savez(adm, arr_0=arr, **stored)
+    cache = tmp_path / "cache"
+    out = compute_fid(adm, adm, inception_weights=inception_weights, cache_dir=cache, num_samples=None)
+    own = load_statistics(next(cache.glob("ref-*.npz")))  # the Gaussians of arr_0: the samples' too
+    for metric, mu, sigma in (("fid", "mu", "sigma"), ("sfid", "mu_s", "sigma_s")):
+        expected = frechet_distance(own[mu], own[sigma], stored[mu], stored[sigma])
+        assert out[metric] == pytest.approx(expected, rel=1e-9) and expected > 1, metric  # arr_0's own: 0
+    assert out["precision"] == out["recall"] == 1.0 and out["num_reference"] == 5
+
+    stats = tmp_path / "stats.npz"
+    main(["diffusion", "fid-ref", str(adm), "--out", str(stats), "--inception-weights", inception_weights])
+    with np.load(stats) as f:
+        assert all(np.array_equal(f[k], v) for k, v in stored.items()) and f["features"].shape == (5, 2048)
+    other_space = compute_fid(adm, adm, feature_extractor=yardstick, cache_dir=cache)  # not the stored ones' space
+    assert abs(other_space["fid"]) < 1e-6 and abs(other_space["sfid"]) < 1e-6
+
+
 def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstick, capsys, cli_error):
     ref = write_set(tmp_path / "ref", 0, 12, size=32)
     samples = write_set(tmp_path / "samples", 1, 10, size=32, shift=40)
@@ -194,6 +237,78 @@ def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstic
             ["diffusion", "fid-ref", str(tmp_path / "nothing"), "--out", str(stats), "--feature-extractor", yardstick]
         ),
     )
+
+
+def test_fid_help_names_the_metrics_and_the_output_keys(capsys):
+    with pytest.raises(SystemExit):
+        main(["diffusion", "fid", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for word in ("FID", "sFID", "IS", "precision", "recall", "KID", "JSON", "feature_space", "num_reference"):
+        assert re.search(rf"\b{word}\b", text), word
+
+
+def test_unreadable_images_are_skipped_and_named(tmp_path, yardstick):
+    ref = write_set(tmp_path / "ref", 0, 8, size=32)
+    samples = write_set(tmp_path / "samples", 1, 8, size=32, shift=40)
+    clean = compute_fid(samples, ref, feature_extractor=yardstick, cache_dir=tmp_path / "c1", num_samples=6)
+    (samples / "00.png").write_bytes((samples / "001.png").read_bytes()[:200])  # truncated, sorted first
+    (samples / "002a.png").write_bytes(b"")
+    (ref / "004a.png").write_bytes(b"not an image")
+    with pytest.warns(UserWarning) as caught:
+        skipped = compute_fid(samples, ref, feature_extractor=yardstick, cache_dir=tmp_path / "c2", num_samples=6)
+    messages = [str(w.message) for w in caught]
+    assert any(re.search(r"skipped 2 unreadable image\(s\) in .*samples: 00\.png, 002a\.png$", m) for m in messages)
+    assert any(re.search(r"skipped 1 unreadable image\(s\) in .*ref: 004a\.png$", m) for m in messages)
+    assert skipped == pytest.approx(clean) and skipped["num_samples"] == 6  # the next readable images fill in
+
+
+def test_bad_counts_and_devices_are_refused_in_one_line(tmp_path, monkeypatch, cli_error):
+    ref = write_set(tmp_path / "ref", 0, 4, size=32)
+    fid = ["diffusion", "fid", str(ref), "--reference", str(ref), "--feature-extractor", "yardstick"]
+    assert "--num-samples must be a positive integer, got -1" in cli_error([*fid, "--num-samples", "-1"])
+    assert "--batch-size must be a positive integer, got 0" in cli_error([*fid, "--batch-size", "0"])
+    fid_ref = ["diffusion", "fid-ref", str(ref), "--out", str(tmp_path / "s.npz"), "--feature-extractor", "yardstick"]
+    assert "--batch-size must be a positive integer, got -2" in cli_error([*fid_ref, "--batch-size", "-2"])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (fid, fid_ref):
+        assert "--device cuda was asked for but no GPU is visible" in cli_error([*argv, "--device", "cuda"])
+    assert not list(tmp_path.glob("s*.npz"))
+
+
+def test_unusable_files_are_one_line_errors(tmp_path, yardstick, cli_error):
+    ref = write_set(tmp_path / "ref", 0, 4, size=32)
+    big = write_set(tmp_path / "big", 0, 4, size=64)
+    (tmp_path / "text.npz").write_text("not an archive")
+    np.savez(tmp_path / "whole.npz", arr_0=np.zeros((2, 8, 8, 3), np.uint8))
+    (tmp_path / "cut.npz").write_bytes((tmp_path / "whole.npz").read_bytes()[:300])
+    np.savez(tmp_path / "objects.npz", arr_0=np.array([{"a": 1}, None], dtype=object))
+    np.savez(tmp_path / "latents.npz", arr_0=np.zeros((2, 4, 8, 8), np.float16))
+    np.savez(tmp_path / "empty.npz", arr_0=np.zeros((0, 8, 8, 3), np.uint8))
+    np.savez(tmp_path / "other.npz", labels=np.zeros(3))
+    fid = ["diffusion", "fid", "--reference", str(ref), "--feature-extractor", yardstick, "--cache-dir", str(tmp_path)]
+    for name in ("text", "cut", "objects"):
+        assert re.search(
+            rf"{name}\.npz is no readable \.npz of plain arrays", cli_error([*fid, str(tmp_path / f"{name}.npz")])
+        )
+    assert "arr_0 must be uint8 [N, H, W, 3] with N > 0, got float16 [2, 4, 8, 8]" in cli_error(
+        [*fid, str(tmp_path / "latents.npz")]
+    )
+    assert "with N > 0, got uint8 [0, 8, 8, 3]" in cli_error([*fid, str(tmp_path / "empty.npz")])
+    assert "holds no images (arr_0; it has labels)" in cli_error([*fid, str(tmp_path / "other.npz")])
+    assert "spatial features of different sizes (1792 vs 448 values)" in cli_error([*fid, str(big)])
+
+    weights = ["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path)]
+    (tmp_path / "notes.pth").write_text("not weights")
+    torch.save({"fc.weight": torch.zeros(2, 2)}, tmp_path / "other.pth")
+    for name in ("notes.pth", "other.pth"):
+        line = cli_error([*weights, "--inception-weights", str(tmp_path / name)])
+        assert f"{name} holds no Inception-v3 weights" in line and "weights-inception-2015-12-05" in line
+
+    fid_ref = ["diffusion", "fid-ref", str(ref), "--feature-extractor", yardstick]
+    (tmp_path / "stats").mkdir()
+    for out in (tmp_path / "stats", tmp_path / "stats.json"):
+        assert "must name an .npz file" in cli_error([*fid_ref, "--out", str(out)])
+    assert list((tmp_path / "stats").iterdir()) == [] and not list(tmp_path.glob("*.tmp.npz"))
 
 
 def test_fid_leaves_no_cache_in_the_working_directory(tmp_path, monkeypatch, capsys):
