@@ -45,7 +45,7 @@ DIGITS_RECIPE: tuple[str, ...] = (
     "sched.epochs=30",
     "sched.warmup_epochs=2",
     "train.batch_size=64",
-    "train.mixed_precision=no",
+    "train.mixed_precision='no'",  # quoted: a bare no is YAML false, which refuses =bf16
     "train.ema_decay=null",
     "train.eval_every_epochs=10",
     "train.eval_batch_size=360",

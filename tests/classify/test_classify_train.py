@@ -172,6 +172,10 @@ def test_default_digits_job(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"--img-size 18: image size 18x18 is not divisible by the patch size 4"):
         cli.run([*eval_args, "--img-size", "16", "18", "--out", str(tmp_path / "eval18")])
     assert not (tmp_path / "eval18").exists()  # refused before 16 px ran
+    with pytest.raises(ValueError, match=r"--img-size 1000000: sizes go up to 8192 px"):  # not a 4 TB allocation
+        cli.run([*eval_args, "--img-size", "16", "1000000"])
+    with pytest.raises(CheckpointError, match=r"has no EMA weights .*: use --weights model"):  # trained without EMA
+        cli.run([*eval_args, "--img-size", "16", "--weights", "ema"])
 
 
 def test_run_default_returns_metrics(tmp_path):
@@ -246,8 +250,16 @@ def test_recipe_errors(tmp_path):
         )
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
         cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
-    with pytest.raises(ValueError, match="sched.epochs must be at least 1, got 0"):
-        cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", "sched.epochs=0"])
+    for override, message in [
+        ("sched.epochs=0", r"sched\.epochs must be a whole number at least 1, got 0"),
+        ("optim.opt=sgdd", r"unknown optim\.opt 'sgdd'; valid: .*'adamw'.*'sgd'"),
+        ("train.batch_size=0", r"train\.batch_size must be a whole number at least 1, got 0"),
+        ("optim.lr=", r"optim\.lr has no value"),
+        ("train.mixed_precision=fp8", r"unknown train\.mixed_precision 'fp8'; valid: 'no', 'bf16', 'fp16'"),
+    ]:
+        with pytest.raises(ValueError, match=message):  # before anything is built or written
+            cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", override])
+        assert not (tmp_path / "e").exists()
 
 
 def test_eval_workers_fit_the_cores():

@@ -267,3 +267,25 @@ def test_recipe_without_data_root_is_named(source):
 
     with pytest.raises(ValueError, match="data.root is not set: pass data.root=PATH"):
         build_dataset({"source": source, "root": None, "image_size": 8})
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("sample.sampler=ddimm", r"unknown sample\.sampler 'ddimm'; valid: 'ddpm', 'ddim'"),
+        ("diffusion.steps=0", r"diffusion\.steps must be a whole number at least 1, got 0"),
+        ("sample.steps=2000", r"sample\.steps=2000 is more than the diffusion\.steps=1000 of training"),
+        ("optim.lr=", r"optim\.lr has no value \(an empty 'optim\.lr=' reads as null\)"),
+        ("data.batch_size=0", r"data\.batch_size must be a whole number at least 1, got 0"),
+        ("data.num_classes=1", r"data\.num_classes=1 is smaller than the 10 classes of the training data"),
+    ],
+)
+def test_recipe_is_checked_before_training(tmp_path, override, message):
+    """Every choice and count is refused at start-up, naming its key, before the run folder is written (a sampler
+    typo used to surface only at the first sample grid, and that step's checkpoint was lost)."""
+    from lightvision.diffusion.default import DIGITS_OVERRIDES
+
+    cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run_dir={tmp_path / 'run'}", override])
+    with pytest.raises(ValueError, match=message):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
