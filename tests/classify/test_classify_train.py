@@ -119,8 +119,9 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
         )
 
 
-def test_default_digits_job(tmp_path, capsys):
+def test_default_digits_job(tmp_path, capsys, monkeypatch):
     """`lightvision classify train` without --config: the digits default (shortened here), eval at 2 sizes."""
+    monkeypatch.chdir(tmp_path)  # where the default runs/classify_default would go
     out = tmp_path / "default"
     assert (
         cli.run(
@@ -146,25 +147,13 @@ def test_default_digits_job(tmp_path, capsys):
     assert all(r["images"] == 360 for r in report["results"])  # the held-out digits
     assert (out / "eval" / "eval.png").is_file()
 
-    # running it again reuses the finished run and says so (nothing trained)
-    assert (
-        cli.run(
-            [
-                "classify",
-                "train",
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-                "sched.epochs=1",
-                "aug.repeated_aug=2",
-                TINY_ARGS,
-            ]
-        )
-        == 0
-    )
+    # running it again (the folder given as run.dir=) reuses the finished run, says so and evaluates that folder
+    (out / "eval" / "eval.json").unlink()
+    recipe_args = ["sched.epochs=1", "aug.repeated_aug=2", TINY_ARGS]
+    assert cli.run(["classify", "train", "--device", "cpu", f"run.dir={out}", *recipe_args]) == 0
     printed = capsys.readouterr().out
     assert "reusing the finished run" in printed and '"steps_run": 0' in printed
+    assert (out / "eval" / "eval.json").is_file() and not (tmp_path / "runs").exists()
 
     eval_args = ["classify", "eval", "--checkpoint", str(out), "--device", "cpu", "--num-workers", "0"]
     with pytest.raises(ValueError, match="trained on the bundled digits.*leave out --data"):  # not silently ignored
@@ -185,6 +174,14 @@ def test_run_default_returns_metrics(tmp_path):
     assert set(metrics["eval"]) == {16, 24} and 0 <= metrics["top1"] <= 100
     assert metrics["top1"] == metrics["eval"][16]["top1"]
     assert Path(metrics["plot"]).is_file()
+
+
+def test_digits_recipe_takes_a_precision_override():
+    from lightvision.classify.default import DIGITS_RECIPE
+    from lightvision.classify.train import load_recipe
+
+    assert load_recipe(None, DIGITS_RECIPE)["train"]["mixed_precision"] == "no"
+    assert load_recipe(None, [*DIGITS_RECIPE, "train.mixed_precision=bf16"])["train"]["mixed_precision"] == "bf16"
 
 
 def test_data_folder_errors(tmp_path):
