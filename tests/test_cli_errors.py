@@ -135,6 +135,24 @@ def test_debug_environment_variable_lets_the_error_through(monkeypatch, capsys):
         cli.main(["classify", "train", "optim.lrr=1"])
 
 
+@pytest.mark.parametrize("family", ["classify", "diffusion"])
+def test_train_options_leave_the_overrides_alone(family):
+    """Overrides may follow an option; --resume is a flag that never takes the next word; --resume-from takes a path."""
+    from lightvision.cli import parse_args
+
+    args = parse_args(
+        [family, "train", "--config", "r.yaml", "data.root=X", "--out", "Y", "train.max_steps=1", "--resume", "a.b=2"]
+    )
+    assert args.overrides == ["data.root=X", "train.max_steps=1", "a.b=2"]
+    assert (args.config, args.out, args.resume, args.resume_from) == ("r.yaml", "Y", True, None)
+    args = parse_args([family, "train", "--resume-from", "runs/a", "--device", "cpu", "x=1"])
+    assert (args.resume, args.resume_from, args.overrides) == (False, "runs/a", ["x=1"])
+    with pytest.raises(SystemExit):  # an unknown option is still refused
+        parse_args([family, "train", "x=1", "--outt", "Y"])
+    with pytest.raises(SystemExit):  # and a stray word where no overrides are taken
+        parse_args(["classify", "eval", "--img-size", "16", "--device", "cpu", "24"])
+
+
 def test_help_imports_no_torch():
     probe = "import sys, lightvision.cli as c; c.build_parser(); print(sorted({'torch', 'timm'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
