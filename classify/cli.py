@@ -16,19 +16,21 @@ import argparse
 import json
 import logging
 
+from lightvision.cli import add_train_options, resume_setting
+
 
 def _train(args: argparse.Namespace) -> int:
+    overrides = [*args.overrides, *([f"run.dir={args.out}"] if args.out else [])]  # --out wins over run.dir=
     if args.config is None:
         from lightvision.classify.default import run_default
 
-        out = args.out or "runs/classify_default"
-        result = run_default(out, device=args.device, overrides=args.overrides)
+        resume = args.resume_from or True  # the built-in job always continues (or reuses) its run folder
+        result = run_default("runs/classify_default", device=args.device, overrides=overrides, resume=resume)
     else:
         from lightvision.classify.train import load_recipe, train
 
         logging.basicConfig(level=logging.INFO, format="%(message)s")
-        overrides = [*args.overrides, *([f"run.dir={args.out}"] if args.out else [])]
-        result = train(load_recipe(args.config, overrides), device=args.device, resume=args.resume)
+        result = train(load_recipe(args.config, overrides), device=args.device, resume=resume_setting(args))
     print(json.dumps(result, indent=2))
     return 0
 
@@ -131,12 +133,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "built-in LightNet digits default (overrides apply on top of it) and evaluates it at 16 and 24 px.",
     )
     train.add_argument("--config", help="recipe YAML, e.g. configs/classify/deit_imagenet.yaml")
-    train.add_argument(
-        "--out", help="run folder (default: run.dir of the recipe; runs/classify_default without --config)"
+    add_train_options(
+        train, "run folder, as run.dir=DIR (default: run.dir of the recipe; runs/classify_default without --config)"
     )
-    train.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
-    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint of the run folder")
-    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. optim.lr=1e-3")
     train.set_defaults(func=_train)
 
     ys = sub.add_parser(

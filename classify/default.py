@@ -45,7 +45,7 @@ DIGITS_RECIPE: tuple[str, ...] = (
     "sched.epochs=30",
     "sched.warmup_epochs=2",
     "train.batch_size=64",
-    "train.mixed_precision=no",
+    "train.mixed_precision='no'",  # quoted: a bare no is YAML false, which refuses =bf16
     "train.ema_decay=null",
     "train.eval_every_epochs=10",
     "train.eval_batch_size=360",
@@ -55,17 +55,22 @@ DIGITS_RECIPE: tuple[str, ...] = (
 EVAL_SIZES = (16, 24)
 
 
-def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Train the digits classifier into ``out_dir``, evaluate it at 16 and 24 px, write eval.md/json/png.
+def run_default(
+    out_dir: str, device: str = "auto", overrides: Sequence[str] = (), resume: bool | str = True
+) -> dict[str, Any]:
+    """Train the digits classifier into ``out_dir`` (a ``run.dir=`` override wins), evaluate it at 16 and 24 px, write
+    eval.md/json/png into its ``eval/`` folder.
 
     device: "auto", "cpu" or "cuda". overrides: more ``key=value`` settings on top of ``DIGITS_RECIPE``.
+    resume: True continues (or reuses) the run folder's newest checkpoint; a path, that checkpoint or run folder.
     Returns {"top1": validation top-1 at 16 px (%), "eval": per-size results, "steps_run" (0 when a finished run
     was reused), "train_seconds", "run_dir", "plot", ...}.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cfg = load_recipe(None, [*DIGITS_RECIPE, f"run.dir={out_dir}", *overrides])
+    out_dir = cfg["run"]["dir"]
     start = time.perf_counter()
-    trained = train(cfg, device=device, resume=True)
+    trained = train(cfg, device=device, resume=resume)
     seconds = time.perf_counter() - start
     if trained["steps_run"] == 0:
         print(

@@ -31,6 +31,7 @@ from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 
 __all__ = [
+    "MAX_IMG_SIZE",
     "check_img_sizes",
     "evaluate",
     "evaluate_checkpoint",
@@ -164,13 +165,24 @@ def write_report(
     return paths
 
 
+MAX_IMG_SIZE = 8192
+"""The largest evaluation size (px): one 8192 px float32 RGB image is 768 MiB before the model runs."""
+
+
 def check_img_sizes(model: nn.Module, img_sizes: Sequence[int]) -> None:
-    """Refuse, before anything runs, an empty list, a size below 1 or one the model's patch does not divide."""
+    """Refuse, before anything runs, an empty list, a size below 1 or above :data:`MAX_IMG_SIZE`, or one the model's
+    patch does not divide."""
     if not img_sizes:
         raise ValueError("no image size to evaluate: pass --img-size, e.g. --img-size 224 288")
     for size in img_sizes:
         if size < 1:
             raise ValueError(f"--img-size {size}: image sizes must be positive")
+        if size > MAX_IMG_SIZE:
+            gib = 4 * size**2 / 2**30
+            raise ValueError(
+                f"--img-size {size}: sizes go up to {MAX_IMG_SIZE} px (one channel of one {size} px image is "
+                f"{gib:,.0f} GiB in float32)"
+            )
         try:
             model._check_size((size, size))
         except ValueError as err:
@@ -276,6 +288,7 @@ def evaluate_pretrained(
         raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
     cfg = load_recipe(recipe, [f"model.name={model_name}"])
     model, loaded = create_pretrained(model_name, pretrained, weights or "ema", **(model_args or {}))
+    check_img_sizes(model, img_sizes)
     print(f"loaded {loaded['file']} ({loaded['layout']} layout, {loaded['tensors']} tensors) into {model_name}")
     meta = {
         "checkpoint": str(pretrained),

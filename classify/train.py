@@ -45,11 +45,14 @@ from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
+from lightvision.engine.config import check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
+from lightvision.engine.guards import NAN_POLICIES
 from lightvision.engine.weights import record_init
+from lightvision.ops._checks import check_choice
 
-__all__ = ["DEFAULTS", "load_recipe", "make_criterion", "make_loss_fn", "model_config", "train"]
+__all__ = ["DEFAULTS", "check_recipe", "load_recipe", "make_criterion", "make_loss_fn", "model_config", "train"]
 
 log = logging.getLogger(__name__)
 
@@ -195,12 +198,30 @@ def _warmup_cosine(total_steps: int, warmup_steps: int, lr: float, warmup_lr: fl
     return factor
 
 
-def _check_schedule(sched: dict[str, Any]) -> None:
-    """sched.epochs >= 1 and sched.warmup_epochs >= 0, named by their keys (not by what they lead to)."""
-    if sched["epochs"] is None or sched["epochs"] < 1:
-        raise ValueError(f"sched.epochs must be at least 1, got {sched['epochs']!r}")
-    if sched["warmup_epochs"] is None or sched["warmup_epochs"] < 0:
-        raise ValueError(f"sched.warmup_epochs must be 0 or more, got {sched['warmup_epochs']!r}")
+def check_recipe(cfg: dict) -> None:
+    """Every choice and count of a resolved recipe, named by its key, before anything is built or trained."""
+    from timm.optim import list_optimizers
+
+    t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
+    check_choice(str(o["opt"]).lower().split("_")[-1], list_optimizers(), "optim.opt")  # timm: [lookahead_]name
+    check_choice(t["mixed_precision"] or "no", ("no", "bf16", "fp16"), "train.mixed_precision")
+    check_choice(t["nan_policy"], NAN_POLICIES, "train.nan_policy")
+    check_number(o["lr"], "optim.lr", 0, above=True)
+    check_number(o["lr_base_batch"], "optim.lr_base_batch", 0, above=True, optional=True)
+    check_number(o["weight_decay"], "optim.weight_decay", 0)
+    check_number(o["clip_grad"], "optim.clip_grad", 0, above=True, optional=True)
+    check_number(s["epochs"], "sched.epochs", 1, integer=True)
+    for key in ("warmup_epochs", "warmup_lr", "min_lr"):
+        check_number(s[key], f"sched.{key}", 0)
+    for key in ("batch_size", "grad_accum_steps", "eval_batch_size", "log_every", "keep_last"):
+        check_number(t[key], f"train.{key}", 1, integer=True)
+    for key in ("eval_every_epochs", "ckpt_every_epochs"):
+        check_number(t[key], f"train.{key}", 1, integer=True)
+    check_number(t["max_steps"], "train.max_steps", 1, integer=True, optional=True)
+    check_number(t["ema_decay"], "train.ema_decay", 0, optional=True)
+    check_number(a["repeated_aug"], "aug.repeated_aug", 1, integer=True)
+    for key in ("mixup", "cutmix", "smoothing", "reprob"):
+        check_number(a[key], f"aug.{key}", 0)
 
 
 def _check_sizes(sizes: Any, model: nn.Module) -> None:
@@ -225,8 +246,8 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
         resume: True continues from the newest checkpoint of ``run.dir``, a path from that checkpoint or run folder;
             False starts fresh (refused if ``run.dir`` has checkpoints).
     """
+    check_recipe(cfg)
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
-    _check_schedule(s)
     accelerator = make_accelerator(
         t["mixed_precision"] or "no",
         t["grad_accum_steps"],
@@ -297,9 +318,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _warmup_cosine(schedule_steps, s["warmup_epochs"] * steps_per_epoch, lr, s["warmup_lr"], s["min_lr"])
     )
-    max_steps = schedule_steps if t["max_steps"] is None else min(int(t["max_steps"]), schedule_steps)
-    if max_steps < 1:
-        raise ValueError(f"train.max_steps must be a positive number of steps or null, got {t['max_steps']!r}")
+    max_steps = schedule_steps if t["max_steps"] is None else min(t["max_steps"], schedule_steps)
 
     def validate(trainer: Trainer) -> dict[str, Any]:
         """Top-1 / top-5 of the trained weights (and of the EMA); the model's top-1 picks the best checkpoint."""

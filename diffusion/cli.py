@@ -6,17 +6,20 @@ from __future__ import annotations
 import argparse
 import json
 
+from lightvision.cli import add_train_options, resume_setting
+
 
 def _train(args: argparse.Namespace) -> int:
     if args.config is None:
         from lightvision.diffusion.default import run_default
 
-        run_default(args.out, args.device, overrides=args.overrides)
+        resume = args.resume_from or True  # the built-in job always continues (or reuses) its run folder
+        run_default(args.out or "runs/diffusion_default", args.device, overrides=args.overrides, resume=resume)
         return 0
     from lightvision.diffusion.train import load_recipe, train
 
-    cfg = load_recipe(args.config, args.overrides)
-    result = train(cfg, device=args.device, resume=args.resume)
+    cfg = load_recipe(args.config, [*args.overrides, *([f"run_dir={args.out}"] if args.out else [])])
+    result = train(cfg, device=args.device, resume=resume_setting(args))
     result.pop("trainer")
     print(json.dumps(result, indent=2, default=str))
     return 0
@@ -150,16 +153,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).",
     )
     p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
-    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.max_steps=1000")
-    p.add_argument(
-        "--resume",
-        nargs="?",
-        const=True,
-        default=False,
-        help="continue the run folder's newest checkpoint, or the given checkpoint / run folder",
+    add_train_options(
+        p,
+        "with --config: the run folder, as run_dir=DIR (default: run_dir of the recipe); without: the built-in "
+        "job's folder (summary.json, its run in DIR/run; default: runs/diffusion_default)",
     )
-    p.add_argument("--out", default="runs/diffusion_default", help="output folder of the built-in default")
-    p.add_argument("--device", default="auto", help="auto (cuda when available) | cpu | cuda")
     p.set_defaults(func=_train)
 
     p = sub.add_parser(

@@ -46,22 +46,26 @@ DIGITS_OVERRIDES = [
 ]
 
 
-def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = ()) -> dict:
-    """Train, sample a grid and measure test bits/dim; returns (and writes ``summary.json``) the results.
+def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (), resume: bool | str = True) -> dict:
+    """Train, sample a grid and measure test bits/dim; returns (and writes ``out_dir/summary.json``) the results.
 
     Training runs on the accelerator's device (CUDA when visible); ``device`` "cpu" forces the CPU everywhere.
-    ``overrides``: more ``key=value`` settings on top of :data:`DIGITS_OVERRIDES` (``run_dir`` is ``out_dir/run``).
+    ``overrides``: more ``key=value`` settings on top of :data:`DIGITS_OVERRIDES` (``run_dir`` is ``out_dir/run``
+    unless one sets it). ``resume``: True continues (or reuses) the run folder's newest checkpoint; a path, that
+    checkpoint or run folder.
     """
     from lightvision.diffusion.latents import build_dataset
-    from lightvision.diffusion.train import evaluate_bits_per_dim, load_recipe, train
+    from lightvision.diffusion.train import check_recipe, evaluate_bits_per_dim, load_recipe, train
     from lightvision.engine.device import resolve_device
 
     device = resolve_device(device)
     out = Path(out_dir)
     cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run_dir={out / 'run'}", *overrides])
+    check_recipe(cfg)
     cfg["sample"]["every"] = min(int(cfg["sample"]["every"]), int(cfg["train"]["max_steps"]))  # a grid at the end
+    run_dir = Path(cfg["run_dir"])
     start = time.time()
-    result = train(cfg, device=device, resume=True)
+    result = train(cfg, device=device, resume=resume)
     train_seconds = time.time() - start
     trainer = result.pop("trainer")
     model = trainer.ema.module.eval()
@@ -78,13 +82,13 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
         "test_bits_per_dim": round(bpd, 4),
         "bpd_seconds": round(time.time() - start, 1),
         "device": str(trainer.accelerator.device),
-        "sample_grid": str(out / "run" / "samples" / f"step_{result['step']:07d}.png"),
+        "sample_grid": str(run_dir / "samples" / f"step_{result['step']:07d}.png"),
         "last_train_record": result["last_record"],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if result["steps_run"]:
         trained = f"{result['steps_run']} steps in {summary['train_seconds']} s"
     else:
-        trained = f"reused the finished run in {out / 'run'} ({result['step']} steps trained earlier)"
+        trained = f"reused the finished run in {run_dir} ({result['step']} steps trained earlier)"
     print(f"digits diffusion: {trained}, test {bpd:.3f} bits/dim, grid {summary['sample_grid']}")
     return summary

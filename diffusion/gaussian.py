@@ -39,6 +39,7 @@ ModelFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 variance)."""
 
 LN2 = math.log(2.0)
+SAMPLERS = ("ddpm", "ddim")
 
 
 def linear_betas(num_steps: int = 1000) -> torch.Tensor:
@@ -327,7 +328,7 @@ class GaussianDiffusion:
     ) -> torch.Tensor:
         """Draw x0 of ``shape`` [B, C, H, W] by ancestral DDPM (``method="ddpm"``) or DDIM with ``eta`` over this
         process's steps (respace first for fewer steps). Returns [B, C, H, W] float32."""
-        if method not in ("ddpm", "ddim"):
+        if method not in SAMPLERS:
             raise ValueError(f"unknown sampler {method!r}: use 'ddpm' or 'ddim'")
         from tqdm.auto import tqdm
 

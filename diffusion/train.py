@@ -21,14 +21,17 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 
-from lightvision.diffusion.autoencoder import DEFAULT_VAE, Codec, load_codec
+from lightvision.diffusion.autoencoder import DEFAULT_VAE, KINDS, Codec, load_codec
 from lightvision.diffusion.dit import DiT, create_model
 from lightvision.diffusion.fid import PRC_NEIGHBOURHOOD
-from lightvision.diffusion.gaussian import GaussianDiffusion
+from lightvision.diffusion.gaussian import SAMPLERS, GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
+from lightvision.engine.config import check_number
 from lightvision.engine.data import loader_workers
+from lightvision.engine.guards import NAN_POLICIES
+from lightvision.ops._checks import check_choice
 
 DEFAULTS: dict = {
     "base": None,
@@ -110,6 +113,55 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     cfg = load_config(path, overrides, defaults=defaults)
     cfg["base"] = None
     return cfg
+
+
+def check_recipe(cfg: dict) -> None:
+    """Every choice and count of a resolved recipe, named by its key, before anything is built or trained (a sampler
+    typo would otherwise surface at the first sample grid)."""
+    d, t, o, s, e = cfg["data"], cfg["train"], cfg["optim"], cfg["sample"], cfg["eval"]
+    check_choice(cfg["autoencoder"]["kind"], KINDS, "autoencoder.kind")
+    check_choice(t["mixed_precision"] or "no", ("no", "bf16", "fp16"), "train.mixed_precision")
+    check_choice(t["nan_policy"], NAN_POLICIES, "train.nan_policy")
+    check_choice(s["sampler"], SAMPLERS, "sample.sampler")
+    check_choice(e["sampler"], SAMPLERS, "eval.sampler")
+    check_number(cfg["seed"], "seed", 0, integer=True)
+    check_number(cfg["diffusion"]["steps"], "diffusion.steps", 1, integer=True)
+    check_number(cfg["diffusion"]["vlb_weight"], "diffusion.vlb_weight", 0)
+    for key in ("image_size", "channels", "batch_size"):
+        check_number(d[key], f"data.{key}", 1, integer=True)
+    for key in ("num_classes", "num_workers"):
+        check_number(d[key], f"data.{key}", 0, integer=True)
+    check_number(o["lr"], "optim.lr", 0, above=True)
+    check_number(o["weight_decay"], "optim.weight_decay", 0)
+    check_number(o["warmup_steps"], "optim.warmup_steps", 0, integer=True)
+    for key in ("max_steps", "grad_accum_steps", "log_every", "ckpt_every", "keep_last", "eval_samples"):
+        check_number(t[key], f"train.{key}", 1, integer=True)
+    check_number(t["eval_every"], "train.eval_every", 0, integer=True)
+    check_number(t["clip_grad"], "train.clip_grad", 0, above=True, optional=True)
+    check_number(t["ema_decay"], "train.ema_decay", 0, optional=True)
+    for section, block in (("sample", s), ("eval", e)):
+        check_number(block["steps"], f"{section}.steps", 1, integer=True)
+        if block["steps"] > cfg["diffusion"]["steps"]:
+            raise ValueError(
+                f"{section}.steps={block['steps']} is more than the diffusion.steps={cfg['diffusion']['steps']} "
+                f"of training: sample with at most {cfg['diffusion']['steps']} steps"
+            )
+        check_number(block["eta"], f"{section}.eta", 0)
+        check_number(block["cfg_scale"], f"{section}.cfg_scale", 0)
+        check_number(block["guide_channels"], f"{section}.guide_channels", 1, integer=True, optional=True)
+    for key in ("every", "num"):
+        check_number(s[key], f"sample.{key}", 1, integer=True)
+    check_number(e["batch_size"], "eval.batch_size", 1, integer=True)
+
+
+def check_num_classes(cfg: dict, dataset) -> None:
+    """A class-conditional model (``data.num_classes`` > 0) needs a label embedding row for every class of the data."""
+    wanted, found = int(cfg["data"]["num_classes"]), len(dataset.classes)
+    if 0 < wanted < found:
+        raise ValueError(
+            f"data.num_classes={wanted} is smaller than the {found} classes of the training data: "
+            f"set data.num_classes={found} (or 0 for an unconditional model)"
+        )
 
 
 def build_codec(cfg: dict, device: str | torch.device = "cpu") -> Codec:
@@ -346,12 +398,14 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
     from lightvision.engine.device import resolve_device
     from lightvision.engine.trainer import Trainer, make_accelerator
 
+    check_recipe(cfg)
     cpu = resolve_device(device) == "cpu"
     state = PartialState(cpu=cpu)  # cpu: several CPU processes join one gloo group
     torch.manual_seed(int(cfg["seed"]))
     run_dir = Path(cfg["run_dir"])
     data = cfg["data"]
     dataset = build_dataset(data, "train")
+    check_num_classes(cfg, dataset)
     scaling_factor = None
     if data["source"] == "latents":
         meta = dataset.meta

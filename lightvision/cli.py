@@ -31,6 +31,27 @@ def _quickstart(args: argparse.Namespace) -> int:
     return run_quickstart(out_dir=args.out, device=args.device)
 
 
+def add_train_options(p: argparse.ArgumentParser, out_help: str) -> None:
+    """``--out``, ``--device``, ``--resume`` (a flag: it never takes the next word, so ``--resume data.root=X`` keeps
+    the override) and ``--resume-from PATH`` of the ``train`` commands; their overrides may come before or after."""
+    p.add_argument("--out", help=out_help)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="default: cuda if available")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest checkpoint of the run folder (the built-in job without --config always does)",
+    )
+    p.add_argument(
+        "--resume-from", metavar="PATH", help="continue from this checkpoint folder or run folder (implies --resume)"
+    )
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides, e.g. train.max_steps=1000")
+
+
+def resume_setting(args: argparse.Namespace) -> bool | str:
+    """What the trainers' ``resume`` takes from ``--resume`` / ``--resume-from PATH``: the path, True or False."""
+    return args.resume_from or args.resume
+
+
 def build_parser() -> argparse.ArgumentParser:
     from lightvision.classify.cli import register as register_classify
     from lightvision.diffusion.cli import register as register_diffusion
@@ -109,10 +130,21 @@ def _debug_requested(argv: list[str]) -> bool:
     return "--debug" in argv or os.environ.get("LIGHTVISION_DEBUG", "") not in ("", "0")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line ``argv`` (without ``--debug``) as parsed arguments. ``key=value`` overrides may also follow
+    an option ("a=1 --out D b=2"), as ``parse_intermixed_args`` would take them (it does not work with subcommands)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and (not hasattr(args, "overrides") or any(a.startswith("-") for a in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
 def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command; errors propagate (what tests and scripts call)."""
-    argv = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"]
-    args = build_parser().parse_args(argv)
+    args = parse_args([a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"])
     code = int(args.func(args) or 0)
     _close_process_group()
     return code

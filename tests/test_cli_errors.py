@@ -69,6 +69,21 @@ CASES = {  # name: (arguments, extra environment, pattern the error line must ma
         {},
         r"no shard index .*train\.json: make the shards with",
     ),
+    "sampler typo": (
+        ["diffusion", "train", "--device", "cpu", "--out", "{tmp}/t", "sample.sampler=ddimm"],
+        {},
+        r"unknown sample\.sampler 'ddimm'; valid: 'ddpm', 'ddim'",
+    ),
+    "empty lr": (
+        ["classify", "train", "--device", "cpu", "--out", "{tmp}/l", "optim.lr="],
+        {},
+        r"optim\.lr has no value \(an empty 'optim\.lr=' reads as null\): give a number above 0",
+    ),
+    "fewer classes": (
+        ["diffusion", "train", "--device", "cpu", "--out", "{tmp}/c", "data.num_classes=1"],
+        {},
+        r"data\.num_classes=1 is smaller than the 10 classes of the training data: set data\.num_classes=10",
+    ),
     "debug flag": (["classify", "train", "optim.lrr=1", "--debug"], {}, None),
 }
 
@@ -100,8 +115,8 @@ def test_bad_input_gets_one_line(runs, name):
     assert code == 1 and "Traceback" not in stderr, stderr
     assert len(lines) == 1 and lines[0].startswith("lightvision: error: "), stderr
     assert re.search(CASES[name][2], lines[0]), lines[0]
-    if name == "sample count":
-        assert not (tmp / "samples").exists()  # refused before anything is written
+    folder = {"sample count": "samples", "sampler typo": "t", "empty lr": "l"}.get(name)
+    assert folder is None or not (tmp / folder).exists()  # refused before anything is written
 
 
 def test_debug_shows_the_traceback(runs):
@@ -118,6 +133,24 @@ def test_debug_environment_variable_lets_the_error_through(monkeypatch, capsys):
     monkeypatch.setenv("LIGHTVISION_DEBUG", "1")
     with pytest.raises(ConfigError, match="optim.lrr"):
         cli.main(["classify", "train", "optim.lrr=1"])
+
+
+@pytest.mark.parametrize("family", ["classify", "diffusion"])
+def test_train_options_leave_the_overrides_alone(family):
+    """Overrides may follow an option; --resume is a flag that never takes the next word; --resume-from takes a path."""
+    from lightvision.cli import parse_args
+
+    args = parse_args(
+        [family, "train", "--config", "r.yaml", "data.root=X", "--out", "Y", "train.max_steps=1", "--resume", "a.b=2"]
+    )
+    assert args.overrides == ["data.root=X", "train.max_steps=1", "a.b=2"]
+    assert (args.config, args.out, args.resume, args.resume_from) == ("r.yaml", "Y", True, None)
+    args = parse_args([family, "train", "--resume-from", "runs/a", "--device", "cpu", "x=1"])
+    assert (args.resume, args.resume_from, args.overrides) == (False, "runs/a", ["x=1"])
+    with pytest.raises(SystemExit):  # an unknown option is still refused
+        parse_args([family, "train", "x=1", "--outt", "Y"])
+    with pytest.raises(SystemExit):  # and a stray word where no overrides are taken
+        parse_args(["classify", "eval", "--img-size", "16", "--device", "cpu", "24"])
 
 
 def test_help_imports_no_torch():

@@ -248,8 +248,11 @@ def load_model_weights(
     manifest = verify_checkpoint(ckpt, [CONFIG])
     file = f"{which}.safetensors"
     if file not in manifest["files"]:
-        other = "; it was trained without EMA, use which='model'" if which == "ema" else ""
-        raise CheckpointError(f"{ckpt} has no '{which}' weights{other}")
+        if which == "ema":
+            raise CheckpointError(
+                f"{ckpt} has no EMA weights (the run was trained without EMA): use --weights model (which='model')"
+            )
+        raise CheckpointError(f"{ckpt} has no '{which}' weights")
     verify_checkpoint(ckpt, [file])
     state = _read_weights(ckpt, which, model, map_location)
     unwrap_model(model).load_state_dict(state, strict=True)

@@ -145,3 +145,20 @@ def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = (), d
 def save_config(cfg: dict, path: str | os.PathLike) -> None:
     """Write ``cfg`` as indented JSON, atomically."""
     atomic_write(path, (json.dumps(cfg, indent=2, default=str) + "\n").encode("utf-8"))
+
+
+def check_number(
+    value: Any, key: str, minimum: float, *, integer: bool = False, above: bool = False, optional: bool = False
+) -> None:
+    """Refuse a recipe value that is not a number of at least ``minimum`` (more than it with ``above``; a whole number
+    with ``integer``; null allowed with ``optional``), naming the ``key``: ``train.batch_size=0``, an empty
+    ``optim.lr=`` (YAML null) are refused here, before anything is built."""
+    if value is None and optional:
+        return
+    wanted = f"{'a whole number' if integer else 'a number'} {'above' if above else 'at least'} {minimum}"
+    wanted += " or null" if optional else ""
+    if value is None:
+        raise ConfigError(f"{key} has no value (an empty '{key}=' reads as null): give {wanted}")
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or not (value > minimum if above else value >= minimum):
+        raise ConfigError(f"{key} must be {wanted}, got {value!r}")

@@ -119,8 +119,9 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
         )
 
 
-def test_default_digits_job(tmp_path, capsys):
+def test_default_digits_job(tmp_path, capsys, monkeypatch):
     """`lightvision classify train` without --config: the digits default (shortened here), eval at 2 sizes."""
+    monkeypatch.chdir(tmp_path)  # where the default runs/classify_default would go
     out = tmp_path / "default"
     assert (
         cli.run(
@@ -146,25 +147,13 @@ def test_default_digits_job(tmp_path, capsys):
     assert all(r["images"] == 360 for r in report["results"])  # the held-out digits
     assert (out / "eval" / "eval.png").is_file()
 
-    # running it again reuses the finished run and says so (nothing trained)
-    assert (
-        cli.run(
-            [
-                "classify",
-                "train",
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-                "sched.epochs=1",
-                "aug.repeated_aug=2",
-                TINY_ARGS,
-            ]
-        )
-        == 0
-    )
+    # running it again (the folder given as run.dir=) reuses the finished run, says so and evaluates that folder
+    (out / "eval" / "eval.json").unlink()
+    recipe_args = ["sched.epochs=1", "aug.repeated_aug=2", TINY_ARGS]
+    assert cli.run(["classify", "train", "--device", "cpu", f"run.dir={out}", *recipe_args]) == 0
     printed = capsys.readouterr().out
     assert "reusing the finished run" in printed and '"steps_run": 0' in printed
+    assert (out / "eval" / "eval.json").is_file() and not (tmp_path / "runs").exists()
 
     eval_args = ["classify", "eval", "--checkpoint", str(out), "--device", "cpu", "--num-workers", "0"]
     with pytest.raises(ValueError, match="trained on the bundled digits.*leave out --data"):  # not silently ignored
@@ -172,6 +161,10 @@ def test_default_digits_job(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"--img-size 18: image size 18x18 is not divisible by the patch size 4"):
         cli.run([*eval_args, "--img-size", "16", "18", "--out", str(tmp_path / "eval18")])
     assert not (tmp_path / "eval18").exists()  # refused before 16 px ran
+    with pytest.raises(ValueError, match=r"--img-size 1000000: sizes go up to 8192 px"):  # not a 4 TB allocation
+        cli.run([*eval_args, "--img-size", "16", "1000000"])
+    with pytest.raises(CheckpointError, match=r"has no EMA weights .*: use --weights model"):  # trained without EMA
+        cli.run([*eval_args, "--img-size", "16", "--weights", "ema"])
 
 
 def test_run_default_returns_metrics(tmp_path):
@@ -181,6 +174,14 @@ def test_run_default_returns_metrics(tmp_path):
     assert set(metrics["eval"]) == {16, 24} and 0 <= metrics["top1"] <= 100
     assert metrics["top1"] == metrics["eval"][16]["top1"]
     assert Path(metrics["plot"]).is_file()
+
+
+def test_digits_recipe_takes_a_precision_override():
+    from lightvision.classify.default import DIGITS_RECIPE
+    from lightvision.classify.train import load_recipe
+
+    assert load_recipe(None, DIGITS_RECIPE)["train"]["mixed_precision"] == "no"
+    assert load_recipe(None, [*DIGITS_RECIPE, "train.mixed_precision=bf16"])["train"]["mixed_precision"] == "bf16"
 
 
 def test_data_folder_errors(tmp_path):
@@ -246,8 +247,16 @@ def test_recipe_errors(tmp_path):
         )
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
         cli.run(["classify", "eval", "--checkpoint", str(tmp_path), "--img-size", "16", "--device", "cpu"])
-    with pytest.raises(ValueError, match="sched.epochs must be at least 1, got 0"):
-        cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", "sched.epochs=0"])
+    for override, message in [
+        ("sched.epochs=0", r"sched\.epochs must be a whole number at least 1, got 0"),
+        ("optim.opt=sgdd", r"unknown optim\.opt 'sgdd'; valid: .*'adamw'.*'sgd'"),
+        ("train.batch_size=0", r"train\.batch_size must be a whole number at least 1, got 0"),
+        ("optim.lr=", r"optim\.lr has no value"),
+        ("train.mixed_precision=fp8", r"unknown train\.mixed_precision 'fp8'; valid: 'no', 'bf16', 'fp16'"),
+    ]:
+        with pytest.raises(ValueError, match=message):  # before anything is built or written
+            cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", override])
+        assert not (tmp_path / "e").exists()
 
 
 def test_eval_workers_fit_the_cores():

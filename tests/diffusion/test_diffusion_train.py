@@ -280,6 +280,33 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
     assert "reused the finished run" in capsys.readouterr().out
     assert json.loads((tmp_path / "d" / "summary.json").read_text())["steps_run"] == 0
 
+    # --resume-from PATH: a longer run in a new folder continues from that run's checkpoint (an override may follow)
+    resume_from = ["--resume-from", str(tmp_path / "d" / "run")]
+    assert cli.run([*args[:3], str(tmp_path / "e"), *args[4:], *resume_from, "train.max_steps=3"]) == 0
+    summary = json.loads((tmp_path / "e" / "summary.json").read_text())
+    assert (summary["steps"], summary["steps_run"]) == (3, 1)
+    assert (tmp_path / "e" / "run" / "checkpoints" / "latest").is_file()
+
+
+def test_recipe_run_folder_from_out(tmp_path, monkeypatch):
+    """`diffusion train --config R --out D` trains into D, as `classify train` does; overrides may follow options."""
+    from lightvision import cli
+
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(
+        f"run_dir: {tmp_path / 'recipe_dir'}\nmodel:\n  name: softmax_dit_s_2\n"
+        "  kwargs: {depth: 1, hidden_size: 16, num_heads: 2}\n"
+        "data: {source: digits, image_size: 8, channels: 1, num_classes: 10, batch_size: 4, num_workers: 0}\n"
+        "autoencoder: {kind: pixel, path: null}\ntrain: {mixed_precision: 'no', ckpt_every: 1}\nsample: {every: 100}\n"
+    )
+    out = tmp_path / "out"
+    args = ["diffusion", "train", "--config", str(recipe_file), "train.log_every=1", "--out", str(out)]
+    assert cli.run([*args, "--device", "cpu", "train.max_steps=1"]) == 0
+    assert json.loads((out / "results.json").read_text())["step"] == 1 and not (tmp_path / "recipe_dir").exists()
+    assert cli.run([*args, "--resume", "train.max_steps=2", "--device", "cpu"]) == 0  # --resume leaves the override
+    assert json.loads((out / "results.json").read_text())["step"] == 2
+
 
 @pytest.mark.parametrize("source", ["latents", "imagefolder"])
 def test_recipe_without_data_root_is_named(source):
@@ -287,3 +314,25 @@ def test_recipe_without_data_root_is_named(source):
 
     with pytest.raises(ValueError, match="data.root is not set: pass data.root=PATH"):
         build_dataset({"source": source, "root": None, "image_size": 8})
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("sample.sampler=ddimm", r"unknown sample\.sampler 'ddimm'; valid: 'ddpm', 'ddim'"),
+        ("diffusion.steps=0", r"diffusion\.steps must be a whole number at least 1, got 0"),
+        ("sample.steps=2000", r"sample\.steps=2000 is more than the diffusion\.steps=1000 of training"),
+        ("optim.lr=", r"optim\.lr has no value \(an empty 'optim\.lr=' reads as null\)"),
+        ("data.batch_size=0", r"data\.batch_size must be a whole number at least 1, got 0"),
+        ("data.num_classes=1", r"data\.num_classes=1 is smaller than the 10 classes of the training data"),
+    ],
+)
+def test_recipe_is_checked_before_training(tmp_path, override, message):
+    """Every choice and count is refused at start-up, naming its key, before the run folder is written (a sampler
+    typo used to surface only at the first sample grid, and that step's checkpoint was lost)."""
+    from lightvision.diffusion.default import DIGITS_OVERRIDES
+
+    cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run_dir={tmp_path / 'run'}", override])
+    with pytest.raises(ValueError, match=message):
+        train(cfg)
+    assert not (tmp_path / "run").exists()

@@ -227,7 +227,7 @@ def test_pickled_object_in_train_state_refused(tmp_path):
 
 def test_load_model_weights_needs_ema(tmp_path):
     CheckpointManager(tmp_path).save(1, models={"model": tiny()}, model_config=CONFIG, train_state={})
-    with pytest.raises(CheckpointError, match="no 'ema' weights; it was trained without EMA, use which='model'"):
+    with pytest.raises(CheckpointError, match=r"no EMA weights .*: use --weights model"):
         load_model_weights(tmp_path, tiny())
     with pytest.raises(CheckpointError, match="no latest checkpoint"):
         load_model_weights(tmp_path / "nowhere", tiny())

@@ -86,3 +86,24 @@ def test_open_section_in_defaults_accepts_several_keys_from_file_and_overrides(t
     assert cfg["model"]["args"] == {"depth": 5, "width": 4, "heads": 3}
     with pytest.raises(ConfigError, match="model.nme"):
         load_config(recipe, ["model.nme=3"], {"model": {"name": "m", "args": {}}})
+
+
+def test_check_number_names_the_key_and_the_bound():
+    from lightvision.engine.config import check_number
+
+    check_number(3, "train.batch_size", 1, integer=True)
+    check_number(None, "train.max_steps", 1, integer=True, optional=True)
+    check_number(0.0, "optim.weight_decay", 0)
+    refused = [
+        ((0, "train.batch_size", 1), {"integer": True}, r"train\.batch_size must be a whole number at least 1, got 0"),
+        ((2.0, "train.batch_size", 1), {"integer": True}, r"whole number at least 1, got 2\.0"),
+        ((True, "data.num_workers", 0), {"integer": True}, r"got True"),
+        ((0, "optim.lr", 0), {"above": True}, r"optim\.lr must be a number above 0, got 0"),
+        ((float("nan"), "optim.lr", 0), {"above": True}, r"got nan"),
+        (("fast", "optim.lr", 0), {}, r"got 'fast'"),
+        ((None, "optim.lr", 0), {"above": True}, r"optim\.lr has no value .*: give a number above 0$"),
+        ((0, "train.max_steps", 1), {"integer": True, "optional": True}, r"at least 1 or null, got 0"),
+    ]
+    for args, kwargs, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            check_number(*args, **kwargs)
