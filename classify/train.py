@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from torch import nn
@@ -45,6 +46,7 @@ from lightvision.engine import Trainer, load_config, make_accelerator, save_conf
 from lightvision.engine.compiled import compile_setting
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
+from lightvision.engine.run_lock import run_folder_lock
 from lightvision.engine.weights import record_init
 
 __all__ = ["DEFAULTS", "load_recipe", "make_criterion", "make_loss_fn", "model_config", "train"]
@@ -186,12 +188,19 @@ def _check_schedule(sched: dict[str, Any]) -> None:
 def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
     """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics with the run's
     step, epochs, steps run by this call and ``interrupted`` (True when a SIGTERM stopped it after a checkpoint).
+    Refused (:class:`~lightvision.engine.run_lock.RunFolderInUse`) while another process trains into ``run.dir``.
 
     Args:
         device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
         resume: True continues from the newest checkpoint of ``run.dir``, a path from that checkpoint or run folder;
             False starts fresh (refused if ``run.dir`` has checkpoints).
     """
+    with run_folder_lock(cfg["run"]["dir"], PartialState(cpu=resolve_device(device) == "cpu")):
+        return _train(cfg, device, resume)
+
+
+def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
+    """:func:`train` with the run folder locked."""
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
     _check_schedule(s)
     accelerator = make_accelerator(

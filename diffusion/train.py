@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -340,14 +341,24 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
         device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
         resume: True continues from the newest checkpoint of ``run_dir``, a path from that checkpoint or run folder;
             False starts fresh (refused if ``run_dir`` has checkpoints).
+
+    Refused (:class:`~lightvision.engine.run_lock.RunFolderInUse`) while another process trains into ``run_dir``.
     """
     from accelerate import PartialState
 
     from lightvision.engine.device import resolve_device
-    from lightvision.engine.trainer import Trainer, make_accelerator
+    from lightvision.engine.run_lock import run_folder_lock
 
     cpu = resolve_device(device) == "cpu"
     state = PartialState(cpu=cpu)  # cpu: several CPU processes join one gloo group
+    with run_folder_lock(cfg["run_dir"], state):
+        return _train(cfg, state, cpu, resume)
+
+
+def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
+    """:func:`train` with the run folder locked, on the processes of ``state`` (``cpu``: forced onto the CPU)."""
+    from lightvision.engine.trainer import Trainer, make_accelerator
+
     torch.manual_seed(int(cfg["seed"]))
     run_dir = Path(cfg["run_dir"])
     data = cfg["data"]
