@@ -31,20 +31,22 @@ from torch.utils.data import IterableDataset
 
 from lightvision.classify.encoded import check_image_bytes
 
-__all__ = ["ShardDataset", "decode_pil", "checked_bytes", "make_shards", "read_index"]
+__all__ = ["ShardDataset", "checked_bytes", "decode_pil", "image_problem", "make_shards", "read_index"]
 
 META_KEYS = ("cls", "path")
 SHUFFLE_BUFFER = 2000
 
 
 def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Write an ImageFolder split as tar shards.
+    """Write an ImageFolder split as tar shards; files that are not readable images (empty, unknown, truncated,
+    undecodable: :func:`image_problem`) are left out, and named in the index.
 
     Args:
         folder: the split as a torchvision ImageFolder (``samples``, ``classes``, ``root``).
         out: output folder (created); split: the split's name (file prefix); shard_size: images per shard.
     Returns:
-        the index written to ``out/<split>.json``.
+        the index written to ``out/<split>.json``: split, classes, count (images written), shards, and
+        ``skipped``: [path in the split, why] per file left out.
     """
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1 image, got {shard_size}")
@@ -54,26 +56,44 @@ def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000
     if split == "train":
         random.Random(seed).shuffle(samples)
     root = Path(folder.root)
+    count, skipped = 0, []
     with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
-        for i, (path, label) in enumerate(samples):
+        for path, label in samples:
+            data, name = Path(path).read_bytes(), str(Path(path).relative_to(root))
+            problem = image_problem(data, name)
+            if problem is not None:
+                skipped.append([name, problem])
+                continue
             ext = Path(path).suffix.lower().lstrip(".") or "img"
-            sink.write(
-                {
-                    "__key__": f"{i:08d}",
-                    ext: Path(path).read_bytes(),
-                    "cls": str(label).encode(),
-                    "path": str(Path(path).relative_to(root)).encode(),
-                }
-            )
+            sink.write({"__key__": f"{count:08d}", ext: data, "cls": str(label).encode(), "path": name.encode()})
+            count += 1
         shards = sink.shard
+    if not count:
+        raise ValueError(f"no readable image in {root} ({len(skipped)} unreadable): nothing to pack")
     index = {
         "split": split,
         "classes": list(folder.classes),
-        "count": len(samples),
+        "count": count,
         "shards": [f"{split}-{i:06d}.tar" for i in range(shards)],
+        "skipped": sorted(skipped),
     }
     (out / f"{split}.json").write_text(json.dumps(index, indent=1))
     return index
+
+
+def image_problem(data: bytes, name: str) -> str | None:
+    """Why the file ``name`` holding ``data`` is not a readable image (empty, unknown signature, truncated, does not
+    decode), or None when it reads. JPEGs are decoded at 1/8 scale (every byte is still read)."""
+    if not data:
+        return "empty file (0 bytes)"
+    try:
+        check_image_bytes(data, name)
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (1, 1))
+            img.load()
+    except (OSError, ValueError, SyntaxError) as err:  # what PIL raises for damaged files (as the readers catch)
+        return str(err) or type(err).__name__
+    return None
 
 
 def read_index(root: str | Path, split: str) -> dict[str, Any]:
