@@ -45,6 +45,7 @@ from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTr
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
 from lightvision.engine.data import SafeImageFolder
+from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
 
 __all__ = [
@@ -255,13 +256,17 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
     for ``data.pipeline: gpu``, (index, label) batches read in this process for decoded images
-    (:class:`~lightvision.classify.decoded.DecodedImages`)."""
+    (:class:`~lightvision.classify.decoded.DecodedImages`). ``data.pipeline: cpu`` augments each sample with draws
+    keyed by (``train.seed``, epoch, position) (:mod:`lightvision.engine.sample_draws`), so a resume replays them."""
     repeats = cfg["aug"]["repeated_aug"]
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
     decoded = isinstance(dataset, DecodedImages)
     gpu = cfg["data"]["pipeline"] == "gpu" and not decoded
     workers = 0 if decoded else workers
+    if cfg["data"]["pipeline"] == "cpu" and not iterable:
+        sampler = KeyedSampler(len(dataset), cfg["train"]["seed"], sampler)
+        dataset = KeyedDraws(dataset)
     return DataLoader(
         dataset,
         batch_size=cfg["train"]["batch_size"],

@@ -30,6 +30,7 @@ from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
 from lightvision.engine.data import loader_workers
+from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 
 DEFAULTS: dict = {
     "base": None,
@@ -393,10 +394,10 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
             f"({state.num_processes} x {t['grad_accum_steps']})"
         )
     workers = loader_workers(int(data["num_workers"]))
-    loader = DataLoader(
-        dataset,
+    loader = DataLoader(  # draws in the workers (pixel flips) keyed by (seed, epoch, position): replayed on resume
+        KeyedDraws(dataset),
+        sampler=KeyedSampler(len(dataset), int(cfg["seed"])),
         batch_size=per_process,
-        shuffle=True,
         drop_last=True,
         num_workers=workers,
         pin_memory=torch.cuda.is_available(),
