@@ -147,9 +147,8 @@ def train_dataset(cfg: dict) -> Dataset:
     tf = None if gpu else train_transform(cfg["aug"], cfg["model"]["img_size"], *norm_stats(cfg))
     if d["format"] == "shards":
         decode = checked_bytes if gpu else decode_pil
-        return ShardDataset(
-            d["root"], d["train_split"], decode, train=True, repeats=cfg["aug"]["repeated_aug"], transform=tf
-        )
+        repeats, seed = cfg["aug"]["repeated_aug"], cfg["train"]["seed"]
+        return ShardDataset(d["root"], d["train_split"], decode, train=True, repeats=repeats, transform=tf, seed=seed)
     return image_folder(d["root"], d["train_split"], tf, loader=read_image_bytes if gpu else None)
 
 
@@ -275,7 +274,7 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
         drop_last=True,
         num_workers=workers,
         pin_memory=pin_memory and not gpu,
-        persistent_workers=workers > 0,
+        persistent_workers=workers > 0 and not iterable,  # shard workers start each epoch with its number
         collate_fn=collate_encoded if gpu else None,
     )
 

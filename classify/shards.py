@@ -27,9 +27,11 @@ from typing import Any
 
 import webdataset as wds
 from PIL import Image
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from lightvision.classify.encoded import check_image_bytes
+from lightvision.engine.batch_random import hashed_seed
+from lightvision.engine.sample_draws import seed_generators
 
 __all__ = ["ShardDataset", "checked_bytes", "decode_pil", "image_problem", "make_shards", "read_index"]
 
@@ -115,6 +117,8 @@ class ShardDataset(IterableDataset):
         decode: ``decode(image bytes, key) -> image`` (raises OSError / ValueError for an unreadable image, which is
             skipped and counted); transform: applied to the decoded image (its errors are raised, not skipped).
         train: shuffle shards and samples, and repeat; repeats: ``aug.repeated_aug``.
+        seed: with the epoch (:meth:`set_epoch`) and the loader worker, what the shuffles and the transform's draws
+            are a function of, so an epoch read again (a resumed run skipping its first batches) is the same stream.
     """
 
     def __init__(
@@ -125,15 +129,21 @@ class ShardDataset(IterableDataset):
         train: bool,
         repeats: int = 1,
         transform: Callable[[Any], Any] | None = None,
+        seed: int = 0,
     ):
         index = read_index(root, split)
         self.classes, self.count = index["classes"], index["count"]
         self.urls = [str(Path(root) / name) for name in index["shards"]]
         self.decode, self.transform, self.train, self.repeats = decode, transform, train, max(1, repeats)
+        self.seed, self.epoch = seed, 0
         self._skipped = multiprocessing.Value("i", 0)
 
     def __len__(self) -> int:
         return self.count
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (loader workers that are not persistent see it)."""
+        self.epoch = epoch
 
     def skipped_images(self) -> int:
         """How many unreadable images were skipped so far (all workers, and the device decoder)."""
@@ -144,14 +154,19 @@ class ShardDataset(IterableDataset):
         with self._skipped.get_lock():
             self._skipped.value += n
 
+    def _key(self, *parts: object) -> int:
+        """A seed from (seed, epoch, loader worker, ``parts``)."""
+        info = get_worker_info()
+        return hashed_seed("shards", self.seed, self.epoch, 0 if info is None else info.id, *parts)
+
     def _repeat(self, samples: Iterator[dict]) -> Iterator[dict]:
-        offset = random.randrange(self.repeats)  # which one of every r samples (in shuffled shard order) is kept
+        offset = random.Random(self._key("repeat")).randrange(self.repeats)  # which one of every r samples is kept
         for i, sample in enumerate(samples):
             if (i + offset) % self.repeats == 0:
                 yield from [sample] * self.repeats
 
     def _items(self, samples: Iterator[dict]) -> Iterator[Any]:
-        for sample in samples:
+        for i, sample in enumerate(samples):
             key = sample.get("path", sample["__key__"].encode()).decode()
             ext = next(k for k in sample if not k.startswith("__") and k not in META_KEYS)
             try:
@@ -160,14 +175,20 @@ class ShardDataset(IterableDataset):
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
                 continue
-            yield (image if self.transform is None else self.transform(image)), int(sample["cls"])
+            if self.transform is not None:
+                seed_generators(self._key("sample", i))  # the draws of this place in this worker's stream
+                image = self.transform(image)
+            yield image, int(sample["cls"])
 
     def __iter__(self) -> Iterator[Any]:
-        pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False, empty_check=False)
+        urls = list(self.urls)
+        if self.train:  # the same shard order in every worker (each takes every n-th shard), new every epoch
+            random.Random(hashed_seed("shards", self.seed, self.epoch)).shuffle(urls)
+        pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
         if self.train:
             if self.repeats > 1:
                 pipeline = pipeline.compose(self._repeat)
-            pipeline = pipeline.shuffle(SHUFFLE_BUFFER)
+            pipeline = pipeline.shuffle(SHUFFLE_BUFFER, rng=random.Random(self._key("buffer")))
         return iter(pipeline.compose(self._items))
 
 

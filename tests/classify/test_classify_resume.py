@@ -1,7 +1,7 @@
 """Exact classifier resume with real processes: a run killed at an epoch boundary (SIGKILL, resumed from the epoch's
 checkpoint) or stopped mid-epoch (SIGTERM) and resumed logs the uninterrupted run's losses and validation metrics,
 with the full DeiT augmentation (random resized crop, flip, RandAugment, random erasing, Mixup / CutMix) on both
-pipelines."""
+pipelines and from shards."""
 
 from __future__ import annotations
 
@@ -16,8 +16,15 @@ from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 
 DRIVER = Path(__file__).with_name("stop_at_step.py")
-PIPELINES = {"cpu": {"num_workers": "2"}, "gpu": {"pipeline": "gpu"}}  # cpu: augmented in 2 loader workers
-STEPS = 6  # 12 images, batch 4: 3 steps per epoch, 2 epochs
+# data section and repeated augmentation: cpu augments in 2 loader workers, with RepeatAugSampler (16 x 3 / 3 per
+# epoch); gpu on the device from a shuffled folder; shards in 2 workers, 2 shards of 4 images each
+PIPELINES = {
+    "cpu": ({"num_workers": "2"}, 3),
+    "gpu": ({"pipeline": "gpu"}, 1),
+    "shards": ({"num_workers": "2", "format": "shards"}, 1),
+}
+EPOCH = 4  # 16 images, batch 4
+STEPS = 2 * EPOCH
 
 
 def records(run: Path) -> tuple[list[dict], dict]:
@@ -30,11 +37,23 @@ def records(run: Path) -> tuple[list[dict], dict]:
 
 
 def train_args(tmp_path: Path, pipeline: str) -> list[str]:
-    data = tmp_path / "data"
-    write_dark_light_folder(data, per_class=6)
-    repeats = "3" if pipeline == "cpu" else "1"  # RepeatAugSampler (12 x 3 / 3 per epoch), shuffled folder
-    recipe = tiny_classify_recipe(tmp_path, data, **PIPELINES[pipeline])
-    return ["classify", "train", "--config", str(recipe), "--device", "cpu", f"aug.repeated_aug={repeats}"]
+    data, section = tmp_path / "data", PIPELINES[pipeline][0]
+    write_dark_light_folder(data, per_class=8)
+    if section.get("format") == "shards":
+        for split in ("train", "val"):
+            argv = ["classify", "make-shards", "--data", str(data), "--out", str(tmp_path / "shards")]
+            assert cli.run([*argv, "--split", split, "--shard-size", "4"]) == 0
+        data = tmp_path / "shards"
+    recipe = tiny_classify_recipe(tmp_path, data, **section)
+    return [
+        "classify",
+        "train",
+        "--config",
+        str(recipe),
+        "--device",
+        "cpu",
+        f"aug.repeated_aug={PIPELINES[pipeline][1]}",
+    ]
 
 
 @pytest.fixture(scope="module", params=sorted(PIPELINES))
@@ -45,11 +64,11 @@ def reference(request, tmp_path_factory) -> tuple[list[str], tuple[list[dict], d
     assert cli.run([*args, "--out", str(tmp / "run")]) == 0
     got = records(tmp / "run")
     assert [r["step"] for r in got[0] if "loss" in r] == list(range(1, STEPS + 1))
-    assert [r["step"] for r in got[0] if "val_top1" in r] == [3]  # after epoch 1; the final one is in the results
+    assert [r["step"] for r in got[0] if "val_top1" in r] == [EPOCH]  # epoch 1; the final one is in the results
     return args, got
 
 
-@pytest.mark.parametrize(("signal", "at", "resumes_from"), [("KILL", 5, 3), ("TERM", 2, 2)])
+@pytest.mark.parametrize(("signal", "at", "resumes_from"), [("KILL", EPOCH + 2, EPOCH), ("TERM", 2, 2)])
 def test_resume_repeats_the_run(tmp_path, reference, signal, at, resumes_from):
     args, expected = reference
     run = tmp_path / "run"
