@@ -10,8 +10,10 @@ a shuffled order (seeded), the others in folder order.
 Reading (:class:`ShardDataset`): every loader worker reads its own shards; training shuffles the shard order and a
 buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
 stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
-``RepeatAugSampler`` gives. Items are what the folder datasets give: (transformed image, label) for
-``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
+``RepeatAugSampler`` gives. The shuffles and the transform's draws are seeded by (seed, epoch, worker, place), so an
+epoch read again (a resumed run) is the same stream. Items are what the folder datasets give: (transformed image,
+label) for ``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning
+and counted.
 """
 
 from __future__ import annotations
@@ -176,7 +178,8 @@ class ShardDataset(IterableDataset):
                 warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
                 continue
             if self.transform is not None:
-                seed_generators(self._key("sample", i))  # the draws of this place in this worker's stream
+                if self.train:
+                    seed_generators(self._key("sample", i))  # the draws of this place in this worker's stream
                 image = self.transform(image)
             yield image, int(sample["cls"])
 
