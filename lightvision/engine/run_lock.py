@@ -3,7 +3,7 @@
 A second training into the same folder is refused at start with :class:`RunFolderInUse`, which names the folder
 and the process holding it. The operating system drops the lock when its holder exits, however it exits (SIGKILL,
 crash, preemption), so a stale lock never blocks a later run; the ``.lock`` file itself stays (it only holds the
-last holder's pid).
+last holder's pid), unless the run created the folder and wrote nothing else there (a run that failed at start).
 
 Under ``accelerate launch`` the main process takes the lock and tells the others whether it got it, so every
 process of a refused launch stops with the same error.
@@ -67,7 +67,7 @@ def run_folder_lock(run_dir: str | os.PathLike, state: Any = None) -> Iterator[N
     """
     run_dir = Path(run_dir)
     main = state is None or state.is_main_process
-    fd, error = None, None
+    fd, error, created = None, None, not run_dir.exists()
     if main:
         try:
             fd = _acquire(run_dir)
@@ -83,4 +83,7 @@ def run_folder_lock(run_dir: str | os.PathLike, state: Any = None) -> Iterator[N
         yield
     finally:
         if fd is not None:
+            if created and os.listdir(run_dir) == [LOCK_FILE]:  # a run that failed at start leaves no folder behind
+                (run_dir / LOCK_FILE).unlink()
+                run_dir.rmdir()
             os.close(fd)  # closing the only descriptor releases the flock
