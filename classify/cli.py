@@ -15,6 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
+
+SHOWN_SKIPS = 5  # unreadable files named on stderr by make-shards (the index lists all)
 
 from lightvision.cli import add_train_options, resume_setting
 
@@ -111,10 +114,19 @@ def _make_shards(args: argparse.Namespace) -> int:
     from lightvision.classify.shards import make_shards
 
     index = make_shards(image_folder(args.data, args.split, None), args.out, args.split, args.shard_size, args.seed)
+    if index["skipped"]:
+        shown = "; ".join(f"{name} ({why})" for name, why in index["skipped"][:SHOWN_SKIPS])
+        more = f"; and {len(index['skipped']) - SHOWN_SKIPS} more" if len(index["skipped"]) > SHOWN_SKIPS else ""
+        print(
+            f"make-shards: left out {len(index['skipped'])} unreadable image(s) of {args.split} (all listed under "
+            f'"skipped" in {args.out}/{args.split}.json): {shown}{more}',
+            file=sys.stderr,
+        )
     print(
         json.dumps(
             {k: index[k] for k in ("split", "count")}
-            | {"classes": len(index["classes"]), "shards": len(index["shards"]), "out": args.out}
+            | {"skipped": len(index["skipped"]), "classes": len(index["classes"]), "shards": len(index["shards"])}
+            | {"out": args.out}
         )
     )
     return 0

@@ -45,6 +45,7 @@ from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTr
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
 from lightvision.engine.data import SafeImageFolder
+from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
 
 __all__ = [
@@ -146,9 +147,8 @@ def train_dataset(cfg: dict) -> Dataset:
     tf = None if gpu else train_transform(cfg["aug"], cfg["model"]["img_size"], *norm_stats(cfg))
     if d["format"] == "shards":
         decode = checked_bytes if gpu else decode_pil
-        return ShardDataset(
-            d["root"], d["train_split"], decode, train=True, repeats=cfg["aug"]["repeated_aug"], transform=tf
-        )
+        repeats, seed = cfg["aug"]["repeated_aug"], cfg["train"]["seed"]
+        return ShardDataset(d["root"], d["train_split"], decode, train=True, repeats=repeats, transform=tf, seed=seed)
     return image_folder(d["root"], d["train_split"], tf, loader=read_image_bytes if gpu else None)
 
 
@@ -255,13 +255,17 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
     for ``data.pipeline: gpu``, (index, label) batches read in this process for decoded images
-    (:class:`~lightvision.classify.decoded.DecodedImages`)."""
+    (:class:`~lightvision.classify.decoded.DecodedImages`). ``data.pipeline: cpu`` augments each sample with draws
+    keyed by (``train.seed``, epoch, position) (:mod:`lightvision.engine.sample_draws`), so a resume replays them."""
     repeats = cfg["aug"]["repeated_aug"]
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
     decoded = isinstance(dataset, DecodedImages)
     gpu = cfg["data"]["pipeline"] == "gpu" and not decoded
     workers = 0 if decoded else workers
+    if cfg["data"]["pipeline"] == "cpu" and not iterable:
+        sampler = KeyedSampler(len(dataset), cfg["train"]["seed"], sampler)
+        dataset = KeyedDraws(dataset)
     return DataLoader(
         dataset,
         batch_size=cfg["train"]["batch_size"],
@@ -270,7 +274,7 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
         drop_last=True,
         num_workers=workers,
         pin_memory=pin_memory and not gpu,
-        persistent_workers=workers > 0,
+        persistent_workers=workers > 0 and not iterable,  # shard workers start each epoch with its number
         collate_fn=collate_encoded if gpu else None,
     )
 

@@ -449,7 +449,8 @@ class DeiT(nn.Module):
 
         Args:
             x: images [B, C, H, W] (H, W multiples of the patch).
-            indices: blocks to return: None all, an int n the last n, a list their indices (negative from the end).
+            indices: blocks to return, in depth order: None all, an int n the last n, a list their indices (negative
+                from the end).
             return_prefix_tokens: pair each intermediate with its cls token [B, 1, D].
             norm: pass each intermediate through the final norm.
             stop_early: accepted for timm's interface; every block of the model runs (``prune_intermediate_layers``
@@ -475,7 +476,7 @@ class DeiT(nn.Module):
                 hook.remove()
         grid = self.grid_size((x.shape[-2], x.shape[-1]))
         out = []
-        for i in take:
+        for i in sorted(taken):  # depth order, each block once, whatever the order of ``indices`` (as timm's ViT)
             y = self.norm(taken[i]) if norm else taken[i]
             prefix, y = y[:, : self.num_prefix_tokens], y[:, self.num_prefix_tokens :]
             if output_fmt == "NCHW":

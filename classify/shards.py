@@ -10,8 +10,10 @@ a shuffled order (seeded), the others in folder order.
 Reading (:class:`ShardDataset`): every loader worker reads its own shards; training shuffles the shard order and a
 buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
 stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
-``RepeatAugSampler`` gives. Items are what the folder datasets give: (transformed image, label) for
-``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
+``RepeatAugSampler`` gives. The shuffles and the transform's draws are seeded by (seed, epoch, worker, place), so an
+epoch read again (a resumed run) is the same stream. Items are what the folder datasets give: (transformed image,
+label) for ``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning
+and counted.
 """
 
 from __future__ import annotations
@@ -27,24 +29,28 @@ from typing import Any
 
 import webdataset as wds
 from PIL import Image
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 
 from lightvision.classify.encoded import check_image_bytes
+from lightvision.engine.batch_random import hashed_seed
+from lightvision.engine.sample_draws import seed_generators
 
-__all__ = ["ShardDataset", "decode_pil", "checked_bytes", "make_shards", "read_index"]
+__all__ = ["ShardDataset", "checked_bytes", "decode_pil", "image_problem", "make_shards", "read_index"]
 
 META_KEYS = ("cls", "path")
 SHUFFLE_BUFFER = 2000
 
 
 def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000, seed: int = 0) -> dict[str, Any]:
-    """Write an ImageFolder split as tar shards.
+    """Write an ImageFolder split as tar shards; files that are not readable images (empty, unknown, truncated,
+    undecodable: :func:`image_problem`) are left out, and named in the index.
 
     Args:
         folder: the split as a torchvision ImageFolder (``samples``, ``classes``, ``root``).
         out: output folder (created); split: the split's name (file prefix); shard_size: images per shard.
     Returns:
-        the index written to ``out/<split>.json``.
+        the index written to ``out/<split>.json``: split, classes, count (images written), shards, and
+        ``skipped``: [path in the split, why] per file left out.
     """
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1 image, got {shard_size}")
@@ -54,26 +60,44 @@ def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000
     if split == "train":
         random.Random(seed).shuffle(samples)
     root = Path(folder.root)
+    count, skipped = 0, []
     with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
-        for i, (path, label) in enumerate(samples):
+        for path, label in samples:
+            data, name = Path(path).read_bytes(), str(Path(path).relative_to(root))
+            problem = image_problem(data, name)
+            if problem is not None:
+                skipped.append([name, problem])
+                continue
             ext = Path(path).suffix.lower().lstrip(".") or "img"
-            sink.write(
-                {
-                    "__key__": f"{i:08d}",
-                    ext: Path(path).read_bytes(),
-                    "cls": str(label).encode(),
-                    "path": str(Path(path).relative_to(root)).encode(),
-                }
-            )
+            sink.write({"__key__": f"{count:08d}", ext: data, "cls": str(label).encode(), "path": name.encode()})
+            count += 1
         shards = sink.shard
+    if not count:
+        raise ValueError(f"no readable image in {root} ({len(skipped)} unreadable): nothing to pack")
     index = {
         "split": split,
         "classes": list(folder.classes),
-        "count": len(samples),
+        "count": count,
         "shards": [f"{split}-{i:06d}.tar" for i in range(shards)],
+        "skipped": sorted(skipped),
     }
     (out / f"{split}.json").write_text(json.dumps(index, indent=1))
     return index
+
+
+def image_problem(data: bytes, name: str) -> str | None:
+    """Why the file ``name`` holding ``data`` is not a readable image (empty, unknown signature, truncated, does not
+    decode), or None when it reads. JPEGs are decoded at 1/8 scale (every byte is still read)."""
+    if not data:
+        return "empty file (0 bytes)"
+    try:
+        check_image_bytes(data, name)
+        with Image.open(io.BytesIO(data)) as img:
+            img.draft("RGB", (1, 1))
+            img.load()
+    except (OSError, ValueError, SyntaxError) as err:  # what PIL raises for damaged files (as the readers catch)
+        return str(err) or type(err).__name__
+    return None
 
 
 def read_index(root: str | Path, split: str) -> dict[str, Any]:
@@ -95,6 +119,8 @@ class ShardDataset(IterableDataset):
         decode: ``decode(image bytes, key) -> image`` (raises OSError / ValueError for an unreadable image, which is
             skipped and counted); transform: applied to the decoded image (its errors are raised, not skipped).
         train: shuffle shards and samples, and repeat; repeats: ``aug.repeated_aug``.
+        seed: with the epoch (:meth:`set_epoch`) and the loader worker, what the shuffles and the transform's draws
+            are a function of, so an epoch read again (a resumed run skipping its first batches) is the same stream.
     """
 
     def __init__(
@@ -105,15 +131,21 @@ class ShardDataset(IterableDataset):
         train: bool,
         repeats: int = 1,
         transform: Callable[[Any], Any] | None = None,
+        seed: int = 0,
     ):
         index = read_index(root, split)
         self.classes, self.count = index["classes"], index["count"]
         self.urls = [str(Path(root) / name) for name in index["shards"]]
         self.decode, self.transform, self.train, self.repeats = decode, transform, train, max(1, repeats)
+        self.seed, self.epoch = seed, 0
         self._skipped = multiprocessing.Value("i", 0)
 
     def __len__(self) -> int:
         return self.count
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (loader workers that are not persistent see it)."""
+        self.epoch = epoch
 
     def skipped_images(self) -> int:
         """How many unreadable images were skipped so far (all workers, and the device decoder)."""
@@ -124,14 +156,19 @@ class ShardDataset(IterableDataset):
         with self._skipped.get_lock():
             self._skipped.value += n
 
+    def _key(self, *parts: object) -> int:
+        """A seed from (seed, epoch, loader worker, ``parts``)."""
+        info = get_worker_info()
+        return hashed_seed("shards", self.seed, self.epoch, 0 if info is None else info.id, *parts)
+
     def _repeat(self, samples: Iterator[dict]) -> Iterator[dict]:
-        offset = random.randrange(self.repeats)  # which one of every r samples (in shuffled shard order) is kept
+        offset = random.Random(self._key("repeat")).randrange(self.repeats)  # which one of every r samples is kept
         for i, sample in enumerate(samples):
             if (i + offset) % self.repeats == 0:
                 yield from [sample] * self.repeats
 
     def _items(self, samples: Iterator[dict]) -> Iterator[Any]:
-        for sample in samples:
+        for i, sample in enumerate(samples):
             key = sample.get("path", sample["__key__"].encode()).decode()
             ext = next(k for k in sample if not k.startswith("__") and k not in META_KEYS)
             try:
@@ -140,14 +177,21 @@ class ShardDataset(IterableDataset):
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
                 continue
-            yield (image if self.transform is None else self.transform(image)), int(sample["cls"])
+            if self.transform is not None:
+                if self.train:
+                    seed_generators(self._key("sample", i))  # the draws of this place in this worker's stream
+                image = self.transform(image)
+            yield image, int(sample["cls"])
 
     def __iter__(self) -> Iterator[Any]:
-        pipeline = wds.WebDataset(self.urls, shardshuffle=len(self.urls) if self.train else False, empty_check=False)
+        urls = list(self.urls)
+        if self.train:  # the same shard order in every worker (each takes every n-th shard), new every epoch
+            random.Random(hashed_seed("shards", self.seed, self.epoch)).shuffle(urls)
+        pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
         if self.train:
             if self.repeats > 1:
                 pipeline = pipeline.compose(self._repeat)
-            pipeline = pipeline.shuffle(SHUFFLE_BUFFER)
+            pipeline = pipeline.shuffle(SHUFFLE_BUFFER, rng=random.Random(self._key("buffer")))
         return iter(pipeline.compose(self._items))
 
 

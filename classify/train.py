@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from accelerate import PartialState
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from timm.optim import create_optimizer_v2
 from torch import nn
@@ -49,6 +50,7 @@ from lightvision.engine.config import check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.guards import NAN_POLICIES
+from lightvision.engine.run_lock import run_folder_lock
 from lightvision.engine.weights import record_init
 from lightvision.ops._checks import check_choice
 
@@ -240,6 +242,7 @@ def _check_sizes(sizes: Any, model: nn.Module) -> None:
 def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[str, Any]:
     """Train with the resolved config ``cfg`` (see ``DEFAULTS``); returns the final validation metrics with the run's
     step, epochs, steps run by this call and ``interrupted`` (True when a SIGTERM stopped it after a checkpoint).
+    Refused (:class:`~lightvision.engine.run_lock.RunFolderInUse`) while another process trains into ``run.dir``.
 
     Args:
         device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
@@ -247,6 +250,12 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict[s
             False starts fresh (refused if ``run.dir`` has checkpoints).
     """
     check_recipe(cfg)
+    with run_folder_lock(cfg["run"]["dir"], PartialState(cpu=resolve_device(device) == "cpu")):
+        return _train(cfg, device, resume)
+
+
+def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
+    """:func:`train` with the run folder locked."""
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
     accelerator = make_accelerator(
         t["mixed_precision"] or "no",

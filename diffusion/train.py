@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from lightvision.engine.compiled import compile_setting
 from lightvision.engine.config import check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.guards import NAN_POLICIES
+from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
 
 DEFAULTS: dict = {
@@ -392,15 +394,25 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
         device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
         resume: True continues from the newest checkpoint of ``run_dir``, a path from that checkpoint or run folder;
             False starts fresh (refused if ``run_dir`` has checkpoints).
+
+    Refused (:class:`~lightvision.engine.run_lock.RunFolderInUse`) while another process trains into ``run_dir``.
     """
     from accelerate import PartialState
 
     from lightvision.engine.device import resolve_device
-    from lightvision.engine.trainer import Trainer, make_accelerator
+    from lightvision.engine.run_lock import run_folder_lock
 
     check_recipe(cfg)
     cpu = resolve_device(device) == "cpu"
     state = PartialState(cpu=cpu)  # cpu: several CPU processes join one gloo group
+    with run_folder_lock(cfg["run_dir"], state):
+        return _train(cfg, state, cpu, resume)
+
+
+def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
+    """:func:`train` with the run folder locked, on the processes of ``state`` (``cpu``: forced onto the CPU)."""
+    from lightvision.engine.trainer import Trainer, make_accelerator
+
     torch.manual_seed(int(cfg["seed"]))
     run_dir = Path(cfg["run_dir"])
     data = cfg["data"]
@@ -436,10 +448,10 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
             f"({state.num_processes} x {t['grad_accum_steps']})"
         )
     workers = loader_workers(int(data["num_workers"]))
-    loader = DataLoader(
-        dataset,
+    loader = DataLoader(  # draws in the workers (pixel flips) keyed by (seed, epoch, position): replayed on resume
+        KeyedDraws(dataset),
+        sampler=KeyedSampler(len(dataset), int(cfg["seed"])),
         batch_size=per_process,
-        shuffle=True,
         drop_last=True,
         num_workers=workers,
         pin_memory=torch.cuda.is_available(),

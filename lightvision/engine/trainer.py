@@ -19,8 +19,9 @@ Determinism and exact resume:
 SIGTERM (preemption, ``scancel``) during ``fit`` finishes the current step, checkpoints it on every process
 and returns with ``interrupted=True``; a second SIGTERM terminates at once.
 
-Randomness inside DataLoader workers (augmentations) follows the worker seeds and is not replayed exactly
-after a resume; the order of samples is.
+Randomness inside DataLoader workers (augmentations) follows the worker seeds, and is replayed after a resume only
+when the loader keys it by the sample's slot (:mod:`lightvision.engine.sample_draws`, as the classifier's cpu
+pipeline does); the order of samples always is.
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def _record_stream(tree: Any, stream: torch.cuda.Stream) -> None:
     elif isinstance(tree, (list, tuple)):
         for value in tree:
             _record_stream(value, stream)
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """``loader.set_epoch(epoch)``, and ``set_epoch`` of the sampler under every level of nested batch samplers:
+    accelerate's stops two levels down, short of the sampler of a multi-process loader that skips batches (the rest
+    of an epoch after a resume), which would then draw another epoch's order."""
+    loader.set_epoch(epoch)
+    node = getattr(loader, "batch_sampler", None)
+    while node is not None:
+        sampler = getattr(node, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        node = getattr(node, "batch_sampler", None)
 
 
 def _positive(name: str, value: int) -> None:
@@ -298,7 +312,7 @@ class Trainer:
             loader = self.train_loader
             if index:
                 loader = self.accelerator.skip_first_batches(loader, index)
-            loader.set_epoch(epoch)
+            set_loader_epoch(loader, epoch)
             empty = True
             for batch in loader:
                 empty = False

@@ -292,3 +292,18 @@ def test_features_only_through_timm(attention):
     assert len(tiny(attention, depth=4, features_only=True)(x)) == 3  # timm ViT default: the last 3 blocks
     with pytest.raises(ValueError, match="output_fmt"):
         model.forward_intermediates(x, output_fmt="NHWC")
+
+
+def test_intermediates_in_depth_order_like_timm_vit():
+    """Indices in any order (or repeated) give the blocks in depth order, each once, as timm's VisionTransformer."""
+    x = torch.randn(2, 3, 16, 16)
+    vit = timm.models.VisionTransformer(**{**TINY, "depth": 3}).eval()
+    model = tiny("softmax", depth=3).eval()
+    with torch.no_grad():
+        for net in (vit, model):
+            ordered = net.forward_intermediates(x, indices=[0, 2], intermediates_only=True)
+            for indices in ([2, 0], [-1, 0, 2]):
+                got = net.forward_intermediates(x, indices=indices, intermediates_only=True)
+                assert len(got) == 2, (type(net).__name__, indices)
+                for a, b in zip(got, ordered):
+                    torch.testing.assert_close(a, b)

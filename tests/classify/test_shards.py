@@ -4,6 +4,7 @@ labels (both pipelines), and `classify train` runs on shards."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -76,3 +77,21 @@ def test_classify_train_on_shards(shards, tmp_path):
         assert cli.run(["classify", "train", "--config", str(cfg), "--out", str(run), "--device", "cpu"]) == 0
         results = json.loads((run / "results.json").read_text())
         assert results["step"] == 4 and results["val_images"] == 8 and results["skipped_images"] == 0
+
+
+def test_make_shards_leaves_out_unreadable_files_and_names_them(tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "shards"
+    write_jpeg_folder(data)  # train/dark: truncated t.jpg, x.jpg not an image, z.jpg that does not decode
+    (data / "train" / "light" / "e.jpg").write_bytes(b"")
+    assert cli.main(["classify", "make-shards", "--data", str(data), "--out", str(out), "--split", "train"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["count"] == 9 and json.loads(captured.out)["skipped"] == 4
+    index = json.loads((out / "train.json").read_text())
+    bad = ["dark/t.jpg", "dark/x.jpg", "dark/z.jpg", "light/e.jpg"]
+    assert index["count"] == 9 and [name for name, _ in index["skipped"]] == bad
+    assert dict(index["skipped"])["light/e.jpg"] == "empty file (0 bytes)"
+    assert "left out 4 unreadable image(s)" in captured.err and all(name in captured.err for name in bad)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="skipping unreadable")  # nothing left to skip when reading
+        items = list(ShardDataset(out, "train", decode_pil, train=False))
+    assert len(items) == 9

@@ -214,6 +214,30 @@ def test_sample_refuses_bad_counts_before_writing(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_pixel_training_resumes_with_the_same_flips(tmp_path):
+    """Random flips of the pixel reader are keyed by the sample's slot: 2 steps + resume to 4 = 4 steps straight."""
+    rng = np.random.default_rng(0)
+    for c in ("a", "b"):
+        (tmp_path / "train" / c).mkdir(parents=True)
+        for i in range(4):
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "train" / c / f"{i}.png")
+
+    def run(name: str, steps: int, **kwargs):
+        keys = ["model.name=softmax_dit_s_2", "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}"]
+        keys += ["data.source=imagefolder", f"data.root={tmp_path}", "data.image_size=8", "data.num_classes=2"]
+        keys += ["data.batch_size=4", "data.num_workers=0", "autoencoder.kind=pixel", f"train.max_steps={steps}"]
+        keys += ["train.mixed_precision='no'", "sample.every=100", f"run_dir={tmp_path / name}"]
+        train(load_recipe(None, keys), **kwargs)
+        return CheckpointManager(tmp_path / name).latest() / "model.safetensors"
+
+    from safetensors.torch import load_file
+
+    straight = load_file(run("straight", 4))
+    run("stopped", 2)
+    resumed = load_file(run("stopped", 4, resume=True))
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
 def test_corrupt_image_is_skipped_in_pixel_training(tmp_path):
     """Pixel-space training reads image folders through the same reader as classification: a truncated JPEG is
     skipped with a warning that names it, training goes on."""
