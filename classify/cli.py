@@ -17,9 +17,9 @@ import json
 import logging
 import sys
 
-SHOWN_SKIPS = 5  # unreadable files named on stderr by make-shards (the index lists all)
-
 from lightvision.cli import add_train_options, resume_setting
+
+SHOWN_SKIPS = 5  # unreadable files named on stderr by make-shards (the index lists all)
 
 
 def _train(args: argparse.Namespace) -> int:
