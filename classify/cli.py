@@ -66,6 +66,7 @@ def _eval(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             num_workers=args.num_workers,
             device=args.device,
+            model_args={"pos_unit": args.pos_unit} if args.pos_unit else None,
         )
     if report["paths"]:
         print(open(report["paths"]["markdown"]).read())
@@ -92,7 +93,11 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
         num_workers=args.num_workers,
         device=args.device,
         recipe=args.config,
-        model_args={"global_pool": args.global_pool} if args.global_pool is not None else None,
+        model_args={
+            **({"global_pool": args.global_pool} if args.global_pool is not None else {}),
+            **({"pos_unit": args.pos_unit} if args.pos_unit else {}),
+        }
+        or None,
     )
 
 
@@ -178,7 +183,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--global-pool",
         choices=["token", "avg", "avg_all"],
-        help="with --pretrained: the head's pooling (default: cls token; LION authors' layout: avg_all)",
+        help="with --pretrained: the head's pooling (default: the model's, LION authors' layout: avg_all)",
+    )
+    ev.add_argument(
+        "--pos-unit",
+        choices=["image", "token"],
+        help="what positions count at other sizes: cells of the training grid (image, the default of models trained "
+        "since position units exist) or patches of the grid at hand (token)",
     )
     ev.add_argument(
         "--data",

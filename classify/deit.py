@@ -31,7 +31,7 @@ Per-attention architecture (``FAMILIES``):
   paper puts MD-TPE after the patch embedding instead; on CIFAR-10 DeiT-T (4 epochs, evaluated at 32 / 48 / 64 px)
   sin-cos alone scored 60.7 / 46.1 / 28.1% top-1 against 59.1 / 42.1 / 29.0% with that MD-TPE, so MD-TPE is an
   option (``tpe_placement="embed"``, ``pos_embed="none"``: the family default of checkpoints that do not record
-  their position settings, ``LEGACY_POSITION``). The paper does not name the block norm; we use RMSNorm (the
+  their position settings, ``LEGACY_ARGS``). The paper does not name the block norm; we use RMSNorm (the
   TNL / HGRN2 line LightNet builds on). The GLU hidden width is 8/3 of the model width (same parameters as a
   ratio-4 MLP), which gives 5.80M / 22.15M / 87.21M against the paper's 6.0M / 22.64M / 87.74M (within 4%);
   heads are the paper's 6 / 16 / 16.
@@ -39,7 +39,7 @@ Per-attention architecture (``FAMILIES``):
   embedding: nothing else gives it position (LION paper, Table 12 row 5 and Sec. D.7).
 * ``lion_d``, ``lion_s``, ``lion_d_snake``, ``lion_s_snake``: no absolute position embedding. Their decay
   masks carry relative position (LION paper Sec. 4 and D.7: "LION-S does not require any positional
-  encodings"), which is what lets them run above the training resolution unchanged.
+  encodings"); the head reads the mean of every token (the LION authors' classifiers, ``global_pool="avg_all"``).
 * ``normalized`` (normalized attention, Sieber et al. Eq. 21; ``lightvision.ops.normalized``): DeiT's block as
   published (LayerNorm, GELU MLP, learned absolute position embedding, heads 3 / 6 / 12), only the token mixer
   changes, so a comparison with ``softmax`` and ``lion_lit`` measures the attention alone. The core has no
@@ -47,6 +47,12 @@ Per-attention architecture (``FAMILIES``):
   in range: eta = exp(w^T u) reads the normed token u, whose length is set by the norm's affine parameters rather
   than by the residual stream's growth with depth, so the clamp of log eta is a guard, not a regime. The extra
   Linear(dim, heads) adds under 0.1% parameters.
+
+Other sizes (``pos_unit``, docs/spec.md 1.8): the grid a model was built for (``img_size`` / patch, kept by
+``set_input_size``) is its training grid, and by default every position signal counts in its cells: the sin-cos
+embedding and MD-LRPE at coordinates times training grid / grid, MD-TPE and LION decays per step rescaled to cover
+the same image fraction. So at 64 px a model trained at 32 px sees each object's parts where it learned them, as the
+resampled learned embedding of softmax does; ``pos_unit="token"`` counts patches instead.
 
 Sizes (docs/spec.md 3): depth 12; width 192 / 384 / 768; heads 3 / 6 / 12 (LightNet 6 / 16 / 16).
 """
@@ -82,7 +88,7 @@ from lightvision.ops._checks import check_choice
 __all__ = [
     "FAMILIES",
     "GLOBAL_POOLS",
-    "LEGACY_POSITION",
+    "LEGACY_ARGS",
     "MODEL_NAMES",
     "POS_EMBEDS",
     "SIZES",
@@ -93,7 +99,7 @@ __all__ = [
     "create_deit",
     "create_from_config",
     "model_name",
-    "position_args",
+    "recorded_args",
 ]
 
 
@@ -107,6 +113,7 @@ class Family:
         other grids), "sincos" (fixed 2-D sin-cos on the patch tokens, computed for every grid) or "none".
     tpe_placement: MD-TPE "none", once after the patch embedding ("embed") or at the start of every block ("block").
     heads: heads per size (tiny, small, base).
+    global_pool: the head's input, one of ``GLOBAL_POOLS``.
     """
 
     norm: str
@@ -114,13 +121,17 @@ class Family:
     pos_embed: str
     tpe_placement: str
     heads: tuple[int, int, int] = (3, 6, 12)
+    global_pool: str = "token"
 
 
 POS_EMBEDS = ("learned", "sincos", "none")
 # cls token, mean of the patch tokens, mean of every token with the cls token (the LION authors' classifiers), none
 GLOBAL_POOLS = ("token", "avg", "avg_all", "")
 _DEIT = Family(norm="layernorm", mlp="gelu", pos_embed="learned", tpe_placement="none")
-_LION_MASKED = Family(norm="layernorm", mlp="gelu", pos_embed="none", tpe_placement="none")
+# LION-D / S and the snake orders pool the mean of every token, as the LION authors' classifiers: on CIFAR-10 (DeiT-T,
+# 200 epochs) it beat the cls token by 2.4-2.5 points at 32 px, and the cls token's reach along the raster decay
+# shrinks on larger grids (benchmarks/results/classify_cifar10_resolution_table_h200x4_20261127.json)
+_LION_MASKED = Family(norm="layernorm", mlp="gelu", pos_embed="none", tpe_placement="none", global_pool="avg_all")
 FAMILIES: dict[str, Family] = {
     "softmax": _DEIT,
     "lightnet": Family(norm="rmsnorm", mlp="glu", pos_embed="sincos", tpe_placement="none", heads=(6, 16, 16)),
@@ -131,9 +142,13 @@ FAMILIES: dict[str, Family] = {
     "lion_s_snake": _LION_MASKED,
     "normalized": _DEIT,
 }
-# Position settings of families whose default changed, as checkpoints written before the change were built; those
-# checkpoints do not record them (``create_from_config`` fills them in, ``position_args`` records them from now on).
-LEGACY_POSITION: dict[str, dict[str, str]] = {"lightnet": {"pos_embed": "none", "tpe_placement": "embed"}}
+# Settings whose default changed, as checkpoints written before the change were built; those checkpoints do not
+# record them (``create_from_config`` fills them in, ``recorded_args`` records them from now on): LightNet's position
+# signals, and the head's pooling of every family (the cls token until LION-D / S took the mean of every token).
+LEGACY_ARGS: dict[str, dict[str, str]] = {
+    **{attention: {"global_pool": "token"} for attention in FAMILIES},
+    "lightnet": {"pos_embed": "none", "tpe_placement": "embed", "global_pool": "token"},
+}
 SIZES: dict[str, dict[str, int]] = {
     "tiny": dict(depth=12, embed_dim=192),
     "small": dict(depth=12, embed_dim=384),
@@ -223,7 +238,8 @@ class DeiT(nn.Module):
         in_chans: image channels.
         num_classes: classifier outputs; 0 gives no head (``forward`` returns pooled features).
         global_pool: "token" (cls token, DeiT), "avg" (mean of the patch tokens), "avg_all" (mean of every token,
-            cls included: the LION authors' classifiers) or "" (no pooling).
+            cls included: the LION authors' classifiers) or "" (no pooling); None: the family's ("avg_all" for
+            LION-D / S and the snake orders, "token" for the others).
         attention: one of ``FAMILIES`` (the ``build_attention`` kinds).
         embed_dim, depth, num_heads: width D, number of blocks, attention heads.
         mlp_ratio: hidden / D of the GELU MLP (GLU families use 8/3).
@@ -249,7 +265,7 @@ class DeiT(nn.Module):
         patch_size: int = 16,
         in_chans: int = 3,
         num_classes: int = 1000,
-        global_pool: str = "token",
+        global_pool: str | None = None,
         attention: str = "softmax",
         embed_dim: int = 192,
         depth: int = 12,
@@ -269,8 +285,9 @@ class DeiT(nn.Module):
         check_choice(pos_unit, POS_UNITS, "pos_unit")
         if attention not in FAMILIES:
             raise ValueError(f"attention must be one of {sorted(FAMILIES)}, got {attention!r}")
-        check_choice(global_pool, GLOBAL_POOLS, "global_pool")
         family = FAMILIES[attention]
+        global_pool = family.global_pool if global_pool is None else global_pool
+        check_choice(global_pool, GLOBAL_POOLS, "global_pool")
         self.pos_embed_kind = pos_embed or family.pos_embed
         check_choice(self.pos_embed_kind, POS_EMBEDS, "pos_embed")
         self.attention = attention
@@ -608,7 +625,7 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
     name = model_config["name"]
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
-    args = {**LEGACY_POSITION.get(attention_of(name), {}), **model_config["args"]}
+    args = {**LEGACY_ARGS.get(attention_of(name), {}), **model_config["args"]}
     return timm.create_model(
         name,
         num_classes=model_config["num_classes"],
@@ -619,14 +636,12 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
     )
 
 
-def position_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` with the position settings made explicit, so that a checkpoint keeps rebuilding as it was trained
-    whatever the defaults become: the position unit for every family, the embedding and MD-TPE placement for the
-    families of ``LEGACY_POSITION``."""
-    attention = attention_of(name)
-    explicit: dict[str, Any] = {"pos_unit": "image"}
-    if attention in LEGACY_POSITION:
-        family = FAMILIES[attention]
+def recorded_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """``args`` with every setting of ``LEGACY_ARGS`` (and the position unit) made explicit, so that a checkpoint keeps
+    rebuilding as it was trained whatever the defaults become."""
+    family = FAMILIES[attention_of(name)]
+    explicit = {"pos_unit": "image", "global_pool": family.global_pool}
+    if attention_of(name) == "lightnet":
         explicit.update(pos_embed=family.pos_embed, tpe_placement=family.tpe_placement)
     return {**explicit, **args}
 

@@ -41,7 +41,7 @@ from lightvision.classify.data import (
     val_dataset,
 )
 from lightvision.classify.decoded import DecodedImages
-from lightvision.classify.deit import create_from_config, position_args
+from lightvision.classify.deit import create_from_config, recorded_args
 from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.batch_random import batch_random
@@ -149,7 +149,7 @@ def model_config(cfg: dict, num_classes: int) -> dict:
         "num_classes": num_classes,
         "in_chans": cfg["data"]["in_chans"],
         "img_size": m["img_size"],
-        "args": position_args(m["name"], m["args"] or {}),
+        "args": recorded_args(m["name"], m["args"] or {}),
     }
 
 

@@ -197,6 +197,65 @@ def render_classify_cifar10(files: list[str], **_) -> str:
     return table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
 
 
+def _top1(result: dict, pos: str) -> dict[int, float]:
+    """{image size: top-1} of a classify benchmark run in one ``--eval-pos`` setting."""
+    return {e["img_size"]: e["top1"] for e in result.get("eval", []) if e.get("pos") == pos}
+
+
+def render_resolution(files: list[str], lion_power: str = "1", **_) -> str:
+    """Top-1 at every evaluation size of each run (classify benchmark with ``--eval-pos``), in image units (LION at
+    ``lion_power``) and token units, and the points lost from 32 to 64 px; a run without evaluations shows why."""
+    rows = []
+    for name in files:
+        results = load(name)["results"]
+        sizes = sorted({e["img_size"] for r in results.values() for e in r.get("eval", [])})
+        for kind, r in results.items():
+            if "error" in r:
+                rows.append([kind, "-", r["error"], *[""] * len(sizes), ""])
+                continue
+            image = f"image:p={lion_power}" if _top1(r, f"image:p={lion_power}") else "image"
+            pool = r["recipe"]["model"]["args"].get("global_pool", "token")
+            for pos in (image, "token"):
+                acc = _top1(r, pos)
+                if pos == "token" and acc == _top1(r, image):
+                    continue
+                unit = {"token": "token", "image": "image"}.get(pos, f"image, decay power {lion_power}")
+                rows.append([kind, pool, unit, *[f"{acc[s]:.1f}" for s in sizes], f"{acc[32] - acc[64]:.1f}"])
+    return table(["attention", "head", "position unit", *[f"{s} px" for s in sizes], "lost 32 -> 64"], rows)
+
+
+def render_resolution_screen(files: list[str], **_) -> str:
+    """Top-1 at 32 / 48 / 64 / 96 px (image units) of each attention under each training switch of the screen."""
+    rows = []
+    for name in files:
+        results = load(name)["results"]
+        for kind in (k for k in results if not k.endswith(("_sizes", "_scale"))):
+            for suffix, label in (
+                ("", "the recipe"),
+                ("_sizes", "aug.sizes=[24, 32, 48]"),
+                ("_scale", "aug.scale=[0.25, 1]"),
+            ):
+                acc = _top1(results.get(kind + suffix, {}), "image")
+                rows.append([kind, label, *[f"{acc[s]:.1f}" if s in acc else "-" for s in (32, 48, 64, 96)]])
+    return table(["attention", "training", "32 px", "48 px", "64 px", "96 px"], rows)
+
+
+def render_resolution_samples(files: list[str], **_) -> str:
+    """Streak share of DiT samples at each size and position unit (the real test images' first)."""
+    rows = []
+    for name in files:
+        report = load(name)
+        real = report["real_streak_share"]["mean"]
+        runs = {k: r for k, r in report["results"].items() if r.get("sizes")}
+        columns = [(r["img_size"], r["pos_unit"]) for r in next(iter(runs.values()))["sizes"]]
+        columns = [c for c in columns if not (c[1] == "token" and c[0] == columns[0][0])]
+        rows.append(["real test images", *[f"{real:.2f}"] * len(columns)])
+        for kind, r in runs.items():
+            share = {(x["img_size"], x["pos_unit"]): x["streak_share"]["mean"] for x in r["sizes"]}
+            rows.append([f"{kind} ({r['test_bits_per_dim']:.2f} bits/dim)", *[f"{share[c]:.2f}" for c in columns]])
+    return table(["run", *[f"{size} px {unit}" for size, unit in columns]], rows)
+
+
 def render_training_rate(files: list[str], **_) -> str:
     """Training images/s per setting and attention: the median of each run's steady log windows."""
     settings = [s for name in files for s in load(name)["settings"]]

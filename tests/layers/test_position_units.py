@@ -146,15 +146,19 @@ def test_deit_units(kind):
 
 
 def test_deit_pos_unit_errors_and_record():
-    from lightvision.classify.deit import create_from_config, position_args
+    from lightvision.classify.deit import create_from_config, recorded_args
 
     with pytest.raises(ValueError, match="unknown pos_unit 'pixels'; valid: 'image', 'token'"):
         _deit("lightnet", pos_unit="pixels")
-    assert position_args("lion_s_deit_tiny_patch16_224", {})["pos_unit"] == "image"
-    assert position_args("lion_s_deit_tiny_patch16_224", {"pos_unit": "token"})["pos_unit"] == "token"
+    assert recorded_args("lion_s_deit_tiny_patch16_224", {}) == {"pos_unit": "image", "global_pool": "avg_all"}
+    assert recorded_args("softmax_deit_tiny_patch16_224", {"pos_unit": "token"})["pos_unit"] == "token"
     config = {"name": "lion_d_deit_tiny_patch16_224", "num_classes": 3, "in_chans": 3, "img_size": 16}
     old = create_from_config({**config, "args": {"patch_size": 4, "depth": 1}})  # a checkpoint before units
     assert old.pos_unit == "image" and old.pos_grid == (4, 4)
+    assert old.global_pool == "token"  # how LION classifiers were trained before the mean of every token
+    new = create_from_config({**config, "args": recorded_args(config["name"], {"patch_size": 4, "depth": 1})})
+    assert new.global_pool == "avg_all" and _deit("lion_s").global_pool == "avg_all"
+    assert _deit("lightnet").global_pool == "token"
 
 
 def test_dit_units_travel_with_the_config(tmp_path):

@@ -1,0 +1,137 @@
+"""Figures of resolution transfer: classifier top-1 against image size, and diffusion samples at other sizes.
+
+    python scripts/plot_resolution.py classify TABLE.json --screen SCREEN.json --out FIG.png
+    python scripts/plot_resolution.py samples SAMPLES.json --grids OUT/resolution_dit/parts --out FIG.png
+
+(TABLE, SCREEN and SAMPLES: the classify_cifar10_resolution_{table,screen}_* and diffusion_cifar10_resolution_samples_*
+files of benchmarks/results/.)
+
+``classify``: top-1 against size per attention in image units (LION at ``--lion-power``) and, dashed, token units;
+with ``--screen`` a second panel with each training switch's top-1 at 64 px. ``samples``: per attention a row of
+sample crops (the first 4 x 4 samples of each ``grid_<name>_<size>px_<unit>.png``), image units at every size, then
+token units above the first (training) size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def top1(result: dict, pos: str) -> dict[int, float]:
+    """{image size: top-1} of one run's evaluations in the position setting ``pos``."""
+    return {e["img_size"]: e["top1"] for e in result.get("eval", []) if e.get("pos", "image") == pos}
+
+
+def image_setting(name: str, result: dict, lion_power: str) -> str:
+    """The evaluation setting of a run in image units with LION's decay power ``lion_power`` where it applies."""
+    setting = f"image:p={lion_power}"
+    return setting if any(e.get("pos") == setting for e in result.get("eval", [])) else "image"
+
+
+def plot_classify(table: dict, screen: dict | None, out: Path, lion_power: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 if screen else 1, figsize=(13 if screen else 7, 4.5), squeeze=False)
+    ax = axes[0][0]
+    for i, (name, result) in enumerate(r for r in table["results"].items() if "error" not in r[1]):
+        color = f"C{i}"
+        image = image_setting(name, result, lion_power)
+        for pos, style in ((image, "-"), ("token", "--")):
+            acc = top1(result, pos)
+            if pos == "token" and acc == top1(result, image):
+                continue  # no signal counts grid steps (softmax's learned embedding is resampled)
+            label = f"{name} ({'image' if pos.startswith('image') else 'token'} units)"
+            ax.plot(list(acc), list(acc.values()), style, marker="o", color=color, label=label, ms=4)
+    ax.set(xlabel="evaluation size (px), trained at 32", ylabel="test top-1 (%)", title="CIFAR-10, DeiT-T, 200 epochs")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({e["img_size"] for r in table["results"].values() for e in r.get("eval", [])}))
+    ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    if screen:
+        ax = axes[0][1]
+        results = screen["results"]
+        kinds = [n for n in results if not n.endswith(("_sizes", "_scale"))]
+        switches = [("", "recipe"), ("_sizes", "aug.sizes [24, 32, 48]"), ("_scale", "aug.scale [0.25, 1]")]
+        width = 0.8 / len(switches)
+        for j, (suffix, label) in enumerate(switches):
+            values = [top1(results.get(k + suffix, {}), "image").get(64, np.nan) for k in kinds]
+            at32 = [top1(results.get(k + suffix, {}), "image").get(32, np.nan) for k in kinds]
+            x = np.arange(len(kinds)) + (j - 1) * width
+            ax.bar(x, values, width, label=f"{label}: 64 px")
+            ax.plot(x, at32, "k_", ms=12, label="32 px" if j == 0 else None)
+        ax.set_xticks(np.arange(len(kinds)), kinds)
+        ax.set(ylabel="test top-1 (%)", title="training switches, 15 epochs, image units")
+        ax.legend(fontsize=7, loc="lower right")
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def crop(grid: np.ndarray, size: int, count: int = 4) -> np.ndarray:
+    """The first count x count samples of a grid of ``lightvision.diffusion.sample.save_grid`` (2 px borders)."""
+    side = 2 + count * (size + 2)
+    return grid[:side, :side]
+
+
+def plot_samples(report: dict, grids: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    names = [n for n, r in report["results"].items() if r.get("sizes")]
+    sizes = sorted({r["img_size"] for r in report["results"][names[0]]["sizes"]})  # the first: the training size
+    columns = [(s, "image") for s in sizes] + [(s, "token") for s in sizes[1:]]
+    fig, axes = plt.subplots(len(names), len(columns), figsize=(1.9 * len(columns), 2.0 * len(names)), squeeze=False)
+    for i, name in enumerate(names):
+        shares = {(r["img_size"], r["pos_unit"]): r["streak_share"]["mean"] for r in report["results"][name]["sizes"]}
+        for j, (size, unit) in enumerate(columns):
+            ax = axes[i][j]
+            grid = np.asarray(Image.open(grids / f"grid_{name}_{size}px_{unit}.png").convert("RGB"))
+            ax.imshow(crop(grid, size))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{size} px, {unit}: streaks {shares[(size, unit)]:.2f}", fontsize=7)
+            if j == 0:
+                ax.set_ylabel(name, fontsize=9)
+    real = report.get("real_streak_share", {}).get("mean")
+    fig.suptitle(f"trained at 32 px; streak share of real test images {real:.2f}" if real else "trained at 32 px")
+    fig.tight_layout()
+    fig.savefig(out, dpi=80)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("kind", choices=("classify", "samples"))
+    p.add_argument("results", help="the benchmark JSON")
+    p.add_argument("--out", required=True)
+    p.add_argument("--screen", help="classify: the training-switch screen JSON (a second panel)")
+    p.add_argument("--lion-power", default="1", help="classify: LION's decay power of the image-unit curves")
+    p.add_argument("--grids", help="samples: the folder holding grid_<name>_<size>px_<unit>.png")
+    args = p.parse_args(argv)
+    report = json.loads(Path(args.results).read_text())
+    if args.kind == "classify":
+        screen = json.loads(Path(args.screen).read_text()) if args.screen else None
+        plot_classify(report, screen, Path(args.out), args.lion_power)
+    else:
+        if not args.grids:
+            p.error("samples needs --grids FOLDER")
+        plot_samples(report, Path(args.grids), Path(args.out))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
