@@ -56,6 +56,22 @@ def _check(q, k, v, dtype, **kw):
         assert g.dtype == t.dtype and g.shape == t.shape
 
 
+def _check_packed(b, n, d, dtype, **kw):
+    """The packed entry (two heads of d features) against the fp64 reference: output and the qkv gradient; returns
+    the reference output."""
+    from lightvision.ops import lightnet_attention_qkvpacked
+
+    qkv = (torch.randn(b, n, 3 * 2 * d, device=DEV) * 1.5).to(dtype).requires_grad_()
+    o = lightnet_attention_qkvpacked(qkv, 2, backend="triton", **kw)
+    do = torch.randn_like(o)
+    (g,) = torch.autograd.grad(o, qkv, do)
+    ref_qkv = qkv.detach().double().requires_grad_()
+    o_ref = lightnet_attention_qkvpacked(ref_qkv, 2, backend="torch", **kw)
+    (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
+    assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
+    return o_ref
+
+
 def _path(b, h, n, d, dv, dtype) -> str:
     """Launch plan the kernel picks: "fused" (one program per (b, h), one launch each way) or "split"."""
     return "fused" if lop._plan(n, b * h, d, dv, torch.device(DEV), dtype == torch.float32)["fused"] else "split"
@@ -109,22 +125,13 @@ VARIANT_CASES = [
 def test_lrpe_variants_match_reference(variant, dtype, path):
     """Every MD-LRPE variant's tables through both entries (separate q, k, v and the packed projection): output and
     every gradient against the fp64 reference on a non-square grid with a prefix token."""
-    from lightvision.ops import lightnet_attention_qkvpacked
 
     grid, prefix, d = (5, 7), 1, 24
     n = math.prod(grid) + prefix
     b = 2 if path == "fused" else 1
     _check_path(b, 2, n, d, d, dtype, path)
     _check(*_inputs(b, 2, n, d, d, dtype), dtype, grid=grid, num_prefix_tokens=prefix, lrpe=variant)
-    qkv = (torch.randn(b, n, 3 * 2 * d, device=DEV) * 1.5).to(dtype).requires_grad_()
-    kw = dict(grid=grid, num_prefix_tokens=prefix, lrpe=variant)
-    o = lightnet_attention_qkvpacked(qkv, 2, backend="triton", **kw)
-    do = torch.randn_like(o)
-    (g,) = torch.autograd.grad(o, qkv, do)
-    ref_qkv = qkv.detach().double().requires_grad_()
-    o_ref = lightnet_attention_qkvpacked(ref_qkv, 2, backend="torch", **kw)
-    (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
-    assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
+    _check_packed(b, n, d, dtype, grid=grid, num_prefix_tokens=prefix, lrpe=variant)
 
 
 SCALE_CASES = [
@@ -148,17 +155,11 @@ def test_position_scale_matches_reference(grid, scale, dtype, path):
     _check_path(b, 2, n, d, d, dtype, path)
     for k_scale in (0.3, 4.0):
         _check(*_inputs(b, 2, n, d, d, dtype, k_scale), dtype, grid=grid, num_prefix_tokens=prefix, pos_scale=scale)
-    qkv = (torch.randn(1, n, 3 * 2 * d, device=DEV) * 1.5).to(dtype).requires_grad_()
-    kw = dict(grid=grid, num_prefix_tokens=prefix, pos_scale=scale)
-    o = lightnet_attention_qkvpacked(qkv, 2, backend="triton", **kw)
-    do = torch.randn_like(o)
-    (g,) = torch.autograd.grad(o, qkv, do)
-    ref_qkv = qkv.detach().double().requires_grad_()
-    o_ref = lightnet_attention_qkvpacked(ref_qkv, 2, backend="torch", **kw)
-    (g_ref,) = torch.autograd.grad(o_ref, ref_qkv, do.double())
-    assert max(rel(o, o_ref), rel(g, g_ref)) < TOL[dtype]
-    unscaled = lightnet_attention_qkvpacked(qkv.detach().double(), 2, backend="torch", grid=grid, num_prefix_tokens=1)
-    assert rel(unscaled, o_ref) > 1e-3  # the scale reaches the tables: token units give another output
+    o_ref = _check_packed(1, n, d, dtype, grid=grid, num_prefix_tokens=prefix, pos_scale=scale)
+    qkv = torch.randn(1, n, 3 * 2 * d, device=DEV, dtype=torch.float64)
+    scaled = lightnet_attention_qkvpacked(qkv, 2, backend="torch", grid=grid, num_prefix_tokens=1, pos_scale=scale)
+    unscaled = lightnet_attention_qkvpacked(qkv, 2, backend="torch", grid=grid, num_prefix_tokens=1)
+    assert rel(unscaled, scaled) > 1e-3 and o_ref.shape == scaled.shape  # token units give another output
 
 
 @pytest.mark.parametrize("b,n,grid,path", [(1, 7, None, "fused"), (1, 37, (37,), "split"), (2, 37, None, "fused")])
