@@ -53,7 +53,9 @@ def detect_layout(state: dict[str, torch.Tensor]) -> str:
 
 def pretrained_kwargs(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     """``timm.create_model`` arguments a state dict implies: num_classes, in_chans, patch_size, pos_embed (and
-    img_size from a learned one), global_pool ("avg_all" for the LION authors' layout)."""
+    img_size from a learned one), global_pool ("avg_all" for the LION authors' layout), and pos_unit "token" where no
+    learned embedding tells the training grid (the file's authors counted patches; pass img_size, the training size,
+    with pos_unit="image" to measure positions in its cells)."""
     weight = state["patch_embed.proj.weight"]  # [D, C, p, p]
     kwargs: dict[str, Any] = {
         "in_chans": weight.shape[1],
@@ -64,6 +66,8 @@ def pretrained_kwargs(state: dict[str, torch.Tensor]) -> dict[str, Any]:
     if "pos_embed" in state:
         side = math.isqrt(state["pos_embed"].shape[1] - 1)
         kwargs["img_size"] = side * weight.shape[-1]
+    else:
+        kwargs["pos_unit"] = "token"
     if detect_layout(state) == "lion":
         kwargs["global_pool"] = "avg_all"
     return kwargs
@@ -127,10 +131,16 @@ def init_from(model: DeiT, path: str | os.PathLike, which: str = "ema") -> dict[
 
 def save_pretrained(model: DeiT, directory: str | os.PathLike) -> Path:
     """Hub-style folder (timm's ``save_for_hf``): ``model.safetensors`` + ``config.json`` (architecture,
-    pretrained_cfg, the model arguments); ``from_pretrained`` or ``timm.create_model("local-dir:<dir>")`` reads it."""
+    pretrained_cfg, the model arguments, the position unit and training grid); ``from_pretrained`` or
+    ``timm.create_model("local-dir:<dir>")`` reads it."""
     from timm.models import save_for_hf
 
-    save_for_hf(model, str(directory), safe_serialization=True)
+    save_for_hf(
+        model,
+        str(directory),
+        safe_serialization=True,
+        model_args={"pos_unit": model.pos_unit, "pos_grid": list(model.pos_grid)},  # set_input_size keeps the grid
+    )
     return Path(directory)
 
 

@@ -95,6 +95,7 @@ __all__ = [
     "Block",
     "DeiT",
     "attention_of",
+    "check_model_name",
     "checkpoint_filter_fn",
     "create_deit",
     "create_from_config",
@@ -622,9 +623,7 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
     Returns:
         The :class:`DeiT`.
     """
-    name = model_config["name"]
-    if name not in MODEL_NAMES:
-        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    name = check_model_name(model_config["name"])
     args = {**LEGACY_ARGS.get(attention_of(name), {}), **model_config["args"]}
     return timm.create_model(
         name,
@@ -636,10 +635,17 @@ def create_from_config(model_config: dict[str, Any], drop_path_rate: float = 0.0
     )
 
 
+def check_model_name(name: str) -> str:
+    """``name`` if it is a registered model (``MODEL_NAMES``), else ValueError listing them."""
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODEL_NAMES)}")
+    return name
+
+
 def recorded_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` with every setting of ``LEGACY_ARGS`` (and the position unit) made explicit, so that a checkpoint keeps
     rebuilding as it was trained whatever the defaults become."""
-    family = FAMILIES[attention_of(name)]
+    family = FAMILIES[attention_of(check_model_name(name))]
     explicit = {"pos_unit": "image", "global_pool": family.global_pool}
     if attention_of(name) == "lightnet":
         explicit.update(pos_embed=family.pos_embed, tpe_placement=family.tpe_placement)

@@ -50,7 +50,8 @@ def test_maps_are_each_blocks_effective_attention(attention):
     assert len(maps) == 2 and all(a.shape == (1, 2, 1 + 4 * 6, 1 + 4 * 6) for a in maps)
     with torch.no_grad():
         tokens, grid = model.embed(x)
-        first = effective_attention(model.blocks[0].attn, model.blocks[0].norm1(tokens), grid, 1)
+        scale = model.position_scale(grid)  # a 4 x 6 grid against the 4 x 4 training grid
+        first = effective_attention(model.blocks[0].attn, model.blocks[0].norm1(tokens), grid, 1, scale)
     torch.testing.assert_close(maps[0], first)
 
 

@@ -191,8 +191,10 @@ def lion_authors_forward(
 def test_lion_authors_classifier_gives_the_same_logits(tmp_path, mask, name, pos_embed, order):
     state = lion_authors_state(mask, pos_embed, order)
     save_file(state, tmp_path / "lion.safetensors")
-    # a LIT file has no mask parameters, so nothing tells it from a DeiT: its pooling is given by hand
+    # a LIT file has no mask parameters, so nothing tells it from a DeiT: its pooling is given by hand; without a
+    # learned embedding nothing tells the training grid: positions count patches, as the authors' model does
     assert pretrained_kwargs(state).get("global_pool") == (None if mask == "Lit" else "avg_all")
+    assert pretrained_kwargs(state).get("pos_unit") == (None if pos_embed else "token")
     model, report = create_pretrained(
         f"{name}_deit_tiny_patch16_224",
         tmp_path / "lion.safetensors",
@@ -239,16 +241,18 @@ def test_save_pretrained_round_trip_offline(tmp_path):
             patch_size=PATCH,
             num_classes=CLASSES,
             depth=DEPTH,
-            global_pool="avg_all",
+            global_pool="token",
         )
     )
+    model.set_input_size(2 * IMG)  # the training grid stays, and travels with the folder
     save_pretrained(model, tmp_path / "hub")
     config = json.loads((tmp_path / "hub" / "config.json").read_text())
     assert config["architecture"] == "lion_s_deit_tiny_patch16_224"
     assert (tmp_path / "hub" / "model.safetensors").is_file()
     loaded = from_pretrained(tmp_path / "hub").eval()
-    assert loaded.global_pool == "avg_all" and len(loaded.blocks) == DEPTH
-    x = images()
+    assert loaded.global_pool == "token" and len(loaded.blocks) == DEPTH
+    assert loaded.pos_grid == model.pos_grid == (IMG // PATCH,) * 2 and loaded.pos_unit == "image"
+    x = images(size=2 * IMG)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
 

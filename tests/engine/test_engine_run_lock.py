@@ -91,5 +91,6 @@ def test_a_run_that_fails_at_start_leaves_no_folder(tmp_path, capsys):
     data, run = tmp_path / "data", tmp_path / "run"
     write_dark_light_folder(data)
     recipe = str(tiny_classify_recipe(tmp_path, data))
-    assert cli.main(["classify", "train", "--config", recipe, "--out", str(run), "sched.epochs=0"]) == 1
-    assert "sched.epochs must be at least 1" in capsys.readouterr().err and not run.exists()
+    missing = tmp_path / "no_such_data"  # found only after the run folder is locked
+    assert cli.main(["classify", "train", "--config", recipe, "--out", str(run), f"data.root={missing}"]) == 1
+    assert "no_such_data" in capsys.readouterr().err and not run.exists()
