@@ -694,7 +694,7 @@ def scan_forward(
     DV = v.shape[-1]
     states = _entering_states(k, v, None, None, g, False, plan)
     # fp32 inputs normalise outside the kernel: on an H100 (Triton 3.6) the NORMALIZE=True build with fp32 states
-    # gives wrong Y for H = 1 (kernels/lion/check.py catches it; the fp32 num / den it returns are right)
+    # gives wrong Y for H = 1 (scripts/lion_check.py catches it; the fp32 num / den it returns are right)
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)

@@ -1,4 +1,4 @@
-"""GPU correctness sweep of the LION kernels against the fp64 reference (``python -m lightvision.kernels.lion.check``).
+"""GPU correctness sweep of the LION kernels against the fp64 reference (``python scripts/lion_check.py``).
 
 Forward and every gradient (q, k, v, log-decay / gates) as relative L2 errors vs lightvision.ops in fp64 on
 upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. Cases: N in {50, 197, 577,
@@ -19,11 +19,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from lightvision.kernels import _launch
+from lightvision.kernels.lion import scan
 from lightvision.ops import lion_attention, lion_attention_qkvpacked, lion_snake_attention, two_scan_attention
 from lightvision.results import results_env
-
-from .. import _launch
-from . import scan
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -312,9 +311,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
-                dict(
-                    env=results_env(" ".join(["python -m lightvision.kernels.lion.check", *sys.argv[1:]])), checks=rows
-                ),
+                dict(env=results_env(" ".join(["python scripts/lion_check.py", *sys.argv[1:]])), checks=rows),
                 f,
                 indent=1,
             )
