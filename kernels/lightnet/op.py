@@ -50,6 +50,7 @@ from lightvision.ops._checks import check_grid
 from lightvision.ops.heads import split_heads
 from lightvision.ops.md_lrpe import lrpe_angles
 
+from .._autograd import autograd_ops
 from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
@@ -360,16 +361,14 @@ def lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe: bool, grads: tuple | None 
     return dq, dk, dv
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_fwd", mutates_args=())
-def lightnet_attn_fwd(
+def _fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lrpe: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, S, lse) of the one-scan forward; see the module docstring."""
     return lightnet_fwd(q, k, v, cos, sin, lrpe)
 
 
-@lightnet_attn_fwd.register_fake
-def _(q, k, v, cos, sin, lrpe):
+def _fwd_fake(q, k, v, cos, sin, lrpe):
     B, H, N, D = q.shape
     DV = v.shape[-1]
     return (
@@ -379,8 +378,7 @@ def _(q, k, v, cos, sin, lrpe):
     )
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_bwd", mutates_args=())
-def lightnet_attn_bwd(
+def _bwd(
     do: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -395,41 +393,20 @@ def lightnet_attn_bwd(
     return lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe)
 
 
-@lightnet_attn_bwd.register_fake
-def _(do, q, k, v, s, lse, cos, sin, lrpe):
+def _bwd_fake(do, q, k, v, s, lse, cos, sin, lrpe):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
+def _saved(inputs, output):
     q, k, v, cos, sin, lrpe = inputs
     _, s, lse = output
-    ctx.save_for_backward(q, k, v, s, lse, cos, sin)
-    ctx.lrpe = lrpe
+    return (q, k, v, s, lse, cos, sin), (lrpe,)
 
 
-def _backward(ctx, do, _ds, _dlse):
-    dq, dk, dv = lightnet_attn_bwd(do, *ctx.saved_tensors, ctx.lrpe)
-    return dq, dk, dv, None, None, None
-
-
-lightnet_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _LightNetEager(torch.autograd.Function):
-    """The same launchers as the custom ops, without their dispatch (tens of microseconds of host time
-    per call, which at ViT sizes is longer than the kernels); used outside torch.compile tracing."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cos, sin, lrpe):
-        o, s, lse = lightnet_fwd(q, k, v, cos, sin, lrpe)
-        ctx.save_for_backward(q, k, v, s, lse, cos, sin)
-        ctx.lrpe = lrpe
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        dq, dk, dv = lightnet_bwd(do, *ctx.saved_tensors, ctx.lrpe)
-        return dq, dk, dv, None, None, None
+# custom ops lightvision::lightnet_attn_fwd / _bwd (torch.compile) and the eager Function over the same launchers
+lightnet_attn_fwd, lightnet_attn_bwd, _LightNetEager = autograd_ops(
+    "lightnet_attn", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved
+)
 
 
 def _packed_heads(qkv, num_heads: int):
@@ -459,16 +436,14 @@ def lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads: int, lrpe: bool):
     return dqkv
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_packed_fwd", mutates_args=())
-def lightnet_attn_packed_fwd(
+def _packed_fwd(
     qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor, lrpe: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o [B, N, H * d], S, lse) of the one-scan forward on a packed qkv."""
     return lightnet_packed_fwd(qkv, num_heads, cos, sin, lrpe)
 
 
-@lightnet_attn_packed_fwd.register_fake
-def _(qkv, num_heads, cos, sin, lrpe):
+def _packed_fwd_fake(qkv, num_heads, cos, sin, lrpe):
     B, N, C3 = qkv.shape
     g = head_group(num_heads, C3 // (3 * num_heads))
     H, D = num_heads // g, C3 // (3 * num_heads) * g
@@ -479,8 +454,7 @@ def _(qkv, num_heads, cos, sin, lrpe):
     )
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_packed_bwd", mutates_args=())
-def lightnet_attn_packed_bwd(
+def _packed_bwd(
     do: torch.Tensor,
     qkv: torch.Tensor,
     s: torch.Tensor,
@@ -494,38 +468,20 @@ def lightnet_attn_packed_bwd(
     return lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads, lrpe)
 
 
-@lightnet_attn_packed_bwd.register_fake
-def _(do, qkv, s, lse, cos, sin, num_heads, lrpe):
+def _packed_bwd_fake(do, qkv, s, lse, cos, sin, num_heads, lrpe):
     return qkv.new_empty(qkv.shape)
 
 
-def _packed_setup_context(ctx, inputs, output):
+def _packed_saved(inputs, output):
     qkv, num_heads, cos, sin, lrpe = inputs
     _, s, lse = output
-    ctx.save_for_backward(qkv, s, lse, cos, sin)
-    ctx.args = (num_heads, lrpe)
+    return (qkv, s, lse, cos, sin), (num_heads, lrpe)
 
 
-def _packed_backward(ctx, do, _ds, _dlse):
-    return lightnet_attn_packed_bwd(do, *ctx.saved_tensors, *ctx.args), None, None, None, None
-
-
-lightnet_attn_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
-
-
-class _LightNetPackedEager(torch.autograd.Function):
-    """Eager twin of the packed custom ops (see ``_LightNetEager``)."""
-
-    @staticmethod
-    def forward(ctx, qkv, num_heads, cos, sin, lrpe):
-        o, s, lse = lightnet_packed_fwd(qkv, num_heads, cos, sin, lrpe)
-        ctx.save_for_backward(qkv, s, lse, cos, sin)
-        ctx.args = (num_heads, lrpe)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        return lightnet_packed_bwd(do, *ctx.saved_tensors, *ctx.args), None, None, None, None
+# custom ops lightvision::lightnet_attn_packed_fwd / _bwd and the eager Function
+lightnet_attn_packed_fwd, lightnet_attn_packed_bwd, _LightNetPackedEager = autograd_ops(
+    "lightnet_attn_packed", _packed_fwd, _packed_fwd_fake, _packed_bwd, _packed_bwd_fake, _packed_saved
+)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
