@@ -51,7 +51,7 @@ from lightvision.ops.heads import split_heads
 from lightvision.ops.md_lrpe import lrpe_angles
 
 from .._autograd import autograd_ops
-from .._launch import empty, interpreting, num_sms
+from .._launch import empty, interpreting, num_sms, strides
 from . import _triton as K
 
 HEAD_DIMS = tuple(range(16, 129, 8))  # multiples of 8 up to 128: 72 is LightNet-DiT-XL/2's (1152 / 16 heads)
@@ -275,17 +275,24 @@ def lightnet_fwd(q, k, v, cos, sin, lrpe: bool, o: torch.Tensor | None = None, g
     lse = empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
-            q, k, v, cos, sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3], **c.tiled
-        )
+            q_ptr=q, k_ptr=k, v_ptr=v, cos_ptr=cos, sin_ptr=sin, s_ptr=s, lse_ptr=lse, o_ptr=o, H=H, N=N, D=D, DV=DV,
+            **strides("bhnd", q=q, k=k, v=v), **strides("bhn", o=o), **c.tiled,
+        )  # fmt: skip
         return o, s, lse
     pm = empty((B * H, c.splits, D), torch.float32, dev)
     pz = empty((B * H, c.splits, D), torch.float32, dev)
     ps = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     K._fwd_reduce_kernel[c.grid_split](
-        k, v, cos, sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled
+        k_ptr=k, v_ptr=v, cos_ptr=cos, sin_ptr=sin, pm_ptr=pm, pz_ptr=pz, ps_ptr=ps, H=H, N=N, D=D, DV=DV,
+        tiles_per_split=c.per, **strides("bhnd", k=k, v=v), **c.tiled,
+    )  # fmt: skip
+    K._fwd_combine_kernel[c.grid_rows](
+        pm_ptr=pm, pz_ptr=pz, ps_ptr=ps, s_ptr=s, lse_ptr=lse, D=D, DV=DV, nsplit=c.splits, **c.small
     )
-    K._fwd_combine_kernel[c.grid_rows](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
-    K._fwd_out_kernel[c.grid_split](q, cos, sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
+    K._fwd_out_kernel[c.grid_split](
+        q_ptr=q, cos_ptr=cos, sin_ptr=sin, s_ptr=s, o_ptr=o, H=H, N=N, D=D, DV=DV, tiles_per_split=c.per,
+        **strides("bhnd", q=q), **strides("bhn", o=o), **c.tiled,
+    )  # fmt: skip
     return o, s, lse
 
 
@@ -305,59 +312,26 @@ def lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe: bool, grads: tuple | None 
     dq, dk, dv = grads
     if c.fused:
         K._bwd_fused_kernel[c.grid_bh](
-            q,
-            k,
-            v,
-            do,
-            cos,
-            sin,
-            s,
-            lse,
-            dq,
-            dk,
-            dv,
-            H,
-            N,
-            D,
-            DV,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *do.stride(),
-            *dq.stride()[:3],
-            *dk.stride()[:3],
-            *dv.stride()[:3],
-            **c.tiled_bwd,
-        )
+            q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=do, cos_ptr=cos, sin_ptr=sin, s_ptr=s, lse_ptr=lse,
+            dq_ptr=dq, dk_ptr=dk, dv_ptr=dv, H=H, N=N, D=D, DV=DV,
+            **strides("bhnd", q=q, k=k, v=v, g=do), **strides("bhn", dq=dq, dk=dk, dv=dv), **c.tiled_bwd,
+        )  # fmt: skip
         return dq, dk, dv
     pds = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     ds = empty((B * H, c.R, DV), torch.float32, dev)
     corr = empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
-        q, do, cos, sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd
+        q_ptr=q, do_ptr=do, cos_ptr=cos, sin_ptr=sin, s_ptr=s, dq_ptr=dq, pds_ptr=pds, H=H, N=N, D=D, DV=DV,
+        tiles_per_split=c.per, **strides("bhnd", q=q, g=do), **strides("bhn", dq=dq), **c.tiled_bwd,
+    )  # fmt: skip
+    K._bwd_combine_kernel[c.grid_rows](
+        pds_ptr=pds, s_ptr=s, ds_ptr=ds, c_ptr=corr, D=D, DV=DV, nsplit=c.splits, **c.small
     )
-    K._bwd_combine_kernel[c.grid_rows](pds, s, ds, corr, D, DV, c.splits, **c.small)
     K._bwd_dkdv_kernel[c.grid_split](
-        k,
-        v,
-        cos,
-        sin,
-        lse,
-        ds,
-        corr,
-        dk,
-        dv,
-        H,
-        N,
-        D,
-        DV,
-        c.per,
-        *k.stride(),
-        *v.stride(),
-        *dk.stride()[:3],
-        *dv.stride()[:3],
-        **c.tiled_bwd,
-    )
+        k_ptr=k, v_ptr=v, cos_ptr=cos, sin_ptr=sin, lse_ptr=lse, ds_ptr=ds, c_ptr=corr, dk_ptr=dk, dv_ptr=dv,
+        H=H, N=N, D=D, DV=DV, tiles_per_split=c.per,
+        **strides("bhnd", k=k, v=v), **strides("bhn", dk=dk, dv=dv), **c.tiled_bwd,
+    )  # fmt: skip
     return dq, dk, dv
 
 
