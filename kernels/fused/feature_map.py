@@ -45,19 +45,9 @@ def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor, **meta) -> 
     b, h, n, d = x4.shape
     tile = row_tile(d, max_rows=64)  # heads are short rows: 64 of them per program at d = 64 (the timed tile)
     kernel[(triton.cdiv(b * h * n, tile["BM"]),)](
-        x4,
-        *tensors,
-        b * h * n,
-        h,
-        n,
-        d,
-        *x4.stride()[:3],
-        BM=tile["BM"],
-        BD=tile["BC"],
-        SILU_NORM=kind == "silu_norm",
-        num_warps=tile["warps"],
-        **meta,
-    )
+        x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3],
+        BM=tile["BM"], BD=tile["BC"], SILU_NORM=kind == "silu_norm", num_warps=tile["warps"], **meta,
+    )  # fmt: skip
 
 
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:

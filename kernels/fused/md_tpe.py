@@ -33,26 +33,9 @@ MAX_AXIS = 32  # longest grid axis the programs hold: [32, 32, 8] fp32 accumulat
 
 @triton.jit
 def _tpe2d_apply_kernel(
-    X,
-    T0,
-    T1,
-    Y,
-    P,
-    h,
-    w,
-    C,
-    sxb,
-    sxn,
-    syb,
-    syn,
-    s0a,
-    s0i,
-    s1a,
-    s1i,
-    HP: tl.constexpr,
-    WP: tl.constexpr,
-    BC: tl.constexpr,
-):
+    X, T0, T1, Y, P, h, w, C, sxb, sxn, syb, syn, s0a, s0i, s1a, s1i,
+    HP: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
     """Y[b, P + a w + j, c] = sum_i T0[a, i, c] X[b, P + i w + j, c] + sum_j' T1[j, j', c] X[b, P + a w + j', c];
     Y[b, :P] = 0. T0 / T1 are read through the strides (s?a, s?i) of their two position axes (unit channel
     stride), so passing swapped strides applies the transposes (the backward's dx)."""
@@ -130,25 +113,10 @@ def _apply(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int, tra
     bc = _channel_block(hp * wp, c)
     y = empty((b, n, c), x.dtype, x.device)
     _tpe2d_apply_kernel[(triton.cdiv(c, bc), b)](
-        x,
-        t0c,
-        t1c,
-        y,
-        prefix,
-        h,
-        w,
-        c,
-        x.stride(0),
-        x.stride(1),
-        y.stride(0),
-        y.stride(1),
-        *s0,
-        *s1,
-        HP=hp,
-        WP=wp,
-        BC=bc,
-        num_warps=4,
-    )
+        x, t0c, t1c, y, prefix, h, w, c, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+        *s0, *s1,
+        HP=hp, WP=wp, BC=bc, num_warps=4,
+    )  # fmt: skip
     return y
 
 
@@ -165,25 +133,9 @@ def _grad_t(x: torch.Tensor, dy: torch.Tensor, prefix: int, h: int, w: int, axis
     splits = triton.cdiv(b, per)
     part = empty((splits, length, length, c), torch.float32, x.device)
     _tpe2d_grad_t_kernel[(c_blocks, splits)](
-        x,
-        dy,
-        part,
-        b,
-        per,
-        prefix,
-        length,
-        other,
-        sl,
-        sm,
-        c,
-        x.stride(0),
-        x.stride(1),
-        dy.stride(0),
-        dy.stride(1),
-        LP=lp,
-        BC=bc,
-        num_warps=4,
-    )
+        x, dy, part, b, per, prefix, length, other, sl, sm, c, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
+        LP=lp, BC=bc, num_warps=4,
+    )  # fmt: skip
     return part.sum(0).permute(2, 0, 1).contiguous()
 
 

@@ -81,22 +81,9 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
     dw = empty((p["bwd_progs"], c), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_bwd_kernel[(p["bwd_progs"],)](
-        _rows(dy),
-        x2,
-        weight,
-        g2,
-        rstd,
-        dx,
-        dg if gate is not None else dx,
-        dw,
-        m,
-        c,
-        p["bwd_per"],
-        BM=p["BM"],
-        BC=p["BC"],
-        GATE=gate is not None,
-        num_warps=p["warps"],
-    )
+        _rows(dy), x2, weight, g2, rstd, dx, dg if gate is not None else dx, dw, m, c, p["bwd_per"],
+        BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"],
+    )  # fmt: skip
     return dx.view(x.shape), dw.sum(0).to(weight.dtype), dg.view(gate.shape) if gate is not None else dg
 
 

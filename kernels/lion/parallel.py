@@ -205,37 +205,10 @@ def _walk(tile, step, n_lo):
 
 @triton.jit
 def _fwd_kernel(
-    Q,
-    K,
-    V,
-    TAB,
-    stab,
-    NUM,
-    DEN,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sob,
-    soh,
-    son,
-    H,
-    HAS_MASK: tl.constexpr,
-    SKIP: tl.constexpr,
-    NORMALIZE: tl.constexpr,
-    PREC: tl.constexpr,
-    T: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, TAB, stab, NUM, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
+    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
@@ -290,50 +263,11 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    TAB,
-    stab,
-    DO,
-    OUT,
-    DEN,
-    ZINV,
-    DELTA,
-    DQ,
-    RL,
-    RU,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdb,
-    sdh,
-    sdn,
-    sob,
-    soh,
-    son,
-    sgb,
-    sgh,
-    sgn,
-    H,
-    HAS_MASK: tl.constexpr,
-    SKIP: tl.constexpr,
-    PER_HEAD: tl.constexpr,
-    ROW_GRADS: tl.constexpr,
-    PREC: tl.constexpr,
-    T: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
+    sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
+    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr, PREC: tl.constexpr,
+    T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
     only: PER_HEAD gates take their gradient from the dk/dv kernel alone). ROW_GRADS: the tile's 1 / Z and
     dL/d den come from Y (OUT) and DEN here and are stored in ZINV / DELTA for the dk/dv kernel (_row_grad_kernel's
@@ -423,48 +357,11 @@ def _bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    TAB,
-    stab,
-    DO,
-    ZINV,
-    DELTA,
-    DK,
-    DV_OUT,
-    CL,
-    CU,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdb,
-    sdh,
-    sdn,
-    skgb,
-    skgh,
-    skgn,
-    svgb,
-    svgh,
-    svgn,
-    H,
-    HAS_MASK: tl.constexpr,
-    SKIP: tl.constexpr,
-    PER_HEAD: tl.constexpr,
-    PREC: tl.constexpr,
-    T: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb,
+    sdh, sdn, skgb, skgh, skgn, svgb, svgh, svgn, H,
+    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
     PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
     DO, DK, DV_OUT go through their strides."""
@@ -625,16 +522,9 @@ def gate_table(g: torch.Tensor, shape: torch.Size, tile: int, *, logits_prefix: 
     _gate_table_kernel[(B * H,)](
         g,
         *strides,
-        tab,
-        N,
-        H,
-        nt,
-        tab.shape[1],
-        logits_prefix or 0,
-        LOGITS=logits_prefix is not None,
-        T=tile,
-        TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))),
-    )
+        tab, N, H, nt, tab.shape[1], logits_prefix or 0,
+        LOGITS=logits_prefix is not None, T=tile, TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))),
+    )  # fmt: skip
     return tab
 
 
@@ -682,25 +572,14 @@ def parallel_forward(
     den = empty((B, H, N), torch.float32, q.device)
     tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile, logits_prefix=logits_prefix)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q,
-        k,
-        v,
+        q, k, v,
         *_table_args(tab, den),
-        out,
-        den,
-        N,
-        D,
-        DV,
+        out, den, N, D, DV,
         *_strides(q, k, v, out),
         H,
-        HAS_MASK=g is not None,
-        SKIP=_skips(g is not None, N, tile),
-        NORMALIZE=normalize,
-        T=tile,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **_meta(q, v),
-    )
+        HAS_MASK=g is not None, SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps,
+        num_stages=num_stages, **_meta(q, v),
+    )  # fmt: skip
     return out, den, tab
 
 
@@ -769,45 +648,21 @@ def parallel_backward(
         **_meta(q, v),
     )
     _bwd_dq_kernel[grid](
-        q,
-        k,
-        v,
+        q, k, v,
         *_table_args(tab, zinv),
-        do,
-        out,
-        den,
-        zinv,
-        delta,
-        dq,
-        r_lo,
-        r_up,
-        N,
-        D,
-        DV,
+        do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
         *_strides(q, k, v, do, out, dq),
         H,
-        ROW_GRADS=out_den is not None,
-        **meta,
-    )
+        ROW_GRADS=out_den is not None, **meta,
+    )  # fmt: skip
     _bwd_dkdv_kernel[grid](
-        q,
-        k,
-        v,
+        q, k, v,
         *_table_args(tab, zinv),
-        do,
-        zinv,
-        delta,
-        dk,
-        dv,
-        c_lo,
-        c_up,
-        N,
-        D,
-        DV,
+        do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
         *_strides(q, k, v, do, dk, dv),
         H,
         **meta,
-    )
+    )  # fmt: skip
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()
     elif dlogits is not None:
@@ -852,22 +707,11 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
 
 @triton.jit
 def _gate_grad_kernel(
-    SUMS,
-    DG,
-    N,
-    BHN,
-    Z,
-    szb,
-    szh,
-    szn,
-    H,
-    PREFIX,
-    PER_HEAD: tl.constexpr,
-    LOGITS: tl.constexpr,
+    SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX,
+    PER_HEAD: tl.constexpr, LOGITS: tl.constexpr,
     PAD,
-    PADB: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    PADB: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums; with PER_HEAD
     only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token). With LOGITS the gates
     were logsigmoid(z) (0 on the first PREFIX tokens): DG, laid out as Z (strides szb, szh, szn), gets
@@ -928,22 +772,10 @@ def gate_grad(sums: torch.Tensor, per_head: bool = False, logits: tuple | None =
                 f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns"
             )
         _gate_grad_kernel[(B * H,)](
-            sums,
-            dz,
-            N,
-            B * H * N,
-            z,
-            z.stride(0),
-            z.stride(2),
-            z.stride(1),
-            H,
-            prefix,
-            PER_HEAD=False,
-            LOGITS=True,
-            PAD=dz.shape[2] - H,
-            PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)),
+            sums, dz, N, B * H * N, z, z.stride(0), z.stride(2), z.stride(1), H, prefix,
+            PER_HEAD=False, LOGITS=True, PAD=dz.shape[2] - H, PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)),
             BLOCK=block,
-        )
+        )  # fmt: skip
         return None
     dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
     _gate_grad_kernel[(B * H,)](
