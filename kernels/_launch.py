@@ -33,14 +33,14 @@ def num_sms(device: torch.device) -> int:
 
 
 @functools.cache
-def _stride_names(name: str, dims: str) -> tuple[str, ...]:
-    return tuple(f"s_{name}{dim}" for dim in dims)
+def _stride_names(prefix: str, name: str, dims: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}{name}{dim}" for dim in dims)
 
 
-def strides(dims: str, **tensors: torch.Tensor) -> dict[str, int]:
-    """Launch keywords ``s_<name><dim>`` for the leading ``len(dims)`` strides of each named tensor:
+def strides(dims: str, prefix: str = "s_", **tensors: torch.Tensor) -> dict[str, int]:
+    """Launch keywords ``<prefix><name><dim>`` for the leading ``len(dims)`` strides of each named tensor:
     ``strides("bhn", o=o)`` -> ``{"s_ob": o.stride(0), "s_oh": o.stride(1), "s_on": o.stride(2)}``."""
     out = {}
     for name, t in tensors.items():
-        out.update(zip(_stride_names(name, dims), t.stride()))
+        out.update(zip(_stride_names(prefix, name, dims), t.stride()))
     return out

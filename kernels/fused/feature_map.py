@@ -39,28 +39,29 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, 1, -1, x.shape[-1])
 
 
-def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor, **meta) -> None:
-    """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given output tensors."""
+def _run(kernel, x: torch.Tensor, kind: str, **tensors_and_meta) -> None:
+    """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given tensors and
+    compile-time parameters (keywords of the program)."""
     x4 = _as_heads(x)
     b, h, n, d = x4.shape
     tile = row_tile(d, max_rows=64)  # heads are short rows: 64 of them per program at d = 64 (the timed tile)
     kernel[(triton.cdiv(b * h * n, tile["BM"]),)](
-        x4, *tensors, b * h * n, h, n, d, *x4.stride()[:3],
-        BM=tile["BM"], BD=tile["BC"], SILU_NORM=kind == "silu_norm", num_warps=tile["warps"], **meta,
+        X=x4, R=b * h * n, H=h, N=n, D=d, s_b=x4.stride(0), s_h=x4.stride(1), s_n=x4.stride(2), **tensors_and_meta,
+        BM=tile["BM"], BD=tile["BC"], SILU_NORM=kind == "silu_norm", num_warps=tile["warps"],
     )  # fmt: skip
 
 
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
     """y = phi(x), contiguous, shaped like x, in x's dtype."""
     y = empty(x.shape, x.dtype, x.device)
-    _run(K._feature_map_fwd_kernel, x, kind, y)
+    _run(K._feature_map_fwd_kernel, x, kind, Y=y)
     return y
 
 
 def feature_map_bwd_launch(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     """dx (contiguous, shaped like x, x's dtype) from dy = dL/dphi(x)."""
     dx = empty(x.shape, x.dtype, x.device)
-    _run(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx, GRAD_STRIDED=False)
+    _run(K._feature_map_bwd_kernel, x, kind, DY=dy.contiguous(), DX=dx, GRAD_STRIDED=False)
     return dx
 
 
@@ -72,7 +73,7 @@ def feature_map_bwd_inplace(x: torch.Tensor, grad: torch.Tensor, kind: str) -> N
             f"feature_map_bwd_inplace: x and grad must be [B, H, N, d] views with the same strides, got "
             f"{tuple(x.shape)} / {x.stride()} and {tuple(grad.shape)} / {grad.stride()}"
         )
-    _run(K._feature_map_bwd_kernel, x, kind, grad, grad, GRAD_STRIDED=True)
+    _run(K._feature_map_bwd_kernel, x, kind, DY=grad, DX=grad, GRAD_STRIDED=True)
 
 
 @torch.library.custom_op("lightvision::lion_feature_map_fwd", mutates_args=())

@@ -113,8 +113,8 @@ def _apply(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int, tra
     bc = _channel_block(hp * wp, c)
     y = empty((b, n, c), x.dtype, x.device)
     _tpe2d_apply_kernel[(triton.cdiv(c, bc), b)](
-        x, t0c, t1c, y, prefix, h, w, c, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
-        *s0, *s1,
+        X=x, T0=t0c, T1=t1c, Y=y, P=prefix, h=h, w=w, C=c,
+        sxb=x.stride(0), sxn=x.stride(1), syb=y.stride(0), syn=y.stride(1), s0a=s0[0], s0i=s0[1], s1a=s1[0], s1i=s1[1],
         HP=hp, WP=wp, BC=bc, num_warps=4,
     )  # fmt: skip
     return y
@@ -133,7 +133,8 @@ def _grad_t(x: torch.Tensor, dy: torch.Tensor, prefix: int, h: int, w: int, axis
     splits = triton.cdiv(b, per)
     part = empty((splits, length, length, c), torch.float32, x.device)
     _tpe2d_grad_t_kernel[(c_blocks, splits)](
-        x, dy, part, b, per, prefix, length, other, sl, sm, c, x.stride(0), x.stride(1), dy.stride(0), dy.stride(1),
+        X=x, DY=dy, DT=part, B=b, BPB=per, P=prefix, L=length, M=other, sl=sl, sm=sm, C=c,
+        sxb=x.stride(0), sxn=x.stride(1), syb=dy.stride(0), syn=dy.stride(1),
         LP=lp, BC=bc, num_warps=4,
     )  # fmt: skip
     return part.sum(0).permute(2, 0, 1).contiguous()

@@ -66,8 +66,9 @@ def rms_norm_fwd_launch(x, weight, gate, eps: float, out_dtype: torch.dtype):
     rstd = empty((m,), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_fwd_kernel[(p["tiles"],)](
-        x2, weight, g2, y, rstd, m, c, eps, 1, BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"]
-    )
+        X=x2, W=weight, G=g2, Y=y, RSTD=rstd, M=m, C=c, eps=eps, per=1,
+        BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"],
+    )  # fmt: skip
     return y.view(x.shape), rstd
 
 
@@ -81,7 +82,8 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
     dw = empty((p["bwd_progs"], c), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_bwd_kernel[(p["bwd_progs"],)](
-        _rows(dy), x2, weight, g2, rstd, dx, dg if gate is not None else dx, dw, m, c, p["bwd_per"],
+        DY=_rows(dy), X=x2, W=weight, G=g2, RSTD=rstd, DX=dx, DG=dg if gate is not None else dx, DW=dw, M=m, C=c,
+        per=p["bwd_per"],
         BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"],
     )  # fmt: skip
     return dx.view(x.shape), dw.sum(0).to(weight.dtype), dg.view(gate.shape) if gate is not None else dg
@@ -102,7 +104,9 @@ def silu_mul_fwd_launch(a, b):
     """SiLU(a) * b, or of the halves of a packed [..., 2C] a when b is None: [..., C] in a's dtype."""
     a, b, c, s_in = _silu_mul_operands(a, b)
     y = empty((*a.shape[:-1], c), a.dtype, a.device)
-    K._silu_mul_fwd_kernel[(triton.cdiv(y.numel(), _SILU_BLOCK),)](a, b, y, y.numel(), c, s_in, BLOCK=_SILU_BLOCK)
+    K._silu_mul_fwd_kernel[(triton.cdiv(y.numel(), _SILU_BLOCK),)](
+        A=a, B=b, Y=y, numel=y.numel(), C=c, s_in=s_in, BLOCK=_SILU_BLOCK
+    )
     return y
 
 
@@ -113,7 +117,7 @@ def silu_mul_bwd_launch(dy, a, b):
     da = empty(a.shape, a.dtype, a.device)
     db = da[..., c:] if packed else empty(b.shape, b.dtype, b.device)
     K._silu_mul_bwd_kernel[(triton.cdiv(dy.numel(), _SILU_BLOCK),)](
-        dy.contiguous(), a, b, da, db, dy.numel(), c, s_in, BLOCK=_SILU_BLOCK
+        DY=dy.contiguous(), A=a, B=b, DA=da, DB=db, numel=dy.numel(), C=c, s_in=s_in, BLOCK=_SILU_BLOCK
     )
     return da, a.new_empty(0) if packed else db
 

@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import empty
+from .._launch import empty, strides
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
@@ -477,9 +477,10 @@ def _meta(q: torch.Tensor, v: torch.Tensor) -> dict:
     )
 
 
-def _strides(*ts: torch.Tensor) -> list[int]:
-    """(batch, head, row) strides of each [B, H, N, d] tensor (feature stride must be 1)."""
-    return [s for t in ts for s in t.stride()[:3]]
+def _strides(**tensors: torch.Tensor) -> dict[str, int]:
+    """Launch keywords s<name>b, s<name>h, s<name>n: the (batch, head, row) strides of each named [B, H, N, d] tensor
+    (feature stride must be 1)."""
+    return strides("bhn", prefix="s", **tensors)
 
 
 def gate_stride(g: torch.Tensor) -> int:
@@ -516,13 +517,11 @@ def gate_table(g: torch.Tensor, shape: torch.Size, tile: int, *, logits_prefix: 
     nt = triton.cdiv(N, tile)
     tab = empty((B * H, table_width(N, tile)), torch.float32, g.device)
     if logits_prefix is not None:
-        strides = (g.stride(0), g.stride(2), g.stride(1))
+        sgb, sgh, sgn = g.stride(0), g.stride(2), g.stride(1)
     else:
-        strides = g.stride() if g.dim() == 3 else (0, g.stride(0), 0)
+        sgb, sgh, sgn = g.stride() if g.dim() == 3 else (0, g.stride(0), 0)
     _gate_table_kernel[(B * H,)](
-        g,
-        *strides,
-        tab, N, H, nt, tab.shape[1], logits_prefix or 0,
+        G=g, sgb=sgb, sgh=sgh, sgn=sgn, TAB=tab, N=N, H=H, NT=nt, W=tab.shape[1], PREFIX=logits_prefix or 0,
         LOGITS=logits_prefix is not None, T=tile, TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))),
     )  # fmt: skip
     return tab
@@ -571,12 +570,10 @@ def parallel_forward(
         out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile, logits_prefix=logits_prefix)
+    table, stab = _table_args(tab, den)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q, k, v,
-        *_table_args(tab, den),
-        out, den, N, D, DV,
-        *_strides(q, k, v, out),
-        H,
+        Q=q, K=k, V=v, TAB=table, stab=stab, NUM=out, DEN=den, N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, o=out),
         HAS_MASK=g is not None, SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps,
         num_stages=num_stages, **_meta(q, v),
     )  # fmt: skip
@@ -647,20 +644,17 @@ def parallel_backward(
         num_stages=num_stages,
         **_meta(q, v),
     )
+    table, stab = _table_args(tab, zinv)
     _bwd_dq_kernel[grid](
-        q, k, v,
-        *_table_args(tab, zinv),
-        do, out, den, zinv, delta, dq, r_lo, r_up, N, D, DV,
-        *_strides(q, k, v, do, out, dq),
-        H,
+        Q=q, K=k, V=v, TAB=table, stab=stab, DO=do, OUT=out, DEN=den, ZINV=zinv, DELTA=delta, DQ=dq, RL=r_lo, RU=r_up,
+        N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, d=do, o=out, g=dq),
         ROW_GRADS=out_den is not None, **meta,
     )  # fmt: skip
     _bwd_dkdv_kernel[grid](
-        q, k, v,
-        *_table_args(tab, zinv),
-        do, zinv, delta, dk, dv, c_lo, c_up, N, D, DV,
-        *_strides(q, k, v, do, dk, dv),
-        H,
+        Q=q, K=k, V=v, TAB=table, stab=stab, DO=do, ZINV=zinv, DELTA=delta, DK=dk, DV_OUT=dv, CL=c_lo, CU=c_up,
+        N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, d=do, kg=dk, vg=dv),
         **meta,
     )  # fmt: skip
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
@@ -700,7 +694,7 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
     bdv = max(16, triton.next_power_of_2(DV))
     bn = max(16, min(128, 8192 // bdv))
     _row_grad_kernel[(triton.cdiv(N, bn), B * H)](
-        dout, out, den, zinv, delta, N, DV, *_strides(dout, out), H, BN=bn, BDV=bdv
+        DO=dout, OUT=out, DEN=den, ZINV=zinv, DELTA=delta, N=N, DV=DV, H=H, **_strides(d=dout, o=out), BN=bn, BDV=bdv
     )
     return zinv, delta
 
@@ -772,13 +766,14 @@ def gate_grad(sums: torch.Tensor, per_head: bool = False, logits: tuple | None =
                 f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns"
             )
         _gate_grad_kernel[(B * H,)](
-            sums, dz, N, B * H * N, z, z.stride(0), z.stride(2), z.stride(1), H, prefix,
-            PER_HEAD=False, LOGITS=True, PAD=dz.shape[2] - H, PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)),
-            BLOCK=block,
+            SUMS=sums, DG=dz, N=N, BHN=B * H * N, Z=z, szb=z.stride(0), szh=z.stride(2), szn=z.stride(1), H=H,
+            PREFIX=prefix, PAD=dz.shape[2] - H,
+            PER_HEAD=False, LOGITS=True, PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)), BLOCK=block,
         )  # fmt: skip
         return None
     dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
     _gate_grad_kernel[(B * H,)](
-        sums, dg, N, B * H * N, sums, 0, 0, 0, H, 0, PER_HEAD=per_head, LOGITS=False, PAD=0, PADB=2, BLOCK=block
-    )
+        SUMS=sums, DG=dg, N=N, BHN=B * H * N, Z=sums, szb=0, szh=0, szn=0, H=H, PREFIX=0, PAD=0,
+        PER_HEAD=per_head, LOGITS=False, PADB=2, BLOCK=block,
+    )  # fmt: skip
     return dg.sum(0) if per_head else dg

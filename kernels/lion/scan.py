@@ -397,16 +397,17 @@ def _entering_states(x, y, ys, yc, g, queries: bool, plan):
     ys, yc = (ys, yc) if queries else (tot, tot)
     # the entering states themselves when sequential, else the local terms of stage 1
     terms = empty(shape, state_dtype, x.device)
-    args = (x, y, ys, yc, *gate_args(g, tot), terms, N, D, DV, *_strides(x, y), H)
+    gate, sg = gate_args(g, tot)
+    args = dict(X=x, Y=y, YS=ys, YC=yc, G=gate, sg=sg, N=N, D=D, DV=DV, H=H, **_strides(x=x, y=y))
     config = dict(HAS_MASK=g is not None, QUERIES=queries, C=chunk, num_warps=4, **meta)
     if B * H >= sequential_pairs:
-        _sequential_states_kernel[(B * H, 2)](*args, T, num_stages=3, **config)
+        _sequential_states_kernel[(B * H, 2)](S=terms, T=T, **args, num_stages=3, **config)
         return terms
-    _local_states_kernel[(T, B * H)](*args[:7], tot, *args[7:], **config)
+    _local_states_kernel[(T, B * H)](U=terms, TOT=tot, **args, **config)
     states = empty(shape, state_dtype, x.device)
     tb = min(tb, max(2, triton.next_power_of_2(T)))
     _chunk_scan_kernel[(triton.cdiv(width, block), B * H, 2)](
-        terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4
+        U=terms, S=states, TOT=tot, T=T, BH=B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4
     )
     return states
 
@@ -456,12 +457,9 @@ def scan_forward(
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
+    gate, sg = gate_args(g, den)
     _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](
-        q, k, v,
-        *gate_args(g, den),
-        states, out, den, N, D, DV,
-        *_strides(q, k, v),
-        H,
+        Q=q, K=k, V=v, G=gate, sg=sg, S=states, OUT=out, DEN=den, N=N, D=D, DV=DV, H=H, **_strides(q=q, k=k, v=v),
         HAS_MASK=g is not None, NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps, **_meta(q, v),
     )  # fmt: skip
     if normalize and not in_kernel:
@@ -495,12 +493,10 @@ def scan_backward(
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
+    gate, sg = gate_args(g, zinv)
     _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](
-        q, k, v,
-        *gate_args(g, zinv),
-        do, zinv, delta, key_states, query_states, dq, dk, dv, sums, N, D, DV,
-        *_strides(q, k, v),
-        H,
+        Q=q, K=k, V=v, G=gate, sg=sg, DO=do, ZINV=zinv, DELTA=delta, S=key_states, P=query_states,
+        DQ=dq, DK=dk, DVO=dv, SUMS=sums, N=N, D=D, DV=DV, H=H, **_strides(q=q, k=k, v=v),
         HAS_MASK=has_mask, C=plan[0], num_warps=num_warps, **_meta(q, v),
     )  # fmt: skip
     dg = gate_grad(sums, g.dim() == 1) if has_mask else None

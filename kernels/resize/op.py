@@ -98,7 +98,7 @@ def resized_crops(
     from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
 
     resized_crops_kernel[grid](
-        packed, params.to(device, non_blocking=True), out, channels, size,
+        SRC=packed, PARAMS=params.to(device, non_blocking=True), OUT=out, C=channels, S=size,
         BICUBIC=mode == "bicubic", RADIUS=KERNEL_MODES[mode], BY=BY, BX=BX,
     )  # fmt: skip
     return out
