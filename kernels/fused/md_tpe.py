@@ -11,8 +11,9 @@ a grid x [B, h, w, C] (the tokens after ``num_prefix_tokens`` prefix tokens, row
 
 and the prefix rows of y (and dx) are 0. One program holds a whole grid for a block of channels in registers
 ([h, w, BC], fp32) and reads x in place in its [B, N, C] layout: no transposes. The PyTorch dense form runs the two
-axes as channel-batched matmuls on a channel-first copy of x; compiled LightNet-DeiT-S (224 px, batch 256, one
-H100) spent about 1 ms per training step on that layer's copies, casts and small products.
+axes as channel-batched matmuls on a channel-first copy of x, whose copies, casts and small products cost a training
+step of compiled LightNet-DeiT-S more than this one pass (docs/kernels_lightnet.md, "Launch rules and their
+measurements").
 Grids whose longer axis is at most MAX_AXIS (images up to 512 px at patch 16); larger ones run the reference.
 The dT programs sum a slice of the batch each into fp32 partials [programs, L, L, C], summed by torch.
 """

@@ -84,8 +84,8 @@ def _pin_layout(x, anchor, BD: tl.constexpr, BDV: tl.constexpr):
     """x + 0 * anchor: x (exactly, for a finite anchor) in the register layout of ``anchor``, a matrix-product
     result. In the dq loop q^ feeds both the dS product (through shared memory) and dq (beside the dq~ product);
     left to itself the compiler keeps q, the tables and the sigmoid in two register layouts and computes them twice
-    (the dq loop's 64-token tile: 1116 instructions, 843 with the pin; sm_90a, bf16, d = 64). Only for feature blocks
-    up to 64: with 128 (8 warps) the pinned loop spilled 1452 bytes against 396 and ran 1.5x slower (H100)."""
+    (about a quarter of the dq loop's instructions). Only for feature blocks up to 64: with 128 (8 warps) the pinned
+    loop spills registers and runs slower (docs/kernels_lightnet.md, "Launch rules and their measurements")."""
     if BD <= 64 and BDV <= 64:
         x = x + anchor * 0.0
     return x
@@ -256,7 +256,7 @@ def _dq_loop(
         dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')
 
     dS accumulates transposed, dS^T += dO^T (q^ C), so dO is a transposed shared-memory operand as loaded
-    (0.250 against 0.297 ms for the fused backward at N = 196, H100; docs/kernels_lightnet.md)."""
+    (faster than the untransposed form: docs/kernels_lightnet.md, "Launch rules and their measurements")."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
@@ -434,7 +434,7 @@ def _fwd_combine_kernel(
     """Merge the split partials of one (b, h), feature rows [BR * program_id(1), + BR): M = max_s m_s,
     w_s = exp(m_s - M), Z = sum_s w_s z_s, S = sum_s w_s A_s / Z (per feature row f, both halves),
     lse = M + log Z. Rows are independent, so the (b, h) is spread over d / BR programs; the splits are read SB at
-    a time, as one tile each (a loop of one split per step waited on each load in turn: 41 us at N = 65536)."""
+    a time, as one tile each (a loop of one split per step waits on each load in turn)."""
     pid_bh = tl.program_id(0)
     offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
     offs_s = tl.arange(0, SB)

@@ -141,20 +141,14 @@ def _plan(
 
     The split count minimises ``_split_cost`` over 1 .. tiles / 2 (each program keeps at least two tiles, so the
     small fp32 S / dS partials stay cheap next to the token traffic), with 2 programs resident per SM (255
-    registers; taken as 1 for head dim 128, 8 warps: as fast or faster than assuming 2 at N = 1024 and 4096).
-    One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one launch each way). Waves count: at N =
-    1024, B*H = 288 (1.09 waves of 264 programs on an H100) the fused plan
-    ran 0.424 ms fwd+bwd, 2 splits 0.349, 3 splits 0.338; at N = 4096, B*H = 72, 3 splits (one wave of 216)
-    0.318 against 0.352 for 8 (docs/kernels_lightnet.md). Head dim 128 holds two 128 x d_v matrices
-    per program: 8 warps, fewer stages, and for fp32 16-token tiles keep the matrix-product operands inside
-    shared memory (16-bit: 64-token tiles, 0.536 ms fwd+bwd against 0.603 with 32 at d = 128, N = 1024, B*H = 96,
-    H100), and it always takes the split plan (the fused backward would hold S and dS, four such
-    matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 is 13% faster alone at
-    N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with
-    32-token tiles remove the register spills ptxas reports for the backward programs (~950 bytes per thread,
-    sm_90a, bf16) but run 1.7x slower (docs/kernels_lightnet.md). Pipeline stages: 3, except the fused backward
-    (2: 0.250 against 0.279 ms at N = 196, H100). The keyword knobs override the defaults (``splits``
-    forces the split count; ``scripts/bench_attention.py --sweep`` times them)."""
+    registers; taken as 1 for head dim 128, 8 warps). Waves count: a launch that leaves most SMs idle in its last
+    wave pays for a whole one. One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one launch
+    each way). Head dim 128 holds two 128 x d_v matrices per program: 8 warps, fewer stages, 16-token tiles for fp32
+    (the matrix-product operands stay inside shared memory), 64-token tiles for 16-bit inputs, and always the split
+    plan (the fused backward would hold S and dS, four such matrices, at once). d <= 64: 64-token tiles, 4 warps
+    (d = 24 too). Pipeline stages: 3, except the fused backward (2). The keyword knobs override the defaults
+    (``splits`` forces the split count; ``scripts/bench_attention.py --sweep`` times them). The timings behind each
+    choice: docs/kernels_lightnet.md, "Launch rules and their measurements"."""
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     wide = max(bd, bdv) >= 128
     if block_n is not None:
@@ -219,10 +213,8 @@ def head_group(num_heads: int, d: int) -> int:
 def _combine_blocks(bh: int, d: int, splits: int, device: torch.device) -> tuple[int, int]:
     """(feature rows BR, splits per step SB) of the combine programs. BR halves from COMBINE_ROWS down to 2 until
     the (b, h) x row-block grid has COMBINE_PROGRAMS_PER_SM programs per SM; SB * BR <= 32 keeps a step's
-    [SB, BR, e] tiles small.
-    H100, bf16, d = 64: at N = 65536 (6 heads, 43 splits) one split per step over 16-row blocks took
-    41 + 22 us (forward + backward combine), 16 per step over 2-row blocks 9 + 8; at N = 1024 (288 heads, 2
-    splits) 2-row blocks were slower than 16-row ones (fwd+bwd 0.354 against 0.338 ms)."""
+    [SB, BR, e] tiles small; many splits over few heads want small row blocks and many splits per step, few splits
+    over many heads the full 16 rows (timings: docs/kernels_lightnet.md, "Launch rules and their measurements")."""
     rows = COMBINE_ROWS
     while rows > 2 and bh * triton.cdiv(d, rows) < COMBINE_PROGRAMS_PER_SM * num_sms(device):
         rows //= 2

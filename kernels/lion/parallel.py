@@ -18,10 +18,9 @@ how many tiles each side has before that is counted from prefix sums of the tile
 tiles on (shorter sequences visit every tile).
 The in-tile cumsums, tile totals and prefix sums come from one small launch per forward (gate_table), which the
 backward reuses: the kernels load them rather than summing the gates of every tile they meet (tl.cumsum and its
-layout changes cost 8% of the forward at N = 197). The forward walks both sides in one loop and scales each
-tile by both halves of its rank-one mask (no side accumulators; in the probe 151 registers instead of 244; 22%
-faster at N = 197 with the table); the backward kernels keep two walks
-(benchmarks/results/lion_bwd_walks_h100_20261123.json).
+layout changes on every tile are slower). The forward walks both sides in one loop and scales each tile by both
+halves of its rank-one mask (no side accumulators: fewer registers, faster); the backward kernels keep two walks.
+Timings: docs/kernels_lion.md, "Launch rules and their measurements".
 
 Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
     dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
@@ -50,9 +49,8 @@ from .._launch import empty, strides
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
-# The kernels pipeline 3 key / query tiles from this N on, 2 below it. H100, backward with 3 stages: 1-5% faster
-# for N >= 576, 2-5% slower at N = 196 (benchmarks/results/lion_parallel_stages_h100_20261122.json); forward with
-# 3 stages: 2-5% slower at N = 197, 1-4% faster from N = 577 (lion_fwd_stages_zinv_rejected_h100_20261123.json).
+# The kernels pipeline 3 key / query tiles from this N on, 2 below it (3 stages are slower for short sequences and
+# faster for long ones, both ways: docs/kernels_lion.md, "Launch rules and their measurements").
 STAGES_3_MIN_N = 512
 # Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
