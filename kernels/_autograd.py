@@ -4,7 +4,6 @@ costs tens of microseconds of host time per call, longer than the kernels at ViT
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -37,23 +36,23 @@ def autograd_ops(
     ``fwd(*inputs)`` returns the result, or a tuple whose first element is the result and the rest what the backward
     needs. ``save(inputs, outputs)`` (outputs always a tuple) -> (tensors to save, other arguments); the backward is
     ``bwd(d_result, *tensors, *arguments)``, whose output (one tensor or a tuple) holds the gradients of the leading
-    inputs; the remaining inputs get None."""
+    inputs; the remaining inputs, and those that are not tensors (an optional tensor passed as None), get None."""
     fwd_op = torch.library.custom_op(f"lightvision::{name}_fwd", fwd, mutates_args=())
     fwd_op.register_fake(fwd_fake)
     bwd_op = torch.library.custom_op(f"lightvision::{name}_bwd", bwd, mutates_args=())
     bwd_op.register_fake(bwd_fake)
-    n_inputs = len(inspect.signature(fwd).parameters)
 
     def setup_context(ctx, inputs, output):
         tensors, ctx.args = save(tuple(inputs), _as_tuple(output))
         ctx.save_for_backward(*tensors)
+        ctx.is_tensor = tuple(isinstance(x, torch.Tensor) for x in inputs)
 
-    def gradients(grads) -> tuple:
+    def gradients(ctx, grads) -> tuple:
         grads = _as_tuple(grads)
-        return grads + (None,) * (n_inputs - len(grads))
+        return tuple(grads[i] if i < len(grads) and t else None for i, t in enumerate(ctx.is_tensor))
 
     def backward(ctx, d_result, *_d_saved):
-        return gradients(bwd_op(d_result, *ctx.saved_tensors, *ctx.args))
+        return gradients(ctx, bwd_op(d_result, *ctx.saved_tensors, *ctx.args))
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
@@ -66,7 +65,7 @@ def autograd_ops(
 
         @staticmethod
         def backward(ctx, d_result):
-            return gradients(bwd(d_result, *ctx.saved_tensors, *ctx.args))
+            return gradients(ctx, bwd(d_result, *ctx.saved_tensors, *ctx.args))
 
     Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
     return AutogradOps(fwd_op, bwd_op, Eager)

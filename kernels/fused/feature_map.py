@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .._autograd import autograd_ops
 from .._launch import empty
 from . import _triton as K
 from .op import DTYPES, row_tile
@@ -76,55 +77,33 @@ def feature_map_bwd_inplace(x: torch.Tensor, grad: torch.Tensor, kind: str) -> N
     _run(K._feature_map_bwd_kernel, x, kind, DY=grad, DX=grad, GRAD_STRIDED=True)
 
 
-@torch.library.custom_op("lightvision::lion_feature_map_fwd", mutates_args=())
-def lion_feature_map_fwd(x: torch.Tensor, kind: str) -> torch.Tensor:
+def _fwd(x: torch.Tensor, kind: str) -> torch.Tensor:
     """phi(x); see the module docstring."""
     return feature_map_fwd_launch(x, kind)
 
 
-@lion_feature_map_fwd.register_fake
-def _(x, kind):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("lightvision::lion_feature_map_bwd", mutates_args=())
-def lion_feature_map_bwd(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
+def _bwd(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     """dL/dx of phi(x)."""
     return feature_map_bwd_launch(dy, x, kind)
 
 
-@lion_feature_map_bwd.register_fake
-def _(dy, x, kind):
+def _fwd_fake(x, kind):
     return x.new_empty(x.shape)
 
 
-def _setup(ctx, inputs, output):
+def _bwd_fake(dy, x, kind):
+    return x.new_empty(x.shape)
+
+
+def _saved(inputs, output):
     x, kind = inputs
-    ctx.save_for_backward(x)
-    ctx.kind = kind
+    return (x,), (kind,)
 
 
-def _backward(ctx, dy):
-    (x,) = ctx.saved_tensors
-    return lion_feature_map_bwd(dy, x, ctx.kind), None
-
-
-lion_feature_map_fwd.register_autograd(_backward, setup_context=_setup)
-
-
-class _FeatureMapEager(torch.autograd.Function):
-    """The same launchers without the custom-op dispatch (less host time per call)."""
-
-    @staticmethod
-    def forward(ctx, x, kind):
-        ctx.save_for_backward(x)
-        ctx.kind = kind
-        return feature_map_fwd_launch(x, kind)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return feature_map_bwd_launch(dy, x, ctx.kind), None
+# custom ops lightvision::lion_feature_map_fwd / _bwd (torch.compile) and the eager Function over the same launchers
+lion_feature_map_fwd, lion_feature_map_bwd, _FeatureMapEager = autograd_ops(
+    "lion_feature_map", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved
+)
 
 
 def lion_feature_map_triton(x: torch.Tensor, *, kind: str):
