@@ -74,7 +74,7 @@ for stage in "$@"; do
     kernels)
       for sizes in 50 197 221 577 1024 4096 0; do  # disjoint shards in parallel (0: the snake and two-scan cases)
         extras=$([ "$sizes" = 0 ] || echo --no-extras)
-        python3 -m lightvision.kernels.lion.check --sizes "$sizes" $extras --out "$out/lion_check_$sizes.json" \
+        python3 "$repo/scripts/lion_check.py" --sizes "$sizes" $extras --out "$out/lion_check_$sizes.json" \
           > "$out/lion_check_$sizes.log" 2>&1 &
       done
       wait; stamp "lion check shards done"
@@ -85,7 +85,7 @@ if not parts:
     sys.exit("lion check: no shard wrote its results (see lion_check_*.log)")
 merged = json.load(open(parts[0]))
 merged["checks"] = [c for p in parts for c in json.load(open(p))["checks"]]
-merged["env"]["command"] = "bash benchmarks/run_checks.sh OUT kernels (python -m lightvision.kernels.lion.check --sizes S, one process per S in 50 197 221 577 1024 4096 and 0 = the snake and two-scan cases)"
+merged["env"]["command"] = "bash benchmarks/run_checks.sh OUT kernels (python scripts/lion_check.py --sizes S, one process per S in 50 197 221 577 1024 4096 and 0 = the snake and two-scan cases)"
 json.dump(merged, open(f"{sys.argv[1]}/lion_check.json", "w"), indent=1)
 failed = sum(not c["ok"] for c in merged["checks"])
 print(f"lion check: {len(merged['checks']) - failed} / {len(merged['checks'])} passed from {len(parts)} shards")

@@ -1,4 +1,4 @@
-"""Host helpers shared by the kernel families: output allocation (NaN-poisoned for tests), interpreter
+"""Host helpers shared by the kernel families: output allocation (NaN-poisoned for tests), stride keywords, interpreter
 detection and the GPU's SM count."""
 
 from __future__ import annotations
@@ -30,3 +30,17 @@ def num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 2
+
+
+@functools.cache
+def _stride_names(prefix: str, name: str, dims: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}{name}{dim}" for dim in dims)
+
+
+def strides(dims: str, prefix: str = "s_", **tensors: torch.Tensor) -> dict[str, int]:
+    """Launch keywords ``<prefix><name><dim>`` for the leading ``len(dims)`` strides of each named tensor:
+    ``strides("bhn", o=o)`` -> ``{"s_ob": o.stride(0), "s_oh": o.stride(1), "s_on": o.stride(2)}``."""
+    out = {}
+    for name, t in tensors.items():
+        out.update(zip(_stride_names(prefix, name, dims), t.stride()))
+    return out

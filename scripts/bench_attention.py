@@ -16,7 +16,7 @@ requiring grad ("fwdbwd"), medians of ``triton.testing.do_bench``. A module regi
     def register(add):                      # add(op=..., impl=..., make=...)
         add(op="lion_d", impl="triton_scan", make=make_lion_d_scan)
 
-This script calls ``lightvision.kernels.lion.bench.register(add)`` when that module exists (it also registers
+This script calls ``register(add)`` of its neighbour ``scripts/bench_lion.py`` (which also registers
 flash-linear-attention, ``fla``, an optional benchmark-only dependency, as the two-scan anchor when installed).
 op in softmax / lightnet / lion_lit / lion_d / lion_s / normalized; impl names the implementation (sdpa, torch,
 triton...; ``triton_packed``: LightNet on one fused qkv tensor, the models' path, where small heads share a program).
@@ -39,7 +39,6 @@ table printed last.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -147,13 +146,9 @@ add("normalized", "torch", make_normalized)
 
 
 def _load_plugins() -> None:
-    try:
-        mod = importlib.import_module("lightvision.kernels.lion.bench")
-    except ImportError as e:
-        if "lightvision.kernels.lion.bench" not in str(e):
-            raise
-        return
-    mod.register(add)
+    import bench_lion  # scripts/ (this script's folder) is on sys.path
+
+    bench_lion.register(add)
 
 
 def check_lightnet(device, head_dims=()) -> list[dict]:

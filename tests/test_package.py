@@ -60,6 +60,8 @@ def test_wheel_contains_only_the_lightvision_package(tmp_path):
     for sub in ("kernels", "classify", "diffusion"):
         assert f"lightvision/{sub}/__init__.py" in names
     assert not any(n.startswith(("kernels/", "classify/", "diffusion/", "tests/")) for n in names)
+    tools = [n for n in names if Path(n).stem in ("check", "bench")]  # GPU sweeps and benchmarks live in scripts/
+    assert not tools, tools
 
 
 def _cli(*args):

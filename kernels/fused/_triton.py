@@ -220,21 +220,10 @@ def _feature_map_fwd_kernel(
 
 @triton.jit
 def _feature_map_bwd_kernel(
-    X,
-    DY,
-    DX,
-    R,
-    H,
-    N,
-    D,
-    s_b,
-    s_h,
-    s_n,
-    BM: tl.constexpr,
-    BD: tl.constexpr,
-    SILU_NORM: tl.constexpr,
-    GRAD_STRIDED: tl.constexpr,
-):
+    X, DY, DX, R, H, N, D,
+    s_b, s_h, s_n,
+    BM: tl.constexpr, BD: tl.constexpr, SILU_NORM: tl.constexpr, GRAD_STRIDED: tl.constexpr,
+):  # fmt: skip
     """dx from x and dy; DY, DX contiguous, or with GRAD_STRIDED laid out as X (the same strides: DX may be DY)."""
     strided, dense, mask = _head_rows_tile(tl.program_id(0), R, H, N, D, s_b, s_h, s_n, BM, BD)
     if GRAD_STRIDED:

@@ -60,22 +60,10 @@ def adaln_fwd_launch(x, shift, scale, eps: float, out_dtype: torch.dtype):
     mean = empty((b * n,), torch.float32, x.device)
     rstd = empty((b * n,), torch.float32, x.device)
     K._adaln_fwd_kernel[p["grid"]](
-        x.contiguous(),
-        shift,
-        scale,
-        y,
-        mean,
-        rstd,
-        n,
-        c,
-        shift.stride(0),
-        scale.stride(0),
-        eps,
-        p["per"],
-        BM=p["BM"],
-        BC=p["BC"],
-        num_warps=p["warps"],
-    )
+        X=x.contiguous(), SHIFT=shift, SCALE=scale, Y=y, MEAN=mean, RSTD=rstd, N=n, C=c, sv_shift=shift.stride(0),
+        sv_scale=scale.stride(0), eps=eps, per=p["per"],
+        BM=p["BM"], BC=p["BC"], num_warps=p["warps"],
+    )  # fmt: skip
     return y, mean, rstd
 
 
@@ -87,22 +75,10 @@ def adaln_bwd_launch(dy, x, scale, mean, rstd, shift_dtype: torch.dtype):
     dx = empty(x.shape, x.dtype, x.device)
     dshift, dscale = _partials(p, c, x.device), _partials(p, c, x.device)
     K._adaln_bwd_kernel[p["grid"]](
-        dy.contiguous(),
-        x.contiguous(),
-        scale_v,
-        mean,
-        rstd,
-        dx,
-        dshift,
-        dscale,
-        n,
-        c,
-        scale_v.stride(0),
-        p["per"],
-        BM=p["BM"],
-        BC=p["BC"],
-        num_warps=p["warps"],
-    )
+        DY=dy.contiguous(), X=x.contiguous(), SCALE=scale_v, MEAN=mean, RSTD=rstd, DX=dx, DSHIFT=dshift, DSCALE=dscale,
+        N=n, C=c, sv_scale=scale_v.stride(0), per=p["per"],
+        BM=p["BM"], BC=p["BC"], num_warps=p["warps"],
+    )  # fmt: skip
     return dx, dshift.sum(1).to(shift_dtype), dscale.sum(1).to(scale.dtype)
 
 
@@ -116,18 +92,9 @@ def gated_residual_fwd_launch(x, gate, y):
     gate = _vector(gate)
     out = empty(x.shape, _residual_dtype(x, gate, y), x.device)
     K._gated_residual_fwd_kernel[p["grid"]](
-        x.contiguous(),
-        gate,
-        y.contiguous(),
-        out,
-        n,
-        c,
-        gate.stride(0),
-        p["per"],
-        BM=p["BM"],
-        BC=p["BC"],
-        num_warps=p["warps"],
-    )
+        X=x.contiguous(), GATE=gate, Y=y.contiguous(), OUT=out, N=n, C=c, sv_gate=gate.stride(0), per=p["per"],
+        BM=p["BM"], BC=p["BC"], num_warps=p["warps"],
+    )  # fmt: skip
     return out
 
 
@@ -139,19 +106,10 @@ def gated_residual_bwd_launch(dout, gate, y):
     dy = empty(y.shape, y.dtype, y.device)
     dgate = _partials(p, c, y.device)
     K._gated_residual_bwd_kernel[p["grid"]](
-        dout.contiguous(),
-        gate_v,
-        y.contiguous(),
-        dy,
-        dgate,
-        n,
-        c,
-        gate_v.stride(0),
-        p["per"],
-        BM=p["BM"],
-        BC=p["BC"],
-        num_warps=p["warps"],
-    )
+        DOUT=dout.contiguous(), GATE=gate_v, Y=y.contiguous(), DY=dy, DGATE=dgate, N=n, C=c, sv_gate=gate_v.stride(0),
+        per=p["per"],
+        BM=p["BM"], BC=p["BC"], num_warps=p["warps"],
+    )  # fmt: skip
     return dgate.sum(1).to(gate.dtype), dy
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .._autograd import autograd_ops
 from .._launch import empty
 from . import _triton as K
 from .op import DTYPES, row_tile
@@ -39,38 +40,29 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, 1, -1, x.shape[-1])
 
 
-def _run(kernel, x: torch.Tensor, kind: str, *tensors: torch.Tensor, **meta) -> None:
-    """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given output tensors."""
+def _run(kernel, x: torch.Tensor, kind: str, **tensors_and_meta) -> None:
+    """Launch a feature-map program over the rows of x (as a [B, H, N, d] view) with the given tensors and
+    compile-time parameters (keywords of the program)."""
     x4 = _as_heads(x)
     b, h, n, d = x4.shape
     tile = row_tile(d, max_rows=64)  # heads are short rows: 64 of them per program at d = 64 (the timed tile)
     kernel[(triton.cdiv(b * h * n, tile["BM"]),)](
-        x4,
-        *tensors,
-        b * h * n,
-        h,
-        n,
-        d,
-        *x4.stride()[:3],
-        BM=tile["BM"],
-        BD=tile["BC"],
-        SILU_NORM=kind == "silu_norm",
-        num_warps=tile["warps"],
-        **meta,
-    )
+        X=x4, R=b * h * n, H=h, N=n, D=d, s_b=x4.stride(0), s_h=x4.stride(1), s_n=x4.stride(2), **tensors_and_meta,
+        BM=tile["BM"], BD=tile["BC"], SILU_NORM=kind == "silu_norm", num_warps=tile["warps"],
+    )  # fmt: skip
 
 
 def feature_map_fwd_launch(x: torch.Tensor, kind: str) -> torch.Tensor:
     """y = phi(x), contiguous, shaped like x, in x's dtype."""
     y = empty(x.shape, x.dtype, x.device)
-    _run(K._feature_map_fwd_kernel, x, kind, y)
+    _run(K._feature_map_fwd_kernel, x, kind, Y=y)
     return y
 
 
 def feature_map_bwd_launch(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     """dx (contiguous, shaped like x, x's dtype) from dy = dL/dphi(x)."""
     dx = empty(x.shape, x.dtype, x.device)
-    _run(K._feature_map_bwd_kernel, x, kind, dy.contiguous(), dx, GRAD_STRIDED=False)
+    _run(K._feature_map_bwd_kernel, x, kind, DY=dy.contiguous(), DX=dx, GRAD_STRIDED=False)
     return dx
 
 
@@ -82,58 +74,36 @@ def feature_map_bwd_inplace(x: torch.Tensor, grad: torch.Tensor, kind: str) -> N
             f"feature_map_bwd_inplace: x and grad must be [B, H, N, d] views with the same strides, got "
             f"{tuple(x.shape)} / {x.stride()} and {tuple(grad.shape)} / {grad.stride()}"
         )
-    _run(K._feature_map_bwd_kernel, x, kind, grad, grad, GRAD_STRIDED=True)
+    _run(K._feature_map_bwd_kernel, x, kind, DY=grad, DX=grad, GRAD_STRIDED=True)
 
 
-@torch.library.custom_op("lightvision::lion_feature_map_fwd", mutates_args=())
-def lion_feature_map_fwd(x: torch.Tensor, kind: str) -> torch.Tensor:
+def _fwd(x: torch.Tensor, kind: str) -> torch.Tensor:
     """phi(x); see the module docstring."""
     return feature_map_fwd_launch(x, kind)
 
 
-@lion_feature_map_fwd.register_fake
-def _(x, kind):
-    return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("lightvision::lion_feature_map_bwd", mutates_args=())
-def lion_feature_map_bwd(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
+def _bwd(dy: torch.Tensor, x: torch.Tensor, kind: str) -> torch.Tensor:
     """dL/dx of phi(x)."""
     return feature_map_bwd_launch(dy, x, kind)
 
 
-@lion_feature_map_bwd.register_fake
-def _(dy, x, kind):
+def _fwd_fake(x, kind):
     return x.new_empty(x.shape)
 
 
-def _setup(ctx, inputs, output):
+def _bwd_fake(dy, x, kind):
+    return x.new_empty(x.shape)
+
+
+def _saved(inputs, output):
     x, kind = inputs
-    ctx.save_for_backward(x)
-    ctx.kind = kind
+    return (x,), (kind,)
 
 
-def _backward(ctx, dy):
-    (x,) = ctx.saved_tensors
-    return lion_feature_map_bwd(dy, x, ctx.kind), None
-
-
-lion_feature_map_fwd.register_autograd(_backward, setup_context=_setup)
-
-
-class _FeatureMapEager(torch.autograd.Function):
-    """The same launchers without the custom-op dispatch (less host time per call)."""
-
-    @staticmethod
-    def forward(ctx, x, kind):
-        ctx.save_for_backward(x)
-        ctx.kind = kind
-        return feature_map_fwd_launch(x, kind)
-
-    @staticmethod
-    def backward(ctx, dy):
-        (x,) = ctx.saved_tensors
-        return feature_map_bwd_launch(dy, x, ctx.kind), None
+# custom ops lightvision::lion_feature_map_fwd / _bwd (torch.compile) and the eager Function over the same launchers
+lion_feature_map_fwd, lion_feature_map_bwd, _FeatureMapEager = autograd_ops(
+    "lion_feature_map", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved
+)
 
 
 def lion_feature_map_triton(x: torch.Tensor, *, kind: str):

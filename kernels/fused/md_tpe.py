@@ -11,8 +11,9 @@ a grid x [B, h, w, C] (the tokens after ``num_prefix_tokens`` prefix tokens, row
 
 and the prefix rows of y (and dx) are 0. One program holds a whole grid for a block of channels in registers
 ([h, w, BC], fp32) and reads x in place in its [B, N, C] layout: no transposes. The PyTorch dense form runs the two
-axes as channel-batched matmuls on a channel-first copy of x; compiled LightNet-DeiT-S (224 px, batch 256, one
-H100) spent about 1 ms per training step on that layer's copies, casts and small products.
+axes as channel-batched matmuls on a channel-first copy of x, whose copies, casts and small products cost a training
+step of compiled LightNet-DeiT-S more than this one pass (docs/kernels_lightnet.md, "Launch rules and their
+measurements").
 Grids whose longer axis is at most MAX_AXIS (images up to 512 px at patch 16); larger ones run the reference.
 The dT programs sum a slice of the batch each into fp32 partials [programs, L, L, C], summed by torch.
 """
@@ -33,26 +34,9 @@ MAX_AXIS = 32  # longest grid axis the programs hold: [32, 32, 8] fp32 accumulat
 
 @triton.jit
 def _tpe2d_apply_kernel(
-    X,
-    T0,
-    T1,
-    Y,
-    P,
-    h,
-    w,
-    C,
-    sxb,
-    sxn,
-    syb,
-    syn,
-    s0a,
-    s0i,
-    s1a,
-    s1i,
-    HP: tl.constexpr,
-    WP: tl.constexpr,
-    BC: tl.constexpr,
-):
+    X, T0, T1, Y, P, h, w, C, sxb, sxn, syb, syn, s0a, s0i, s1a, s1i,
+    HP: tl.constexpr, WP: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
     """Y[b, P + a w + j, c] = sum_i T0[a, i, c] X[b, P + i w + j, c] + sum_j' T1[j, j', c] X[b, P + a w + j', c];
     Y[b, :P] = 0. T0 / T1 are read through the strides (s?a, s?i) of their two position axes (unit channel
     stride), so passing swapped strides applies the transposes (the backward's dx)."""
@@ -130,25 +114,10 @@ def _apply(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int, tra
     bc = _channel_block(hp * wp, c)
     y = empty((b, n, c), x.dtype, x.device)
     _tpe2d_apply_kernel[(triton.cdiv(c, bc), b)](
-        x,
-        t0c,
-        t1c,
-        y,
-        prefix,
-        h,
-        w,
-        c,
-        x.stride(0),
-        x.stride(1),
-        y.stride(0),
-        y.stride(1),
-        *s0,
-        *s1,
-        HP=hp,
-        WP=wp,
-        BC=bc,
-        num_warps=4,
-    )
+        X=x, T0=t0c, T1=t1c, Y=y, P=prefix, h=h, w=w, C=c,
+        sxb=x.stride(0), sxn=x.stride(1), syb=y.stride(0), syn=y.stride(1), s0a=s0[0], s0i=s0[1], s1a=s1[0], s1i=s1[1],
+        HP=hp, WP=wp, BC=bc, num_warps=4,
+    )  # fmt: skip
     return y
 
 
@@ -165,25 +134,10 @@ def _grad_t(x: torch.Tensor, dy: torch.Tensor, prefix: int, h: int, w: int, axis
     splits = triton.cdiv(b, per)
     part = empty((splits, length, length, c), torch.float32, x.device)
     _tpe2d_grad_t_kernel[(c_blocks, splits)](
-        x,
-        dy,
-        part,
-        b,
-        per,
-        prefix,
-        length,
-        other,
-        sl,
-        sm,
-        c,
-        x.stride(0),
-        x.stride(1),
-        dy.stride(0),
-        dy.stride(1),
-        LP=lp,
-        BC=bc,
-        num_warps=4,
-    )
+        X=x, DY=dy, DT=part, B=b, BPB=per, P=prefix, L=length, M=other, sl=sl, sm=sm, C=c,
+        sxb=x.stride(0), sxn=x.stride(1), syb=dy.stride(0), syn=dy.stride(1),
+        LP=lp, BC=bc, num_warps=4,
+    )  # fmt: skip
     return part.sum(0).permute(2, 0, 1).contiguous()
 
 

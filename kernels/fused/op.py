@@ -26,6 +26,7 @@ from typing import Optional
 import torch
 import triton
 
+from .._autograd import autograd_ops
 from .._launch import empty, interpreting, num_sms
 from . import _triton as K
 
@@ -66,8 +67,9 @@ def rms_norm_fwd_launch(x, weight, gate, eps: float, out_dtype: torch.dtype):
     rstd = empty((m,), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_fwd_kernel[(p["tiles"],)](
-        x2, weight, g2, y, rstd, m, c, eps, 1, BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"]
-    )
+        X=x2, W=weight, G=g2, Y=y, RSTD=rstd, M=m, C=c, eps=eps, per=1,
+        BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"],
+    )  # fmt: skip
     return y.view(x.shape), rstd
 
 
@@ -81,22 +83,10 @@ def rms_norm_bwd_launch(dy, x, weight, gate, rstd):
     dw = empty((p["bwd_progs"], c), torch.float32, x.device)
     g2 = _rows(gate) if gate is not None else x2
     K._rms_norm_bwd_kernel[(p["bwd_progs"],)](
-        _rows(dy),
-        x2,
-        weight,
-        g2,
-        rstd,
-        dx,
-        dg if gate is not None else dx,
-        dw,
-        m,
-        c,
-        p["bwd_per"],
-        BM=p["BM"],
-        BC=p["BC"],
-        GATE=gate is not None,
-        num_warps=p["warps"],
-    )
+        DY=_rows(dy), X=x2, W=weight, G=g2, RSTD=rstd, DX=dx, DG=dg if gate is not None else dx, DW=dw, M=m, C=c,
+        per=p["bwd_per"],
+        BM=p["BM"], BC=p["BC"], GATE=gate is not None, num_warps=p["warps"],
+    )  # fmt: skip
     return dx.view(x.shape), dw.sum(0).to(weight.dtype), dg.view(gate.shape) if gate is not None else dg
 
 
@@ -115,7 +105,9 @@ def silu_mul_fwd_launch(a, b):
     """SiLU(a) * b, or of the halves of a packed [..., 2C] a when b is None: [..., C] in a's dtype."""
     a, b, c, s_in = _silu_mul_operands(a, b)
     y = empty((*a.shape[:-1], c), a.dtype, a.device)
-    K._silu_mul_fwd_kernel[(triton.cdiv(y.numel(), _SILU_BLOCK),)](a, b, y, y.numel(), c, s_in, BLOCK=_SILU_BLOCK)
+    K._silu_mul_fwd_kernel[(triton.cdiv(y.numel(), _SILU_BLOCK),)](
+        A=a, B=b, Y=y, numel=y.numel(), C=c, s_in=s_in, BLOCK=_SILU_BLOCK
+    )
     return y
 
 
@@ -126,7 +118,7 @@ def silu_mul_bwd_launch(dy, a, b):
     da = empty(a.shape, a.dtype, a.device)
     db = da[..., c:] if packed else empty(b.shape, b.dtype, b.device)
     K._silu_mul_bwd_kernel[(triton.cdiv(dy.numel(), _SILU_BLOCK),)](
-        dy.contiguous(), a, b, da, db, dy.numel(), c, s_in, BLOCK=_SILU_BLOCK
+        DY=dy.contiguous(), A=a, B=b, DA=da, DB=db, numel=dy.numel(), C=c, s_in=s_in, BLOCK=_SILU_BLOCK
     )
     return da, a.new_empty(0) if packed else db
 
@@ -134,29 +126,25 @@ def silu_mul_bwd_launch(dy, a, b):
 # ---- custom ops (torch.compile) ----
 
 
-@torch.library.custom_op("lightvision::rms_norm_fwd", mutates_args=())
-def rms_norm_fwd(
+def _norm_fwd(
     x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, rstd) of the fused RMSNorm; see the module docstring."""
     return rms_norm_fwd_launch(x, weight, gate, eps, out_dtype)
 
 
-@rms_norm_fwd.register_fake
-def _(x, weight, gate, eps, out_dtype):
+def _norm_fwd_fake(x, weight, gate, eps, out_dtype):
     return x.new_empty(x.shape, dtype=out_dtype), x.new_empty((x.numel() // x.shape[-1],), dtype=torch.float32)
 
 
-@torch.library.custom_op("lightvision::rms_norm_bwd", mutates_args=())
-def rms_norm_bwd(
+def _norm_bwd(
     dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, gate: Optional[torch.Tensor], rstd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dw, dg) of the fused RMSNorm; dg is empty without a gate."""
     return rms_norm_bwd_launch(dy, x, weight, gate, rstd)
 
 
-@rms_norm_bwd.register_fake
-def _(dy, x, weight, gate, rstd):
+def _norm_bwd_fake(dy, x, weight, gate, rstd):
     return (
         x.new_empty(x.shape),
         weight.new_empty(weight.shape),
@@ -164,83 +152,41 @@ def _(dy, x, weight, gate, rstd):
     )
 
 
-def _norm_setup(ctx, inputs, output):
+def _norm_saved(inputs, output):
     x, weight, gate, _eps, _out_dtype = inputs
-    ctx.save_for_backward(x, weight, gate, output[1])
+    return (x, weight, gate, output[1]), ()
 
 
-def _norm_backward(ctx, dy, _drstd):
-    x, weight, gate, rstd = ctx.saved_tensors
-    dx, dw, dg = rms_norm_bwd(dy, x, weight, gate, rstd)
-    return dx, dw, dg if gate is not None else None, None, None
-
-
-rms_norm_fwd.register_autograd(_norm_backward, setup_context=_norm_setup)
-
-
-@torch.library.custom_op("lightvision::silu_mul_fwd", mutates_args=())
-def silu_mul_fwd(a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
+def _silu_fwd(a: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
     """SiLU(a) * b, or of the halves of a packed a when b is None."""
     return silu_mul_fwd_launch(a, b)
 
 
-@silu_mul_fwd.register_fake
-def _(a, b):
+def _silu_fwd_fake(a, b):
     return a.new_empty(a.shape if b is not None else (*a.shape[:-1], a.shape[-1] // 2))
 
 
-@torch.library.custom_op("lightvision::silu_mul_bwd", mutates_args=())
-def silu_mul_bwd(dy: torch.Tensor, a: torch.Tensor, b: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def _silu_bwd(dy: torch.Tensor, a: torch.Tensor, b: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, db) of SiLU(a) * b; packed (b None): (da of the packed a, an empty tensor)."""
     return silu_mul_bwd_launch(dy, a, b)
 
 
-@silu_mul_bwd.register_fake
-def _(dy, a, b):
+def _silu_bwd_fake(dy, a, b):
     return a.new_empty(a.shape), b.new_empty(b.shape) if b is not None else a.new_empty(0)
 
 
-def _silu_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+def _silu_saved(inputs, output):
+    return tuple(inputs), ()
 
 
-def _silu_backward(ctx, dy):
-    a, b = ctx.saved_tensors
-    da, db = silu_mul_bwd(dy, a, b)
-    return da, db if b is not None else None
-
-
-silu_mul_fwd.register_autograd(_silu_backward, setup_context=_silu_setup)
-
-
-# ---- eager autograd (same launchers, no custom-op dispatch) ----
-
-
-class _RMSNormEager(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, gate, eps, out_dtype):
-        y, rstd = rms_norm_fwd_launch(x, weight, gate, eps, out_dtype)
-        ctx.save_for_backward(x, weight, gate, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, weight, gate, rstd = ctx.saved_tensors
-        dx, dw, dg = rms_norm_bwd_launch(dy, x, weight, gate, rstd)
-        return dx, dw, dg if gate is not None else None, None, None
-
-
-class _SiLUMulEager(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
-        return silu_mul_fwd_launch(a, b)
-
-    @staticmethod
-    def backward(ctx, dy):
-        a, b = ctx.saved_tensors
-        da, db = silu_mul_bwd_launch(dy, a, b)
-        return da, db if b is not None else None
+# custom ops lightvision::rms_norm_fwd / _bwd and silu_mul_fwd / _bwd (torch.compile), and the eager Functions over
+# the same launchers (no custom-op dispatch)
+rms_norm_fwd, rms_norm_bwd, _RMSNormEager = autograd_ops(
+    "rms_norm", _norm_fwd, _norm_fwd_fake, _norm_bwd, _norm_bwd_fake, _norm_saved
+)
+silu_mul_fwd, silu_mul_bwd, _SiLUMulEager = autograd_ops(
+    "silu_mul", _silu_fwd, _silu_fwd_fake, _silu_bwd, _silu_bwd_fake, _silu_saved
+)
 
 
 # ---- dispatch entries ----

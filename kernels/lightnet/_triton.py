@@ -84,8 +84,8 @@ def _pin_layout(x, anchor, BD: tl.constexpr, BDV: tl.constexpr):
     """x + 0 * anchor: x (exactly, for a finite anchor) in the register layout of ``anchor``, a matrix-product
     result. In the dq loop q^ feeds both the dS product (through shared memory) and dq (beside the dq~ product);
     left to itself the compiler keeps q, the tables and the sigmoid in two register layouts and computes them twice
-    (the dq loop's 64-token tile: 1116 instructions, 843 with the pin; sm_90a, bf16, d = 64). Only for feature blocks
-    up to 64: with 128 (8 warps) the pinned loop spilled 1452 bytes against 396 and ran 1.5x slower (H100)."""
+    (about a quarter of the dq loop's instructions). Only for feature blocks up to 64: with 128 (8 warps) the pinned
+    loop spills registers and runs slower (docs/kernels_lightnet.md, "Launch rules and their measurements")."""
     if BD <= 64 and BDV <= 64:
         x = x + anchor * 0.0
     return x
@@ -168,27 +168,11 @@ def _col_max(k_base, lo, hi, D, s_kn, s_kd, BN: tl.constexpr, BD: tl.constexpr):
 
 @triton.jit
 def _reduce_loop(
-    k_base,
-    v_base,
-    cos_ptr,
-    sin_ptr,
-    lo,
-    hi,
-    D,
-    DV,
-    s_kn,
-    s_kd,
-    s_vn,
-    s_vd,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    DT: tl.constexpr,
-    HD: tl.constexpr,
-    HDV: tl.constexpr,
-):
+    k_base, v_base, cos_ptr, sin_ptr, lo, hi, D, DV,
+    s_kn, s_kd, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, DT: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
+):  # fmt: skip
     """Tokens [lo, hi): per-feature softmax statistics of k, m[f] = max_n k, z[f] = sum_n exp(k - m), and the
     exp(k - m)-weighted rotated k^T v, A = [exp(k - m) C, exp(k - m) Sn]^T v as two d x e halves.
 
@@ -227,26 +211,12 @@ def _reduce_loop(
 
 @triton.jit
 def _out_loop(
-    q_base,
-    o_base,
-    cos_ptr,
-    sin_ptr,
-    s_c,
-    s_s,
-    lo,
-    hi,
-    D,
-    DV,
-    s_qn,
-    s_qd,
-    s_on,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    DT: tl.constexpr,
-):
+    q_base, o_base, cos_ptr, sin_ptr,
+    s_c, s_s,
+    lo, hi, D, DV,
+    s_qn, s_qd, s_on,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, DT: tl.constexpr,
+):  # fmt: skip
     """Tokens [lo, hi): o = (q^ C) S_c + (q^ Sn) S_s with q^ = SiLU(q), rotated on the fly; o rows s_on apart."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
@@ -273,38 +243,20 @@ def _out_loop(
 
 @triton.jit
 def _dq_loop(
-    q_base,
-    g_base,
-    dq_base,
-    cos_ptr,
-    sin_ptr,
-    s_c,
-    s_s,
-    lo,
-    hi,
-    D,
-    DV,
-    s_qn,
-    s_qd,
-    s_gn,
-    s_gd,
-    s_dqn,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    DT: tl.constexpr,
-    HD: tl.constexpr,
-    HDV: tl.constexpr,
-):
+    q_base, g_base, dq_base, cos_ptr, sin_ptr,
+    s_c, s_s,
+    lo, hi, D, DV,
+    s_qn, s_qd, s_gn, s_gd, s_dqn,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, DT: tl.constexpr,
+    HD: tl.constexpr, HDV: tl.constexpr,
+):  # fmt: skip
     """Tokens [lo, hi) of backward pass 1 (reads q, dO; writes dq, rows s_dqn apart); returns the halves of
     dS = q~^T dO = [(q^ C)^T dO; (q^ Sn)^T dO] over these tokens:
 
         dq~ = dO S^T,  dq^ = dq~_c C + dq~_s Sn,  dq = dq^ * sigma(q) (1 + q (1 - sigma(q)))   (SiLU')
 
     dS accumulates transposed, dS^T += dO^T (q^ C), so dO is a transposed shared-memory operand as loaded
-    (0.250 against 0.297 ms for the fused backward at N = 196, H100; docs/kernels_lightnet.md)."""
+    (faster than the untransposed form: docs/kernels_lightnet.md, "Launch rules and their measurements")."""
     offs_n = tl.arange(0, BN)
     offs_d = tl.arange(0, BD)
     offs_e = tl.arange(0, BDV)
@@ -339,33 +291,10 @@ def _dq_loop(
 
 @triton.jit
 def _dkdv_loop(
-    k_base,
-    v_base,
-    dk_base,
-    dv_base,
-    cos_ptr,
-    sin_ptr,
-    lse,
-    corr,
-    ds_c,
-    ds_s,
-    lo,
-    hi,
-    D,
-    DV,
-    s_kn,
-    s_kd,
-    s_vn,
-    s_vd,
-    s_dkn,
-    s_dvn,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    DT: tl.constexpr,
-):
+    k_base, v_base, dk_base, dv_base, cos_ptr, sin_ptr, lse, corr, ds_c, ds_s, lo, hi, D, DV,
+    s_kn, s_kd, s_vn, s_vd, s_dkn, s_dvn,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, DT: tl.constexpr,
+):  # fmt: skip
     """Tokens [lo, hi) of backward pass 2 (reads k, v; writes dk, dv, rows s_dkn / s_dvn apart), k^ = exp(k - lse):
 
     dv = k~ dS = (k^ C) dS_c + (k^ Sn) dS_s
@@ -417,41 +346,12 @@ def _correction(ds_c, ds_s, s_ptr, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.co
 
 @triton.jit
 def _fwd_fused_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    cos_ptr,
-    sin_ptr,
-    s_ptr,
-    lse_ptr,
-    o_ptr,
-    H,
-    N,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    s_qb,
-    s_qh,
-    s_qn,
-    s_qd,
-    s_kb,
-    s_kh,
-    s_kn,
-    s_kd,
-    s_vb,
-    s_vh,
-    s_vn,
-    s_vd,
-    s_ob,
-    s_oh,
-    s_on,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    HD: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, o_ptr, H, N,
+    D: tl.constexpr, DV: tl.constexpr,
+    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_ob, s_oh, s_on,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, HD: tl.constexpr,
     HDV: tl.constexpr,
-):
+):  # fmt: skip
     """Whole forward of one (b, h): reduce k, v to S = A / z and lse = m + log z (both stored for the
     backward), then o = q~ S with S kept in registers."""
     pid_bh = tl.program_id(0)
@@ -459,27 +359,10 @@ def _fwd_fused_kernel(
     h = pid_bh % H
     DT = v_ptr.dtype.element_ty
     m, z, acc_c, acc_s = _reduce_loop(
-        k_ptr + b * s_kb + h * s_kh,
-        v_ptr + b * s_vb + h * s_vh,
-        cos_ptr,
-        sin_ptr,
-        0,
-        N,
-        D,
-        DV,
-        s_kn,
-        s_kd,
-        s_vn,
-        s_vd,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-        HD,
-        HDV,
-    )
+        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, 0, N, D, DV,
+        s_kn, s_kd, s_vn, s_vd,
+        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV,
+    )  # fmt: skip
     offs_d = tl.arange(0, BD)
     inv = 1.0 / z
     tl.store(lse_ptr + pid_bh * D + offs_d, m + tl.log(z), mask=offs_d < D)
@@ -488,58 +371,23 @@ def _fwd_fused_kernel(
     R = 2 * D if LRPE else D
     _store_pair(s_ptr + pid_bh * R * DV, tl.arange(0, BD), s_c, s_s, D, DV, BDV, LRPE)
     _out_loop(
-        q_ptr + b * s_qb + h * s_qh,
-        o_ptr + b * s_ob + h * s_oh,
-        cos_ptr,
-        sin_ptr,
-        _operand(s_c, LOWP, DT),
-        _operand(s_s, LOWP, DT),
-        0,
-        N,
-        D,
-        DV,
-        s_qn,
-        s_qd,
-        s_on,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-    )
+        q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT),
+        0, N, D, DV,
+        s_qn, s_qd, s_on,
+        BN, BD, BDV, LRPE, LOWP, DT,
+    )  # fmt: skip
 
 
 @triton.jit
 def _fwd_reduce_kernel(
-    k_ptr,
-    v_ptr,
-    cos_ptr,
-    sin_ptr,
-    pm_ptr,
-    pz_ptr,
-    ps_ptr,
-    H,
-    N,
-    D: tl.constexpr,
-    DV: tl.constexpr,
+    k_ptr, v_ptr, cos_ptr, sin_ptr, pm_ptr, pz_ptr, ps_ptr, H, N,
+    D: tl.constexpr, DV: tl.constexpr,
     tiles_per_split,
-    s_kb,
-    s_kh,
-    s_kn,
-    s_kd,
-    s_vb,
-    s_vh,
-    s_vn,
-    s_vd,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    HD: tl.constexpr,
+    s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, HD: tl.constexpr,
     HDV: tl.constexpr,
-):
+):  # fmt: skip
     """Split plan, forward pass 1 over one chunk: the partials m, z -> pm / pz [BH, splits, d] and
     A -> ps [BH, splits, R, e] (R = 2d with LRPE, else d)."""
     pid_bh = tl.program_id(0)
@@ -549,27 +397,10 @@ def _fwd_reduce_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     m, z, acc_c, acc_s = _reduce_loop(
-        k_ptr + b * s_kb + h * s_kh,
-        v_ptr + b * s_vb + h * s_vh,
-        cos_ptr,
-        sin_ptr,
-        lo,
-        hi,
-        D,
-        DV,
-        s_kn,
-        s_kd,
-        s_vn,
-        s_vd,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        v_ptr.dtype.element_ty,
-        HD,
-        HDV,
-    )
+        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, cos_ptr, sin_ptr, lo, hi, D, DV,
+        s_kn, s_kd, s_vn, s_vd,
+        BN, BD, BDV, LRPE, LOWP, v_ptr.dtype.element_ty, HD, HDV,
+    )  # fmt: skip
     row = pid_bh * tl.num_programs(1) + pid_s
     offs_d = tl.arange(0, BD)
     tl.store(pm_ptr + row * D + offs_d, m, mask=offs_d < D)
@@ -595,23 +426,15 @@ def _load_partials(ptr, rows, smask, offs_r, D, DV, BDV: tl.constexpr, LRPE: tl.
 
 @triton.jit
 def _fwd_combine_kernel(
-    pm_ptr,
-    pz_ptr,
-    ps_ptr,
-    s_ptr,
-    lse_ptr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
+    pm_ptr, pz_ptr, ps_ptr, s_ptr, lse_ptr,
+    D: tl.constexpr, DV: tl.constexpr,
     nsplit,
-    BR: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    SB: tl.constexpr,
-):
+    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, SB: tl.constexpr,
+):  # fmt: skip
     """Merge the split partials of one (b, h), feature rows [BR * program_id(1), + BR): M = max_s m_s,
     w_s = exp(m_s - M), Z = sum_s w_s z_s, S = sum_s w_s A_s / Z (per feature row f, both halves),
     lse = M + log Z. Rows are independent, so the (b, h) is spread over d / BR programs; the splits are read SB at
-    a time, as one tile each (a loop of one split per step waited on each load in turn: 41 us at N = 65536)."""
+    a time, as one tile each (a loop of one split per step waits on each load in turn)."""
     pid_bh = tl.program_id(0)
     offs_r = tl.program_id(1) * BR + tl.arange(0, BR)
     offs_s = tl.arange(0, SB)
@@ -643,31 +466,13 @@ def _fwd_combine_kernel(
 
 @triton.jit
 def _fwd_out_kernel(
-    q_ptr,
-    cos_ptr,
-    sin_ptr,
-    s_ptr,
-    o_ptr,
-    H,
-    N,
-    D: tl.constexpr,
-    DV: tl.constexpr,
+    q_ptr, cos_ptr, sin_ptr, s_ptr, o_ptr, H, N,
+    D: tl.constexpr, DV: tl.constexpr,
     tiles_per_split,
-    s_qb,
-    s_qh,
-    s_qn,
-    s_qd,
-    s_ob,
-    s_oh,
-    s_on,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    HD: tl.constexpr,
+    s_qb, s_qh, s_qn, s_qd, s_ob, s_oh, s_on,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, HD: tl.constexpr,
     HDV: tl.constexpr,
-):
+):  # fmt: skip
     """Split plan, forward pass 2 over one chunk: o = q~ S."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -679,78 +484,23 @@ def _fwd_out_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     _out_loop(
-        q_ptr + b * s_qb + h * s_qh,
-        o_ptr + b * s_ob + h * s_oh,
-        cos_ptr,
-        sin_ptr,
-        _operand(s_c, LOWP, DT),
-        _operand(s_s, LOWP, DT),
-        lo,
-        hi,
-        D,
-        DV,
-        s_qn,
-        s_qd,
-        s_on,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-    )
+        q_ptr + b * s_qb + h * s_qh, o_ptr + b * s_ob + h * s_oh, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT),
+        lo, hi, D, DV,
+        s_qn, s_qd, s_on,
+        BN, BD, BDV, LRPE, LOWP, DT,
+    )  # fmt: skip
 
 
 @triton.jit
 def _bwd_fused_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    do_ptr,
-    cos_ptr,
-    sin_ptr,
-    s_ptr,
-    lse_ptr,
-    dq_ptr,
-    dk_ptr,
-    dv_ptr,
-    H,
-    N,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    s_qb,
-    s_qh,
-    s_qn,
-    s_qd,
-    s_kb,
-    s_kh,
-    s_kn,
-    s_kd,
-    s_vb,
-    s_vh,
-    s_vn,
-    s_vd,
-    s_gb,
-    s_gh,
-    s_gn,
-    s_gd,
-    s_dqb,
-    s_dqh,
-    s_dqn,
-    s_dkb,
-    s_dkh,
-    s_dkn,
-    s_dvb,
-    s_dvh,
-    s_dvn,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    HD: tl.constexpr,
+    q_ptr, k_ptr, v_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, lse_ptr, dq_ptr, dk_ptr, dv_ptr, H, N,
+    D: tl.constexpr, DV: tl.constexpr,
+    s_qb, s_qh, s_qn, s_qd, s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
+    s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, HD: tl.constexpr,
     HDV: tl.constexpr,
-):
+):  # fmt: skip
     """Whole backward of one (b, h): the dq pass over q, dO builds dS, then c = rowsum(dS * S), then the
     dk / dv pass over k, v with dS and c in registers."""
     pid_bh = tl.program_id(0)
@@ -761,97 +511,33 @@ def _bwd_fused_kernel(
     s_base = s_ptr + pid_bh * R * DV
     s_c, s_s = _load_pair(s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     ds_c, ds_s = _dq_loop(
-        q_ptr + b * s_qb + h * s_qh,
-        do_ptr + b * s_gb + h * s_gh,
-        dq_ptr + b * s_dqb + h * s_dqh,
-        cos_ptr,
-        sin_ptr,
-        _operand(s_c, LOWP, DT),
-        _operand(s_s, LOWP, DT),
-        0,
-        N,
-        D,
-        DV,
-        s_qn,
-        s_qd,
-        s_gn,
-        s_gd,
-        s_dqn,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-        HD,
-        HDV,
-    )
+        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT),
+        0, N, D, DV,
+        s_qn, s_qd, s_gn, s_gd, s_dqn,
+        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV,
+    )  # fmt: skip
     corr = _correction(ds_c, ds_s, s_base, tl.arange(0, BD), D, DV, BDV, LRPE)
     offs_d = tl.arange(0, BD)
     lse = tl.load(lse_ptr + pid_bh * D + offs_d, mask=offs_d < D, other=0.0)
     _dkdv_loop(
-        k_ptr + b * s_kb + h * s_kh,
-        v_ptr + b * s_vb + h * s_vh,
-        dk_ptr + b * s_dkb + h * s_dkh,
-        dv_ptr + b * s_dvb + h * s_dvh,
-        cos_ptr,
-        sin_ptr,
-        lse,
-        corr,
-        _operand(ds_c, LOWP, DT),
-        _operand(ds_s, LOWP, DT),
-        0,
-        N,
-        D,
-        DV,
-        s_kn,
-        s_kd,
-        s_vn,
-        s_vd,
-        s_dkn,
-        s_dvn,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-    )
+        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
+        dv_ptr + b * s_dvb + h * s_dvh, cos_ptr, sin_ptr, lse, corr, _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT),
+        0, N, D, DV,
+        s_kn, s_kd, s_vn, s_vd, s_dkn, s_dvn,
+        BN, BD, BDV, LRPE, LOWP, DT,
+    )  # fmt: skip
 
 
 @triton.jit
 def _bwd_dq_kernel(
-    q_ptr,
-    do_ptr,
-    cos_ptr,
-    sin_ptr,
-    s_ptr,
-    dq_ptr,
-    pds_ptr,
-    H,
-    N,
-    D: tl.constexpr,
-    DV: tl.constexpr,
+    q_ptr, do_ptr, cos_ptr, sin_ptr, s_ptr, dq_ptr, pds_ptr, H, N,
+    D: tl.constexpr, DV: tl.constexpr,
     tiles_per_split,
-    s_qb,
-    s_qh,
-    s_qn,
-    s_qd,
-    s_gb,
-    s_gh,
-    s_gn,
-    s_gd,
-    s_dqb,
-    s_dqh,
-    s_dqn,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    HD: tl.constexpr,
+    s_qb, s_qh, s_qn, s_qd, s_gb, s_gh, s_gn, s_gd, s_dqb, s_dqh, s_dqn,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, HD: tl.constexpr,
     HDV: tl.constexpr,
-):
+):  # fmt: skip
     """Split plan, backward pass 1 over one chunk: dq, and the partial dS -> pds [BH, splits, R, e]."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -863,31 +549,12 @@ def _bwd_dq_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     ds_c, ds_s = _dq_loop(
-        q_ptr + b * s_qb + h * s_qh,
-        do_ptr + b * s_gb + h * s_gh,
-        dq_ptr + b * s_dqb + h * s_dqh,
-        cos_ptr,
-        sin_ptr,
-        _operand(s_c, LOWP, DT),
-        _operand(s_s, LOWP, DT),
-        lo,
-        hi,
-        D,
-        DV,
-        s_qn,
-        s_qd,
-        s_gn,
-        s_gd,
-        s_dqn,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-        HD,
-        HDV,
-    )
+        q_ptr + b * s_qb + h * s_qh, do_ptr + b * s_gb + h * s_gh, dq_ptr + b * s_dqb + h * s_dqh, cos_ptr, sin_ptr,
+        _operand(s_c, LOWP, DT), _operand(s_s, LOWP, DT),
+        lo, hi, D, DV,
+        s_qn, s_qd, s_gn, s_gd, s_dqn,
+        BN, BD, BDV, LRPE, LOWP, DT, HD, HDV,
+    )  # fmt: skip
     _store_pair(
         pds_ptr + (pid_bh * tl.num_programs(1) + pid_s) * R * DV, tl.arange(0, BD), ds_c, ds_s, D, DV, BDV, LRPE
     )
@@ -895,18 +562,11 @@ def _bwd_dq_kernel(
 
 @triton.jit
 def _bwd_combine_kernel(
-    pds_ptr,
-    s_ptr,
-    ds_ptr,
-    c_ptr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
+    pds_ptr, s_ptr, ds_ptr, c_ptr,
+    D: tl.constexpr, DV: tl.constexpr,
     nsplit,
-    BR: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    SB: tl.constexpr,
-):
+    BR: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, SB: tl.constexpr,
+):  # fmt: skip
     """dS = sum_s dS_s over the splits of one (b, h) (SB at a time, as in ``_fwd_combine_kernel``) and the
     correction c (``_correction``), feature rows [BR * program_id(1), + BR)."""
     pid_bh = tl.program_id(0)
@@ -928,42 +588,13 @@ def _bwd_combine_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    k_ptr,
-    v_ptr,
-    cos_ptr,
-    sin_ptr,
-    lse_ptr,
-    ds_ptr,
-    c_ptr,
-    dk_ptr,
-    dv_ptr,
-    H,
-    N,
-    D: tl.constexpr,
-    DV: tl.constexpr,
+    k_ptr, v_ptr, cos_ptr, sin_ptr, lse_ptr, ds_ptr, c_ptr, dk_ptr, dv_ptr, H, N,
+    D: tl.constexpr, DV: tl.constexpr,
     tiles_per_split,
-    s_kb,
-    s_kh,
-    s_kn,
-    s_kd,
-    s_vb,
-    s_vh,
-    s_vn,
-    s_vd,
-    s_dkb,
-    s_dkh,
-    s_dkn,
-    s_dvb,
-    s_dvh,
-    s_dvn,
-    BN: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-    LRPE: tl.constexpr,
-    LOWP: tl.constexpr,
-    HD: tl.constexpr,
+    s_kb, s_kh, s_kn, s_kd, s_vb, s_vh, s_vn, s_vd, s_dkb, s_dkh, s_dkn, s_dvb, s_dvh, s_dvn,
+    BN: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, LRPE: tl.constexpr, LOWP: tl.constexpr, HD: tl.constexpr,
     HDV: tl.constexpr,
-):
+):  # fmt: skip
     """Split plan, backward pass 2 over one chunk: dk, dv from the combined dS and c."""
     pid_bh = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -978,30 +609,9 @@ def _bwd_dkdv_kernel(
     lo = pid_s * tiles_per_split * BN
     hi = tl.minimum(N, lo + tiles_per_split * BN)
     _dkdv_loop(
-        k_ptr + b * s_kb + h * s_kh,
-        v_ptr + b * s_vb + h * s_vh,
-        dk_ptr + b * s_dkb + h * s_dkh,
-        dv_ptr + b * s_dvb + h * s_dvh,
-        cos_ptr,
-        sin_ptr,
-        lse,
-        corr,
-        _operand(ds_c, LOWP, DT),
-        _operand(ds_s, LOWP, DT),
-        lo,
-        hi,
-        D,
-        DV,
-        s_kn,
-        s_kd,
-        s_vn,
-        s_vd,
-        s_dkn,
-        s_dvn,
-        BN,
-        BD,
-        BDV,
-        LRPE,
-        LOWP,
-        DT,
-    )
+        k_ptr + b * s_kb + h * s_kh, v_ptr + b * s_vb + h * s_vh, dk_ptr + b * s_dkb + h * s_dkh,
+        dv_ptr + b * s_dvb + h * s_dvh, cos_ptr, sin_ptr, lse, corr, _operand(ds_c, LOWP, DT), _operand(ds_s, LOWP, DT),
+        lo, hi, D, DV,
+        s_kn, s_kd, s_vn, s_vd, s_dkn, s_dvn,
+        BN, BD, BDV, LRPE, LOWP, DT,
+    )  # fmt: skip

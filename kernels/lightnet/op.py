@@ -50,7 +50,8 @@ from lightvision.ops._checks import check_grid
 from lightvision.ops.heads import split_heads
 from lightvision.ops.md_lrpe import lrpe_angles
 
-from .._launch import empty, interpreting, num_sms
+from .._autograd import autograd_ops
+from .._launch import empty, interpreting, num_sms, strides
 from . import _triton as K
 
 HEAD_DIMS = tuple(range(16, 129, 8))  # multiples of 8 up to 128: 72 is LightNet-DiT-XL/2's (1152 / 16 heads)
@@ -140,20 +141,14 @@ def _plan(
 
     The split count minimises ``_split_cost`` over 1 .. tiles / 2 (each program keeps at least two tiles, so the
     small fp32 S / dS partials stay cheap next to the token traffic), with 2 programs resident per SM (255
-    registers; taken as 1 for head dim 128, 8 warps: as fast or faster than assuming 2 at N = 1024 and 4096).
-    One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one launch each way). Waves count: at N =
-    1024, B*H = 288 (1.09 waves of 264 programs on an H100) the fused plan
-    ran 0.424 ms fwd+bwd, 2 splits 0.349, 3 splits 0.338; at N = 4096, B*H = 72, 3 splits (one wave of 216)
-    0.318 against 0.352 for 8 (docs/kernels_lightnet.md). Head dim 128 holds two 128 x d_v matrices
-    per program: 8 warps, fewer stages, and for fp32 16-token tiles keep the matrix-product operands inside
-    shared memory (16-bit: 64-token tiles, 0.536 ms fwd+bwd against 0.603 with 32 at d = 128, N = 1024, B*H = 96,
-    H100), and it always takes the split plan (the fused backward would hold S and dS, four such
-    matrices, at once). d <= 64: 64-token tiles, 4 warps (also for d = 24: 32 / 2 is 13% faster alone at
-    N = 197 but no faster in LightNet-DeiT-S, and slower at N = 1025; docs/kernels_lightnet.md). 8 warps with
-    32-token tiles remove the register spills ptxas reports for the backward programs (~950 bytes per thread,
-    sm_90a, bf16) but run 1.7x slower (docs/kernels_lightnet.md). Pipeline stages: 3, except the fused backward
-    (2: 0.250 against 0.279 ms at N = 196, H100). The keyword knobs override the defaults (``splits``
-    forces the split count; ``scripts/bench_attention.py --sweep`` times them)."""
+    registers; taken as 1 for head dim 128, 8 warps). Waves count: a launch that leaves most SMs idle in its last
+    wave pays for a whole one. One split and d, d_v <= 64 runs the fused plan (one program per (b, h), one launch
+    each way). Head dim 128 holds two 128 x d_v matrices per program: 8 warps, fewer stages, 16-token tiles for fp32
+    (the matrix-product operands stay inside shared memory), 64-token tiles for 16-bit inputs, and always the split
+    plan (the fused backward would hold S and dS, four such matrices, at once). d <= 64: 64-token tiles, 4 warps
+    (d = 24 too). Pipeline stages: 3, except the fused backward (2). The keyword knobs override the defaults
+    (``splits`` forces the split count; ``scripts/bench_attention.py --sweep`` times them). The timings behind each
+    choice: docs/kernels_lightnet.md, "Launch rules and their measurements"."""
     bd, bdv = triton.next_power_of_2(d), triton.next_power_of_2(dv)
     wide = max(bd, bdv) >= 128
     if block_n is not None:
@@ -218,10 +213,8 @@ def head_group(num_heads: int, d: int) -> int:
 def _combine_blocks(bh: int, d: int, splits: int, device: torch.device) -> tuple[int, int]:
     """(feature rows BR, splits per step SB) of the combine programs. BR halves from COMBINE_ROWS down to 2 until
     the (b, h) x row-block grid has COMBINE_PROGRAMS_PER_SM programs per SM; SB * BR <= 32 keeps a step's
-    [SB, BR, e] tiles small.
-    H100, bf16, d = 64: at N = 65536 (6 heads, 43 splits) one split per step over 16-row blocks took
-    41 + 22 us (forward + backward combine), 16 per step over 2-row blocks 9 + 8; at N = 1024 (288 heads, 2
-    splits) 2-row blocks were slower than 16-row ones (fwd+bwd 0.354 against 0.338 ms)."""
+    [SB, BR, e] tiles small; many splits over few heads want small row blocks and many splits per step, few splits
+    over many heads the full 16 rows (timings: docs/kernels_lightnet.md, "Launch rules and their measurements")."""
     rows = COMBINE_ROWS
     while rows > 2 and bh * triton.cdiv(d, rows) < COMBINE_PROGRAMS_PER_SM * num_sms(device):
         rows //= 2
@@ -274,17 +267,24 @@ def lightnet_fwd(q, k, v, cos, sin, lrpe: bool, o: torch.Tensor | None = None, g
     lse = empty((B, H, D), torch.float32, dev)
     if c.fused:
         K._fwd_fused_kernel[c.grid_bh](
-            q, k, v, cos, sin, s, lse, o, H, N, D, DV, *q.stride(), *k.stride(), *v.stride(), *o.stride()[:3], **c.tiled
-        )
+            q_ptr=q, k_ptr=k, v_ptr=v, cos_ptr=cos, sin_ptr=sin, s_ptr=s, lse_ptr=lse, o_ptr=o, H=H, N=N, D=D, DV=DV,
+            **strides("bhnd", q=q, k=k, v=v), **strides("bhn", o=o), **c.tiled,
+        )  # fmt: skip
         return o, s, lse
     pm = empty((B * H, c.splits, D), torch.float32, dev)
     pz = empty((B * H, c.splits, D), torch.float32, dev)
     ps = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     K._fwd_reduce_kernel[c.grid_split](
-        k, v, cos, sin, pm, pz, ps, H, N, D, DV, c.per, *k.stride(), *v.stride(), **c.tiled
+        k_ptr=k, v_ptr=v, cos_ptr=cos, sin_ptr=sin, pm_ptr=pm, pz_ptr=pz, ps_ptr=ps, H=H, N=N, D=D, DV=DV,
+        tiles_per_split=c.per, **strides("bhnd", k=k, v=v), **c.tiled,
+    )  # fmt: skip
+    K._fwd_combine_kernel[c.grid_rows](
+        pm_ptr=pm, pz_ptr=pz, ps_ptr=ps, s_ptr=s, lse_ptr=lse, D=D, DV=DV, nsplit=c.splits, **c.small
     )
-    K._fwd_combine_kernel[c.grid_rows](pm, pz, ps, s, lse, D, DV, c.splits, **c.small)
-    K._fwd_out_kernel[c.grid_split](q, cos, sin, s, o, H, N, D, DV, c.per, *q.stride(), *o.stride()[:3], **c.tiled)
+    K._fwd_out_kernel[c.grid_split](
+        q_ptr=q, cos_ptr=cos, sin_ptr=sin, s_ptr=s, o_ptr=o, H=H, N=N, D=D, DV=DV, tiles_per_split=c.per,
+        **strides("bhnd", q=q), **strides("bhn", o=o), **c.tiled,
+    )  # fmt: skip
     return o, s, lse
 
 
@@ -304,72 +304,37 @@ def lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe: bool, grads: tuple | None 
     dq, dk, dv = grads
     if c.fused:
         K._bwd_fused_kernel[c.grid_bh](
-            q,
-            k,
-            v,
-            do,
-            cos,
-            sin,
-            s,
-            lse,
-            dq,
-            dk,
-            dv,
-            H,
-            N,
-            D,
-            DV,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *do.stride(),
-            *dq.stride()[:3],
-            *dk.stride()[:3],
-            *dv.stride()[:3],
-            **c.tiled_bwd,
-        )
+            q_ptr=q, k_ptr=k, v_ptr=v, do_ptr=do, cos_ptr=cos, sin_ptr=sin, s_ptr=s, lse_ptr=lse,
+            dq_ptr=dq, dk_ptr=dk, dv_ptr=dv, H=H, N=N, D=D, DV=DV,
+            **strides("bhnd", q=q, k=k, v=v, g=do), **strides("bhn", dq=dq, dk=dk, dv=dv), **c.tiled_bwd,
+        )  # fmt: skip
         return dq, dk, dv
     pds = empty((B * H, c.splits, c.R, DV), torch.float32, dev)
     ds = empty((B * H, c.R, DV), torch.float32, dev)
     corr = empty((B * H, D), torch.float32, dev)
     K._bwd_dq_kernel[c.grid_split](
-        q, do, cos, sin, s, dq, pds, H, N, D, DV, c.per, *q.stride(), *do.stride(), *dq.stride()[:3], **c.tiled_bwd
+        q_ptr=q, do_ptr=do, cos_ptr=cos, sin_ptr=sin, s_ptr=s, dq_ptr=dq, pds_ptr=pds, H=H, N=N, D=D, DV=DV,
+        tiles_per_split=c.per, **strides("bhnd", q=q, g=do), **strides("bhn", dq=dq), **c.tiled_bwd,
+    )  # fmt: skip
+    K._bwd_combine_kernel[c.grid_rows](
+        pds_ptr=pds, s_ptr=s, ds_ptr=ds, c_ptr=corr, D=D, DV=DV, nsplit=c.splits, **c.small
     )
-    K._bwd_combine_kernel[c.grid_rows](pds, s, ds, corr, D, DV, c.splits, **c.small)
     K._bwd_dkdv_kernel[c.grid_split](
-        k,
-        v,
-        cos,
-        sin,
-        lse,
-        ds,
-        corr,
-        dk,
-        dv,
-        H,
-        N,
-        D,
-        DV,
-        c.per,
-        *k.stride(),
-        *v.stride(),
-        *dk.stride()[:3],
-        *dv.stride()[:3],
-        **c.tiled_bwd,
-    )
+        k_ptr=k, v_ptr=v, cos_ptr=cos, sin_ptr=sin, lse_ptr=lse, ds_ptr=ds, c_ptr=corr, dk_ptr=dk, dv_ptr=dv,
+        H=H, N=N, D=D, DV=DV, tiles_per_split=c.per,
+        **strides("bhnd", k=k, v=v), **strides("bhn", dk=dk, dv=dv), **c.tiled_bwd,
+    )  # fmt: skip
     return dq, dk, dv
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_fwd", mutates_args=())
-def lightnet_attn_fwd(
+def _fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lrpe: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o, S, lse) of the one-scan forward; see the module docstring."""
     return lightnet_fwd(q, k, v, cos, sin, lrpe)
 
 
-@lightnet_attn_fwd.register_fake
-def _(q, k, v, cos, sin, lrpe):
+def _fwd_fake(q, k, v, cos, sin, lrpe):
     B, H, N, D = q.shape
     DV = v.shape[-1]
     return (
@@ -379,8 +344,7 @@ def _(q, k, v, cos, sin, lrpe):
     )
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_bwd", mutates_args=())
-def lightnet_attn_bwd(
+def _bwd(
     do: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -395,41 +359,20 @@ def lightnet_attn_bwd(
     return lightnet_bwd(do, q, k, v, s, lse, cos, sin, lrpe)
 
 
-@lightnet_attn_bwd.register_fake
-def _(do, q, k, v, s, lse, cos, sin, lrpe):
+def _bwd_fake(do, q, k, v, s, lse, cos, sin, lrpe):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
+def _saved(inputs, output):
     q, k, v, cos, sin, lrpe = inputs
     _, s, lse = output
-    ctx.save_for_backward(q, k, v, s, lse, cos, sin)
-    ctx.lrpe = lrpe
+    return (q, k, v, s, lse, cos, sin), (lrpe,)
 
 
-def _backward(ctx, do, _ds, _dlse):
-    dq, dk, dv = lightnet_attn_bwd(do, *ctx.saved_tensors, ctx.lrpe)
-    return dq, dk, dv, None, None, None
-
-
-lightnet_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _LightNetEager(torch.autograd.Function):
-    """The same launchers as the custom ops, without their dispatch (tens of microseconds of host time
-    per call, which at ViT sizes is longer than the kernels); used outside torch.compile tracing."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cos, sin, lrpe):
-        o, s, lse = lightnet_fwd(q, k, v, cos, sin, lrpe)
-        ctx.save_for_backward(q, k, v, s, lse, cos, sin)
-        ctx.lrpe = lrpe
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        dq, dk, dv = lightnet_bwd(do, *ctx.saved_tensors, ctx.lrpe)
-        return dq, dk, dv, None, None, None
+# custom ops lightvision::lightnet_attn_fwd / _bwd (torch.compile) and the eager Function over the same launchers
+lightnet_attn_fwd, lightnet_attn_bwd, _LightNetEager = autograd_ops(
+    "lightnet_attn", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved
+)
 
 
 def _packed_heads(qkv, num_heads: int):
@@ -459,16 +402,14 @@ def lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads: int, lrpe: bool):
     return dqkv
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_packed_fwd", mutates_args=())
-def lightnet_attn_packed_fwd(
+def _packed_fwd(
     qkv: torch.Tensor, num_heads: int, cos: torch.Tensor, sin: torch.Tensor, lrpe: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o [B, N, H * d], S, lse) of the one-scan forward on a packed qkv."""
     return lightnet_packed_fwd(qkv, num_heads, cos, sin, lrpe)
 
 
-@lightnet_attn_packed_fwd.register_fake
-def _(qkv, num_heads, cos, sin, lrpe):
+def _packed_fwd_fake(qkv, num_heads, cos, sin, lrpe):
     B, N, C3 = qkv.shape
     g = head_group(num_heads, C3 // (3 * num_heads))
     H, D = num_heads // g, C3 // (3 * num_heads) * g
@@ -479,8 +420,7 @@ def _(qkv, num_heads, cos, sin, lrpe):
     )
 
 
-@torch.library.custom_op("lightvision::lightnet_attn_packed_bwd", mutates_args=())
-def lightnet_attn_packed_bwd(
+def _packed_bwd(
     do: torch.Tensor,
     qkv: torch.Tensor,
     s: torch.Tensor,
@@ -494,38 +434,20 @@ def lightnet_attn_packed_bwd(
     return lightnet_packed_bwd(do, qkv, s, lse, cos, sin, num_heads, lrpe)
 
 
-@lightnet_attn_packed_bwd.register_fake
-def _(do, qkv, s, lse, cos, sin, num_heads, lrpe):
+def _packed_bwd_fake(do, qkv, s, lse, cos, sin, num_heads, lrpe):
     return qkv.new_empty(qkv.shape)
 
 
-def _packed_setup_context(ctx, inputs, output):
+def _packed_saved(inputs, output):
     qkv, num_heads, cos, sin, lrpe = inputs
     _, s, lse = output
-    ctx.save_for_backward(qkv, s, lse, cos, sin)
-    ctx.args = (num_heads, lrpe)
+    return (qkv, s, lse, cos, sin), (num_heads, lrpe)
 
 
-def _packed_backward(ctx, do, _ds, _dlse):
-    return lightnet_attn_packed_bwd(do, *ctx.saved_tensors, *ctx.args), None, None, None, None
-
-
-lightnet_attn_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
-
-
-class _LightNetPackedEager(torch.autograd.Function):
-    """Eager twin of the packed custom ops (see ``_LightNetEager``)."""
-
-    @staticmethod
-    def forward(ctx, qkv, num_heads, cos, sin, lrpe):
-        o, s, lse = lightnet_packed_fwd(qkv, num_heads, cos, sin, lrpe)
-        ctx.save_for_backward(qkv, s, lse, cos, sin)
-        ctx.args = (num_heads, lrpe)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        return lightnet_packed_bwd(do, *ctx.saved_tensors, *ctx.args), None, None, None, None
+# custom ops lightvision::lightnet_attn_packed_fwd / _bwd and the eager Function
+lightnet_attn_packed_fwd, lightnet_attn_packed_bwd, _LightNetPackedEager = autograd_ops(
+    "lightnet_attn_packed", _packed_fwd, _packed_fwd_fake, _packed_bwd, _packed_bwd_fake, _packed_saved
+)
 
 
 def supports(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:

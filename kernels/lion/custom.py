@@ -13,8 +13,8 @@ The layer's form on a fused projection (masked kernel only), phi = LION's featur
     torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix) -> (y, fqk, den, tab)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
         [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved.
-        One feature-map launch rather than phi inside the forward kernel's tile loads: the latter costs 0.2 ms
-        per layer more at N = 197 (H100, docs/kernels_lion.md).
+        One feature-map launch rather than phi inside the forward kernel's tile loads, which is slower
+        (docs/kernels_lion.md, "Launch rules and their measurements").
         gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
         are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
         into the qkv projection; the gate table reads them in place)
@@ -23,8 +23,8 @@ The layer's form on a fused projection (masked kernel only), phi = LION's featur
         dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one feature-map
         pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv,
         dL/dz goes into its gate columns and zeros into the G - H padding columns (dg empty).
-        One pass rather than phi's gradient inside the kernels' epilogues: the latter costs 0.18 ms per layer
-        more at N = 197 (H100, docs/kernels_lion.md).
+        One pass rather than phi's gradient inside the kernels' epilogues, which is slower
+        (docs/kernels_lion.md, "Launch rules and their measurements").
 :func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py.
 """
 

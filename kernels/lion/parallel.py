@@ -18,10 +18,9 @@ how many tiles each side has before that is counted from prefix sums of the tile
 tiles on (shorter sequences visit every tile).
 The in-tile cumsums, tile totals and prefix sums come from one small launch per forward (gate_table), which the
 backward reuses: the kernels load them rather than summing the gates of every tile they meet (tl.cumsum and its
-layout changes cost 8% of the forward at N = 197). The forward walks both sides in one loop and scales each
-tile by both halves of its rank-one mask (no side accumulators; in the probe 151 registers instead of 244; 22%
-faster at N = 197 with the table); the backward kernels keep two walks
-(commit 0d860c4; docs/kernels_lion.md).
+layout changes on every tile are slower). The forward walks both sides in one loop and scales each tile by both
+halves of its rank-one mask (no side accumulators: fewer registers, faster); the backward kernels keep two walks.
+Timings: docs/kernels_lion.md, "Launch rules and their measurements".
 
 Backward (Z = den + 1e-6, upstream dY, or dnum / dden directly when normalize=False):
     dnum_i = dY_i / Z_i,   dden_i = -(dY_i . Y_i) / Z_i,   dA_ij = dnum_i . v_j + dden_i
@@ -46,13 +45,12 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import empty
+from .._launch import empty, strides
 
 EPS = tl.constexpr(1e-6)
 TILE = 64  # query / key rows per tile (read at call time, so tests can shrink it)
-# The kernels pipeline 3 key / query tiles from this N on, 2 below it. H100, backward with 3 stages: 1-5% faster
-# for N >= 576, 2-5% slower at N = 196 (commit 595434c); forward with
-# 3 stages: 2-5% slower at N = 197, 1-4% faster from N = 577 (commit 0d860c4).
+# The kernels pipeline 3 key / query tiles from this N on, 2 below it (3 stages are slower for short sequences and
+# faster for long ones, both ways: docs/kernels_lion.md, "Launch rules and their measurements").
 STAGES_3_MIN_N = 512
 # Below this segment sum of whole tiles, exp(log M) underflows to exactly 0 in fp32 (exp(-104) < 2^-149).
 SKIP_LOG = tl.constexpr(-110.0)
@@ -205,37 +203,10 @@ def _walk(tile, step, n_lo):
 
 @triton.jit
 def _fwd_kernel(
-    Q,
-    K,
-    V,
-    TAB,
-    stab,
-    NUM,
-    DEN,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sob,
-    soh,
-    son,
-    H,
-    HAS_MASK: tl.constexpr,
-    SKIP: tl.constexpr,
-    NORMALIZE: tl.constexpr,
-    PREC: tl.constexpr,
-    T: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, TAB, stab, NUM, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
+    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """One program = one query tile of one (b, h): num/den (or Y) for T rows."""
     it = tl.program_id(0)
     bh = tl.program_id(1)
@@ -290,50 +261,11 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    TAB,
-    stab,
-    DO,
-    OUT,
-    DEN,
-    ZINV,
-    DELTA,
-    DQ,
-    RL,
-    RU,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdb,
-    sdh,
-    sdn,
-    sob,
-    soh,
-    son,
-    sgb,
-    sgh,
-    sgn,
-    H,
-    HAS_MASK: tl.constexpr,
-    SKIP: tl.constexpr,
-    PER_HEAD: tl.constexpr,
-    ROW_GRADS: tl.constexpr,
-    PREC: tl.constexpr,
-    T: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, TAB, stab, DO, OUT, DEN, ZINV, DELTA, DQ, RL, RU, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
+    sdb, sdh, sdn, sob, soh, son, sgb, sgh, sgn, H,
+    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, ROW_GRADS: tl.constexpr, PREC: tl.constexpr,
+    T: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """One program = one query tile: dq = (dA * M) k and the row sums rL / rU of W = dA * A (per-token gates
     only: PER_HEAD gates take their gradient from the dk/dv kernel alone). ROW_GRADS: the tile's 1 / Z and
     dL/d den come from Y (OUT) and DEN here and are stored in ZINV / DELTA for the dk/dv kernel (_row_grad_kernel's
@@ -383,7 +315,7 @@ def _bwd_dq_kernel(
     n_tiles = tl.cdiv(N, T)
     # the forward's walk as two loops, left (lower triangle) then right (upper), with side accumulators scaled by
     # the row half of the mask once per side: with this kernel's W row sums, one loop that scales every tile by
-    # both halves was slower for S gates (commit 0d860c4; docs/kernels_lion.md)
+    # both halves was slower for S gates (benchmarks/results/lion_bwd_walks_h100_20261123.json)
     for side in tl.static_range(2):
         n_side = _span(cs, it, side, n_tiles, SKIP)
         dq_s = tl.zeros([T, BD], dtype=tl.float32)
@@ -423,48 +355,11 @@ def _bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    TAB,
-    stab,
-    DO,
-    ZINV,
-    DELTA,
-    DK,
-    DV_OUT,
-    CL,
-    CU,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdb,
-    sdh,
-    sdn,
-    skgb,
-    skgh,
-    skgn,
-    svgb,
-    svgh,
-    svgn,
-    H,
-    HAS_MASK: tl.constexpr,
-    SKIP: tl.constexpr,
-    PER_HEAD: tl.constexpr,
-    PREC: tl.constexpr,
-    T: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, TAB, stab, DO, ZINV, DELTA, DK, DV_OUT, CL, CU, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdb,
+    sdh, sdn, skgb, skgh, skgn, svgb, svgh, svgn, H,
+    HAS_MASK: tl.constexpr, SKIP: tl.constexpr, PER_HEAD: tl.constexpr, PREC: tl.constexpr, T: tl.constexpr,
+    BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """One program = one key tile: dk = (dA * M)^T q, dv = A^T dnum and the column sums cL / cU of W, or with
     PER_HEAD gates the distance-weighted sums sum_i W_ij |i - j| in CL. Works on transposed tiles [keys, queries].
     DO, DK, DV_OUT go through their strides."""
@@ -580,9 +475,10 @@ def _meta(q: torch.Tensor, v: torch.Tensor) -> dict:
     )
 
 
-def _strides(*ts: torch.Tensor) -> list[int]:
-    """(batch, head, row) strides of each [B, H, N, d] tensor (feature stride must be 1)."""
-    return [s for t in ts for s in t.stride()[:3]]
+def _strides(**tensors: torch.Tensor) -> dict[str, int]:
+    """Launch keywords s<name>b, s<name>h, s<name>n: the (batch, head, row) strides of each named [B, H, N, d] tensor
+    (feature stride must be 1)."""
+    return strides("bhn", prefix="s", **tensors)
 
 
 def gate_stride(g: torch.Tensor) -> int:
@@ -619,22 +515,13 @@ def gate_table(g: torch.Tensor, shape: torch.Size, tile: int, *, logits_prefix: 
     nt = triton.cdiv(N, tile)
     tab = empty((B * H, table_width(N, tile)), torch.float32, g.device)
     if logits_prefix is not None:
-        strides = (g.stride(0), g.stride(2), g.stride(1))
+        sgb, sgh, sgn = g.stride(0), g.stride(2), g.stride(1)
     else:
-        strides = g.stride() if g.dim() == 3 else (0, g.stride(0), 0)
+        sgb, sgh, sgn = g.stride() if g.dim() == 3 else (0, g.stride(0), 0)
     _gate_table_kernel[(B * H,)](
-        g,
-        *strides,
-        tab,
-        N,
-        H,
-        nt,
-        tab.shape[1],
-        logits_prefix or 0,
-        LOGITS=logits_prefix is not None,
-        T=tile,
-        TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))),
-    )
+        G=g, sgb=sgb, sgh=sgh, sgn=sgn, TAB=tab, N=N, H=H, NT=nt, W=tab.shape[1], PREFIX=logits_prefix or 0,
+        LOGITS=logits_prefix is not None, T=tile, TILES=max(2, min(64 * 64 // tile, triton.next_power_of_2(nt))),
+    )  # fmt: skip
     return tab
 
 
@@ -681,26 +568,13 @@ def parallel_forward(
         out = empty((B, H, N, DV), q.dtype if normalize else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     tab = den.new_empty(0) if g is None else gate_table(g, q.shape, tile, logits_prefix=logits_prefix)
+    table, stab = _table_args(tab, den)
     _fwd_kernel[(triton.cdiv(N, tile), B * H)](
-        q,
-        k,
-        v,
-        *_table_args(tab, den),
-        out,
-        den,
-        N,
-        D,
-        DV,
-        *_strides(q, k, v, out),
-        H,
-        HAS_MASK=g is not None,
-        SKIP=_skips(g is not None, N, tile),
-        NORMALIZE=normalize,
-        T=tile,
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **_meta(q, v),
-    )
+        Q=q, K=k, V=v, TAB=table, stab=stab, NUM=out, DEN=den, N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, o=out),
+        HAS_MASK=g is not None, SKIP=_skips(g is not None, N, tile), NORMALIZE=normalize, T=tile, num_warps=num_warps,
+        num_stages=num_stages, **_meta(q, v),
+    )  # fmt: skip
     return out, den, tab
 
 
@@ -768,46 +642,19 @@ def parallel_backward(
         num_stages=num_stages,
         **_meta(q, v),
     )
+    table, stab = _table_args(tab, zinv)
     _bwd_dq_kernel[grid](
-        q,
-        k,
-        v,
-        *_table_args(tab, zinv),
-        do,
-        out,
-        den,
-        zinv,
-        delta,
-        dq,
-        r_lo,
-        r_up,
-        N,
-        D,
-        DV,
-        *_strides(q, k, v, do, out, dq),
-        H,
-        ROW_GRADS=out_den is not None,
-        **meta,
-    )
+        Q=q, K=k, V=v, TAB=table, stab=stab, DO=do, OUT=out, DEN=den, ZINV=zinv, DELTA=delta, DQ=dq, RL=r_lo, RU=r_up,
+        N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, d=do, o=out, g=dq),
+        ROW_GRADS=out_den is not None, **meta,
+    )  # fmt: skip
     _bwd_dkdv_kernel[grid](
-        q,
-        k,
-        v,
-        *_table_args(tab, zinv),
-        do,
-        zinv,
-        delta,
-        dk,
-        dv,
-        c_lo,
-        c_up,
-        N,
-        D,
-        DV,
-        *_strides(q, k, v, do, dk, dv),
-        H,
+        Q=q, K=k, V=v, TAB=table, stab=stab, DO=do, ZINV=zinv, DELTA=delta, DK=dk, DV_OUT=dv, CL=c_lo, CU=c_up,
+        N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, d=do, kg=dk, vg=dv),
         **meta,
-    )
+    )  # fmt: skip
     if per_head:  # dlog lambda_h = sum over (b, i, j) of W_ij |i - j|
         dg = c_lo.sum((0, 2), dtype=torch.float64).float()
     elif dlogits is not None:
@@ -845,29 +692,18 @@ def row_grads(dout: torch.Tensor, out: torch.Tensor, den: torch.Tensor) -> tuple
     bdv = max(16, triton.next_power_of_2(DV))
     bn = max(16, min(128, 8192 // bdv))
     _row_grad_kernel[(triton.cdiv(N, bn), B * H)](
-        dout, out, den, zinv, delta, N, DV, *_strides(dout, out), H, BN=bn, BDV=bdv
+        DO=dout, OUT=out, DEN=den, ZINV=zinv, DELTA=delta, N=N, DV=DV, H=H, **_strides(d=dout, o=out), BN=bn, BDV=bdv
     )
     return zinv, delta
 
 
 @triton.jit
 def _gate_grad_kernel(
-    SUMS,
-    DG,
-    N,
-    BHN,
-    Z,
-    szb,
-    szh,
-    szn,
-    H,
-    PREFIX,
-    PER_HEAD: tl.constexpr,
-    LOGITS: tl.constexpr,
+    SUMS, DG, N, BHN, Z, szb, szh, szn, H, PREFIX,
+    PER_HEAD: tl.constexpr, LOGITS: tl.constexpr,
     PAD,
-    PADB: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    PADB: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     """One (b, h): dg = cumsum(cL - rL + rU - cU) - (rU - cU) over the sequence, fp64 running sums; with PER_HEAD
     only its sum over the sequence, DG[bh] (the gradient of a gate shared by every token). With LOGITS the gates
     were logsigmoid(z) (0 on the first PREFIX tokens): DG, laid out as Z (strides szb, szh, szn), gets
@@ -928,25 +764,14 @@ def gate_grad(sums: torch.Tensor, per_head: bool = False, logits: tuple | None =
                 f"{tuple(z.shape)} / {z.stride()}, with at least H = {H} columns"
             )
         _gate_grad_kernel[(B * H,)](
-            sums,
-            dz,
-            N,
-            B * H * N,
-            z,
-            z.stride(0),
-            z.stride(2),
-            z.stride(1),
-            H,
-            prefix,
-            PER_HEAD=False,
-            LOGITS=True,
-            PAD=dz.shape[2] - H,
-            PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)),
-            BLOCK=block,
-        )
+            SUMS=sums, DG=dz, N=N, BHN=B * H * N, Z=z, szb=z.stride(0), szh=z.stride(2), szn=z.stride(1), H=H,
+            PREFIX=prefix, PAD=dz.shape[2] - H,
+            PER_HEAD=False, LOGITS=True, PADB=max(2, triton.next_power_of_2(dz.shape[2] - H)), BLOCK=block,
+        )  # fmt: skip
         return None
     dg = empty((B, H) if per_head else (B, H, N), torch.float32, sums.device)
     _gate_grad_kernel[(B * H,)](
-        sums, dg, N, B * H * N, sums, 0, 0, 0, H, 0, PER_HEAD=per_head, LOGITS=False, PAD=0, PADB=2, BLOCK=block
-    )
+        SUMS=sums, DG=dg, N=N, BHN=B * H * N, Z=sums, szb=0, szh=0, szn=0, H=H, PREFIX=0, PAD=0,
+        PER_HEAD=per_head, LOGITS=False, PADB=2, BLOCK=block,
+    )  # fmt: skip
     return dg.sum(0) if per_head else dg

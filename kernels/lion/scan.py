@@ -73,32 +73,9 @@ def _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK: tl.constexpr, C: tl.constexpr)
 
 @triton.jit
 def _chunk_terms(
-    X,
-    Y,
-    YS,
-    YC,
-    G,
-    sg,
-    b,
-    h,
-    bh,
-    rows,
-    rmask,
-    N,
-    D,
-    DV,
-    sxb,
-    sxh,
-    sxn,
-    syb,
-    syh,
-    syn,
-    fd,
-    fv,
-    HAS_MASK: tl.constexpr,
-    QUERIES: tl.constexpr,
-    C: tl.constexpr,
-):
+    X, Y, YS, YC, G, sg, b, h, bh, rows, rmask, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv,
+    HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, C: tl.constexpr,
+):  # fmt: skip
     """What one chunk adds to the states: (x [C, BD], y [C, BDV] in the input dtype, ones column yc [C], chunk
     total, left-to-right weights [C], right-to-left weights [C]).
     Keys (QUERIES=False): X = k, Y = v, ones column 1; weights exp(tot - exc), exp(inc).
@@ -135,31 +112,10 @@ def _store_state(ptr, m, z, fd, fv, BD: tl.constexpr, BDV: tl.constexpr):
 
 @triton.jit
 def _local_states_kernel(
-    X,
-    Y,
-    YS,
-    YC,
-    G,
-    sg,
-    U,
-    TOT,
-    N,
-    D,
-    DV,
-    sxb,
-    sxh,
-    sxn,
-    syb,
-    syh,
-    syn,
-    H,
-    HAS_MASK: tl.constexpr,
-    QUERIES: tl.constexpr,
-    PREC: tl.constexpr,
-    C: tl.constexpr,
-    BD: tl.constexpr,
+    X, Y, YS, YC, G, sg, U, TOT, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H,
+    HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr,
-):
+):  # fmt: skip
     """U[s, bh, t] for s = 0 (left to right) and 1 (right to left) of chunk t (_chunk_terms), and
     TOT[bh, t] = tot_t."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
@@ -179,31 +135,10 @@ def _local_states_kernel(
 
 @triton.jit
 def _sequential_states_kernel(
-    X,
-    Y,
-    YS,
-    YC,
-    G,
-    sg,
-    S,
-    N,
-    D,
-    DV,
-    sxb,
-    sxh,
-    sxn,
-    syb,
-    syh,
-    syn,
-    H,
-    T,
-    HAS_MASK: tl.constexpr,
-    QUERIES: tl.constexpr,
-    PREC: tl.constexpr,
-    C: tl.constexpr,
-    BD: tl.constexpr,
+    X, Y, YS, YC, G, sg, S, N, D, DV, sxb, sxh, sxn, syb, syh, syn, H, T,
+    HAS_MASK: tl.constexpr, QUERIES: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr,
-):
+):  # fmt: skip
     """Stages 1 and 2 in one pass, for many (b, h) pairs: one program per (b * h, direction s) walks the chunks
     in order with the state in fp32 registers, writing the state entering each chunk, S[s, bh, t], then
     folding the chunk in (S <- exp(tot_t) S + its term, _chunk_terms). The local terms never reach memory."""
@@ -222,32 +157,9 @@ def _sequential_states_kernel(
         _store_state(S + ((s * BH + bh) * T + it) * W, acc, z, fd, fv, BD, BDV)
         rows = it * C + tl.arange(0, C)
         x, y, yc, tot, w_right, w_left = _chunk_terms(
-            X,
-            Y,
-            YS,
-            YC,
-            G,
-            sg,
-            b,
-            h,
-            bh,
-            rows,
-            rows < N,
-            N,
-            D,
-            DV,
-            sxb,
-            sxh,
-            sxn,
-            syb,
-            syh,
-            syn,
-            fd,
-            fv,
-            HAS_MASK,
-            QUERIES,
-            C,
-        )
+            X, Y, YS, YC, G, sg, b, h, bh, rows, rows < N, N, D, DV, sxb, sxh, sxn, syb, syh, syn, fd, fv,
+            HAS_MASK, QUERIES, C,
+        )  # fmt: skip
         m, zt = _state_term(x, tl.where(s == 0, w_right, w_left), yc, y, PREC)
         decay = tl.exp(tot)
         acc = acc * decay + m
@@ -330,34 +242,10 @@ def _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb,
 
 @triton.jit
 def _scan_out_kernel(
-    Q,
-    K,
-    V,
-    G,
-    sg,
-    S,
-    OUT,
-    DEN,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    H,
-    HAS_MASK: tl.constexpr,
-    NORMALIZE: tl.constexpr,
-    PREC: tl.constexpr,
-    C: tl.constexpr,
-    BD: tl.constexpr,
+    Q, K, V, G, sg, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+    HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr,
-):
+):  # fmt: skip
     """One chunk of one (b, h): num = intra-chunk block + exp(exc) q S_t + exp(tot - inc) q R_t (den alike)."""
     it, bh, BH, T, b, h, rows, rmask = _chunk_program(H, N, C)
     fd = tl.arange(0, BD)
@@ -386,39 +274,9 @@ def _scan_out_kernel(
 
 @triton.jit
 def _scan_grad_kernel(
-    Q,
-    K,
-    V,
-    G,
-    sg,
-    DO,
-    ZINV,
-    DELTA,
-    S,
-    P,
-    DQ,
-    DK,
-    DVO,
-    SUMS,
-    N,
-    D,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    H,
-    HAS_MASK: tl.constexpr,
-    PREC: tl.constexpr,
-    C: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    Q, K, V, G, sg, DO, ZINV, DELTA, S, P, DQ, DK, DVO, SUMS, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+    HAS_MASK: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """dq, dk, dv of one chunk of one (b, h) and the row / column sums of W by triangle (SUMS: fp32
     [4, B*H, N] = rL, rU, cL, cU). Entering states [2, B*H, T, W]: S = the key states S (left to right), R (right
     to left); P = the query states P (left to right: upper triangle), P (right to left: lower triangle)."""
@@ -456,99 +314,22 @@ def _scan_grad_kernel(
     # dk, dv from the query states (upper from P left to right, lower from P right to left), then dq from the
     # key states (lower from S, upper from R)
     _grad_keys(
-        P,
-        DK,
-        DVO,
-        SUMS,
-        q,
-        k,
-        v,
-        dn,
-        a,
-        dp,
-        c_lo,
-        c_up,
-        ones,
-        w_inc,
-        w_tot_exc,
-        bh,
-        BH,
-        T,
-        it,
-        N,
-        D,
-        DV,
-        rows,
-        rmask,
-        fd,
-        fv,
-        HAS_MASK,
-        PREC,
-        BD,
-        BDV,
-    )
+        P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV, rows, rmask,
+        fd, fv,
+        HAS_MASK, PREC, BD, BDV,
+    )  # fmt: skip
     _grad_queries(
-        S,
-        DQ,
-        SUMS,
-        q,
-        k,
-        dn,
-        dd,
-        dp,
-        r_lo,
-        r_up,
-        w_exc,
-        w_tot_inc,
-        bh,
-        BH,
-        T,
-        it,
-        N,
-        D,
-        rows,
-        rmask,
-        fd,
-        HAS_MASK,
-        PREC,
-        BD,
-        BDV,
-    )
+        S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
+        HAS_MASK, PREC, BD, BDV,
+    )  # fmt: skip
 
 
 @triton.jit
 def _grad_keys(
-    P,
-    DK,
-    DVO,
-    SUMS,
-    q,
-    k,
-    v,
-    dn,
-    a,
-    dp,
-    c_lo,
-    c_up,
-    ones,
-    w_inc,
-    w_tot_exc,
-    bh,
-    BH,
-    T,
-    it,
-    N,
-    D,
-    DV,
-    rows,
-    rmask,
-    fd,
+    P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV, rows, rmask, fd,
     fv,
-    HAS_MASK: tl.constexpr,
-    PREC: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """dk, dv of a chunk: its A^T dnum and dP^T q plus the two query states; stores them and cL, cU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
@@ -578,32 +359,9 @@ def _grad_keys(
 
 @triton.jit
 def _grad_queries(
-    S,
-    DQ,
-    SUMS,
-    q,
-    k,
-    dn,
-    dd,
-    dp,
-    r_lo,
-    r_up,
-    w_exc,
-    w_tot_inc,
-    bh,
-    BH,
-    T,
-    it,
-    N,
-    D,
-    rows,
-    rmask,
-    fd,
-    HAS_MASK: tl.constexpr,
-    PREC: tl.constexpr,
-    BD: tl.constexpr,
-    BDV: tl.constexpr,
-):
+    S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
+    HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
+):  # fmt: skip
     """dq of a chunk: its dP k plus the two key states; stores it and rL, rU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
@@ -639,16 +397,17 @@ def _entering_states(x, y, ys, yc, g, queries: bool, plan):
     ys, yc = (ys, yc) if queries else (tot, tot)
     # the entering states themselves when sequential, else the local terms of stage 1
     terms = empty(shape, state_dtype, x.device)
-    args = (x, y, ys, yc, *gate_args(g, tot), terms, N, D, DV, *_strides(x, y), H)
+    gate, sg = gate_args(g, tot)
+    args = dict(X=x, Y=y, YS=ys, YC=yc, G=gate, sg=sg, N=N, D=D, DV=DV, H=H, **_strides(x=x, y=y))
     config = dict(HAS_MASK=g is not None, QUERIES=queries, C=chunk, num_warps=4, **meta)
     if B * H >= sequential_pairs:
-        _sequential_states_kernel[(B * H, 2)](*args, T, num_stages=3, **config)
+        _sequential_states_kernel[(B * H, 2)](S=terms, T=T, **args, num_stages=3, **config)
         return terms
-    _local_states_kernel[(T, B * H)](*args[:7], tot, *args[7:], **config)
+    _local_states_kernel[(T, B * H)](U=terms, TOT=tot, **args, **config)
     states = empty(shape, state_dtype, x.device)
     tb = min(tb, max(2, triton.next_power_of_2(T)))
     _chunk_scan_kernel[(triton.cdiv(width, block), B * H, 2)](
-        terms, states, tot, T, B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4
+        U=terms, S=states, TOT=tot, T=T, BH=B * H, HAS_MASK=g is not None, W=width, TB=tb, BLOCK=block, num_warps=4
     )
     return states
 
@@ -694,29 +453,15 @@ def scan_forward(
     DV = v.shape[-1]
     states = _entering_states(k, v, None, None, g, False, plan)
     # fp32 inputs normalise outside the kernel: on an H100 (Triton 3.6) the NORMALIZE=True build with fp32 states
-    # gives wrong Y for H = 1 (kernels/lion/check.py catches it; the fp32 num / den it returns are right)
+    # gives wrong Y for H = 1 (scripts/lion_check.py catches it; the fp32 num / den it returns are right)
     in_kernel = normalize and q.dtype != torch.float32
     out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
+    gate, sg = gate_args(g, den)
     _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](
-        q,
-        k,
-        v,
-        *gate_args(g, den),
-        states,
-        out,
-        den,
-        N,
-        D,
-        DV,
-        *_strides(q, k, v),
-        H,
-        HAS_MASK=g is not None,
-        NORMALIZE=in_kernel,
-        C=plan[0],
-        num_warps=num_warps,
-        **_meta(q, v),
-    )
+        Q=q, K=k, V=v, G=gate, sg=sg, S=states, OUT=out, DEN=den, N=N, D=D, DV=DV, H=H, **_strides(q=q, k=k, v=v),
+        HAS_MASK=g is not None, NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps, **_meta(q, v),
+    )  # fmt: skip
     if normalize and not in_kernel:
         out = out / (den + EPS.value)[..., None]
     return out, den, states
@@ -748,29 +493,11 @@ def scan_backward(
     dk = empty(dq.shape, q.dtype, q.device)
     dv = empty((B, H, N, DV), v.dtype, q.device)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
+    gate, sg = gate_args(g, zinv)
     _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](
-        q,
-        k,
-        v,
-        *gate_args(g, zinv),
-        do,
-        zinv,
-        delta,
-        key_states,
-        query_states,
-        dq,
-        dk,
-        dv,
-        sums,
-        N,
-        D,
-        DV,
-        *_strides(q, k, v),
-        H,
-        HAS_MASK=has_mask,
-        C=plan[0],
-        num_warps=num_warps,
-        **_meta(q, v),
-    )
+        Q=q, K=k, V=v, G=gate, sg=sg, DO=do, ZINV=zinv, DELTA=delta, S=key_states, P=query_states,
+        DQ=dq, DK=dk, DVO=dv, SUMS=sums, N=N, D=D, DV=DV, H=H, **_strides(q=q, k=k, v=v),
+        HAS_MASK=has_mask, C=plan[0], num_warps=num_warps, **_meta(q, v),
+    )  # fmt: skip
     dg = gate_grad(sums, g.dim() == 1) if has_mask else None
     return dq, dk, dv, dg

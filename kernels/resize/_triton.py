@@ -41,16 +41,9 @@ def _taps(o, scale, size, RADIUS: tl.constexpr):
 
 @triton.jit
 def resized_crops_kernel(
-    SRC,
-    PARAMS,
-    OUT,
-    C,
-    S,
-    BICUBIC: tl.constexpr,
-    RADIUS: tl.constexpr,
-    BY: tl.constexpr,
-    BX: tl.constexpr,
-):
+    SRC, PARAMS, OUT, C, S,
+    BICUBIC: tl.constexpr, RADIUS: tl.constexpr, BY: tl.constexpr, BX: tl.constexpr,
+):  # fmt: skip
     """SRC: every image's [C, H, W] uint8 pixels one after another; PARAMS int64 [N, 8]: offset of the image in
     SRC, H, W, crop top, left, height, width, flip; OUT float32 [N, C, S, S]."""
     nc = tl.program_id(0)

@@ -1,4 +1,4 @@
-"""LION entries for scripts/bench_attention.py (``register(add)``) and a tile sweep (``python -m ...bench``).
+"""LION entries for scripts/bench_attention.py (``register(add)``) and a tile sweep (``python scripts/bench_lion.py``).
 
 ops lion_lit / lion_d / lion_s; impls:
     torch_mask       the reference with the materialised [N, N] mask (lion_attention(form="parallel", backend="torch"))
@@ -79,7 +79,7 @@ def register(add) -> None:
 
 def _sweep_inputs(N: int, B: int, form: str):
     """bf16 CUDA inputs of one sweep shape (H = 6, d = 64, S gates): q, k, v, g and the backward's dO, 1 / Z, dden."""
-    from .custom import lion_core
+    from lightvision.kernels.lion.custom import lion_core
 
     q, k, v = _features(B, 6, N, 64, torch.bfloat16, "cuda")
     g = F.logsigmoid(torch.randn(B, 6, N, device="cuda") + 3.0)
@@ -91,8 +91,8 @@ def sweep(forms=("parallel", "scan")) -> None:
     """Time the kernels' launch configurations (bf16, H = 6, d = 64, S mask, fwd and bwd) and print them."""
     import triton
 
-    from .parallel import parallel_backward, parallel_forward
-    from .scan import scan_backward, scan_forward
+    from lightvision.kernels.lion.parallel import parallel_backward, parallel_forward
+    from lightvision.kernels.lion.scan import scan_backward, scan_forward
 
     for N, B in ((196, 256), (1024, 48), (4096, 12)) if "parallel" in forms else ():
         q, k, v, g, do, zinv, delta = _sweep_inputs(N, B, "parallel")

@@ -1,4 +1,4 @@
-"""GPU correctness sweep of the LION kernels against the fp64 reference (``python -m lightvision.kernels.lion.check``).
+"""GPU correctness sweep of the LION kernels against the fp64 reference (``python scripts/lion_check.py``).
 
 Forward and every gradient (q, k, v, log-decay / gates) as relative L2 errors vs lightvision.ops in fp64 on
 upcast inputs, fresh random inputs per case, every kernel output NaN-poisoned. Cases: N in {50, 197, 577,
@@ -19,11 +19,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from lightvision.kernels import _launch
+from lightvision.kernels.lion import scan
 from lightvision.ops import lion_attention, lion_attention_qkvpacked, lion_snake_attention, two_scan_attention
 from lightvision.results import results_env
-
-from .. import _launch
-from . import scan
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 
@@ -32,6 +31,17 @@ def _rel(a, b, scale=None):
     if not torch.isfinite(a).all():
         return float("nan")
     return ((a.double() - b).norm() / (b.norm() if scale is None else scale)).item()
+
+
+def _record(rows: list, case, n, prefix, b, h, d, dtype, mask, decay, form, errs, ok, **extra) -> None:
+    """Append one case's row (its errors after the case fields and ``extra``) and print it (``_show``)."""
+    rows.append(
+        dict(case=case, N=n, prefix=prefix, B=b, H=h, d=d, dtype=str(dtype)[6:], mask=mask, decay=decay, form=form)
+        | extra
+        | errs
+        | dict(ok=ok)
+    )
+    _show(rows[-1])
 
 
 def _show(row: dict) -> None:
@@ -106,23 +116,7 @@ def _packed_cases(dev: str, max_n: int, sizes: set[int]) -> list[dict]:
                         mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, (qkv,) if ld is None else (qkv, ld), mass, names=("y", "dqkv", "dlog"))
                         ok = all(e < TOL[dtype] for e in errs.values())
-                        rows.append(
-                            dict(
-                                case="packed",
-                                N=n,
-                                prefix=prefix,
-                                B=b,
-                                H=h,
-                                d=d,
-                                dtype=str(dtype)[6:],
-                                mask=mask,
-                                decay=strength,
-                                form=form,
-                                **errs,
-                                ok=ok,
-                            )
-                        )
-                        _show(rows[-1])
+                        _record(rows, "packed", n, prefix, b, h, d, dtype, mask, strength, form, errs, ok)
     return rows
 
 
@@ -186,24 +180,10 @@ def main(argv=None) -> int:
                         mass = (lambda ups, run=run, ld=ld: _d_mass(run, ld, b, n, ups)) if mask == "d" else None
                         errs = _case(fn, tensors, mass)
                         ok = all(e < TOL[dtype] for e in errs.values())  # NaN fails
-                        rows.append(
-                            dict(
-                                case="lion",
-                                N=n,
-                                prefix=prefix,
-                                B=b,
-                                H=h,
-                                d=d,
-                                dtype=str(dtype)[6:],
-                                mask=mask,
-                                decay=strength,
-                                form=form,
-                                sequential=sequential and form == "scan",
-                                **errs,
-                                ok=ok,
-                            )
-                        )
-                        _show(rows[-1])
+                        _record(
+                            rows, "lion", n, prefix, b, h, d, dtype, mask, strength, form, errs, ok,
+                            sequential=sequential and form == "scan",
+                        )  # fmt: skip
     scan.SEQUENTIAL_MIN_PAIRS = default_pairs
     grid, prefix = (13, 17), 1
     n = grid[0] * grid[1] + prefix
@@ -223,38 +203,15 @@ def main(argv=None) -> int:
 
             def snake(q, k, v, lr, lc, backend, mask=mask):
                 return lion_snake_attention(
-                    q,
-                    k,
-                    v,
-                    grid=grid,
-                    num_prefix_tokens=prefix,
-                    mask=mask,
-                    log_decay_row=lr,
-                    log_decay_col=lc,
+                    q, k, v, grid=grid, num_prefix_tokens=prefix, mask=mask, log_decay_row=lr, log_decay_col=lc,
                     backend=backend,
-                )
+                )  # fmt: skip
 
             errs = _case(snake, (q, k, v, lr, lc))
             errs = {{"dlog": "dlog_row", "dlog2": "dlog_col"}.get(kk, kk): e for kk, e in errs.items()}
             # per-head D gradients cancel (see _d_mass): reported, not judged, for the snake D case
             ok = all(e < TOL[dtype] for kk, e in errs.items() if mask == "s" or not kk.startswith("dlog"))
-            rows.append(
-                dict(
-                    case="snake",
-                    N=n,
-                    prefix=prefix,
-                    B=2,
-                    H=3,
-                    d=64,
-                    dtype=str(dtype)[6:],
-                    mask=mask,
-                    decay="mixed",
-                    form="auto",
-                    **errs,
-                    ok=ok,
-                )
-            )
-            _show(rows[-1])
+            _record(rows, "snake", n, prefix, 2, 3, 64, dtype, mask, "mixed", "auto", errs, ok)
     nt = min(1024, args.max_n)
     for per_token in (False, True) if not args.no_extras else ():
         q = F.normalize(F.silu(torch.randn(1, 3, nt, 64, device=dev)) + 0.5, dim=-1)
@@ -274,23 +231,9 @@ def main(argv=None) -> int:
 
         mass = None if per_token else (lambda ups, run=run, ld=ld: _d_mass(run, ld, 1, nt, ups))
         errs = _case(two, (q, k, v, ld), mass)
-        rows.append(
-            dict(
-                case="two_scan",
-                N=nt,
-                prefix=0,
-                B=1,
-                H=3,
-                d=64,
-                dtype="float32",
-                mask="s" if per_token else "d",
-                decay="medium",
-                form="scan",
-                **errs,
-                ok=all(e < 1e-5 for e in errs.values()),
-            )
-        )
-        _show(rows[-1])
+        mask = "s" if per_token else "d"
+        ok = all(e < 1e-5 for e in errs.values())
+        _record(rows, "two_scan", nt, 0, 1, 3, 64, torch.float32, mask, "medium", "scan", errs, ok)
     _launch.POISON_OUTPUTS = False
     worst = {}
     for r in rows:
@@ -312,9 +255,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(
-                dict(
-                    env=results_env(" ".join(["python -m lightvision.kernels.lion.check", *sys.argv[1:]])), checks=rows
-                ),
+                dict(env=results_env(" ".join(["python scripts/lion_check.py", *sys.argv[1:]])), checks=rows),
                 f,
                 indent=1,
             )

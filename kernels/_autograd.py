@@ -1,0 +1,71 @@
+"""One builder for a kernel's differentiable entry: the forward / backward custom ops that torch.compile traces
+without graph breaks, and the eager ``torch.autograd.Function`` over the same launchers (the custom-op dispatch
+costs tens of microseconds of host time per call, longer than the kernels at ViT sizes)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+
+class AutogradOps(NamedTuple):
+    """The two custom ops (``lightvision::<name>_fwd`` / ``_bwd``) and the eager Function (``eager.apply``)."""
+
+    fwd: torch.library.CustomOpDef
+    bwd: torch.library.CustomOpDef
+    eager: type[torch.autograd.Function]
+
+
+def _as_tuple(x) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def autograd_ops(
+    name: str,
+    fwd: Callable,
+    fwd_fake: Callable,
+    bwd: Callable,
+    bwd_fake: Callable,
+    save: Callable[[tuple, tuple], tuple[tuple, tuple]],
+) -> AutogradOps:
+    """Custom ops over ``fwd`` and ``bwd`` (their type annotations are the op schemas; ``*_fake`` their meta
+    implementations), the forward op's autograd formula, and the eager Function.
+
+    ``fwd(*inputs)`` returns the result, or a tuple whose first element is the result and the rest what the backward
+    needs. ``save(inputs, outputs)`` (outputs always a tuple) -> (tensors to save, other arguments); the backward is
+    ``bwd(d_result, *tensors, *arguments)``, whose output (one tensor or a tuple) holds the gradients of the leading
+    inputs; the remaining inputs, and those that are not tensors (an optional tensor passed as None), get None."""
+    fwd_op = torch.library.custom_op(f"lightvision::{name}_fwd", fwd, mutates_args=())
+    fwd_op.register_fake(fwd_fake)
+    bwd_op = torch.library.custom_op(f"lightvision::{name}_bwd", bwd, mutates_args=())
+    bwd_op.register_fake(bwd_fake)
+
+    def setup_context(ctx, inputs, output):
+        tensors, ctx.args = save(tuple(inputs), _as_tuple(output))
+        ctx.save_for_backward(*tensors)
+        ctx.is_tensor = tuple(isinstance(x, torch.Tensor) for x in inputs)
+
+    def gradients(ctx, grads) -> tuple:
+        grads = _as_tuple(grads)
+        return tuple(grads[i] if i < len(grads) and t else None for i, t in enumerate(ctx.is_tensor))
+
+    def backward(ctx, d_result, *_d_saved):
+        return gradients(ctx, bwd_op(d_result, *ctx.saved_tensors, *ctx.args))
+
+    fwd_op.register_autograd(backward, setup_context=setup_context)
+
+    class Eager(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, *inputs):
+            output = _as_tuple(fwd(*inputs))
+            setup_context(ctx, inputs, output)
+            return output[0]
+
+        @staticmethod
+        def backward(ctx, d_result):
+            return gradients(ctx, bwd(d_result, *ctx.saved_tensors, *ctx.args))
+
+    Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
+    return AutogradOps(fwd_op, bwd_op, Eager)
