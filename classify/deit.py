@@ -80,6 +80,7 @@ from lightvision.layers import (
     RMSNorm,
     build_attention,
     build_tpe,
+    position_options,
     position_scale,
     sincos_pos_embed,
 )
@@ -643,10 +644,14 @@ def check_model_name(name: str) -> str:
 
 
 def recorded_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
-    """``args`` with every setting of ``LEGACY_ARGS`` (and the position unit) made explicit, so that a checkpoint keeps
-    rebuilding as it was trained whatever the defaults become."""
+    """``args`` with every setting of ``LEGACY_ARGS``, the position unit and the attention's position options (LION's
+    decay power) made explicit, so that a checkpoint keeps rebuilding as it was trained whatever the defaults
+    become."""
     family = FAMILIES[attention_of(check_model_name(name))]
     explicit = {"pos_unit": "image", "global_pool": family.global_pool}
+    scaling = position_options(attention_of(name))
+    if scaling:
+        args = {**args, "attn_kwargs": {**scaling, **(args.get("attn_kwargs") or {})}}
     if attention_of(name) == "lightnet":
         explicit.update(pos_embed=family.pos_embed, tpe_placement=family.tpe_placement)
     return {**explicit, **args}

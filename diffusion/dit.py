@@ -38,6 +38,7 @@ from lightvision.layers import (
     PatchEmbed,
     build_attention,
     build_tpe,
+    position_options,
     position_scale,
     sincos_pos_embed,
 )
@@ -143,8 +144,9 @@ class DiT(ModelMixin, ConfigMixin):
         pos_unit ("image"): what grid positions count at another latent size (``lightvision.layers.POS_UNITS``):
             "image" measures the sin-cos embedding, MD-TPE, MD-LRPE and LION decays in cells of the training grid
             (``input_size / patch_size``), "token" in patches of the grid at hand.
-    The family defaults are ``POSITION_DEFAULTS`` / ``LIGHTNET_POSITION_DEFAULTS``; the resolved values are
-    written back to the config, so a saved model rebuilds as it was trained.
+    The family defaults are ``POSITION_DEFAULTS`` / ``LIGHTNET_POSITION_DEFAULTS``; the resolved values (and the
+    attention's position options, LION's ``decay_power``) are written back to the config, so a saved model rebuilds
+    as it was trained.
     """
 
     @register_to_config
@@ -183,8 +185,14 @@ class DiT(ModelMixin, ConfigMixin):
             tpe_kwargs = defaults["tpe_kwargs"] if tpe_placement != "none" else {}
         tpe_kwargs = dict(tpe_kwargs)
         check_choice(pos_embed, POS_EMBEDS, "pos_embed")
+        attention_kwargs = {**position_options(attention), **(attention_kwargs or {})}
         self.register_to_config(
-            adaln=adaln, ffn=ffn, pos_embed=pos_embed, tpe_placement=tpe_placement, tpe_kwargs=tpe_kwargs
+            adaln=adaln,
+            ffn=ffn,
+            pos_embed=pos_embed,
+            tpe_placement=tpe_placement,
+            tpe_kwargs=tpe_kwargs,
+            attention_kwargs=attention_kwargs,
         )
         self.out_channels = 2 * in_channels if learn_sigma else in_channels
         self.patch_embed = PatchEmbed(input_size, patch_size, in_channels, hidden_size)
@@ -195,7 +203,7 @@ class DiT(ModelMixin, ConfigMixin):
             nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size)) if adaln == "shared" else None
         )
         self.blocks = nn.ModuleList(
-            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, dict(attention_kwargs or {}), ffn, block_tpe)
+            DiTBlock(hidden_size, num_heads, attention, adaln, mlp_ratio, attention_kwargs, ffn, block_tpe)
             for block_tpe in block_tpes
         )
         self.final_norm = ModulatedLayerNorm(eps=1e-6)

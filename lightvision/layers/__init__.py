@@ -8,6 +8,7 @@ from .attention import (
     NormalizedAttention,
     SoftmaxAttention,
     build_attention,
+    position_options,
 )
 from .mlp import GLU
 from .norm import ModulatedLayerNorm, RMSNorm
@@ -31,6 +32,7 @@ __all__ = [
     "TPE_PLACEMENTS",
     "build_attention",
     "build_tpe",
+    "position_options",
     "position_scale",
     "sincos_pos_embed",
 ]

@@ -415,6 +415,16 @@ def attention_options(kind: str) -> list[str]:
     return [name for name in list(inspect.signature(cls.__init__).parameters)[3:] if name not in fixed]
 
 
+def position_options(kind: str) -> dict:
+    """The options of an attention kind that set how its position signals scale with the grid, at their defaults
+    (LION's decayed masks: ``decay_power``), for models to record with their weights."""
+    check_choice(kind, ATTENTION_KINDS, "attention kind")
+    cls, fixed = _KINDS[kind]
+    if cls is not LionAttention or fixed["mask"] == "lit":
+        return {}
+    return {"decay_power": inspect.signature(cls.__init__).parameters["decay_power"].default}
+
+
 def build_attention(kind: str, dim: int, num_heads: int, **kwargs) -> nn.Module:
     """The attention layer of ``kind``; an option the kind does not take is refused with the ones it does.
 

@@ -150,7 +150,11 @@ def test_deit_pos_unit_errors_and_record():
 
     with pytest.raises(ValueError, match="unknown pos_unit 'pixels'; valid: 'image', 'token'"):
         _deit("lightnet", pos_unit="pixels")
-    assert recorded_args("lion_s_deit_tiny_patch16_224", {}) == {"pos_unit": "image", "global_pool": "avg_all"}
+    assert recorded_args("lion_s_deit_tiny_patch16_224", {"attn_kwargs": {"form": "scan"}}) == {
+        "pos_unit": "image",
+        "global_pool": "avg_all",
+        "attn_kwargs": {"decay_power": 1.0, "form": "scan"},  # the decay power it was trained with, recorded
+    }
     assert recorded_args("softmax_deit_tiny_patch16_224", {"pos_unit": "token"})["pos_unit"] == "token"
     config = {"name": "lion_d_deit_tiny_patch16_224", "num_classes": 3, "in_chans": 3, "img_size": 16}
     old = create_from_config({**config, "args": {"patch_size": 4, "depth": 1}})  # a checkpoint before units
@@ -179,3 +183,4 @@ def test_dit_units_travel_with_the_config(tmp_path):
         assert rel(model(x, t, y), image) > 1e-4
     with pytest.raises(ValueError, match="unknown pos_unit"):
         create_model("softmax_dit_s_2", input_size=8, pos_unit="cells")
+    assert create_model("lion_d_dit_s_2", input_size=8, depth=1).config.attention_kwargs == {"decay_power": 1.0}
