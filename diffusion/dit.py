@@ -290,8 +290,8 @@ def model_names() -> list[str]:
     return [f"{kind}_dit_{size}_{p}" for kind in ATTENTION_KINDS for size in DIT_SIZES for p in PATCH_SIZES]
 
 
-def model_config(name: str) -> dict:
-    """The DiT constructor arguments of a registered name.
+def size_preset(name: str) -> dict:
+    """The DiT constructor arguments a registered name presets (its size, patch and attention).
 
     Args:
         name: ``{attention}_dit_{s|b|l|xl}_{2|4|8}``.
@@ -330,6 +330,6 @@ def create_model(name: str, input_size: int = 32, in_channels: int = 4, num_clas
     Returns:
         The :class:`DiT`, ``forward(x [B, C, H, W], t [B], y [B]) -> [B, C or 2C, H, W]``.
     """
-    config = model_config(name)
+    config = size_preset(name)
     config.update(kwargs)
     return DiT(input_size=input_size, in_channels=in_channels, num_classes=num_classes, **config)
