@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "diffusion",
         __doc__.splitlines()[0],
         "softmax lightnet lion_s normalized",
-        "model.kwargs={depth: 12, adaln: block}",
+        "model.args={depth: 12, adaln: block}",
     )
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
     p.add_argument("--steps", type=int, default=1000)

@@ -128,7 +128,8 @@ class DiT(ModelMixin, ConfigMixin):
     Any H, W divisible by ``patch_size`` works; ``input_size`` is the training size, the grid that image units of
     position refer to.
 
-    Args (every one is a config entry, so each ablation is a ``model.kwargs`` switch of the recipes):
+    Args (every one is a config entry, so each ablation is a ``model.args`` switch of the recipes, where
+    ``attention_kwargs`` is written ``attn_kwargs`` as for the classifiers):
         input_size (32), patch_size (2), in_channels (4): latent size, patch p, latent channels.
         hidden_size (1152), depth (28), num_heads (16), mlp_ratio (4.0): width D, blocks, heads, FFN ratio.
         attention ("softmax"): one of ``ATTENTION_KINDS``.

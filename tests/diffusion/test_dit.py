@@ -162,7 +162,7 @@ def _settings(model: DiT) -> dict:
 
 @pytest.mark.parametrize("switch", sorted(ABLATIONS))
 def test_ablation_switches_reach_their_layer(switch, tmp_path):
-    """Each of the paper's ablations is a constructor (= recipe ``model.kwargs``) switch that changes the layer it
+    """Each of the paper's ablations is a constructor (= recipe ``model.args``) switch that changes the layer it
     names; the model runs; where it keeps the default's parameters, the same weights give another output; a saved
     model rebuilds with the same switch."""
     kwargs, check = ABLATIONS[switch]
