@@ -152,7 +152,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a YAML recipe plus key=value overrides. Without --config, trains the "
         "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).",
     )
-    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
+    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_xl.yaml")
     add_train_options(
         p,
         "with --config: the run folder, as run.dir=DIR (default: run.dir of the recipe); without: the built-in "
