@@ -37,7 +37,9 @@ RENAMED: dict[str, str] = {
     "train.eval_every": "train.eval_every_steps",
 }
 # What changed besides the name, said when the old key is refused.
-_RENAME_NOTES = {"data.batch_size": " (now the batch of one process: the old global batch / processes)"}
+_RENAME_NOTES = {
+    "data.batch_size": " (now the batch of one process: the old global batch / (processes x train.grad_accum_steps))"
+}
 
 
 class _Loader(yaml.SafeLoader):
