@@ -131,11 +131,11 @@ def norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def train_dataset(cfg: dict) -> Dataset:
-    """Training set of a train recipe (``classify.train.DEFAULTS`` keys) at ``model.img_size``, augmented."""
+    """Training set of a train recipe (``classify.train.DEFAULTS`` keys) at ``data.image_size``, augmented."""
     d = cfg["data"]
     check_data_options(d)
     if d["source"] == "digits":
-        return DigitsDataset("train", cfg["model"]["img_size"], d["in_chans"])
+        return DigitsDataset("train", d["image_size"], d["in_chans"])
     if d["source"] != "imagefolder":
         raise ValueError(f"data.source must be 'imagefolder' or 'digits', got {d['source']!r}")
     if d["root"] is None:
@@ -144,7 +144,7 @@ def train_dataset(cfg: dict) -> Dataset:
             "or run `lightvision classify train` without --config for the built-in digits default"
         )
     gpu = d["pipeline"] == "gpu"
-    tf = None if gpu else train_transform(cfg["aug"], cfg["model"]["img_size"], *norm_stats(cfg))
+    tf = None if gpu else train_transform(cfg["aug"], cfg["data"]["image_size"], *norm_stats(cfg))
     if d["format"] == "shards":
         decode = checked_bytes if gpu else decode_pil
         repeats, seed = cfg["aug"]["repeated_aug"], cfg["train"]["seed"]
@@ -221,13 +221,13 @@ def device_batches(
 ) -> DeviceBatches | CachedBatches | None:
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
     ``data.pipeline: cpu`` (the batch already is that); for ``gpu`` a :class:`DeviceBatches` with the DeiT train
-    transform (``train``) or the eval transform at ``img_size`` (default ``model.img_size``); ``dataset`` counts
+    transform (``train``) or the eval transform at ``img_size`` (default ``data.image_size``); ``dataset`` counts
     the images that do not decode. A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
     (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform."""
     d = cfg["data"]
     if d["pipeline"] != "gpu":
         return None
-    size = img_size or cfg["model"]["img_size"]
+    size = img_size or cfg["data"]["image_size"]
     mean, std = norm_stats(cfg)
     if train:
         transform = DeviceTrainTransform(cfg["aug"], size, mean, std)

@@ -31,10 +31,10 @@ __all__ = ["DIGITS_RECIPE", "EVAL_SIZES", "run_default"]
 # Overrides of the DeiT defaults (classify.train.DEFAULTS), in the syntax of the command line.
 DIGITS_RECIPE: tuple[str, ...] = (
     "model.name=lightnet_deit_tiny_patch16_224",
-    "model.img_size=16",
     "model.drop_path=0.0",
     "model.args={patch_size: 4, embed_dim: 64, depth: 4, num_heads: 4, global_pool: avg}",
     "data.source=digits",
+    "data.image_size=16",
     "data.in_chans=1",
     "data.num_workers=0",
     "aug.mixup=0.0",

@@ -61,7 +61,6 @@ log = logging.getLogger(__name__)
 DEFAULTS: dict[str, Any] = {
     "model": {
         "name": "softmax_deit_small_patch16_224",  # any registered name: {attention}_deit_{size}_patch16_224
-        "img_size": 224,
         "drop_path": 0.1,
         # more timm.create_model kwargs as one mapping, e.g. model.args={patch_size: 4, embed_dim: 64}
         # (patch_size, embed_dim, depth, num_heads, drop_rate, attn_kwargs, pos_embed, tpe_placement, tpe_kwargs, ...);
@@ -74,6 +73,7 @@ DEFAULTS: dict[str, Any] = {
     "data": {
         "source": "imagefolder",  # "imagefolder" (root/train, root/val) or "digits" (bundled, no download)
         "root": None,
+        "image_size": 224,  # the model's input size: training crops and validation images
         "train_split": "train",
         "val_split": "val",
         "in_chans": 3,
@@ -90,7 +90,7 @@ DEFAULTS: dict[str, Any] = {
         "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
         "scale": [0.08, 1.0],  # RandomResizedCrop area range
         # mixed resolution (FlexiViT-style): a list of image sizes, one drawn per optimizer step (keyed by seed and
-        # step) to which the batch is resized on the device; null: every step at model.img_size
+        # step) to which the batch is resized on the device; null: every step at data.image_size
         "sizes": None,
         "auto_augment": "rand-m9-mstd0.5-inc1",
         "color_jitter": 0.3,
@@ -148,7 +148,7 @@ def model_config(cfg: dict, num_classes: int) -> dict:
         "name": m["name"],
         "num_classes": num_classes,
         "in_chans": cfg["data"]["in_chans"],
-        "img_size": m["img_size"],
+        "img_size": cfg["data"]["image_size"],
         "args": recorded_args(m["name"], m["args"] or {}),
     }
 
@@ -283,7 +283,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         init_report = record_init(init_from(model, source), source, run_dir, accelerator.is_main_process)
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
-    val_set = val_dataset(cfg, cfg["model"]["img_size"])
+    val_set = val_dataset(cfg, cfg["data"]["image_size"])
     if val_set.classes != train_set.classes:
         raise ValueError(
             f"train and val class folders differ ({len(train_set.classes)} vs {len(val_set.classes)} classes): "

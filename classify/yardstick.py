@@ -61,7 +61,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 DEFAULTS: dict[str, Any] = {
     "model": {"widths": [64, 160, 320, 512], "residual": [True, True, True], "flip_average": True},
-    "data": {"root": None, "train_split": "train", "test_split": "test"},
+    "data": {"root": None, "train_split": "train", "val_split": "test"},
     "augment": {"pad": 4, "cutout": 16},
     "optim": {"lr": 0.4, "momentum": 0.9, "weight_decay": 5e-4, "warmup_fraction": 0.2, "label_smoothing": 0.2},
     "train": {
@@ -346,7 +346,7 @@ def train_yardstick(cfg: dict, device: str = "auto", resume: bool | str = False)
     t, o, d, a = cfg["train"], cfg["optim"], cfg["data"], cfg["augment"]
     run_dir = Path(cfg["run"]["dir"])
     images, labels, classes = load_images(d["root"], d["train_split"])
-    test_images, test_labels, test_classes = load_images(d["root"], d["test_split"])
+    test_images, test_labels, test_classes = load_images(d["root"], d["val_split"])
     if test_classes != classes:
         raise ValueError(f"train and test class folders differ ({len(classes)} vs {len(test_classes)})")
     decode_seconds = time.perf_counter() - start

@@ -100,17 +100,17 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     cfg = load_recipe(
         CONFIGS / "diffusion" / "cifar10.yaml",
         [
-            f"run_dir={work / 'runs' / name}",
+            f"run.dir={work / 'runs' / name}",
             f"model.name={kind}_dit_{args.size}_2",
             f"data.root={args.data}",
-            f"data.batch_size={args.batch_size}",
+            f"train.batch_size={args.batch_size}",
             f"train.max_steps={args.steps}",
-            f"train.ckpt_every={args.steps}",
+            f"train.ckpt_every_steps={args.steps}",
             f"sample.every={args.steps}",
             "sample.num=100",
             f"sample.steps={args.sample_steps}",
             "optim.lr=3e-4",
-            "optim.warmup_steps=100",
+            "sched.warmup_steps=100",
             *variant_set,
             *args.set,
         ],
@@ -122,7 +122,7 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     model, device = trainer.ema.module.eval(), trainer.accelerator.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         start = time.time()
-        test = torch.utils.data.Subset(build_dataset(cfg["data"], "test"), range(args.bpd_images))
+        test = torch.utils.data.Subset(build_dataset(cfg["data"], "val"), range(args.bpd_images))
         bpd = evaluate_bits_per_dim(model, cfg, test, device, num_workers=4)
         bpd_seconds = time.time() - start
         start = time.time()
@@ -169,7 +169,7 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             record["sizes"] = sample_sizes(model, diffusion, codec, name, args, device)
     grid_out = out / f"grid_{name}.png"
-    grid_out.write_bytes((Path(cfg["run_dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
+    grid_out.write_bytes((Path(cfg["run"]["dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
     last = result["last_record"]
     return {
         **record,
@@ -191,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         "diffusion",
         __doc__.splitlines()[0],
         "softmax lightnet lion_s normalized",
-        "model.kwargs={depth: 12, adaln: block}",
+        "model.args={depth: 12, adaln: block}",
     )
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=128, help="batch per process (train.batch_size)")
     p.add_argument(
         "--feature-extractor",
         default="yardstick",

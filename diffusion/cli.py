@@ -18,7 +18,7 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     from lightvision.diffusion.train import load_recipe, train
 
-    cfg = load_recipe(args.config, [*args.overrides, *([f"run_dir={args.out}"] if args.out else [])])
+    cfg = load_recipe(args.config, [*args.overrides, *([f"run.dir={args.out}"] if args.out else [])])
     result = train(cfg, device=args.device, resume=resume_setting(args))
     result.pop("trainer")
     print(json.dumps(result, indent=2, default=str))
@@ -152,10 +152,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Train a YAML recipe plus key=value overrides. Without --config, trains the "
         "built-in pixel-space digits default (overrides apply on top of it, e.g. train.max_steps=200).",
     )
-    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_lightnet_xl.yaml")
+    p.add_argument("--config", help="YAML recipe, e.g. configs/diffusion/imagenet256_xl.yaml")
     add_train_options(
         p,
-        "with --config: the run folder, as run_dir=DIR (default: run_dir of the recipe); without: the built-in "
+        "with --config: the run folder, as run.dir=DIR (default: run.dir of the recipe); without: the built-in "
         "job's folder (summary.json, its run in DIR/run; default: runs/diffusion_default)",
     )
     p.set_defaults(func=_train)

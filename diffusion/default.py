@@ -18,24 +18,24 @@ from pathlib import Path
 
 DIGITS_OVERRIDES = [
     "model.name=lightnet_dit_s_2",
-    "model.kwargs={depth: 4, hidden_size: 64, num_heads: 4, class_dropout_prob: 0.1}",
+    "model.args={depth: 4, hidden_size: 64, num_heads: 4, class_dropout_prob: 0.1}",
     "data.source=digits",
     "data.image_size=16",
     "data.channels=1",
     "data.num_classes=10",
-    "data.batch_size=64",
     "data.num_workers=0",
     "autoencoder.kind=pixel",
     "autoencoder.path=null",
     "diffusion.clip_denoised=true",
     "optim.lr=2e-3",
-    "optim.warmup_steps=100",
+    "sched.warmup_steps=100",
+    "train.batch_size=64",
     "train.max_steps=1000",
     "train.ema_decay=0.995",
-    "train.clip_grad=1.0",
+    "optim.clip_grad=1.0",
     "train.mixed_precision='no'",
     "train.log_every=100",
-    "train.ckpt_every=1000",
+    "train.ckpt_every_steps=1000",
     "train.keep_last=1",
     "sample.every=1000",
     "sample.num=40",
@@ -50,7 +50,7 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     """Train, sample a grid and measure test bits/dim; returns (and writes ``out_dir/summary.json``) the results.
 
     Training runs on the accelerator's device (CUDA when visible); ``device`` "cpu" forces the CPU everywhere.
-    ``overrides``: more ``key=value`` settings on top of :data:`DIGITS_OVERRIDES` (``run_dir`` is ``out_dir/run``
+    ``overrides``: more ``key=value`` settings on top of :data:`DIGITS_OVERRIDES` (``run.dir`` is ``out_dir/run``
     unless one sets it). ``resume``: True continues (or reuses) the run folder's newest checkpoint; a path, that
     checkpoint or run folder.
     """
@@ -60,10 +60,10 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
 
     device = resolve_device(device)
     out = Path(out_dir)
-    cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run_dir={out / 'run'}", *overrides])
+    cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run.dir={out / 'run'}", *overrides])
     check_recipe(cfg)
     cfg["sample"]["every"] = min(int(cfg["sample"]["every"]), int(cfg["train"]["max_steps"]))  # a grid at the end
-    run_dir = Path(cfg["run_dir"])
+    run_dir = Path(cfg["run"]["dir"])
     start = time.time()
     result = train(cfg, device=device, resume=resume)
     train_seconds = time.time() - start
@@ -71,7 +71,7 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     model = trainer.ema.module.eval()
     start = time.time()
     bpd = evaluate_bits_per_dim(
-        model, cfg, build_dataset(cfg["data"], "test"), trainer.accelerator.device, batch_size=360
+        model, cfg, build_dataset(cfg["data"], "val"), trainer.accelerator.device, batch_size=360
     )
     summary = {
         "model": cfg["model"]["name"],

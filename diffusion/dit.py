@@ -129,7 +129,8 @@ class DiT(ModelMixin, ConfigMixin):
     Any H, W divisible by ``patch_size`` works; ``input_size`` is the training size, the grid that image units of
     position refer to.
 
-    Args (every one is a config entry, so each ablation is a ``model.kwargs`` switch of the recipes):
+    Args (every one is a config entry, so each ablation is a ``model.args`` switch of the recipes, where
+    ``attention_kwargs`` is written ``attn_kwargs`` as for the classifiers):
         input_size (32), patch_size (2), in_channels (4): latent size, patch p, latent channels.
         hidden_size (1152), depth (28), num_heads (16), mlp_ratio (4.0): width D, blocks, heads, FFN ratio.
         attention ("softmax"): one of ``ATTENTION_KINDS``.
@@ -298,8 +299,8 @@ def model_names() -> list[str]:
     return [f"{kind}_dit_{size}_{p}" for kind in ATTENTION_KINDS for size in DIT_SIZES for p in PATCH_SIZES]
 
 
-def model_config(name: str) -> dict:
-    """The DiT constructor arguments of a registered name.
+def size_preset(name: str) -> dict:
+    """The DiT constructor arguments a registered name presets (its size, patch and attention).
 
     Args:
         name: ``{attention}_dit_{s|b|l|xl}_{2|4|8}``.
@@ -338,6 +339,6 @@ def create_model(name: str, input_size: int = 32, in_channels: int = 4, num_clas
     Returns:
         The :class:`DiT`, ``forward(x [B, C, H, W], t [B], y [B]) -> [B, C or 2C, H, W]``.
     """
-    config = model_config(name)
+    config = size_preset(name)
     config.update(kwargs)
     return DiT(input_size=input_size, in_channels=in_channels, num_classes=num_classes, **config)

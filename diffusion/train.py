@@ -1,14 +1,15 @@
 """``lightvision diffusion train``: a DiT on latents or pixels through the engine Trainer.
 
 Recipe = :data:`DEFAULTS` <- the recipe's ``base`` chain (YAML files, each may name its own ``base``) <- the recipe
-<- ``key=value`` overrides. Each step draws t ~ U{0..T-1}, eps ~ N(0, I) per sample and minimises the hybrid loss of
+<- ``key=value`` overrides, in the schema both families share (docs/design.md "Recipe schema"). Each step draws
+t ~ U{0..T-1}, eps ~ N(0, I) per sample and minimises the hybrid loss of
 :class:`~lightvision.diffusion.gaussian.GaussianDiffusion` (``loss`` = mse + lambda T vlb; all three are logged).
 A hook writes an EMA sample grid (PNG) every ``sample.every`` steps, another scores ``train.eval_samples`` EMA samples
-(FID, sFID, precision / recall; :func:`eval_hook`) every ``train.eval_every`` steps; the Trainer provides accelerate /
-bf16, EMA,
-clipping, atomic checkpoints, exact ``--resume``, NaN stop and the JSON-lines log. ``data.batch_size`` is the global
-batch (split over processes and accumulation steps), and the loss draws go through the engine's ``batch_random()``,
-so ``accelerate launch`` on W GPUs trains the same run as one GPU, up to floating-point noise.
+(FID, sFID, precision / recall; :func:`eval_hook`) every ``train.eval_every_steps`` steps; the Trainer provides
+accelerate / bf16, EMA, clipping, atomic checkpoints, exact ``--resume``, NaN stop and the JSON-lines log.
+``train.batch_size`` is the batch of one process and accumulation step (global batch = that x processes x
+``train.grad_accum_steps``), and the loss draws go through the engine's ``batch_random()``, so ``accelerate launch``
+on W GPUs with 1/W of the batch trains the same run as one GPU, up to floating-point noise.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch.utils.data import DataLoader
 
 from lightvision.diffusion.autoencoder import DEFAULT_VAE, KINDS, Codec, load_codec
@@ -36,12 +36,11 @@ from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
 
 DEFAULTS: dict = {
-    "base": None,
-    "run_dir": "runs/diffusion",
-    "seed": 0,
-    # init_from: start from a checkpoint (a run folder, the official DiT or a diffusers DiT; its EMA when it has one):
-    # every tensor of the same name and shape is copied, e.g. a softmax DiT into a LION or LightNet DiT
-    "model": {"name": "softmax_dit_xl_2", "kwargs": {}, "init_from": None},
+    # args: DiT constructor overrides as one mapping (an open section: model.args.depth=2; the attention's options are
+    # model.args.attn_kwargs, the constructor's attention_kwargs); init_from: start from a checkpoint (a run folder,
+    # the official DiT or a diffusers DiT; its EMA when it has one): every tensor of the same name and shape is
+    # copied, e.g. a softmax DiT into a LION or LightNet DiT
+    "model": {"name": "softmax_dit_xl_2", "args": {}, "init_from": None},
     "data": {
         "source": "latents",
         "root": None,
@@ -49,29 +48,30 @@ DEFAULTS: dict = {
         "channels": 3,
         "num_classes": 1000,
         "train_split": "train",
-        "test_split": "val",
-        "batch_size": 256,
+        "val_split": "val",
         "num_workers": 4,
         "flip": True,
     },  # flip: random horizontal flips of pixel-space training images (false: deterministic)
     "autoencoder": {"kind": "kl", "path": DEFAULT_VAE},
     "diffusion": {"steps": 1000, "learn_sigma": True, "vlb_weight": 0.001, "clip_denoised": False},
-    "optim": {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.999], "warmup_steps": 0},
+    "optim": {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.999], "clip_grad": None},
+    "sched": {"warmup_steps": 0},  # linear warm-up to optim.lr, then constant
     "train": {
+        "seed": 0,
+        "batch_size": 256,  # per process and micro-batch
         "max_steps": 400_000,
         "grad_accum_steps": 1,
-        "clip_grad": None,
         "ema_decay": 0.9999,
         "mixed_precision": "bf16",
         "log_every": 100,
-        "ckpt_every": 50_000,
+        "ckpt_every_steps": 50_000,
         "keep_last": 3,
         "nan_policy": "stop",
         "compile": False,  # compile: torch.compile the DiT (lightvision kernels stay in the graph as custom ops)
         "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
-        "eval_every": 0,
+        "eval_every_steps": 0,
         "eval_samples": 5000,
-    },  # FID etc. of eval_samples EMA samples every eval_every steps
+    },  # FID etc. of eval_samples EMA samples every eval_every_steps
     "sample": {
         "every": 50_000,
         "num": 16,
@@ -82,7 +82,7 @@ DEFAULTS: dict = {
         "guide_channels": 3,
         "seed": 0,
     },
-    # evaluation during training (train.eval_every > 0): sample i has label i % num_classes and seed ``seed + i``;
+    # evaluation during training (train.eval_every_steps > 0): sample i has label i % num_classes and seed ``seed + i``;
     # reference = image folder, .npz batch or `lightvision diffusion fid-ref` statistics; the feature network is
     # chosen as by `lightvision diffusion fid` (feature_extractor, inception_weights, else the 32 px yardstick)
     "eval": {
@@ -98,6 +98,7 @@ DEFAULTS: dict = {
         "seed": 0,
         "batch_size": 64,
     },
+    "run": {"dir": "runs/diffusion"},
 }
 
 
@@ -105,16 +106,7 @@ def load_recipe(path: str | Path | None, overrides: list[str] = ()) -> dict:
     """Resolve a recipe: defaults <- base chain <- file <- overrides (engine ``load_config``, unknown keys refused)."""
     from lightvision.engine.config import load_config
 
-    if path is None:
-        return load_config(None, overrides, defaults=DEFAULTS)
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"recipe {str(path)!r} not found")
-    base = (yaml.safe_load(path.read_text()) or {}).get("base")
-    defaults = load_recipe(path.parent / base) if base else DEFAULTS
-    cfg = load_config(path, overrides, defaults=defaults)
-    cfg["base"] = None
-    return cfg
+    return load_config(path, overrides, defaults=DEFAULTS)
 
 
 def check_recipe(cfg: dict) -> None:
@@ -126,20 +118,21 @@ def check_recipe(cfg: dict) -> None:
     check_choice(t["nan_policy"], NAN_POLICIES, "train.nan_policy")
     check_choice(s["sampler"], SAMPLERS, "sample.sampler")
     check_choice(e["sampler"], SAMPLERS, "eval.sampler")
-    check_number(cfg["seed"], "seed", 0, integer=True)
+    check_number(t["seed"], "train.seed", 0, integer=True)
     check_number(cfg["diffusion"]["steps"], "diffusion.steps", 1, integer=True)
     check_number(cfg["diffusion"]["vlb_weight"], "diffusion.vlb_weight", 0)
-    for key in ("image_size", "channels", "batch_size"):
+    for key in ("image_size", "channels"):
         check_number(d[key], f"data.{key}", 1, integer=True)
     for key in ("num_classes", "num_workers"):
         check_number(d[key], f"data.{key}", 0, integer=True)
     check_number(o["lr"], "optim.lr", 0, above=True)
     check_number(o["weight_decay"], "optim.weight_decay", 0)
-    check_number(o["warmup_steps"], "optim.warmup_steps", 0, integer=True)
-    for key in ("max_steps", "grad_accum_steps", "log_every", "ckpt_every", "keep_last", "eval_samples"):
+    check_number(o["clip_grad"], "optim.clip_grad", 0, above=True, optional=True)
+    check_number(cfg["sched"]["warmup_steps"], "sched.warmup_steps", 0, integer=True)
+    for key in ("batch_size", "max_steps", "grad_accum_steps", "log_every", "ckpt_every_steps", "keep_last"):
         check_number(t[key], f"train.{key}", 1, integer=True)
-    check_number(t["eval_every"], "train.eval_every", 0, integer=True)
-    check_number(t["clip_grad"], "train.clip_grad", 0, above=True, optional=True)
+    check_number(t["eval_samples"], "train.eval_samples", 1, integer=True)
+    check_number(t["eval_every_steps"], "train.eval_every_steps", 0, integer=True)
     check_number(t["ema_decay"], "train.ema_decay", 0, optional=True)
     for section, block in (("sample", s), ("eval", e)):
         check_number(block["steps"], f"{section}.steps", 1, integer=True)
@@ -173,14 +166,18 @@ def build_codec(cfg: dict, device: str | torch.device = "cpu") -> Codec:
 
 
 def model_config(cfg: dict, codec_channels: int, latent_size: int) -> dict:
-    """What rebuilds the network: registry name, latent geometry, classes and constructor overrides."""
+    """What rebuilds the network: registry name, latent geometry, classes and constructor overrides (``model.args``;
+    its ``attn_kwargs`` is the constructor's ``attention_kwargs``, the name checkpoints record)."""
+    args = copy.deepcopy(cfg["model"]["args"])
+    if "attn_kwargs" in args:
+        args["attention_kwargs"] = args.pop("attn_kwargs")
     return {
         "name": cfg["model"]["name"],
         "input_size": latent_size,
         "in_channels": codec_channels,
         "num_classes": int(cfg["data"]["num_classes"]),
         "learn_sigma": bool(cfg["diffusion"]["learn_sigma"]),
-        **copy.deepcopy(cfg["model"]["kwargs"]),
+        **args,
     }
 
 
@@ -387,15 +384,16 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
 
 
 def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
-    """Train a recipe; returns the Trainer summary (also written to ``run_dir/results.json``, with the number of
-    processes and the global / per-process batch) plus the run folder. ``data.batch_size`` is the global batch.
+    """Train a recipe; returns the Trainer summary (also written to ``run.dir/results.json``, with the number of
+    processes and the global / per-process batch) plus the run folder (``run_dir``). ``train.batch_size`` is the
+    batch of one process and accumulation step.
 
     Args:
         device: "auto" (a GPU when one is visible), "cpu" or "cuda" (:func:`~lightvision.engine.device.resolve_device`).
-        resume: True continues from the newest checkpoint of ``run_dir``, a path from that checkpoint or run folder;
-            False starts fresh (refused if ``run_dir`` has checkpoints).
+        resume: True continues from the newest checkpoint of ``run.dir``, a path from that checkpoint or run folder;
+            False starts fresh (refused if ``run.dir`` has checkpoints).
 
-    Refused (:class:`~lightvision.engine.run_lock.RunFolderInUse`) while another process trains into ``run_dir``.
+    Refused (:class:`~lightvision.engine.run_lock.RunFolderInUse`) while another process trains into ``run.dir``.
     """
     from accelerate import PartialState
 
@@ -405,7 +403,7 @@ def train(cfg: dict, device: str = "auto", resume: bool | str = False) -> dict:
     check_recipe(cfg)
     cpu = resolve_device(device) == "cpu"
     state = PartialState(cpu=cpu)  # cpu: several CPU processes join one gloo group
-    with run_folder_lock(cfg["run_dir"], state):
+    with run_folder_lock(cfg["run"]["dir"], state):
         return _train(cfg, state, cpu, resume)
 
 
@@ -413,8 +411,10 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
     """:func:`train` with the run folder locked, on the processes of ``state`` (``cpu``: forced onto the CPU)."""
     from lightvision.engine.trainer import Trainer, make_accelerator
 
-    torch.manual_seed(int(cfg["seed"]))
-    run_dir = Path(cfg["run_dir"])
+    t = cfg["train"]
+    seed = int(t["seed"])
+    torch.manual_seed(seed)
+    run_dir = Path(cfg["run"]["dir"])
     data = cfg["data"]
     dataset = build_dataset(data, "train")
     check_num_classes(cfg, dataset)
@@ -440,17 +440,12 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
         source = cfg["model"]["init_from"]
         init_report = record_init(init_from(model, source), source, run_dir, state.is_main_process)
     diffusion = build_diffusion(cfg)
-    t = cfg["train"]
-    per_process = int(data["batch_size"]) // (state.num_processes * int(t["grad_accum_steps"]))
-    if per_process < 1 or per_process * state.num_processes * int(t["grad_accum_steps"]) != int(data["batch_size"]):
-        raise ValueError(
-            f"data.batch_size {data['batch_size']} is not divisible by processes x grad_accum_steps "
-            f"({state.num_processes} x {t['grad_accum_steps']})"
-        )
+    per_process = int(t["batch_size"])
+    global_batch = per_process * state.num_processes * int(t["grad_accum_steps"])
     workers = loader_workers(int(data["num_workers"]))
     loader = DataLoader(  # draws in the workers (pixel flips) keyed by (seed, epoch, position): replayed on resume
         KeyedDraws(dataset),
-        sampler=KeyedSampler(len(dataset), int(cfg["seed"])),
+        sampler=KeyedSampler(len(dataset), seed),
         batch_size=per_process,
         drop_last=True,
         num_workers=workers,
@@ -461,7 +456,7 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=float(o["lr"]), betas=tuple(o["betas"]), weight_decay=float(o["weight_decay"])
     )
-    warmup = int(o["warmup_steps"])
+    warmup = int(cfg["sched"]["warmup_steps"])
     scheduler = (
         torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup)) if warmup > 0 else None
     )
@@ -473,17 +468,17 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
         return codec_cache[0]
 
     hooks = [(int(cfg["sample"]["every"]), sample_hook(cfg, diffusion, codec_fn, run_dir))]
-    if int(t["eval_every"]) > 0:
+    if int(t["eval_every_steps"]) > 0:
         if cfg["eval"]["reference"] is None:
             raise ValueError(
-                "train.eval_every needs eval.reference=PATH (image folder, .npz batch or "
+                "train.eval_every_steps needs eval.reference=PATH (image folder, .npz batch or "
                 "`lightvision diffusion fid-ref` statistics)"
             )
         if int(t["eval_samples"]) <= PRC_NEIGHBOURHOOD:
             raise ValueError(
                 f"train.eval_samples={t['eval_samples']}: precision / recall need more than {PRC_NEIGHBOURHOOD} samples"
             )
-        hooks.append((int(t["eval_every"]), eval_hook(cfg, diffusion, codec_fn, run_dir)))
+        hooks.append((int(t["eval_every_steps"]), eval_hook(cfg, diffusion, codec_fn, run_dir)))
     precision = (
         "no" if t["mixed_precision"] in (False, None) else str(t["mixed_precision"])
     )  # YAML 1.1 reads no as false
@@ -498,22 +493,22 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
         max_steps=int(t["max_steps"]),
         model_config=arch,
         grad_accum_steps=int(t["grad_accum_steps"]),
-        clip_grad=t["clip_grad"],
+        clip_grad=o["clip_grad"],
         ema_decay=t["ema_decay"],
         mixed_precision=precision,
         log_every=int(t["log_every"]),
-        ckpt_every=int(t["ckpt_every"]),
+        ckpt_every=int(t["ckpt_every_steps"]),
         keep_last=int(t["keep_last"]),
         nan_policy=t["nan_policy"],
-        seed=int(cfg["seed"]),
+        seed=seed,
         hooks=hooks,
         torch_compile=compile_setting(t["compile"], t["compile_mode"]),
-        accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), int(cfg["seed"]), cpu=cpu),
+        accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), seed, cpu=cpu),
     )
     summary = trainer.fit(resume or None)
     summary.update(
         processes=state.num_processes,
-        global_batch=int(data["batch_size"]),
+        global_batch=global_batch,
         per_process_batch=per_process,
         **({"init_from": init_report} if init_report else {}),
     )

@@ -99,7 +99,7 @@ class Loop:
         self.prepare = device_batches(cfg, dataset, train=True) if dataset is not None else None
         self.criterion = make_criterion(self.mixup, cfg["aug"]["smoothing"])
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg["train"]["mixed_precision"])
-        b, s = cfg["train"]["batch_size"], cfg["model"]["img_size"]
+        b, s = cfg["train"]["batch_size"], cfg["data"]["image_size"]
         self.synthetic = (torch.randn(b, 3, s, s, device=device), torch.randint(0, NUM_CLASSES, (b,), device=device))
         self.step_index = 0
 
@@ -163,7 +163,7 @@ def _recipe(args: argparse.Namespace, root: Path, pipeline: str, *overrides: str
             f"data.pipeline={pipeline}",
             f"data.num_workers={args.workers}",
             f"train.batch_size={args.batch_size}",
-            f"model.img_size={args.img_size}",
+            f"data.image_size={args.img_size}",
             *overrides,
             *args.set,
         ],
@@ -191,7 +191,7 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
         "pipeline": pipeline if name != "synthetic" else None,
         "format": fmt if name != "synthetic" else None,
         "batch_size": batch,
-        "img_size": cfg["model"]["img_size"],
+        "img_size": cfg["data"]["image_size"],
         "steps": args.steps,
         "images_per_s": args.steps * batch / total,
         **{f"{k}_ms": 1000 * v / args.stage_steps for k, v in stages.items() if k != "total"},
@@ -235,7 +235,7 @@ def measure_trainer(name: str, args: argparse.Namespace, device: torch.device) -
         "format": "folder",
         "prefetch": cfg["data"]["prefetch"],
         "batch_size": batch,
-        "img_size": cfg["model"]["img_size"],
+        "img_size": cfg["data"]["image_size"],
         "steps": len(records) * window,
         "images_per_s": len(records) * window * batch / seconds,
     }

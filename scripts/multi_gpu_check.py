@@ -13,7 +13,8 @@ stage (``--stage-timeout``) is recorded without losing the others. Stages:
   loss record every step, deterministic inputs (``aug.no_aug``, no mixup / cutmix / drop path / repeated
   augmentation), evaluation on the test split at the end;
 * ``diffusion_1`` / ``diffusion_2``: ``lightvision diffusion train`` with ``configs/diffusion/cifar10.yaml`` (pixel
-  space, ``lightnet_dit_s_2``), global ``data.batch_size`` ``--diffusion-batch``, no flips, no sampling hook;
+  space, ``lightnet_dit_s_2``), global batch ``--diffusion-batch`` as 1 x B and 2 x B/2 (``train.batch_size`` is
+  per process), no flips, no sampling hook;
 * ``classify_eval_2``: ``lightvision classify eval`` of the 1-process classifier on 2 processes: every test image
   counted once, the same top-1 as the 1-process run's own evaluation (up to bf16 ties);
 * ``sample_2``: ``lightvision diffusion sample`` of the 2-process diffusion run on 2 processes, ``--num-samples``
@@ -222,20 +223,20 @@ class Check:
                 "train",
                 "--config",
                 str(REPO / "configs" / "diffusion" / "cifar10.yaml"),
-                f"run_dir={run}",
+                f"run.dir={run}",
                 f"data.root={a.data}",
                 f"data.num_workers={a.num_workers}",
                 "data.flip=false",
-                f"data.batch_size={global_batch}",
+                f"train.batch_size={global_batch // nproc}",
                 f"model.name={a.diffusion_model}",
-                f"model.kwargs={a.diffusion_kwargs}",
+                f"model.args={a.diffusion_kwargs}",
                 f"train.max_steps={steps}",
                 "train.log_every=1",
-                f"train.ckpt_every={steps}",
+                f"train.ckpt_every_steps={steps}",
                 "train.keep_last=1",
                 f"train.mixed_precision='{self.precision}'",
                 "sample.every=1000000000",
-                f"seed={a.seed}",
+                f"train.seed={a.seed}",
                 *a.diffusion_extra,
             ],
         )
@@ -391,7 +392,7 @@ class Check:
         """The 1-process classifier evaluated on 2 processes: same image count and top-1 as its own evaluation."""
         a, res = self.args, self.report["classify"]
         out = self.work / "classify_eval_2"
-        img_size = json.loads((run1 / "config.json").read_text())["model"]["img_size"]
+        img_size = json.loads((run1 / "config.json").read_text())["data"]["image_size"]
         self.run(
             "classify_eval_2",
             2,
@@ -618,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--classify-model", default="lightnet_deit_tiny_patch16_224")
     p.add_argument("--classify-args", default="{patch_size: 4}", help="model.args override (YAML mapping)")
     p.add_argument("--diffusion-model", default="lightnet_dit_s_2")
-    p.add_argument("--diffusion-kwargs", default="{}", help="model.kwargs override (YAML mapping)")
+    p.add_argument("--diffusion-kwargs", default="{}", help="model.args override (YAML mapping)")
     p.add_argument("--classify-extra", nargs="*", default=[], metavar="KEY=VALUE", help="more classify overrides")
     p.add_argument("--diffusion-extra", nargs="*", default=[], metavar="KEY=VALUE", help="more diffusion overrides")
     p.add_argument("--num-samples", type=int, default=37)

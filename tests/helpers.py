@@ -59,9 +59,9 @@ def tiny_classify_recipe(
     path = tmp_path / "recipe.yaml"
     extra = "".join(f"  {k}: {v}\n" for k, v in data_keys.items())
     path.write_text(
-        f"model:\n  name: {model}\n  img_size: 16\n  drop_path: 0.0\n"
+        f"model:\n  name: {model}\n  drop_path: 0.0\n"
         "  args: {patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}\n"
-        f"data:\n  root: {data}\n  num_workers: 0\n{extra}"
+        f"data:\n  root: {data}\n  image_size: 16\n  num_workers: 0\n{extra}"
         "aug:\n  repeated_aug: 1\n"
         "sched:\n  epochs: 2\n  warmup_epochs: 1\n"
         "train:\n  batch_size: 4\n  eval_batch_size: 8\n  mixed_precision: 'no'\n"

@@ -121,6 +121,6 @@ def test_readme_is_a_short_users_page():
 
 def test_cifar10_classifier_and_diffusion_recipes_write_separate_run_folders():
     classify = yaml.safe_load((ROOT / "configs" / "classify" / "cifar10.yaml").read_text())["run"]["dir"]
-    diffusion = yaml.safe_load((ROOT / "configs" / "diffusion" / "cifar10.yaml").read_text())["run_dir"]
+    diffusion = yaml.safe_load((ROOT / "configs" / "diffusion" / "cifar10.yaml").read_text())["run"]["dir"]
     assert classify != diffusion
     assert f"`{classify}`" in README.read_text() and f"`{diffusion}`" in README.read_text()

@@ -12,7 +12,7 @@ from lightvision.engine.checkpoint import (
     verify_checkpoint,
 )
 from lightvision.engine.compiled import compile_model
-from lightvision.engine.config import ConfigError, load_config, parse_value, save_config
+from lightvision.engine.config import ConfigError, load_config, parse_value, save_config, upgrade_config
 from lightvision.engine.ema import ModelEma
 from lightvision.engine.guards import NonFiniteError, check_finite
 from lightvision.engine.metrics import MetricsLogger
@@ -38,6 +38,7 @@ __all__ = [
     "resolve_checkpoint",
     "save_config",
     "unwrap_model",
+    "upgrade_config",
     "use_batch_random",
     "verify_checkpoint",
 ]

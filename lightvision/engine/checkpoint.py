@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from lightvision.engine.config import upgrade_config
 from lightvision.engine.fsio import FILE_MODE, TMP_PREFIX, atomic_write, fsync_path, sha256_file, write_durable
 
 log = logging.getLogger(__name__)
@@ -233,10 +234,14 @@ def resolve_checkpoint(path: str | os.PathLike, which: str = "latest") -> Path:
 
 
 def read_checkpoint_config(path: str | os.PathLike, which: str = "latest") -> dict:
-    """``{"model_config": ..., "config": ...}`` of a checkpoint (or of a run folder's latest/best one), verified."""
+    """``{"model_config": ..., "config": ...}`` of a checkpoint (or of a run folder's latest/best one), verified; a
+    run config saved by an earlier release is returned in the current key layout (:func:`upgrade_config`)."""
     ckpt = resolve_checkpoint(path, which)
     verify_checkpoint(ckpt, [CONFIG])
-    return json.loads((ckpt / CONFIG).read_text(encoding="utf-8"))
+    saved = json.loads((ckpt / CONFIG).read_text(encoding="utf-8"))
+    if isinstance(saved.get("config"), dict):
+        saved["config"] = upgrade_config(saved["config"])
+    return saved
 
 
 def load_model_weights(

@@ -1,4 +1,6 @@
-"""Run configuration: YAML recipe merged over defaults, then dotted ``key.sub=value`` overrides."""
+"""Run configuration: YAML recipe (and its ``base:`` chain) merged over defaults, then dotted ``key.sub=value``
+overrides. Keys renamed since earlier releases (:data:`RENAMED`) are refused with their new name; saved configs of
+earlier runs are read through :func:`upgrade_config`."""
 
 from __future__ import annotations
 
@@ -17,6 +19,27 @@ from lightvision.engine.fsio import atomic_write
 
 class ConfigError(ValueError):
     """A recipe or an override names an unknown key or has the wrong shape."""
+
+
+# Old recipe key -> the key of the one schema both families share (docs/design.md "Recipe schema"). A key below a
+# renamed one moves with it (model.kwargs.depth -> model.args.depth).
+RENAMED: dict[str, str] = {
+    "run_dir": "run.dir",
+    "seed": "train.seed",
+    "model.kwargs": "model.args",
+    "model.args.attention_kwargs": "model.args.attn_kwargs",
+    "model.img_size": "data.image_size",
+    "data.test_split": "data.val_split",
+    "data.batch_size": "train.batch_size",
+    "optim.warmup_steps": "sched.warmup_steps",
+    "train.clip_grad": "optim.clip_grad",
+    "train.ckpt_every": "train.ckpt_every_steps",
+    "train.eval_every": "train.eval_every_steps",
+}
+# What changed besides the name, said when the old key is refused.
+_RENAME_NOTES = {
+    "data.batch_size": " (now the batch of one process: the old global batch / (processes x train.grad_accum_steps))"
+}
 
 
 class _Loader(yaml.SafeLoader):
@@ -49,6 +72,70 @@ def _unknown(key: str, root: dict, source: str) -> ConfigError:
     close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(close)}?" if close else f"known keys: {', '.join(known[:30])}"
     return ConfigError(f"unknown config key '{key}' in {source}; {hint}")
+
+
+def _renamed(key: str) -> tuple[str, str] | None:
+    """(old, new) when dotted ``key`` is, or lies below, a renamed key; else None."""
+    for old, new in RENAMED.items():
+        if key == old or key.startswith(old + "."):
+            return old, new + key[len(old) :]
+    return None
+
+
+def _refuse_renamed(keys: Iterable[str], source: str) -> None:
+    for key in keys:
+        if found := _renamed(key):
+            raise ConfigError(
+                f"config key '{key}' in {source} was renamed: use '{found[1]}'{_RENAME_NOTES.get(found[0], '')}"
+            )
+
+
+def upgrade_config(cfg: dict) -> dict:
+    """A saved run config of an earlier release in the current layout (a copy): renamed keys moved to their new
+    place, the resolved ``base`` dropped. A global ``data.batch_size`` becomes ``train.batch_size`` per
+    accumulation step of one process."""
+    out = copy.deepcopy(cfg)
+    out.pop("base", None)
+    if isinstance(out.get("data"), dict) and "batch_size" in out["data"]:
+        accum = (out.get("train") or {}).get("grad_accum_steps") or 1
+        out["data"]["batch_size"] = int(out["data"]["batch_size"]) // int(accum)
+    for old, new in RENAMED.items():
+        *old_path, old_leaf = old.split(".")
+        node = out
+        for part in old_path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or old_leaf not in node:
+            continue
+        value = node.pop(old_leaf)
+        *new_path, new_leaf = new.split(".")
+        node = out
+        for part in new_path:
+            node = node.setdefault(part, {})
+        node[new_leaf] = value
+    return out
+
+
+def _read_recipe(path: str | os.PathLike, chain: tuple[str, ...] = ()) -> list[tuple[str, dict]]:
+    """(file, mapping) of the recipe ``path`` after those of its ``base`` chain (each ``base`` relative to the file
+    naming it), ``base`` removed."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"recipe {path} not found: pass the path of a YAML recipe file")
+    if os.path.abspath(path) in chain:
+        raise ConfigError(f"recipe {path} names itself through its base chain: {' -> '.join(chain)}")
+    with open(path, encoding="utf-8") as f:
+        loaded = yaml.load(f, Loader=_Loader)
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path} must hold a mapping of config keys, got {type(loaded).__name__}")
+    _refuse_renamed(_dotted_keys(loaded), str(path))
+    base = loaded.pop("base", None)
+    if base is None:
+        return [(str(path), loaded)]
+    if not isinstance(base, str):
+        raise ConfigError(f"base in {path} must be the path of another recipe file, got {base!r}")
+    parent = _read_recipe(os.path.join(os.path.dirname(path), base), (*chain, os.path.abspath(path)))
+    return [*parent, (str(path), loaded)]
 
 
 def _open_sections(defaults: dict | None, prefix: str = "") -> set[str]:
@@ -98,6 +185,7 @@ def _apply_override(cfg: dict, item: str, open_sections: set[str]) -> None:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"override {item!r} must look like key.sub=value")
+    _refuse_renamed([key], f"override {item!r}")
     value = parse_value(raw)
     parts = key.split(".")
     node = cfg
@@ -119,23 +207,18 @@ def _apply_override(cfg: dict, item: str, open_sections: set[str]) -> None:
 def load_config(path: str | os.PathLike | None, overrides: Iterable[str] = (), defaults: dict | None = None) -> dict:
     """Load a run configuration.
 
-    ``defaults`` (deep-copied) <- YAML file at ``path`` (optional) <- ``overrides`` (``"optim.lr=1e-4"``,
+    ``defaults`` (deep-copied) <- the files of ``path``'s ``base:`` chain (a path relative to the file naming it;
+    the base's base first) <- YAML file at ``path`` (optional) <- ``overrides`` (``"optim.lr=1e-4"``,
     values typed by YAML). With ``defaults``, file keys must exist in them; overrides must always name an
     existing key, and a key holding a number, a boolean or a list takes only that kind (or null). An empty mapping
     in the defaults is an open section that accepts any key. Unknown keys and values of the wrong kind raise
-    :class:`ConfigError` (listing close matches); a missing recipe file FileNotFoundError.
+    :class:`ConfigError` (listing close matches), and so do keys of :data:`RENAMED` (naming the new key); a missing
+    recipe file FileNotFoundError.
     """
     cfg = copy.deepcopy(defaults) if defaults is not None else {}
     if path is not None:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"recipe {path} not found: pass the path of a YAML recipe file")
-        with open(path, encoding="utf-8") as f:
-            loaded = yaml.load(f, Loader=_Loader)
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path} must hold a mapping of config keys, got {type(loaded).__name__}")
-        _merge(cfg, loaded, cfg, str(path), strict=defaults is not None)
+        for source, loaded in _read_recipe(path):
+            _merge(cfg, loaded, cfg, source, strict=defaults is not None)
     open_sections = _open_sections(defaults)
     for item in overrides:
         _apply_override(cfg, item, open_sections)

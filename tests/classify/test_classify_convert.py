@@ -356,7 +356,7 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
         None,
         [
             "model.name=lion_s_deit_tiny_patch16_224",
-            "model.img_size=16",
+            "data.image_size=16",
             "model.drop_path=0.0",
             "model.args={patch_size: 4, embed_dim: 16, depth: 1, num_heads: 2}",
             f"model.init_from={tmp_path / 'softmax'}",

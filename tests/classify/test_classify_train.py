@@ -423,3 +423,26 @@ def test_step_size_is_drawn_per_step(tmp_path):
     write_image_folder(data, corrupt=False)
     with pytest.raises(ValueError, match=r"aug.sizes: image size 18x18 is not divisible"):
         cli.run(["classify", "train", "--config", str(recipe(tmp_path, data)), "aug.sizes=[16, 18]"])
+
+
+def test_checkpoint_with_a_config_of_the_old_layout_evaluates(tmp_path):
+    """A classifier saved before the shared recipe schema (``model.img_size``) is read back in the current layout
+    (``data.image_size``) and evaluates; the old key in a recipe is refused naming the new one."""
+    from lightvision.classify.default import DIGITS_RECIPE
+    from lightvision.classify.deit import create_from_config
+    from lightvision.classify.evaluate import evaluate_checkpoint, load_classifier
+    from lightvision.classify.train import load_recipe, model_config
+    from lightvision.engine.checkpoint import CheckpointManager
+
+    cfg = load_recipe(None, DIGITS_RECIPE)
+    old = json.loads(json.dumps(cfg))
+    old["model"]["img_size"] = old["data"].pop("image_size")
+    mcfg = model_config(cfg, 10)
+    CheckpointManager(tmp_path / "run").save(
+        1, models={"model": create_from_config(mcfg)}, model_config=mcfg, train_state={"step": 1}, config=old
+    )
+    assert load_classifier(tmp_path / "run")[2] == cfg
+    report = evaluate_checkpoint(tmp_path / "run", [16], out_dir=tmp_path / "eval", num_workers=0, device="cpu")
+    assert report["results"][0]["images"] == 360
+    with pytest.raises(ConfigError, match="'model.img_size' in override 'model.img_size=32' was renamed: use "):
+        load_recipe(None, ["model.img_size=32"])

@@ -66,13 +66,13 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
     variants = tmp_path / "variants.yaml"
     variants.write_text(
         "lightnet_pair_tpe:\n  attention: lightnet\n  about: a one-sided MD-TPE pair after the embedding\n"
-        "  set: [model.kwargs.tpe_placement=embed, 'model.kwargs.tpe_kwargs={form: pair, combine: product}',\n"
-        "        'model.kwargs.attention_kwargs={lrpe: mixed}']\n"
+        "  set: [model.args.tpe_placement=embed, 'model.args.tpe_kwargs={form: pair, combine: product}',\n"
+        "        'model.args.attn_kwargs={lrpe: mixed}']\n"
     )
     torch.manual_seed(0)
     yardstick = save_yardstick(YardstickNet([8, 8, 16, 16], 2), tmp_path / "yardstick.safetensors")
     out = tmp_path / "out"
-    tiny = ["model.kwargs.depth=1", "model.kwargs.hidden_size=32", "model.kwargs.num_heads=2"]
+    tiny = ["model.args.depth=1", "model.args.hidden_size=32", "model.args.num_heads=2"]
     code = benchmark.main(
         [
             "softmax",

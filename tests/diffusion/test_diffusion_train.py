@@ -32,18 +32,18 @@ def recipe(run_dir, latents_dir, vae_dir, steps, extra=()):
     return load_recipe(
         None,
         [
-            f"run_dir={run_dir}",
+            f"run.dir={run_dir}",
             "model.name=softmax_dit_s_2",
-            "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
+            "model.args={depth: 1, hidden_size: 32, num_heads: 2}",
             "data.source=latents",
             f"data.root={latents_dir}",
             "data.num_classes=2",
-            "data.batch_size=4",
+            "train.batch_size=4",
             "data.num_workers=0",
             f"autoencoder.path={vae_dir}",
             f"train.max_steps={steps}",
             "train.mixed_precision='no'",
-            "train.ckpt_every=2",
+            "train.ckpt_every_steps=2",
             "train.log_every=1",
             "train.ema_decay=0.9",
             "sample.every=4",
@@ -139,17 +139,18 @@ def test_every_recipe_resolves_to_a_registered_model():
     from pathlib import Path
 
     from lightvision.diffusion.default import DIGITS_OVERRIDES
-    from lightvision.diffusion.dit import model_config
+    from lightvision.diffusion.dit import size_preset
 
     recipes = sorted(Path(__file__).parents[2].joinpath("configs", "diffusion").glob("*.yaml"))
-    assert len(recipes) >= 22
+    assert {p.name for p in recipes} >= {f"imagenet256_{size}.yaml" for size in ("s", "b", "l", "xl")}
     for path in recipes:
         cfg = load_recipe(path)
-        model_config(cfg["model"]["name"])
-        assert cfg["base"] is None and cfg["optim"]["lr"] > 0
-    lightnet = load_recipe(recipes[0].parent / "imagenet256_lightnet_xl.yaml", ["data.root=/x"])
-    assert lightnet["optim"]["betas"] == [0.9, 0.98] and lightnet["train"]["ema_decay"] == 0.9999
-    assert lightnet["data"]["batch_size"] == 256 and lightnet["data"]["root"] == "/x"
+        size_preset(cfg["model"]["name"])
+        assert "base" not in cfg and cfg["optim"]["lr"] > 0
+    lightnet = load_recipe(recipes[0].parent / "imagenet256_xl.yaml", ["data.root=/x", "model.name=lightnet_dit_xl_2"])
+    assert size_preset(lightnet["model"]["name"])["attention"] == "lightnet"
+    assert lightnet["train"]["ema_decay"] == 0.9999
+    assert lightnet["train"]["batch_size"] == 32 and lightnet["data"]["root"] == "/x"
     assert load_recipe(None, DIGITS_OVERRIDES)["data"]["source"] == "digits"
 
 
@@ -178,13 +179,13 @@ def test_pixel_flips_can_be_switched_off(tmp_path):
         "root": str(tmp_path),
         "image_size": 8,
         "train_split": "train",
-        "test_split": "test",
+        "val_split": "test",
     }
 
     def flips(dataset) -> bool:
         return any(isinstance(t, T.RandomHorizontalFlip) for t in dataset.transform.transforms)
 
-    assert flips(build_dataset(data, "train")) and not flips(build_dataset(data, "test"))
+    assert flips(build_dataset(data, "train")) and not flips(build_dataset(data, "val"))
     assert not flips(build_dataset({**data, "flip": False}, "train"))
 
 
@@ -223,10 +224,10 @@ def test_pixel_training_resumes_with_the_same_flips(tmp_path):
             Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(tmp_path / "train" / c / f"{i}.png")
 
     def run(name: str, steps: int, **kwargs):
-        keys = ["model.name=softmax_dit_s_2", "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}"]
+        keys = ["model.name=softmax_dit_s_2", "model.args={depth: 1, hidden_size: 16, num_heads: 2}"]
         keys += ["data.source=imagefolder", f"data.root={tmp_path}", "data.image_size=8", "data.num_classes=2"]
-        keys += ["data.batch_size=4", "data.num_workers=0", "autoencoder.kind=pixel", f"train.max_steps={steps}"]
-        keys += ["train.mixed_precision='no'", "sample.every=100", f"run_dir={tmp_path / name}"]
+        keys += ["train.batch_size=4", "data.num_workers=0", "autoencoder.kind=pixel", f"train.max_steps={steps}"]
+        keys += ["train.mixed_precision='no'", "sample.every=100", f"run.dir={tmp_path / name}"]
         train(load_recipe(None, keys), **kwargs)
         return CheckpointManager(tmp_path / name).latest() / "model.safetensors"
 
@@ -254,14 +255,14 @@ def test_corrupt_image_is_skipped_in_pixel_training(tmp_path):
     cfg = load_recipe(
         None,
         [
-            f"run_dir={tmp_path / 'run'}",
+            f"run.dir={tmp_path / 'run'}",
             "model.name=softmax_dit_s_2",
-            "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2}",
+            "model.args={depth: 1, hidden_size: 16, num_heads: 2}",
             "data.source=imagefolder",
             f"data.root={tmp_path}",
             "data.image_size=8",
             "data.num_classes=2",
-            "data.batch_size=5",
+            "train.batch_size=5",
             "data.num_workers=0",
             "autoencoder.kind=pixel",
             "train.max_steps=1",
@@ -291,7 +292,7 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
         "--device",
         "cpu",
         "train.max_steps=2",
-        "model.kwargs={depth: 1, hidden_size: 16, num_heads: 2, class_dropout_prob: 0.1}",
+        "model.args={depth: 1, hidden_size: 16, num_heads: 2, class_dropout_prob: 0.1}",
         "sample.num=2",
         "sample.steps=2",
     ]
@@ -319,10 +320,11 @@ def test_recipe_run_folder_from_out(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text(
-        f"run_dir: {tmp_path / 'recipe_dir'}\nmodel:\n  name: softmax_dit_s_2\n"
-        "  kwargs: {depth: 1, hidden_size: 16, num_heads: 2}\n"
-        "data: {source: digits, image_size: 8, channels: 1, num_classes: 10, batch_size: 4, num_workers: 0}\n"
-        "autoencoder: {kind: pixel, path: null}\ntrain: {mixed_precision: 'no', ckpt_every: 1}\nsample: {every: 100}\n"
+        f"run: {{dir: {tmp_path / 'recipe_dir'}}}\nmodel:\n  name: softmax_dit_s_2\n"
+        "  args: {depth: 1, hidden_size: 16, num_heads: 2}\n"
+        "data: {source: digits, image_size: 8, channels: 1, num_classes: 10, num_workers: 0}\n"
+        "autoencoder: {kind: pixel, path: null}\ntrain: {mixed_precision: 'no', ckpt_every_steps: 1, batch_size: 4}\n"
+        "sample: {every: 100}\n"
     )
     out = tmp_path / "out"
     args = ["diffusion", "train", "--config", str(recipe_file), "train.log_every=1", "--out", str(out)]
@@ -347,7 +349,7 @@ def test_recipe_without_data_root_is_named(source):
         ("diffusion.steps=0", r"diffusion\.steps must be a whole number at least 1, got 0"),
         ("sample.steps=2000", r"sample\.steps=2000 is more than the diffusion\.steps=1000 of training"),
         ("optim.lr=", r"optim\.lr has no value \(an empty 'optim\.lr=' reads as null\)"),
-        ("data.batch_size=0", r"data\.batch_size must be a whole number at least 1, got 0"),
+        ("train.batch_size=0", r"train\.batch_size must be a whole number at least 1, got 0"),
         ("data.num_classes=1", r"data\.num_classes=1 is smaller than the 10 classes of the training data"),
     ],
 )
@@ -356,7 +358,36 @@ def test_recipe_is_checked_before_training(tmp_path, override, message):
     typo used to surface only at the first sample grid, and that step's checkpoint was lost)."""
     from lightvision.diffusion.default import DIGITS_OVERRIDES
 
-    cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run_dir={tmp_path / 'run'}", override])
+    cfg = load_recipe(None, [*DIGITS_OVERRIDES, f"run.dir={tmp_path / 'run'}", override])
     with pytest.raises(ValueError, match=message):
         train(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_checkpoint_with_a_config_of_the_old_layout_samples(tmp_path):
+    """A run saved before the shared recipe schema (run_dir, seed, model.kwargs, data.batch_size, ...) is read back in
+    the current layout and samples."""
+    from lightvision.diffusion.default import DIGITS_OVERRIDES
+    from lightvision.diffusion.sample import load_for_sampling
+    from lightvision.diffusion.train import build_model, model_config
+
+    cfg = load_recipe(None, [*DIGITS_OVERRIDES, "model.args={depth: 1, hidden_size: 16, num_heads: 2}"])
+    old = json.loads(json.dumps(cfg))
+    old.update(base=None, run_dir=str(tmp_path / "run"), seed=old["train"].pop("seed"))
+    old["model"]["kwargs"] = old["model"].pop("args")
+    old["data"].update(test_split=old["data"].pop("val_split"), batch_size=old["train"].pop("batch_size"))
+    old["optim"]["warmup_steps"] = old.pop("sched")["warmup_steps"]
+    old["train"].update(
+        clip_grad=old["optim"].pop("clip_grad"),
+        ckpt_every=old["train"].pop("ckpt_every_steps"),
+        eval_every=old["train"].pop("eval_every_steps"),
+    )
+    old.pop("run")
+    arch = model_config(cfg, 1, 16)
+    CheckpointManager(tmp_path / "run").save(
+        1, models={"model": build_model(arch), "ema": build_model(arch)}, model_config=arch, train_state={}, config=old
+    )
+    _, saved = load_for_sampling(tmp_path / "run", "cpu")
+    assert saved == {**cfg, "run": {"dir": str(tmp_path / "run")}}
+    sample_main(str(tmp_path / "run"), str(tmp_path / "out"), num_samples=2, batch_size=2, steps=2)
+    assert np.load(tmp_path / "out" / "samples.npz")["arr_0"].shape == (2, 16, 16, 3)

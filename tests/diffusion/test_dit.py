@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lightvision.diffusion import create_model
-from lightvision.diffusion.dit import DiT, model_config
+from lightvision.diffusion.dit import DiT, size_preset
 from lightvision.diffusion.gaussian import GaussianDiffusion
 from lightvision.layers import ATTENTION_KINDS, GLU
 
@@ -42,7 +42,7 @@ def test_parameter_counts_match_the_papers(family):
             f"{family}_dit_{size}_2: {count / 1e6:.2f}M (paper {paper / 1e6:.0f}M, {100 * (count / paper - 1):+.1f}%)"
         )
         assert abs(count / paper - 1) < 0.05
-    assert model_config(f"{family}_dit_xl_8")["patch_size"] == 8
+    assert size_preset(f"{family}_dit_xl_8")["patch_size"] == 8
 
 
 @pytest.mark.parametrize("kind", ["softmax", "lightnet"])
@@ -162,7 +162,7 @@ def _settings(model: DiT) -> dict:
 
 @pytest.mark.parametrize("switch", sorted(ABLATIONS))
 def test_ablation_switches_reach_their_layer(switch, tmp_path):
-    """Each of the paper's ablations is a constructor (= recipe ``model.kwargs``) switch that changes the layer it
+    """Each of the paper's ablations is a constructor (= recipe ``model.args``) switch that changes the layer it
     names; the model runs; where it keeps the default's parameters, the same weights give another output; a saved
     model rebuilds with the same switch."""
     kwargs, check = ABLATIONS[switch]

@@ -24,7 +24,7 @@ def _tiny_run(run_dir, attention, vae=None):
         [
             *DIGITS_OVERRIDES,
             f"model.name={attention}_dit_s_2",
-            "model.kwargs={depth: 2, hidden_size: 32, num_heads: 2}",
+            "model.args={depth: 2, hidden_size: 32, num_heads: 2}",
             *latent,
         ],
     )

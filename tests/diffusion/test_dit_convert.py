@@ -187,7 +187,7 @@ def test_sample_command_takes_external_weights(tmp_path, capsys, cli_error):
     recipe = (
         "data: {{image_size: {size}, channels: 3, num_classes: {classes}}}\n"
         "autoencoder: {{kind: pixel, path: null}}\n"
-        "model: {{kwargs: {{depth: {depth}, hidden_size: {width}, num_heads: {heads}}}}}\n"
+        "model: {{args: {{depth: {depth}, hidden_size: {width}, num_heads: {heads}}}}}\n"
     )
     (tmp_path / "tiny.yaml").write_text(
         recipe.format(size=LATENT, classes=CLASSES, depth=DEPTH, width=HEADS * HEAD_DIM, heads=HEADS)
@@ -265,20 +265,20 @@ def test_train_recipe_starts_from_a_checkpoint(tmp_path):
     cfg = load_recipe(
         None,
         [
-            f"run_dir={tmp_path / 'run'}",
+            f"run.dir={tmp_path / 'run'}",
             "model.name=lion_s_dit_s_2",
-            f"model.kwargs={{depth: {DEPTH}, hidden_size: {HEADS * HEAD_DIM}, num_heads: {HEADS}}}",
+            f"model.args={{depth: {DEPTH}, hidden_size: {HEADS * HEAD_DIM}, num_heads: {HEADS}}}",
             f"model.init_from={tmp_path / 'dit.pt'}",
             "data.source=digits",
             "data.channels=1",
             "data.image_size=16",
             "data.num_classes=10",
-            "data.batch_size=4",
+            "train.batch_size=4",
             "data.num_workers=0",
             "autoencoder.kind=pixel",
             "train.max_steps=1",
             "train.mixed_precision='no'",
-            "train.ckpt_every=1",
+            "train.ckpt_every_steps=1",
             "sample.every=100",
         ],
     )

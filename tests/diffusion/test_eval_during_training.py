@@ -1,5 +1,5 @@
-"""FID during training: fixed-seed EMA samples scored every train.eval_every steps, logged and plotted, identical after
-a resume; the per-process split of the samples counts each one once."""
+"""FID during training: fixed-seed EMA samples scored every train.eval_every_steps steps, logged and plotted,
+identical after a resume; the per-process split of the samples counts each one once."""
 
 import json
 
@@ -36,13 +36,13 @@ def recipe(run_dir, yardstick, reference, steps, extra=()):
         None,
         [
             *DIGITS_OVERRIDES,
-            f"run_dir={run_dir}",
-            "model.kwargs={depth: 1, hidden_size: 32, num_heads: 2}",
+            f"run.dir={run_dir}",
+            "model.args={depth: 1, hidden_size: 32, num_heads: 2}",
             f"train.max_steps={steps}",
-            "train.ckpt_every=2",
+            "train.ckpt_every_steps=2",
             "train.log_every=1",
             "sample.every=100",
-            "train.eval_every=2",
+            "train.eval_every_steps=2",
             "train.eval_samples=6",
             "eval.steps=2",
             "eval.batch_size=4",

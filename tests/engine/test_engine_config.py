@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lightvision.engine import ConfigError, load_config, save_config
+from lightvision.engine import ConfigError, load_config, save_config, upgrade_config
 
 DEFAULTS = {
     "model": {"name": "deit_tiny", "depth": 12},
@@ -107,3 +107,61 @@ def test_check_number_names_the_key_and_the_bound():
     for args, kwargs, message in refused:
         with pytest.raises(ConfigError, match=message):
             check_number(*args, **kwargs)
+
+
+def test_base_chain_is_merged_in_order_and_relative_to_the_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "root.yaml").write_text("optim: {lr: 1.0}\nmodel: {name: a}\n")
+    (tmp_path / "sub" / "mid.yaml").write_text("base: ../root.yaml\nmodel: {name: b}\n")
+    (tmp_path / "sub" / "top.yaml").write_text("base: mid.yaml\noptim: {lr: 3.0}\n")
+    cfg = load_config(tmp_path / "sub" / "top.yaml", ["model.name=c"], DEFAULTS)
+    assert cfg["optim"]["lr"] == 3.0 and cfg["model"]["name"] == "c" and "base" not in cfg
+    assert load_config(tmp_path / "sub" / "mid.yaml", [], DEFAULTS)["model"]["name"] == "b"
+    (tmp_path / "loop.yaml").write_text("base: loop.yaml\n")
+    with pytest.raises(ConfigError, match="names itself"):
+        load_config(tmp_path / "loop.yaml", [], DEFAULTS)
+
+
+@pytest.mark.parametrize(
+    "text, override, new",
+    [
+        ("run_dir: runs/x\n", None, "run.dir"),
+        ("model: {kwargs: {depth: 2}}\n", None, "model.args"),
+        ("model: {args: {attention_kwargs: {lrpe: global}}}\n", None, "model.args.attn_kwargs"),
+        (None, "data.test_split=test", "data.val_split"),
+        (None, "optim.warmup_steps=10", "sched.warmup_steps"),
+        (None, "model.kwargs.depth=3", "model.args.depth"),
+        (None, "data.batch_size=256", "train.batch_size"),
+    ],
+)
+def test_renamed_keys_are_refused_naming_the_new_key(tmp_path, text, override, new):
+    defaults = {"model": {"name": "m", "args": {}}, "data": {"batch_size": 1}}
+    recipe = None
+    if text is not None:
+        recipe = tmp_path / "old.yaml"
+        recipe.write_text(text)
+    with pytest.raises(ConfigError, match=f"was renamed: use '{new}'"):
+        load_config(recipe, [override] if override else [], defaults)
+
+
+def test_saved_config_of_the_old_layout_is_upgraded():
+    old = {
+        "base": None,
+        "run_dir": "runs/x",
+        "seed": 3,
+        "model": {"name": "m", "kwargs": {"attention_kwargs": {"lrpe": "global"}, "depth": 2}},
+        "data": {"test_split": "test", "batch_size": 256, "image_size": 32},
+        "optim": {"lr": 1e-4, "warmup_steps": 10},
+        "train": {"grad_accum_steps": 2, "ckpt_every": 5, "eval_every": 0, "clip_grad": 1.0},
+    }
+    new = upgrade_config(old)
+    assert new == {
+        "run": {"dir": "runs/x"},
+        "model": {"name": "m", "args": {"attn_kwargs": {"lrpe": "global"}, "depth": 2}},
+        "data": {"val_split": "test", "image_size": 32},
+        "optim": {"lr": 1e-4, "clip_grad": 1.0},
+        "train": {"grad_accum_steps": 2, "ckpt_every_steps": 5, "eval_every_steps": 0, "seed": 3, "batch_size": 128},
+        "sched": {"warmup_steps": 10},
+    }
+    assert old["run_dir"] == "runs/x"  # the input is left as it was
+    assert upgrade_config(new) == new

@@ -79,7 +79,7 @@ def test_diffusion_train_is_refused_while_another_process_holds_the_folder(tmp_p
     try:
         assert holder.stdout.readline().strip() == "held"
         recipe = REPO / "configs" / "diffusion" / "cifar10.yaml"
-        assert cli.main(["diffusion", "train", "--config", str(recipe), f"run_dir={run}", "--device", "cpu"]) == 1
+        assert cli.main(["diffusion", "train", "--config", str(recipe), f"run.dir={run}", "--device", "cpu"]) == 1
         err = capsys.readouterr().err
         assert f"run folder {run} is in use by pid {holder.pid}" in err and len(err.strip().splitlines()) == 1
     finally:
