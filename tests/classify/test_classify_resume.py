@@ -56,7 +56,7 @@ def train_args(tmp_path: Path, pipeline: str) -> list[str]:
     ]
 
 
-@pytest.fixture(scope="module", params=sorted(PIPELINES))
+@pytest.fixture(scope="module")
 def reference(request, tmp_path_factory) -> tuple[list[str], tuple[list[dict], dict]]:
     """The uninterrupted run's command line, and its records and results."""
     tmp = tmp_path_factory.mktemp(f"reference-{request.param}")
@@ -68,7 +68,16 @@ def reference(request, tmp_path_factory) -> tuple[list[str], tuple[list[dict], d
     return args, got
 
 
-@pytest.mark.parametrize(("signal", "at", "resumes_from"), [("KILL", EPOCH + 2, EPOCH), ("TERM", 2, 2)])
+KILLED = ("KILL", EPOCH + 2, EPOCH)  # SIGKILL in step 6: resumed from the epoch-boundary checkpoint
+TERMINATED = ("TERM", 2, 2)  # SIGTERM mid-epoch: checkpoints step 2 and stops
+
+
+# both stops on the cpu pipeline, one each on the gpu pipeline and on shards
+@pytest.mark.parametrize(
+    ("reference", "signal", "at", "resumes_from"),
+    [("cpu", *KILLED), ("cpu", *TERMINATED), ("gpu", *TERMINATED), ("shards", *KILLED)],
+    indirect=["reference"],
+)
 def test_resume_repeats_the_run(tmp_path, reference, signal, at, resumes_from):
     args, expected = reference
     run = tmp_path / "run"
