@@ -102,13 +102,7 @@ class SoftmaxAttention(_QKV):
         super().__init__(dim, num_heads, qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        grid: Sequence[int] | None = None,
-        num_prefix_tokens: int = 0,
-        pos_scale: Sequence[float] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid=None, num_prefix_tokens: int = 0, pos_scale=None) -> torch.Tensor:
         _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         q, k, v = self.split(x)
         return self.proj(self.merge(softmax_attention(q, k, v)))
@@ -164,13 +158,7 @@ class LightNetAttention(_QKV):
             raise ValueError(f"gate_rank must be None, 'full', 0 or a positive int, got {gate_rank!r}")
         self.proj = nn.Linear(dim, dim, bias=False)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        grid: Sequence[int] | None = None,
-        num_prefix_tokens: int = 0,
-        pos_scale: Sequence[float] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid=None, num_prefix_tokens: int = 0, pos_scale=None) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         kw = dict(
             grid=grid, num_prefix_tokens=num_prefix_tokens, lrpe=self.lrpe, pos_scale=pos_scale, backend=self.backend
@@ -297,13 +285,7 @@ class LionAttention(_QKV):
         weight = torch.cat([self.qkv.weight, -w, w.new_zeros(pad, self.dim)])
         return F.linear(x, weight, torch.cat([qkv_b, -b, b.new_zeros(pad)]))
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        grid: Sequence[int] | None = None,
-        num_prefix_tokens: int = 0,
-        pos_scale: Sequence[float] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid=None, num_prefix_tokens: int = 0, pos_scale=None) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         factors = self.decay_factors(check_pos_scale(pos_scale, grid))
         if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
@@ -384,13 +366,7 @@ class NormalizedAttention(_QKV):
             z = F.linear(x.to(dt), self.normalizer.weight.to(dt), self.normalizer.bias.to(dt))
         return (z + math.log(x.shape[1])).transpose(1, 2)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        grid: Sequence[int] | None = None,
-        num_prefix_tokens: int = 0,
-        pos_scale: Sequence[float] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, grid=None, num_prefix_tokens: int = 0, pos_scale=None) -> torch.Tensor:
         _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
         q, k, v = self.split(x)
         return self.proj(self.merge(normalized_attention(q, k, v, self.log_eta(x), form=self.form)))
