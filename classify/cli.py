@@ -188,8 +188,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument(
         "--pos-unit",
         choices=["image", "token"],
-        help="what positions count at other sizes: cells of the training grid (image, the default of models trained "
-        "since position units exist) or patches of the grid at hand (token)",
+        help="what positions count at other sizes: cells of the training grid (image) or patches of the grid at hand "
+        "(token); default: the unit the checkpoint records (image when it records none)",
     )
     ev.add_argument(
         "--data",
