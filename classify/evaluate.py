@@ -261,6 +261,8 @@ def load_classifier(
         weights = "ema" if (ckpt / "ema.safetensors").is_file() else "model"
     load_model_weights(ckpt, model, which=weights)
     meta = {"checkpoint": str(ckpt), "model": mcfg["name"], "train_img_size": mcfg["img_size"], "weights": weights}
+    if model_args:
+        meta["model_args"] = model_args
     return model, meta, cfg
 
 

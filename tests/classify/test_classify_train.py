@@ -75,6 +75,9 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
     assert [r["img_size"] for r in report["results"]] == [16, 24] and report["weights"] == "ema"
     assert all(r["images"] == 8 and 0 <= r["top1"] <= r["top5"] <= 100 for r in report["results"])
     assert (run / "eval" / "eval.png").stat().st_size > 1000 and (run / "eval" / "eval.md").is_file()
+    argv = ["classify", "eval", "--checkpoint", str(run), "--img-size", "24", "--device", "cpu", "--num-workers", "0"]
+    assert cli.run([*argv, "--data", str(data / "val"), "--pos-unit", "token", "--out", str(tmp_path / "t")]) == 0
+    assert json.loads((tmp_path / "t" / "eval.json").read_text())["model_args"] == {"pos_unit": "token"}
 
     # a validation folder with other classes than the training data
     other = tmp_path / "other"
