@@ -53,12 +53,14 @@ def pos_setting(text: str, kind: str) -> dict | None:
     """``load_classifier``'s model_args of an ``--eval-pos`` setting for an attention kind: "image" or "token" (the
     position unit), "image:p=P" (LION's decay power P; "P,Q" the row and column snake orders). None when the setting
     does not apply to the kind (a decay power without LION decays, a pair without snake orders)."""
+    from lightvision.layers import position_options
+
     unit, _, power = text.partition(":p=")
     if unit not in ("image", "token"):
         raise ValueError(f"--eval-pos {text!r}: the unit must be 'image' or 'token', optionally ':p=POWER'")
     if not power:
         return {"pos_unit": unit}
-    if kind not in ("lion_d", "lion_s", "lion_d_snake", "lion_s_snake"):
+    if "decay_power" not in position_options(kind):
         return None
     powers = [float(v) for v in power.split(",")]
     if len(powers) > 1 and not kind.endswith("_snake"):

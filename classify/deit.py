@@ -647,12 +647,13 @@ def recorded_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
     """``args`` with every setting of ``LEGACY_ARGS``, the position unit and the attention's position options (LION's
     decay power) made explicit, so that a checkpoint keeps rebuilding as it was trained whatever the defaults
     become."""
-    family = FAMILIES[attention_of(check_model_name(name))]
+    attention = attention_of(check_model_name(name))
+    family = FAMILIES[attention]
     explicit = {"pos_unit": "image", "global_pool": family.global_pool}
-    scaling = position_options(attention_of(name))
+    scaling = position_options(attention)
     if scaling:
         args = {**args, "attn_kwargs": {**scaling, **(args.get("attn_kwargs") or {})}}
-    if attention_of(name) == "lightnet":
+    if attention == "lightnet":
         explicit.update(pos_embed=family.pos_embed, tpe_placement=family.tpe_placement)
     return {**explicit, **args}
 

@@ -21,7 +21,7 @@ import torch
 
 from .layers.attention import LightNetAttention, LionAttention, NormalizedAttention, SoftmaxAttention
 from .ops import lightnet_attention, lion_attention, lion_snake_attention, normalized_attention, softmax_attention
-from .ops._checks import check_grid, check_pos_scale
+from .ops._checks import check_grid
 
 LAYERS = (SoftmaxAttention, LightNetAttention, LionAttention, NormalizedAttention)
 MAX_BYTES = 2 * 2**30  # the identity and the matrix are each B * H * N * N elements
@@ -105,7 +105,7 @@ def effective_attention(
             return core_matrix(
                 normalized_attention, q, k, max_bytes=max_bytes, log_eta=layer.log_eta(x), form="parallel"
             )
-        factors = layer.decay_factors(check_pos_scale(pos_scale, check_grid(grid, x.shape[1], num_prefix_tokens)))
+        factors = layer.decay_factors(pos_scale, check_grid(grid, x.shape[1], num_prefix_tokens))
         decays = layer._log_decays(x, num_prefix_tokens, factors)  # LION: its feature map and decays
         q, k = layer._phi(q), layer._phi(k)
         if layer.snake:

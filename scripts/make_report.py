@@ -197,9 +197,36 @@ def render_classify_cifar10(files: list[str], **_) -> str:
     return table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
 
 
-def _top1(result: dict, pos: str) -> dict[int, float]:
+# The training switches of the resolution screen: the name suffix of each variant and what it sets.
+SCREEN_SWITCHES = (("", "the recipe"), ("_sizes", "aug.sizes=[24, 32, 48]"), ("_scale", "aug.scale=[0.25, 1]"))
+
+
+def top1(result: dict, pos: str) -> dict[int, float]:
     """{image size: top-1} of a classify benchmark run in one ``--eval-pos`` setting."""
     return {e["img_size"]: e["top1"] for e in result.get("eval", []) if e.get("pos") == pos}
+
+
+def unit_curves(result: dict, lion_power: str) -> list[tuple[str, dict[int, float]]]:
+    """(position unit, {size: top-1}) of a run in image units (LION at ``lion_power`` where it was evaluated so) and,
+    where it differs (not for softmax's resampled embedding), in token units."""
+    image = f"image:p={lion_power}" if top1(result, f"image:p={lion_power}") else "image"
+    curves = [("image" if image == "image" else f"image, decay power {lion_power}", top1(result, image))]
+    if top1(result, "token") != curves[0][1]:
+        curves.append(("token", top1(result, "token")))
+    return curves
+
+
+def screen_kinds(results: dict) -> list[str]:
+    """The attentions of a resolution screen (its names without a switch suffix)."""
+    return [kind for kind in results if not kind.endswith(tuple(s for s, _ in SCREEN_SWITCHES if s))]
+
+
+def sample_columns(report: dict) -> list[tuple[int, str]]:
+    """(size, position unit) of the DiT sample sets of a resolution report, in order; token units only above the first
+    (training) size, where the units are the same model."""
+    sets = next(r["sizes"] for r in report["results"].values() if r.get("sizes"))
+    first = sets[0]["img_size"]
+    return [(x["img_size"], x["pos_unit"]) for x in sets if not (x["pos_unit"] == "token" and x["img_size"] == first)]
 
 
 def render_resolution(files: list[str], lion_power: str = "1", **_) -> str:
@@ -213,13 +240,8 @@ def render_resolution(files: list[str], lion_power: str = "1", **_) -> str:
             if "error" in r:
                 rows.append([kind, "-", r["error"], *[""] * len(sizes), ""])
                 continue
-            image = f"image:p={lion_power}" if _top1(r, f"image:p={lion_power}") else "image"
             pool = r["recipe"]["model"]["args"].get("global_pool", "token")
-            for pos in (image, "token"):
-                acc = _top1(r, pos)
-                if pos == "token" and acc == _top1(r, image):
-                    continue
-                unit = {"token": "token", "image": "image"}.get(pos, f"image, decay power {lion_power}")
+            for unit, acc in unit_curves(r, lion_power):
                 rows.append([kind, pool, unit, *[f"{acc[s]:.1f}" for s in sizes], f"{acc[32] - acc[64]:.1f}"])
     return table(["attention", "head", "position unit", *[f"{s} px" for s in sizes], "lost 32 -> 64"], rows)
 
@@ -229,13 +251,9 @@ def render_resolution_screen(files: list[str], **_) -> str:
     rows = []
     for name in files:
         results = load(name)["results"]
-        for kind in (k for k in results if not k.endswith(("_sizes", "_scale"))):
-            for suffix, label in (
-                ("", "the recipe"),
-                ("_sizes", "aug.sizes=[24, 32, 48]"),
-                ("_scale", "aug.scale=[0.25, 1]"),
-            ):
-                acc = _top1(results.get(kind + suffix, {}), "image")
+        for kind in screen_kinds(results):
+            for suffix, label in SCREEN_SWITCHES:
+                acc = top1(results.get(kind + suffix, {}), "image")
                 rows.append([kind, label, *[f"{acc[s]:.1f}" if s in acc else "-" for s in (32, 48, 64, 96)]])
     return table(["attention", "training", "32 px", "48 px", "64 px", "96 px"], rows)
 
@@ -245,14 +263,13 @@ def render_resolution_samples(files: list[str], **_) -> str:
     rows = []
     for name in files:
         report = load(name)
-        real = report["real_streak_share"]["mean"]
-        runs = {k: r for k, r in report["results"].items() if r.get("sizes")}
-        columns = [(r["img_size"], r["pos_unit"]) for r in next(iter(runs.values()))["sizes"]]
-        columns = [c for c in columns if not (c[1] == "token" and c[0] == columns[0][0])]
-        rows.append(["real test images", *[f"{real:.2f}"] * len(columns)])
-        for kind, r in runs.items():
-            share = {(x["img_size"], x["pos_unit"]): x["streak_share"]["mean"] for x in r["sizes"]}
-            rows.append([f"{kind} ({r['test_bits_per_dim']:.2f} bits/dim)", *[f"{share[c]:.2f}" for c in columns]])
+        columns = sample_columns(report)
+        rows.append(["real test images", *[f"{report['real_streak_share']['mean']:.2f}"] * len(columns)])
+        for kind, r in report["results"].items():
+            if r.get("sizes"):
+                share = {(x["img_size"], x["pos_unit"]): x["streak_share"]["mean"] for x in r["sizes"]}
+                row = [f"{kind} ({r['test_bits_per_dim']:.2f} bits/dim)", *[f"{share[c]:.2f}" for c in columns]]
+                rows.append(row)
     return table(["run", *[f"{size} px {unit}" for size, unit in columns]], rows)
 
 

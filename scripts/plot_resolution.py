@@ -20,17 +20,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-
-def top1(result: dict, pos: str) -> dict[int, float]:
-    """{image size: top-1} of one run's evaluations in the position setting ``pos``."""
-    return {e["img_size"]: e["top1"] for e in result.get("eval", []) if e.get("pos", "image") == pos}
-
-
-def image_setting(name: str, result: dict, lion_power: str) -> str:
-    """The evaluation setting of a run in image units with LION's decay power ``lion_power`` where it applies."""
-    setting = f"image:p={lion_power}"
-    return setting if any(e.get("pos") == setting for e in result.get("eval", [])) else "image"
+from make_report import SCREEN_SWITCHES, sample_columns, screen_kinds, top1, unit_curves  # scripts/ is on sys.path
 
 
 def plot_classify(table: dict, screen: dict | None, out: Path, lion_power: str) -> None:
@@ -42,14 +32,9 @@ def plot_classify(table: dict, screen: dict | None, out: Path, lion_power: str) 
     fig, axes = plt.subplots(1, 2 if screen else 1, figsize=(13 if screen else 7, 4.5), squeeze=False)
     ax = axes[0][0]
     for i, (name, result) in enumerate(r for r in table["results"].items() if "error" not in r[1]):
-        color = f"C{i}"
-        image = image_setting(name, result, lion_power)
-        for pos, style in ((image, "-"), ("token", "--")):
-            acc = top1(result, pos)
-            if pos == "token" and acc == top1(result, image):
-                continue  # no signal counts grid steps (softmax's learned embedding is resampled)
-            label = f"{name} ({'image' if pos.startswith('image') else 'token'} units)"
-            ax.plot(list(acc), list(acc.values()), style, marker="o", color=color, label=label, ms=4)
+        for unit, acc in unit_curves(result, lion_power):
+            style, label = ("--", f"{name} (token units)") if unit == "token" else ("-", f"{name} (image units)")
+            ax.plot(list(acc), list(acc.values()), style, marker="o", color=f"C{i}", label=label, ms=4)
     ax.set(xlabel="evaluation size (px), trained at 32", ylabel="test top-1 (%)", title="CIFAR-10, DeiT-T, 200 epochs")
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted({e["img_size"] for r in table["results"].values() for e in r.get("eval", [])}))
@@ -59,10 +44,9 @@ def plot_classify(table: dict, screen: dict | None, out: Path, lion_power: str) 
     if screen:
         ax = axes[0][1]
         results = screen["results"]
-        kinds = [n for n in results if not n.endswith(("_sizes", "_scale"))]
-        switches = [("", "recipe"), ("_sizes", "aug.sizes [24, 32, 48]"), ("_scale", "aug.scale [0.25, 1]")]
-        width = 0.8 / len(switches)
-        for j, (suffix, label) in enumerate(switches):
+        kinds = screen_kinds(results)
+        width = 0.8 / len(SCREEN_SWITCHES)
+        for j, (suffix, label) in enumerate(SCREEN_SWITCHES):
             values = [top1(results.get(k + suffix, {}), "image").get(64, np.nan) for k in kinds]
             at32 = [top1(results.get(k + suffix, {}), "image").get(32, np.nan) for k in kinds]
             x = np.arange(len(kinds)) + (j - 1) * width
@@ -91,8 +75,7 @@ def plot_samples(report: dict, grids: Path, out: Path) -> None:
     from PIL import Image
 
     names = [n for n, r in report["results"].items() if r.get("sizes")]
-    sizes = sorted({r["img_size"] for r in report["results"][names[0]]["sizes"]})  # the first: the training size
-    columns = [(s, "image") for s in sizes] + [(s, "token") for s in sizes[1:]]
+    columns = sample_columns(report)
     fig, axes = plt.subplots(len(names), len(columns), figsize=(1.9 * len(columns), 2.0 * len(names)), squeeze=False)
     for i, name in enumerate(names):
         shares = {(r["img_size"], r["pos_unit"]): r["streak_share"]["mean"] for r in report["results"][name]["sizes"]}

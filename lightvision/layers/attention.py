@@ -256,8 +256,10 @@ class LionAttention(_QKV):
     def _phi(self, x: torch.Tensor) -> torch.Tensor:
         return lion_feature_map(x, MASK_FEATURE_MAP[self.mask], backend=self.backend)
 
-    def decay_factors(self, pos_scale: Sequence[float] | None) -> list[float]:
-        """The factor f on the log-decays of each order at a position scale (class docstring); 1 for None."""
+    def decay_factors(self, pos_scale: Sequence[float] | None, grid: tuple[int, ...] | None) -> list[float]:
+        """The factor f on the log-decays of each order at a position scale of ``grid`` (class docstring, checked
+        against the grid); 1 for None."""
+        pos_scale = check_pos_scale(pos_scale, grid)
         if pos_scale is None:
             return [1.0] * len(self.decay_power)
         return [math.prod(pos_scale) ** (p / len(pos_scale)) for p in self.decay_power]
@@ -287,7 +289,7 @@ class LionAttention(_QKV):
 
     def forward(self, x: torch.Tensor, grid=None, num_prefix_tokens: int = 0, pos_scale=None) -> torch.Tensor:
         grid = _check_tokens(x, grid, num_prefix_tokens, self.dim, type(self).__name__)
-        factors = self.decay_factors(check_pos_scale(pos_scale, grid))
+        factors = self.decay_factors(pos_scale, grid)
         if not self.snake:  # phi (and S's gates) inside the packed core: Y and dqkv in the projections' layouts
             if self.mask == "s" and factors == [1.0]:
                 y = lion_attention_qkvpacked(

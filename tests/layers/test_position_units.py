@@ -101,7 +101,7 @@ def test_lion_decays_in_image_units(mask, snake):
     layer = LionAttention(16, 2, mask=mask, snake=snake, decay_power=power, form="parallel", backend="torch")
     grid, scale = (6, 4), (0.5, 0.75)
     x = torch.randn(2, 1 + 24, 16)
-    factors = layer.decay_factors(scale)
+    factors = layer.decay_factors(scale, grid)
     powers = power if snake else (power,)
     assert factors == pytest.approx([(0.5 * 0.75) ** (p / 2) for p in powers])
     got = layer(x, grid, 1, scale)
