@@ -50,22 +50,35 @@ def top1_per_eval(run: str | Path, steps_per_epoch: float) -> list[list[float]]:
 
 
 def pos_setting(text: str, kind: str) -> dict | None:
-    """``load_classifier``'s model_args of an ``--eval-pos`` setting for an attention kind: "image" or "token" (the
-    position unit), "image:p=P" (LION's decay power P; "P,Q" the row and column snake orders). None when the setting
-    does not apply to the kind (a decay power without LION decays, a pair without snake orders)."""
-    from lightvision.layers import position_options
+    """``load_classifier``'s model_args of an ``--eval-pos`` setting for an attention kind: a position unit, "image"
+    or "token", then optional ``:KEY=VALUE`` parts: ``p=P`` LION's decay power ("P,Q": the row and column snake
+    orders), ``embed=UNIT`` / ``blocks=UNIT`` that signal group in another unit (``POS_SIGNALS``; e.g.
+    "image:embed=token" keeps the absolute embedding in token units). None when the setting does not apply to the
+    kind (a decay power without LION decays, a pair without snake orders).
 
-    unit, _, power = text.partition(":p=")
-    if unit not in ("image", "token"):
-        raise ValueError(f"--eval-pos {text!r}: the unit must be 'image' or 'token', optionally ':p=POWER'")
-    if not power:
-        return {"pos_unit": unit}
+    Example:
+        >>> pos_setting("image:embed=token", "lightnet")
+        {'pos_unit': {'embed': 'token', 'blocks': 'image'}}
+    """
+    from lightvision.layers import POS_SIGNALS, POS_UNITS, position_options
+
+    unit, *parts = text.split(":")
+    options = dict(part.partition("=")[::2] for part in parts)
+    units = {signal: options.get(signal, unit) for signal in POS_SIGNALS}
+    if {unit, *units.values()} - set(POS_UNITS) or set(options) - {"p", *POS_SIGNALS} or not all(options.values()):
+        raise ValueError(
+            f"--eval-pos {text!r}: write a unit ('image' or 'token'), then optionally ':p=POWER' and "
+            f"':embed=UNIT' / ':blocks=UNIT'"
+        )
+    args = {"pos_unit": unit if len(set(units.values())) == 1 else units}
+    if "p" not in options:
+        return args
     if "decay_power" not in position_options(kind):
         return None
-    powers = [float(v) for v in power.split(",")]
+    powers = [float(v) for v in options["p"].split(",")]
     if len(powers) > 1 and not kind.endswith("_snake"):
         return None
-    return {"pos_unit": unit, "attn_kwargs": {"decay_power": powers[0] if len(powers) == 1 else powers}}
+    return {**args, "attn_kwargs": {"decay_power": powers[0] if len(powers) == 1 else powers}}
 
 
 def run_kind(name: str, args: argparse.Namespace) -> dict:
@@ -159,8 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         "--eval-pos",
         nargs="+",
         default=["image"],
-        help="position settings to evaluate the same weights in: image, token, image:p=POWER (LION decays); the "
-        "table shows the first",
+        help="position settings to evaluate the same weights in: image, token, image:p=POWER (LION decays), "
+        "image:embed=token / image:blocks=token (one signal group in the other unit); the table shows the first",
     )
     p.add_argument("--resume", action="store_true", help="continue each run from the newest checkpoint of its folder")
     args = p.parse_args(argv)

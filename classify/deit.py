@@ -75,13 +75,14 @@ from torch.utils.checkpoint import checkpoint
 from lightvision.layers import (
     GLU,
     MDTPE,
-    POS_UNITS,
     PatchEmbed,
     RMSNorm,
     build_attention,
     build_tpe,
+    check_pos_unit,
     position_options,
     position_scale,
+    signal_unit,
     sincos_pos_embed,
 )
 from lightvision.ops._checks import check_choice
@@ -255,6 +256,8 @@ class DeiT(nn.Module):
             of the training grid ``pos_grid``, so the sin-cos embedding, MD-LRPE angles, MD-TPE and LION decays give
             a token the code of its place in the image at any input size, as the resampled learned embedding does)
             or "token" (integer patch coordinates at every size). At the training size the two are the same model.
+            A mapping of ``POS_SIGNALS`` to units (``{"embed": "token"}``: the absolute embedding in token units,
+            the blocks' signals in image units) measures which signal loses accuracy at another size.
         pos_grid: the training grid (h, w) that image units refer to; None: the grid of ``img_size``.
             ``set_input_size`` keeps it (the weights were trained on it).
         tpe_placement: MD-TPE "none" | "embed" | "block" (None: the family's).
@@ -278,13 +281,13 @@ class DeiT(nn.Module):
         drop_path_rate: float = 0.0,
         attn_kwargs: dict[str, Any] | None = None,
         pos_embed: str | None = None,
-        pos_unit: str = "image",
+        pos_unit: str | dict[str, str] = "image",
         pos_grid: tuple[int, int] | None = None,
         tpe_placement: str | None = None,
         tpe_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        check_choice(pos_unit, POS_UNITS, "pos_unit")
+        check_pos_unit(pos_unit)
         if attention not in FAMILIES:
             raise ValueError(f"attention must be one of {sorted(FAMILIES)}, got {attention!r}")
         family = FAMILIES[attention]
@@ -364,10 +367,10 @@ class DeiT(nn.Module):
                 f"multiple of {p} (e.g. {max(p, h // p * p)}x{max(p, w // p * p)})"
             )
 
-    def position_scale(self, grid: tuple[int, int]) -> tuple[float, float] | None:
-        """Per-axis position scale at ``grid``: training grid / grid in image units, None in token units or at the
-        training grid (``lightvision.layers.position``)."""
-        return position_scale(grid, self.pos_grid, self.pos_unit)
+    def position_scale(self, grid: tuple[int, int], signal: str = "blocks") -> tuple[float, float] | None:
+        """Per-axis position scale at ``grid`` of one of ``POS_SIGNALS``: training grid / grid in image units, None in
+        token units or at the training grid (``lightvision.layers.position``)."""
+        return position_scale(grid, self.pos_grid, signal_unit(self.pos_unit, signal))
 
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor:
         """The absolute position embedding [1, 1 + h * w, D] for ``grid`` (bicubic resample if needed)."""
@@ -431,7 +434,7 @@ class DeiT(nn.Module):
         self._check_size((x.shape[-2], x.shape[-1]))
         x, grid = self.patch_embed(x)
         grid = tuple(grid)
-        scale = self.position_scale(grid)
+        scale = self.position_scale(grid, "embed")
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         if self.pos_embed is not None:
             x = x + self._pos_embed_for(grid)

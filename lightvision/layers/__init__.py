@@ -13,7 +13,16 @@ from .attention import (
 from .mlp import GLU
 from .norm import ModulatedLayerNorm, RMSNorm
 from .patch_embed import PatchEmbed
-from .position import POS_UNITS, TPE_PLACEMENTS, build_tpe, position_scale, sincos_pos_embed
+from .position import (
+    POS_SIGNALS,
+    POS_UNITS,
+    TPE_PLACEMENTS,
+    build_tpe,
+    check_pos_unit,
+    position_scale,
+    signal_unit,
+    sincos_pos_embed,
+)
 from .tpe import MDTPE, TPE_FORMS
 
 __all__ = [
@@ -24,6 +33,7 @@ __all__ = [
     "MDTPE",
     "ModulatedLayerNorm",
     "NormalizedAttention",
+    "POS_SIGNALS",
     "POS_UNITS",
     "PatchEmbed",
     "RMSNorm",
@@ -32,7 +42,9 @@ __all__ = [
     "TPE_PLACEMENTS",
     "build_attention",
     "build_tpe",
+    "check_pos_unit",
     "position_options",
     "position_scale",
+    "signal_unit",
     "sincos_pos_embed",
 ]

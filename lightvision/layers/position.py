@@ -8,12 +8,14 @@ embedding, MD-LRPE angles, MD-TPE and LION decays) reads them through one per-ax
 
 so in image units a token keeps the code of its place in the image at every resolution, as a learned embedding
 resampled to the new grid does; in token units signals extrapolate to positions and offsets never seen in
-training."""
+training. A unit may also be given per signal group (``POS_SIGNALS``: "embed", what is added once after the patch
+embedding; "blocks", what acts inside the blocks), e.g. ``{"embed": "token", "blocks": "image"}``, to measure which
+signal loses accuracy at another size."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -22,6 +24,29 @@ from .tpe import MDTPE
 
 TPE_PLACEMENTS = ("none", "embed", "block")  # no MD-TPE, once after the patch embedding, at the start of every block
 POS_UNITS = ("image", "token")  # coordinates in units of the training grid, or counted in tokens
+POS_SIGNALS = ("embed", "blocks")  # the absolute embedding and embed-placed MD-TPE; MD-LRPE, LION decays, block MD-TPE
+
+
+def check_pos_unit(unit: str | Mapping[str, str], what: str = "pos_unit") -> None:
+    """Raise ValueError unless ``unit`` is one of ``POS_UNITS`` or a mapping of ``POS_SIGNALS`` to them."""
+    if isinstance(unit, Mapping):
+        check_options(unit, POS_SIGNALS, what)
+        for signal, value in unit.items():
+            check_choice(value, POS_UNITS, f"{what}[{signal!r}]")
+    else:
+        check_choice(unit, POS_UNITS, what)
+
+
+def signal_unit(unit: str | Mapping[str, str], signal: str) -> str:
+    """The unit of one of ``POS_SIGNALS`` under ``unit`` (a unit, or a per-signal mapping whose missing signals are in
+    image units).
+
+    Example:
+        >>> signal_unit("token", "embed"), signal_unit({"embed": "token"}, "blocks")
+        ('token', 'image')
+    """
+    check_choice(signal, POS_SIGNALS, "position signal")
+    return unit.get(signal, "image") if isinstance(unit, Mapping) else unit
 
 
 def position_scale(grid: Sequence[int], pos_grid: Sequence[int], unit: str) -> tuple[float, ...] | None:

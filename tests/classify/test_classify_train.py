@@ -401,8 +401,15 @@ def test_benchmark_position_settings_and_mixed_sizes(tmp_path):
         "pos_unit": "image",
         "attn_kwargs": {"decay_power": [1.0, 2.0]},
     }
-    with pytest.raises(ValueError, match="the unit must be 'image' or 'token'"):
-        benchmark.pos_setting("pixels", "lion_d")
+    assert benchmark.pos_setting("image:blocks=token:p=2", "lion_d") == {
+        "pos_unit": {"embed": "image", "blocks": "token"},
+        "attn_kwargs": {"decay_power": 2.0},
+    }
+    assert benchmark.pos_setting("token:embed=token", "lightnet") == {"pos_unit": "token"}
+    assert benchmark.pos_setting("image:p=2", "lightnet") is None
+    for bad in ("pixels", "image:q=1", "image:embed=", "image:embed=cells"):
+        with pytest.raises(ValueError, match="write a unit"):
+            benchmark.pos_setting(bad, "lion_d")
 
 
 def test_step_size_is_drawn_per_step(tmp_path):

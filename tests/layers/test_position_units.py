@@ -145,6 +145,26 @@ def test_deit_units(kind):
     assert image.pos_grid == (4, 4)  # the weights were trained on the 4 x 4 grid
 
 
+def test_deit_units_per_signal():
+    """A per-signal unit puts the absolute embedding and the blocks' signals in different units: the embedding of
+    {"embed": "token"} is the token model's, its blocks scale as the image model's, so its output is neither."""
+    image = _deit("lightnet")
+    token, mixed = _deit("lightnet", pos_unit="token"), _deit("lightnet", pos_unit={"embed": "token"})
+    for model in (token, mixed):
+        model.load_state_dict(image.state_dict())
+    x32 = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(mixed.embed(x32)[0], token.embed(x32)[0])
+        assert rel(mixed.embed(x32)[0], image.embed(x32)[0]) > 1e-3
+        assert rel(mixed(x32), image(x32)) > 1e-4 and rel(mixed(x32), token(x32)) > 1e-4
+    assert mixed.position_scale((8, 8)) == image.position_scale((8, 8)) == (0.5, 0.5)
+    assert mixed.position_scale((8, 8), "embed") is None
+    with pytest.raises(ValueError, match="pos_unit has no option 'heads'; valid: embed, blocks"):
+        _deit("lightnet", pos_unit={"heads": "token"})
+    with pytest.raises(ValueError, match=r"unknown pos_unit\['embed'\] 'cells'"):
+        _deit("lightnet", pos_unit={"embed": "cells"})
+
+
 def test_deit_pos_unit_errors_and_record():
     from lightvision.classify.deit import create_from_config, recorded_args
 
