@@ -14,8 +14,10 @@
 #                overrides for all, LV_TAG the report's name (default deit_t_patch4_<epochs>epochs), then the plot
 #                (scripts/plot_classify.py); five 200-epoch runs took 15-19 min on two H200s
 #   resolution   transfer to other image sizes, three groups at once over the first four GPUs (CUDA MPS): the CIFAR-10
-#                table (softmax, LightNet, LION-D / S / snake, the LION ones with the cls token and with the mean of
-#                every token, LV_EPOCHS default 200) evaluated at 16-96 px in every position setting; the training
+#                table (softmax, LightNet, LION-D / S / snake, the LION ones with the mean of every token and with the
+#                cls token, LV_EPOCHS default 200; LV_TABLE_NAMES, LV_TABLE_GPUS and LV_TABLE_TAG choose other names,
+#                GPUs and report name) evaluated at 16-96 px in every position setting (units, decay powers, one
+#                signal group in token units); the training
 #                switches (aug.sizes, aug.scale) against the plain recipe for every attention (LV_SCREEN_EPOCHS,
 #                default 15); LightNet-DiT and DiT-S/2 per attention (LV_DIT_STEPS, default 2500) sampled at 32 / 48 /
 #                64 px in image and token units; LV_GROUPS (default "table screen dit") picks the groups
@@ -140,8 +142,9 @@ MERGE
       }
       kinds="softmax lightnet lion_d lion_s lion_s_snake"
       groups=" ${LV_GROUPS:-table screen dit} "
-      [[ $groups == *" table "* ]] && classify 0,1,2,3 resolution_table "${LV_EPOCHS:-200}" $kinds lion_d_avg_all lion_s_avg_all lion_s_snake_avg_all \
-        -- $sizes --eval-pos image token image:p=1 image:p=1.5 image:p=2 image:p=1,2 image:p=2,1 &
+      [[ $groups == *" table "* ]] && classify "${LV_TABLE_GPUS:-0,1,2,3}" "${LV_TABLE_TAG:-resolution_table}" \
+        "${LV_EPOCHS:-200}" ${LV_TABLE_NAMES:-$kinds lion_d_cls lion_s_cls lion_s_snake_cls} -- $sizes --eval-pos image token \
+        image:p=1 image:p=1.5 image:p=2 image:p=1,2 image:p=2,1 image:embed=token image:blocks=token &
       [[ $groups == *" screen "* ]] && classify 3,2,1,0 resolution_screen "${LV_SCREEN_EPOCHS:-15}" $kinds softmax_sizes lightnet_sizes lion_d_sizes \
         lion_s_sizes lion_s_snake_sizes softmax_scale lightnet_scale lion_d_scale lion_s_scale lion_s_snake_scale \
         -- $sizes --eval-pos image token &
