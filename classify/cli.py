@@ -102,7 +102,7 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
 
 
 def _attention_maps(args: argparse.Namespace) -> int:
-    from lightvision.attention_figures import parse_query
+    from lightvision.tools.attention_figures import parse_query
     from lightvision.classify.attention_maps import attention_maps_main
 
     report = attention_maps_main(

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
+from lightvision.tools.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

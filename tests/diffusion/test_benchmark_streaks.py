@@ -142,7 +142,7 @@ def test_every_shipped_variant_builds_the_model_it_describes():
 
     from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.train import build_model, load_recipe, model_config
-    from lightvision.results import resolve_variant
+    from lightvision.tools.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "diffusion_cifar10.yaml"
