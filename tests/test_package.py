@@ -66,6 +66,7 @@ def test_wheel_contains_only_the_lightvision_package(tmp_path):
     top_modules = {n for n in names if n.count("/") == 1 and n.endswith(".py")}
     assert not top_modules & {"lightvision/results.py", "lightvision/attention_figures.py"}, top_modules
     assert {"lightvision/tools/results.py", "lightvision/tools/attention_figures.py"} <= set(names)
+    assert "lightvision/weights/cifar10_yardstick.safetensors" in names  # the packaged FID feature network
 
 
 def _cli(*args):
