@@ -49,3 +49,18 @@ def test_a_family_does_not_import_the_other(folder, other):
 @pytest.mark.parametrize("prefix", ["lightvision.tools", "lightvision.classify", "lightvision.diffusion"])
 def test_the_library_imports_no_family_and_no_driver_helper(prefix):
     assert importers(LIBRARY, prefix) == {}
+
+
+def test_kernels_call_no_public_op():
+    """A public op of lightvision.ops dispatches to the kernels: a kernel calling one would route back through the
+    dispatcher, so kernels import only the ops' helpers (constants, head reshapes, the kernel registry)."""
+    from lightvision.ops._dispatch import _FAMILY
+
+    calls = {}
+    for path in sorted((REPO / "kernels").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lightvision.ops"):
+                ops = [alias.name for alias in node.names if alias.name in _FAMILY]
+                if ops:
+                    calls[str(path.relative_to(REPO))] = ops
+    assert calls == {}
