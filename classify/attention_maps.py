@@ -37,10 +37,10 @@ def _maps_of_one(
     """One checkpoint's figures and JSON under ``out``; returns (report, per size {"shown", "grid", "query",
     "patch_px", "maps": head-averaged query weights [layers, h, w]})."""
     from lightvision.analysis import attention_maps, mean_attention_distance
-    from lightvision.attention_figures import draw_query_maps, load_image, plot_mean_distance
     from lightvision.classify.data import norm_stats
     from lightvision.classify.evaluate import load_classifier
     from lightvision.engine.outdir import output_folder
+    from lightvision.tools.attention_figures import draw_query_maps, load_image, plot_mean_distance
 
     model, meta, cfg = load_classifier(checkpoint, weights, img_sizes)
     model.eval()
@@ -109,8 +109,8 @@ def attention_maps_main(
     size the image and the head-averaged query weights of ``layers``, default the first, middle and last) plus an
     ``attention_maps.json`` holding every run's report go to ``out_dir``.
     """
-    from lightvision.attention_figures import draw_comparison
     from lightvision.engine.checkpoint import resolve_checkpoint
+    from lightvision.tools.attention_figures import draw_comparison
 
     paths = [checkpoints] if isinstance(checkpoints, (str, Path)) else list(checkpoints)
     out = Path(out_dir)

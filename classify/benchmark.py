@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
+from lightvision.tools.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "cifar10.yaml"
 

@@ -102,8 +102,8 @@ def _eval_pretrained(args: argparse.Namespace) -> dict:
 
 
 def _attention_maps(args: argparse.Namespace) -> int:
-    from lightvision.attention_figures import parse_query
     from lightvision.classify.attention_maps import attention_maps_main
+    from lightvision.tools.attention_figures import parse_query
 
     report = attention_maps_main(
         args.checkpoint, args.image, args.img_size, args.out, parse_query(args.query), args.weights, args.layers

@@ -17,7 +17,8 @@ Two sources, chosen by ``data.source`` in the recipe:
   ``gpu``, on a folder) decodes the training images once into device memory (:mod:`lightvision.classify.decoded`)
   and augments batches from there.
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
-  bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images.
+  bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images
+  (:class:`lightvision.engine.digits.DigitsDataset`, shared with the diffusion models).
 
 Batches are (images [B, C, H, W] float, labels [B] int64); with ``data.pipeline: gpu`` the loader's batches are
 encoded (``{"labels", "images"}``) and :func:`device_batches` makes them that on the device.
@@ -32,7 +33,6 @@ from typing import Any
 
 import timm
 import torch
-import torch.nn.functional as F
 from PIL import Image, ImageOps
 from timm.data import Mixup, create_transform
 from timm.data.distributed_sampler import RepeatAugSampler
@@ -45,16 +45,14 @@ from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTr
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
 from lightvision.engine.data import SafeImageFolder
+from lightvision.engine.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataset
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
 
 __all__ = [
-    "DIGITS_MEAN",
     "train_dataset",
     "val_dataset",
-    "DIGITS_STD",
     "DeviceBatches",
-    "DigitsDataset",
     "FORMATS",
     "PIPELINES",
     "SafeImageFolder",
@@ -70,8 +68,6 @@ __all__ = [
     "train_transform",
 ]
 
-DIGITS_MEAN = (0.3,)
-DIGITS_STD = (0.4,)
 PIPELINES = ("cpu", "gpu")
 FORMATS = ("folder", "shards")
 CACHES = (None, "device")
@@ -371,44 +367,3 @@ def build_repeat_sampler(dataset: Dataset, num_repeats: int) -> RepeatAugSampler
     so the repeats of an image mostly share a batch (DeiT spreads them over GPUs; without batch norm the
     gradient is the same in expectation)."""
     return RepeatAugSampler(dataset, num_replicas=1, rank=0, shuffle=True, num_repeats=num_repeats)
-
-
-class DigitsDataset(Dataset):
-    """scikit-learn's 8x8 digits, upsampled to ``img_size`` (bilinear), normalised; no download.
-
-    split: "train" (1437 images) or "val" (360), a fixed stratified split. Items: ([in_chans, S, S], label).
-    Training adds a random shift of up to one source pixel, so the model does not memorise positions.
-    """
-
-    def __init__(self, split: str, img_size: int, in_chans: int = 1, train: bool | None = None) -> None:
-        from sklearn.datasets import load_digits
-        from sklearn.model_selection import train_test_split
-
-        if split not in ("train", "val"):
-            raise ValueError(f"digits split must be 'train' or 'val', got {split!r}")
-        digits = load_digits()
-        images = torch.tensor(digits.images, dtype=torch.float32) / 16.0  # [1797, 8, 8] in [0, 1]
-        labels = torch.tensor(digits.target, dtype=torch.long)
-        idx_train, idx_val = train_test_split(range(len(labels)), test_size=0.2, random_state=0, stratify=digits.target)
-        idx = torch.tensor(idx_train if split == "train" else idx_val)
-        self.images, self.labels = images[idx], labels[idx]
-        self.img_size, self.in_chans = img_size, in_chans
-        self.train = split == "train" if train is None else train
-        self.classes = [str(i) for i in range(10)]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        img = self.images[index][None, None]  # [1, 1, 8, 8]
-        size = self.img_size
-        if self.train:  # random zoom in [1, 1.5] and crop: scale jitter, like RandomResizedCrop
-            big = int(torch.randint(size, size + size // 2 + 1, ()).item())
-            img = F.interpolate(img, size=(big, big), mode="bilinear", align_corners=False)
-            top, left = torch.randint(0, big - size + 1, (2,)).tolist()
-            img = img[..., top : top + size, left : left + size]
-        else:
-            img = F.interpolate(img, size=(size, size), mode="bilinear", align_corners=False)
-        img = img[0]
-        img = (img - DIGITS_MEAN[0]) / DIGITS_STD[0]
-        return img.expand(self.in_chans, -1, -1).contiguous(), int(self.labels[index])

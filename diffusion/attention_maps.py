@@ -43,10 +43,10 @@ def attention_maps_main(
         seed: seed of the noise eps (the same eps at every timestep).
     """
     from lightvision.analysis import attention_maps, mean_attention_distance
-    from lightvision.attention_figures import draw_query_maps, load_image, plot_mean_distance
     from lightvision.diffusion.sample import load_for_sampling
     from lightvision.diffusion.train import build_codec, build_diffusion
     from lightvision.engine.outdir import output_folder
+    from lightvision.tools.attention_figures import draw_query_maps, load_image, plot_mean_distance
 
     model, cfg = load_for_sampling(checkpoint, "cpu", weights)
     diffusion = build_diffusion(cfg)

@@ -9,7 +9,7 @@
    (stratified VLB estimate on ``--bpd-images`` test images), ``--samples`` DDPM samples (``--sample-steps``
    respaced steps, label i % classes, seed i), their streak share (``lightvision.diffusion.streaks``), and unless
    ``--no-fid`` FID, precision, recall and KID against the test set in the features of ``--feature-extractor``
-   (default: the packaged CIFAR-10 yardstick, :mod:`lightvision.classify.yardstick`; Inception is not available
+   (default: the packaged CIFAR-10 yardstick, :mod:`lightvision.engine.yardstick_net`; Inception is not available
    offline), and an EMA sample grid (100 samples, guidance 1.5, same steps).
    Evaluation uses the EMA weights of the recipe (decay 0.9999 with the engine's warm-up
    ``min(0.9999, (1 + s) / (10 + s))``: after s steps the EMA averages roughly the last s / 10 steps, so short runs
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lightvision.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
+from lightvision.tools.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -122,8 +122,8 @@ def _extract(args: argparse.Namespace) -> int:
 
 
 def _attention_maps(args: argparse.Namespace) -> int:
-    from lightvision.attention_figures import parse_query
     from lightvision.diffusion.attention_maps import attention_maps_main
+    from lightvision.tools.attention_figures import parse_query
 
     report = attention_maps_main(
         args.checkpoint,

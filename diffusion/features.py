@@ -7,7 +7,7 @@ feature spaces.
 * :class:`InceptionFeatures`: torch-fidelity's TF-compatible Inception-v3 (the ADM evaluator's network): ``pool`` =
   pool_3 [B, 2048] (FID, precision / recall), ``spatial`` = the first 7 channels of mixed_6/conv (the 1x1 branch of
   Mixed_6d, 17 x 17) flattened in (h, w, c) order [B, 2023] (sFID), ``logits`` = pool_3 @ W without bias [B, 1008] (IS).
-* :class:`YardstickFeatures`: the CIFAR-10 yardstick (:mod:`lightvision.classify.yardstick`, one safetensors file):
+* :class:`YardstickFeatures`: the CIFAR-10 yardstick (:mod:`lightvision.engine.yardstick_net`, one safetensors file):
   ``pool`` = its pooled last stage, ``spatial`` = the first 7 channels of its 8 x 8 stage (at 32 px) flattened.
 * :class:`ClassifierFeatures`: a ``lightvision classify`` checkpoint: ``pool`` = pre-logit features only.
 
@@ -104,7 +104,7 @@ class YardstickFeatures:
     """
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        from lightvision.classify.yardstick import load_yardstick
+        from lightvision.engine.yardstick_net import load_yardstick
 
         self.model, self.path = load_yardstick(path)
         self.device = torch.device(device)
@@ -120,21 +120,19 @@ class YardstickFeatures:
 class ClassifierFeatures:
     """Pooled pre-logit features of a ``lightvision classify`` checkpoint (EMA weights when present).
 
-    The model comes from :func:`lightvision.classify.evaluate.load_classifier`; uint8 images [B, 3, H, W] are resized
-    to its ``img_size``, scaled to [0, 1], averaged to grey for a 1-channel model, and normalised as its training
-    data was (:func:`lightvision.classify.data.norm_stats`).
+    The model comes from :func:`lightvision.families.load_classifier_run`; uint8 images [B, 3, H, W] are resized to
+    its ``img_size``, scaled to [0, 1], averaged to grey for a 1-channel model, and normalised as its training data
+    was.
     """
 
     def __init__(self, checkpoint: str | Path, device: str | torch.device = "cpu"):
-        from lightvision.classify.data import norm_stats
-        from lightvision.classify.evaluate import load_classifier
+        from lightvision.families import load_classifier_run
 
-        model, meta, config = load_classifier(checkpoint)
+        model, meta, (mean, std) = load_classifier_run(checkpoint)
         self.checkpoint = meta["checkpoint"]
         self.model = model.to(device).eval()
         self.device = torch.device(device)
         self.in_chans = model.patch_embed.proj.in_channels
-        mean, std = norm_stats(config)
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1).to(self.device)
         self.size = tuple(model.img_size)
@@ -178,7 +176,7 @@ def feature_network(
     Returns:
         An :class:`InceptionFeatures`, :class:`YardstickFeatures` or :class:`ClassifierFeatures`.
     """
-    from lightvision.classify.yardstick import packaged_yardstick
+    from lightvision.engine.yardstick_net import packaged_yardstick
 
     if feature_extractor == "yardstick":
         if packaged_yardstick() is None:

@@ -171,11 +171,11 @@ def draw_latents(moments: torch.Tensor, scaling_factor: float) -> torch.Tensor:
 
 
 class DigitsPixels(Dataset):
-    """scikit-learn's digits (the classifier's fixed split, "train" 1437 / "val" 360) as 1-channel images
-    [1, S, S] in [-1, 1], bilinearly upsampled from 8x8 and rounded to the 8-bit grid."""
+    """scikit-learn's digits (:class:`~lightvision.engine.digits.DigitsDataset`'s fixed split, "train" 1437 / "val"
+    360) as 1-channel images [1, S, S] in [-1, 1], bilinearly upsampled from 8x8 and rounded to the 8-bit grid."""
 
     def __init__(self, split: str, image_size: int = 16):
-        from lightvision.classify.data import DIGITS_MEAN, DIGITS_STD, DigitsDataset
+        from lightvision.engine.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataset
 
         self.base = DigitsDataset(split, image_size, in_chans=1, train=False)
         self.mean, self.std = DIGITS_MEAN[0], DIGITS_STD[0]

@@ -29,6 +29,7 @@ def autograd_ops(
     bwd: Callable,
     bwd_fake: Callable,
     save: Callable[[tuple, tuple], tuple[tuple, tuple]],
+    passthrough: int = 0,
 ) -> AutogradOps:
     """Custom ops over ``fwd`` and ``bwd`` (their type annotations are the op schemas; ``*_fake`` their meta
     implementations), the forward op's autograd formula, and the eager Function.
@@ -36,7 +37,11 @@ def autograd_ops(
     ``fwd(*inputs)`` returns the result, or a tuple whose first element is the result and the rest what the backward
     needs. ``save(inputs, outputs)`` (outputs always a tuple) -> (tensors to save, other arguments); the backward is
     ``bwd(d_result, *tensors, *arguments)``, whose output (one tensor or a tuple) holds the gradients of the leading
-    inputs; the remaining inputs, and those that are not tensors (an optional tensor passed as None), get None."""
+    inputs; the remaining inputs, and those that are not tensors (an optional tensor passed as None), get None.
+
+    The first ``passthrough`` inputs are added to the result as they are (a residual): their gradient is d_result cast
+    to their dtypes, here (a custom op may not return its input, so ``bwd`` would have to copy it), and ``bwd``'s
+    output starts with the gradient of the input after them."""
     fwd_op = torch.library.custom_op(f"lightvision::{name}_fwd", fwd, mutates_args=())
     fwd_op.register_fake(fwd_fake)
     bwd_op = torch.library.custom_op(f"lightvision::{name}_bwd", bwd, mutates_args=())
@@ -46,13 +51,14 @@ def autograd_ops(
         tensors, ctx.args = save(tuple(inputs), _as_tuple(output))
         ctx.save_for_backward(*tensors)
         ctx.is_tensor = tuple(isinstance(x, torch.Tensor) for x in inputs)
+        ctx.passthrough_dtypes = tuple(x.dtype for x in inputs[:passthrough])
 
-    def gradients(ctx, grads) -> tuple:
-        grads = _as_tuple(grads)
+    def gradients(ctx, d_result, grads) -> tuple:
+        grads = tuple(d_result.to(dtype) for dtype in ctx.passthrough_dtypes) + _as_tuple(grads)
         return tuple(grads[i] if i < len(grads) and t else None for i, t in enumerate(ctx.is_tensor))
 
     def backward(ctx, d_result, *_d_saved):
-        return gradients(ctx, bwd_op(d_result, *ctx.saved_tensors, *ctx.args))
+        return gradients(ctx, d_result, bwd_op(d_result, *ctx.saved_tensors, *ctx.args))
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
@@ -65,7 +71,7 @@ def autograd_ops(
 
         @staticmethod
         def backward(ctx, d_result):
-            return gradients(ctx, bwd(d_result, *ctx.saved_tensors, *ctx.args))
+            return gradients(ctx, d_result, bwd(d_result, *ctx.saved_tensors, *ctx.args))
 
     Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
     return AutogradOps(fwd_op, bwd_op, Eager)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 REGISTRY: dict[tuple[str, str], object] = {}
 

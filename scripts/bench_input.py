@@ -61,7 +61,7 @@ from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.metrics import MetricsLogger
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
 SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu", "trainer_gpu", "trainer_gpu_inline", "trainer_cpu")

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from lightvision.engine.compiled import compile_model
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
 DIT_BATCH = {"b": {256: 256, 512: 64, 1024: 16}, "xl": {256: 64, 512: 16, 1024: 4}}

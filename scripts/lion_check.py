@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from lightvision.kernels import _launch
 from lightvision.kernels.lion import scan
 from lightvision.ops import lion_attention, lion_attention_qkvpacked, lion_snake_attention, two_scan_attention
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
 

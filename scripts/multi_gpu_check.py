@@ -22,7 +22,7 @@ stage (``--stage-timeout``) is recorded without losing the others. Stages:
 * ``classify_2_weak`` / ``diffusion_2_weak`` (``--weak-steps`` > 0): 2 processes at the per-GPU batch of the
   1-process run (global batch doubled), for weak scaling of throughput.
 
-Reported (``--out`` JSON with the ``lightvision.results.results_env`` block, written after every stage; a table
+Reported (``--out`` JSON with the ``lightvision.tools.results.results_env`` block, written after every stage; a table
 printed last): per-step loss and lr of the 1- and 2-process runs and their max abs / rel difference over the first
 1 / 10 / 20 / all steps, global batch and lr, evaluated images vs test-set size, throughput (images/s from the
 per-step ``steps_per_s`` of the metrics log after warm-up) and scaling 1 -> 2 (strong: same global batch; weak:
@@ -80,7 +80,7 @@ class Check:
         self.out = Path(args.out).resolve()
         self.precision = "no" if args.cpu else "bf16"
         self.deadline = time.monotonic() + args.time_budget
-        from lightvision.results import results_env
+        from lightvision.tools.results import results_env
 
         command = shlex.join(["python3", "scripts/multi_gpu_check.py", *sys.argv[1:]])
         self.report: dict[str, Any] = {

@@ -27,7 +27,7 @@ from lightvision.classify.device_transforms import DeviceTrainTransform, _normal
 from lightvision.classify.encoded import EncodedImages, decode_batch
 from lightvision.classify.train import load_recipe
 from lightvision.engine.batch_random import BatchRandom, use_batch_random
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
 

@@ -26,7 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from bench_models import build_deit, build_dit, make_train_step  # scripts/ (this script's folder) is on sys.path
 from lightvision.engine.compiled import compile_model
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 
 def profile_step(

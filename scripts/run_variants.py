@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from lightvision.engine import MetricsLogger
-from lightvision.results import results_env
+from lightvision.tools.results import results_env
 
 
 def last_step(run: Path) -> int:

@@ -45,7 +45,7 @@ def test_no_absolute_paths_in_the_result_files(report):
 
 
 def test_recorded_commands_are_relative_to_the_repository_root():
-    from lightvision.results import REPO_ROOT, results_env
+    from lightvision.tools.results import REPO_ROOT, results_env
 
     command = f"python {REPO_ROOT}/scripts/bench_models.py --out {REPO_ROOT}/benchmarks/results/m.json --data /d"
     assert results_env(command)["command"] == "python scripts/bench_models.py --out benchmarks/results/m.json --data /d"

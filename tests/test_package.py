@@ -62,6 +62,11 @@ def test_wheel_contains_only_the_lightvision_package(tmp_path):
     assert not any(n.startswith(("kernels/", "classify/", "diffusion/", "tests/")) for n in names)
     tools = [n for n in names if Path(n).stem in ("check", "bench")]  # GPU sweeps and benchmarks live in scripts/
     assert not tools, tools
+    # the drivers' result and figure helpers sit in lightvision/tools/, not among the library's modules
+    top_modules = {n for n in names if n.count("/") == 1 and n.endswith(".py")}
+    assert not top_modules & {"lightvision/results.py", "lightvision/attention_figures.py"}, top_modules
+    assert {"lightvision/tools/results.py", "lightvision/tools/attention_figures.py"} <= set(names)
+    assert "lightvision/weights/cifar10_yardstick.safetensors" in names  # the packaged FID feature network
 
 
 def _cli(*args):

@@ -16,7 +16,7 @@ reductions of the broadcast vectors' gradients. The sums over tokens come from p
 one sample's rows (``_sample_plan``) as [B, P, C] partials, summed on the host.
 Custom ops ``lightvision::adaln_fwd`` / ``_bwd`` and ``lightvision::gated_residual_fwd`` / ``_bwd`` carry fake
 implementations and autograd (torch.compile without graph breaks); eager calls use ``torch.autograd.Function``
-wrappers over the same launchers.
+wrappers over the same launchers (both from ``kernels/_autograd.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import functools
 import torch
 import triton
 
+from .._autograd import autograd_ops
 from .._launch import empty, num_sms
 from . import _triton as K
 from .op import DTYPES, row_tile, rows_supported
@@ -113,19 +114,17 @@ def gated_residual_bwd_launch(dout, gate, y):
     return dgate.sum(1).to(gate.dtype), dy
 
 
-# ---- custom ops (torch.compile) ----
+# ---- custom ops (torch.compile) and eager Functions over the same launchers ----
 
 
-@torch.library.custom_op("lightvision::adaln_fwd", mutates_args=())
-def adaln_fwd(
+def _adaln_fwd(
     x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(y, mean, rstd) of the modulated LayerNorm; see the module docstring."""
     return adaln_fwd_launch(x, shift, scale, eps, out_dtype)
 
 
-@adaln_fwd.register_fake
-def _(x, shift, scale, eps, out_dtype):
+def _adaln_fwd_fake(x, shift, scale, eps, out_dtype):
     rows = x.shape[0] * x.shape[1]
     return (
         x.new_empty(x.shape, dtype=out_dtype),
@@ -134,8 +133,7 @@ def _(x, shift, scale, eps, out_dtype):
     )
 
 
-@torch.library.custom_op("lightvision::adaln_bwd", mutates_args=())
-def adaln_bwd(
+def _adaln_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
     scale: torch.Tensor,
@@ -147,92 +145,52 @@ def adaln_bwd(
     return adaln_bwd_launch(dy, x, scale, mean, rstd, shift_dtype)
 
 
-@adaln_bwd.register_fake
-def _(dy, x, scale, mean, rstd, shift_dtype):
+def _adaln_bwd_fake(dy, x, scale, mean, rstd, shift_dtype):
     return x.new_empty(x.shape), scale.new_empty(scale.shape, dtype=shift_dtype), scale.new_empty(scale.shape)
 
 
-def _adaln_setup(ctx, inputs, output):
+def _adaln_saved(inputs, output):
     x, shift, scale, _eps, _out_dtype = inputs
-    ctx.shift_dtype = shift.dtype
-    ctx.save_for_backward(x, scale, output[1], output[2])
+    return (x, scale, output[1], output[2]), (shift.dtype,)
 
 
-def _adaln_backward(ctx, dy, _dmean, _drstd):
-    x, scale, mean, rstd = ctx.saved_tensors
-    dx, dshift, dscale = adaln_bwd(dy, x, scale, mean, rstd, ctx.shift_dtype)
-    return dx, dshift, dscale, None, None
-
-
-adaln_fwd.register_autograd(_adaln_backward, setup_context=_adaln_setup)
-
-
-@torch.library.custom_op("lightvision::gated_residual_fwd", mutates_args=())
-def gated_residual_fwd(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def _residual_fwd(x: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x + gate[b] * y."""
     return gated_residual_fwd_launch(x, gate, y)
 
 
-@gated_residual_fwd.register_fake
-def _(x, gate, y):
+def _residual_fwd_fake(x, gate, y):
     return x.new_empty(x.shape, dtype=_residual_dtype(x, gate, y))
 
 
-@torch.library.custom_op("lightvision::gated_residual_bwd", mutates_args=())
-def gated_residual_bwd(dout: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dgate, dy) of the gated residual."""
+def _residual_bwd(dout: torch.Tensor, gate: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dgate, dy) of the gated residual (dx is dout: the builder's pass-through input)."""
     return gated_residual_bwd_launch(dout, gate, y)
 
 
-@gated_residual_bwd.register_fake
-def _(dout, gate, y):
+def _residual_bwd_fake(dout, gate, y):
     return gate.new_empty(gate.shape), y.new_empty(y.shape)
 
 
-def _residual_setup(ctx, inputs, output):
-    x, gate, y = inputs
-    ctx.x_dtype = x.dtype
-    ctx.save_for_backward(gate, y)
+def _residual_saved(inputs, output):
+    _x, gate, y = inputs
+    return (gate, y), ()
 
 
-def _residual_backward(ctx, dout):
-    dgate, dy = gated_residual_bwd(dout, *ctx.saved_tensors)
-    return dout.to(ctx.x_dtype), dgate, dy
-
-
-gated_residual_fwd.register_autograd(_residual_backward, setup_context=_residual_setup)
-
-
-# ---- eager autograd (same launchers, no custom-op dispatch) ----
-
-
-class _AdaLNEager(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, shift, scale, eps, out_dtype):
-        x = x.contiguous()
-        y, mean, rstd = adaln_fwd_launch(x, shift, scale, eps, out_dtype)
-        ctx.shift_dtype = shift.dtype
-        ctx.save_for_backward(x, scale, mean, rstd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, scale, mean, rstd = ctx.saved_tensors
-        dx, dshift, dscale = adaln_bwd_launch(dy, x, scale, mean, rstd, ctx.shift_dtype)
-        return dx, dshift, dscale, None, None
-
-
-class _GatedResidualEager(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, gate, y):
-        ctx.x_dtype = x.dtype
-        ctx.save_for_backward(gate, y)
-        return gated_residual_fwd_launch(x, gate, y)
-
-    @staticmethod
-    def backward(ctx, dout):
-        dgate, dy = gated_residual_bwd_launch(dout, *ctx.saved_tensors)
-        return dout.to(ctx.x_dtype), dgate, dy
+# custom ops lightvision::adaln_fwd / _bwd and gated_residual_fwd / _bwd (torch.compile), and the eager Functions
+# over the same launchers (no custom-op dispatch); x of the gated residual passes its gradient through
+adaln_fwd, adaln_bwd, _AdaLNEager = autograd_ops(
+    "adaln", _adaln_fwd, _adaln_fwd_fake, _adaln_bwd, _adaln_bwd_fake, _adaln_saved
+)
+gated_residual_fwd, gated_residual_bwd, _GatedResidualEager = autograd_ops(
+    "gated_residual",
+    _residual_fwd,
+    _residual_fwd_fake,
+    _residual_bwd,
+    _residual_bwd_fake,
+    _residual_saved,
+    passthrough=1,
+)
 
 
 # ---- dispatch entries ----

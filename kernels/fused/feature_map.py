@@ -106,11 +106,20 @@ lion_feature_map_fwd, lion_feature_map_bwd, _FeatureMapEager = autograd_ops(
 )
 
 
-def lion_feature_map_triton(x: torch.Tensor, *, kind: str):
-    """Kernel entry of ``lightvision.ops.lion_feature_map``; NotImplemented (the reference runs) for empty inputs,
-    heads wider than MAX_D, or dtypes outside fp32 / bf16 / fp16."""
-    if x.numel() == 0 or x.dim() < 2 or x.shape[-1] > MAX_D or x.dtype not in DTYPES:
-        return NotImplemented
+def feature_map(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """phi(x) [..., d] -> [..., d] with its gradient: the custom op while torch.compile traces, else the eager
+    Function. x must be covered (:func:`covered`); the kernels call this directly (the LION scan path)."""
     if torch.compiler.is_compiling():
         return lion_feature_map_fwd(x, kind)
     return _FeatureMapEager.apply(x, kind)
+
+
+def covered(x: torch.Tensor) -> bool:
+    """Whether the programs take x: not empty, at least 2-D, heads up to MAX_D, fp32 / bf16 / fp16."""
+    return x.numel() > 0 and x.dim() >= 2 and x.shape[-1] <= MAX_D and x.dtype in DTYPES
+
+
+def lion_feature_map_triton(x: torch.Tensor, *, kind: str):
+    """Kernel entry of ``lightvision.ops.lion_feature_map``; NotImplemented (the reference runs) for inputs the
+    programs do not cover (:func:`covered`)."""
+    return feature_map(x, kind) if covered(x) else NotImplemented

@@ -22,8 +22,9 @@ import os
 import torch
 
 from lightvision.ops.heads import merge_heads, split_heads
-from lightvision.ops.lion import MASK_FEATURE_MAP, lion_feature_map, log_gates, split_gate_logits
+from lightvision.ops.lion import MASK_FEATURE_MAP, log_gates, split_gate_logits
 
+from ..fused.feature_map import covered, feature_map
 from .custom import lion_core, lion_packed
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -96,7 +97,9 @@ def lion_attention_qkvpacked(
         )
     if gates_in_qkv:
         log_decay = log_gates(z, num_prefix_tokens)
-    fq, fk = (lion_feature_map(t, kind, backend="triton") for t in (q, k))
+    if not covered(q):
+        raise RuntimeError(f"lion_feature_map: the Triton kernel does not cover q / k {tuple(q.shape)} {q.dtype}")
+    fq, fk = (feature_map(t, kind) for t in (q, k))
     return merge_heads(lion_core(fq, fk, v, gates(mask, log_decay), True, "scan"))
 
 

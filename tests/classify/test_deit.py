@@ -249,7 +249,7 @@ def test_every_shipped_variant_builds_the_model_it_describes():
 
     from lightvision.classify.deit import create_from_config
     from lightvision.classify.train import load_recipe, model_config
-    from lightvision.results import resolve_variant
+    from lightvision.tools.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "classify_cifar10.yaml"

@@ -10,8 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
-from lightvision.classify.yardstick import YardstickNet, augment, load_images, load_yardstick, save_yardstick
+from lightvision.classify.yardstick import augment, load_images
 from lightvision.engine.batch_random import BatchRandom, use_batch_random
+from lightvision.engine.yardstick_net import YardstickNet, load_yardstick, save_yardstick
 
 
 def write_split(root, split, per_class=6, size=32, seed=0):
@@ -66,7 +67,7 @@ def test_augment_is_a_padded_crop_and_flip_of_each_image():
 
 
 def test_cutout_sets_one_clipped_square_per_image_to_the_mean_colour():
-    from lightvision.classify.yardstick import CIFAR10_MEAN
+    from lightvision.engine.yardstick_net import CIFAR10_MEAN
 
     x = torch.randint(0, 256, (64, 3, 12, 12), dtype=torch.uint8)
     with use_batch_random(BatchRandom(3)):
@@ -159,8 +160,8 @@ def test_saved_weights_are_under_20_mb_and_reload(tmp_path):
 def test_packaged_yardstick_loads_as_a_feature_network():
     """The committed CIFAR-10 weights load with their header (classes, accuracy) and give pooled and spatial
     features for 32 px images."""
-    from lightvision.classify.yardstick import packaged_yardstick
     from lightvision.diffusion.features import feature_network
+    from lightvision.engine.yardstick_net import packaged_yardstick
 
     path = packaged_yardstick()
     assert path is not None and path.stat().st_size < 20 * 2**20

@@ -59,8 +59,8 @@ def test_benchmark_runs_kinds_and_variants(tmp_path):
     """Three names (two kinds and a variant of a variants file) train, report bits/dim and the streak share of their
     samples next to the real images', and FID / precision / recall in a yardstick's features; the variant's overrides
     reach the model; an unknown name is reported."""
-    from lightvision.classify.yardstick import YardstickNet, save_yardstick
     from lightvision.diffusion import benchmark
+    from lightvision.engine.yardstick_net import YardstickNet, save_yardstick
 
     _cifar_like(tmp_path / "data")
     variants = tmp_path / "variants.yaml"
@@ -142,7 +142,7 @@ def test_every_shipped_variant_builds_the_model_it_describes():
 
     from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.train import build_model, load_recipe, model_config
-    from lightvision.results import resolve_variant
+    from lightvision.tools.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "diffusion_cifar10.yaml"

@@ -104,8 +104,8 @@ def test_train_resume_and_sample(tmp_path, latents_dir, vae_dir):
 
 
 def test_a_sample_folder_is_read_by_fid_and_a_rerun_replaces_it(tmp_path, latents_dir, vae_dir, capsys):
-    from lightvision.classify.yardstick import YardstickNet, save_yardstick
     from lightvision.diffusion.fid import compute_fid
+    from lightvision.engine.yardstick_net import YardstickNet, save_yardstick
 
     train(recipe(tmp_path / "run", latents_dir, vae_dir, 1, ["sample.every=100"]))
     out = tmp_path / "samples"

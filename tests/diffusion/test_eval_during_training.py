@@ -13,7 +13,7 @@ from lightvision.diffusion.train import load_recipe, merge_by_index, sample_feat
 
 @pytest.fixture(scope="module")
 def yardstick(tmp_path_factory):
-    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+    from lightvision.engine.yardstick_net import YardstickNet, save_yardstick
 
     torch.manual_seed(0)
     return str(save_yardstick(YardstickNet([8, 8, 16, 16]), tmp_path_factory.mktemp("yardstick") / "y.safetensors"))

@@ -80,7 +80,7 @@ def inception_weights(tmp_path_factory):
 @pytest.fixture(scope="module")
 def yardstick(tmp_path_factory):
     """A randomly initialised narrow yardstick saved as the trainer saves it (a fast feature network)."""
-    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+    from lightvision.engine.yardstick_net import YardstickNet, save_yardstick
 
     torch.manual_seed(0)
     return str(save_yardstick(YardstickNet([8, 8, 16, 16]), tmp_path_factory.mktemp("yardstick") / "y.safetensors"))
@@ -89,7 +89,7 @@ def yardstick(tmp_path_factory):
 @pytest.fixture
 def no_hub_weights(tmp_path, monkeypatch):
     """An empty torch hub cache and no packaged yardstick: nothing to fall back on."""
-    import lightvision.classify.yardstick as ys
+    import lightvision.engine.yardstick_net as ys
 
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
     monkeypatch.setattr(ys, "PACKAGED", tmp_path / "absent.safetensors")
@@ -224,7 +224,7 @@ def test_reference_statistics_are_computed_once_and_read_back(tmp_path, yardstic
     assert abs(itself["fid"]) < 1e-6 and abs(itself["sfid"]) < 1e-6 and itself["precision"] == itself["recall"] == 1.0
 
     other = tmp_path / "other.safetensors"
-    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+    from lightvision.engine.yardstick_net import YardstickNet, save_yardstick
 
     save_yardstick(YardstickNet([8, 8, 16, 16]), other)
     assert re.search(
@@ -351,7 +351,7 @@ def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights,
 def test_cifar_sized_images_default_to_the_packaged_yardstick(
     tmp_path, yardstick, no_hub_weights, monkeypatch, cli_error
 ):
-    import lightvision.classify.yardstick as ys
+    import lightvision.engine.yardstick_net as ys
 
     ref = write_set(tmp_path / "ref", 0, 5, size=32)
     assert re.search(
