@@ -23,6 +23,8 @@ from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 from lightvision.classify.data import build_mixup, eval_transform, image_folder, train_transform
 from lightvision.classify.device_transforms import (
+    CROP_COLUMNS,
+    ERASE_COLUMNS,
     DeviceEvalTransform,
     DeviceTrainTransform,
     erase_boxes,
@@ -36,6 +38,11 @@ from lightvision.engine import BatchRandom, use_batch_random
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FILL = tuple(round(255 * m) for m in MEAN)
 DRAWS = 4000
+
+
+def uniforms(rows: int, columns: int, seed: int) -> torch.Tensor:
+    """float64 [rows, columns] uniforms in [0, 1) from a seeded CPU generator."""
+    return torch.rand((rows, columns), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def jpeg_bytes(h: int, w: int, seed: int = 0, quality: int = 90) -> bytes:
@@ -63,8 +70,8 @@ def test_resized_crop_draws_follow_timm(height, width, scale):
     random.seed(0)
     img = Image.new("RGB", (width, height))
     ref = np.array([RandomResizedCropAndInterpolation.get_params(img, scale, (3 / 4, 4 / 3)) for _ in range(2 * DRAWS)])
-    with use_batch_random(BatchRandom(1)):
-        ours = resized_crop_params(torch.tensor([[height, width]] * 2 * DRAWS), scale).numpy()
+    u = uniforms(2 * DRAWS, CROP_COLUMNS, 1)
+    ours = resized_crop_params(torch.tensor([[height, width]] * 2 * DRAWS), scale, u).numpy()
     assert (ours[:, 0] >= 0).all() and (ours[:, 0] + ours[:, 2] <= height).all()
     assert (ours[:, 1] >= 0).all() and (ours[:, 1] + ours[:, 3] <= width).all()
     for name, stat in (
@@ -83,7 +90,8 @@ def test_crop_keeps_whole_image_and_flips_half():
         {"scale": [1.0, 1.0], "auto_augment": None, "color_jitter": None, "reprob": 0.0}, 8, MEAN, STD
     )
     with use_batch_random(BatchRandom(2)):
-        out = tf.crop_flip([img] * n)
+        u, _ = tf.draw(n, torch.device("cpu"))
+    out = tf.crop_flip([img] * n, u)
     flipped = (out == img.flip(-1)).flatten(1).all(1)
     assert ((out == img).flatten(1).all(1) | flipped).all()  # scale 1: the whole image, resized to itself
     assert abs(flipped.float().mean().item() - 0.5) < 0.04
@@ -163,15 +171,13 @@ def test_geometric_ops_match_timm(name, arg):
 def test_rand_augment_parses_recipe_and_draws_like_timm():
     ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)
     assert ra.names == _RAND_INCREASING_TRANSFORMS and ra.num_layers == 2 and ra.prob == 0.5
-    with use_batch_random(BatchRandom(3)):
-        op, applied, level, _ = ra.draw(DRAWS)
+    op, applied, level, _ = ra.draw(uniforms(DRAWS, ra.columns, 3))
     counts = torch.bincount(op.flatten(), minlength=len(ra.names)).float() / op.numel()
     assert (counts - 1 / len(ra.names)).abs().max() < 0.02
     assert abs(applied.float().mean().item() - 0.5) < 0.02
     assert abs(level.mean().item() - 9.0) < 0.05 and abs(level.std().item() - 0.5) < 0.05 and level.max() <= 10
-    with use_batch_random(BatchRandom(3)):
-        x = torch.from_numpy(textured()).permute(2, 0, 1)[None].repeat(16, 1, 1, 1)
-        out = ra(x)
+    x = torch.from_numpy(textured()).permute(2, 0, 1)[None].repeat(16, 1, 1, 1)
+    out = ra(x, uniforms(16, ra.columns, 3))
     assert out.dtype == torch.uint8 and out.shape == x.shape and not torch.equal(out, x)
     for config, refusal in (("augmix-m5-w4-d2", "RandAugment"), ("rand-m9-t3a", "GaussianBlur have no batched")):
         with pytest.raises(ValueError, match=refusal):
@@ -183,14 +189,11 @@ def test_rand_augment_batch_equals_image_by_image():
     ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)
     base = torch.from_numpy(textured()).permute(2, 0, 1)
     x = torch.stack([base.roll(7 * i, dims=-1) for i in range(24)])
-    with use_batch_random(BatchRandom(6)):
-        draws = ra.draw(len(x))
-    ra.draw = lambda n: draws
-    batch = ra(x)
+    u = uniforms(len(x), ra.columns, 6)
+    batch = ra(x, u)
     for i in range(len(x)):
-        ra.draw = lambda n, i=i: tuple(d[:, i : i + 1] for d in draws)
-        assert torch.equal(batch[i], ra(x[i : i + 1])[0]), f"image {i}"
-    assert draws[1].any(0).sum() > 12  # most images had an op applied
+        assert torch.equal(batch[i], ra(x[i : i + 1], u[i : i + 1])[0]), f"image {i}"
+    assert ra.draw(u)[1].any(0).sum() > 12  # most images had an op applied
 
 
 def test_train_transform_is_reproducible_and_erases_at_reprob():
@@ -204,8 +207,7 @@ def test_train_transform_is_reproducible_and_erases_at_reprob():
         with use_batch_random(BatchRandom(4)):
             runs.append(tf(images))
     assert runs[0].shape == (6, 3, 32, 32) and torch.equal(runs[0], runs[1])
-    with use_batch_random(BatchRandom(5)):
-        boxes = erase_boxes(DRAWS, 32, 32, 0.25, 1)[:, 0]
+    boxes = erase_boxes(32, 32, 0.25, 1, uniforms(DRAWS, 2 + ERASE_COLUMNS, 5))[:, 0]
     erased = boxes[:, 2] > 0
     assert abs(erased.float().mean().item() - 0.25) < 0.03
     area = (boxes[erased, 2] * boxes[erased, 3]).float() / 32**2
@@ -215,8 +217,7 @@ def test_train_transform_is_reproducible_and_erases_at_reprob():
 def test_colour_jitter_when_no_rand_augment():
     tf = DeviceTrainTransform({**DEFAULTS["aug"], "auto_augment": None, "color_jitter": [0.4, 0.0, 0.0]}, 8, MEAN, STD)
     x = torch.full((DRAWS, 3, 8, 8), 100, dtype=torch.uint8)
-    with use_batch_random(BatchRandom(6)):
-        ratio = tf.color_jitter(x.clone()).float().mean((1, 2, 3)) / 100
+    ratio = tf.color_jitter(x.clone(), uniforms(DRAWS, 6, 6)).float().mean((1, 2, 3)) / 100
     assert 0.59 <= ratio.min() and ratio.max() <= 1.41 and abs(ratio.mean().item() - 1.0) < 0.02
     assert ratio.std() > 0.2  # uniform on [0.6, 1.4]: std 0.23
 
