@@ -225,10 +225,15 @@ class DeviceTrainTransform:
         """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image (or uint8 [N, 3, H, W]) ->
         uint8 [N, 3, S, S] (``lightvision.kernels.resize``: one launch for the batch on CUDA, boxes drawn and read
         on the device); ``u``: :meth:`draw`'s uniforms [N, columns]."""
-        u, device = self.split(u), images[0].device
-        boxes = resized_crop_params(image_sizes(images).to(device, non_blocking=True), self.scale, u["crop"])
-        x = resized_crops(images, boxes, u["flip"][:, 0] < 0.5, self.img_size, self.interpolation)
+        x = resized_crops(images, *self.crop_boxes(images, u), self.img_size, self.interpolation)
         return x.round_().clamp_(0, 255).to(torch.uint8)
+
+    def crop_boxes(self, images: Sequence[torch.Tensor], u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The crops (int64 [N, 4]: top, left, height, width) and flips (bool [N]) of :meth:`crop_flip`, on u's
+        device."""
+        u = self.split(u)
+        sizes = image_sizes(images).to(u["crop"].device, non_blocking=True)
+        return resized_crop_params(sizes, self.scale, u["crop"]), u["flip"][:, 0] < 0.5
 
     def color_jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """torchvision ``ColorJitter(b, c, s)``: factors uniform in [max(0, 1 - j), 1 + j], in a random order per

@@ -31,7 +31,7 @@ from lightvision.classify.device_transforms import (
     resized_crop_params,
 )
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
-from lightvision.classify.rand_augment import BatchRandAugment, apply_op
+from lightvision.classify.rand_augment import BatchRandAugment, apply_op, level_to_arg
 from lightvision.classify.train import DEFAULTS, make_loss_fn
 from lightvision.engine import BatchRandom, use_batch_random
 
@@ -338,3 +338,91 @@ def test_classify_train_with_gpu_pipeline_on_cpu(tmp_path, capsys):
     assert len(losses) == 6 and all(np.isfinite(losses))  # 12 files / batch 4 x 2 epochs
     results = json.loads((run / "results.json").read_text())
     assert results["val_images"] == 8 and results["skipped_images"] >= 1
+
+
+def test_rand_augment_layer_equals_each_op_alone():
+    """One RandAugment layer on a batch where image i draws op i mod 15: each image equals that op applied to it alone
+    (the batched warp, value tables and selection change nothing)."""
+    ra = BatchRandAugment("rand-m9-n1-mstd0.5-inc1", 224, MEAN)
+    n, ops = 2 * len(ra.names), len(ra.names)
+    base = torch.from_numpy(textured()).permute(2, 0, 1)
+    x = torch.stack([base.roll(5 * i, dims=-1) for i in range(n)])
+    u = uniforms(n, ra.columns, 7)
+    u[:, 0] = (torch.arange(n) % ops + 0.5) / ops
+    u[:, 1] = 0.0  # applied
+    out = ra(x, u)
+    _, _, level, negate = ra.draw(u)
+    fill = torch.tensor(FILL, dtype=torch.float32)
+    for i in range(n):
+        name = ra.names[i % ops]
+        arg = level_to_arg(name, level[0, i : i + 1], negate[0, i : i + 1], ra.translate_pct)
+        assert torch.equal(out[i], apply_op(x[i : i + 1], name, arg, fill)[0]), name
+
+
+SYNCING_CALLS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu"}
+
+
+def recorded_calls(fn, *args) -> tuple[list[str], torch.Tensor]:
+    """The torch functions ``fn(*args)`` calls (names, in order) and its result."""
+    from torch.overrides import TorchFunctionMode
+
+    class Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as record:
+        out = fn(*args)
+    return record.calls, out
+
+
+@pytest.mark.parametrize("variant", ["deit", "jitter-rand"])
+def test_augmentation_calls_do_not_depend_on_the_draws(variant):
+    """Crop, flip, RandAugment / jitter, normalisation and erasing issue the same torch calls for any draws and none
+    that reads a tensor back to the host: what a CUDA graph captured once can replay."""
+    aug = {**DEFAULTS["aug"], "reprob": 0.5, "recount": 2}
+    if variant == "jitter-rand":
+        aug |= {"auto_augment": None, "color_jitter": 0.4, "remode": "rand"}
+    tf = DeviceTrainTransform(aug, 16, MEAN, STD)
+    base = torch.from_numpy(textured()).permute(2, 0, 1)
+    images = torch.stack([base.roll(3 * i, dims=-1) for i in range(8)])
+    runs = []
+    for seed in (10, 11, 12):  # the first call makes the per-device constants (what a graph's warm-up call does)
+        with use_batch_random(BatchRandom(seed)):
+            u, noise = tf.draw(len(images), torch.device("cpu"))
+        crop_calls, _ = recorded_calls(tf.crop_boxes, images, u)  # then one resize launch (kernels/resize)
+        calls, out = recorded_calls(tf.augment, tf.crop_flip(images, u), u, noise)
+        runs.append((crop_calls, calls, out))
+    runs = runs[1:]
+    assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
+    assert not SYNCING_CALLS & set(runs[0][0] + runs[0][1]), SYNCING_CALLS & set(runs[0][0] + runs[0][1])
+    assert not torch.equal(runs[0][2], runs[1][2])  # ... while the draws differ
+    assert len(runs[0][1]) > 100  # the recording saw the ops
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_augmentation_never_waits_for_the_host_and_replays_as_a_graph():
+    """On CUDA the whole train transform runs under ``set_sync_debug_mode("error")``, op by op and replayed from its
+    CUDA graph, and the replay gives what the ops give."""
+    images = [
+        decode_jpeg(torch.frombuffer(bytearray(jpeg_bytes(60 + 7 * i, 80, i)), dtype=torch.uint8)).cuda()
+        for i in range(6)
+    ]
+    eager = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD, graph=False)
+    graphed = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD)
+    outs = []
+    for tf in (eager, graphed, graphed):  # the second graphed call replays the captured graph
+        with use_batch_random(BatchRandom(4)):
+            tf(images)  # first use: lazy initialisation, the capture
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                outs.append(tf(images))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
+    assert torch.equal(outs[1], outs[2])
