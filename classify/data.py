@@ -41,6 +41,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lightvision.classify.decoded import CachedBatches, DecodedImages
 from lightvision.classify.deit import MODEL_NAMES
+from lightvision.classify.device_mixup import DeviceMixup
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
@@ -351,11 +352,12 @@ def eval_transform(
     )
 
 
-def build_mixup(aug: dict[str, Any], num_classes: int) -> Mixup | None:
-    """timm Mixup / CutMix with label smoothing, or None when both alphas are 0."""
+def build_mixup(aug: dict[str, Any], num_classes: int, on_device: bool = False) -> Mixup | DeviceMixup | None:
+    """timm Mixup / CutMix with label smoothing, or None when both alphas are 0; ``on_device`` (``data.pipeline:
+    gpu``): the same mix with its draws on the device, replayed as a CUDA graph (:class:`DeviceMixup`)."""
     if aug.get("mixup", 0.0) <= 0 and aug.get("cutmix", 0.0) <= 0:
         return None
-    return Mixup(
+    return (DeviceMixup if on_device else Mixup)(
         mixup_alpha=aug.get("mixup", 0.0),
         cutmix_alpha=aug.get("cutmix", 0.0),
         prob=aug.get("mixup_prob", 1.0),

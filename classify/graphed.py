@@ -9,6 +9,7 @@ copied out (the next replay overwrites the graph's).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -30,18 +31,18 @@ class DeviceConstants:
 
 
 class GraphedCall:
-    """``fn(*tensors) -> tensor`` captured as a CUDA graph per (shape, dtype, device) of its inputs and replayed;
-    on other devices ``fn`` is called directly.
+    """``fn(*tensors) -> tensor or tuple of tensors`` captured as a CUDA graph per (shape, dtype, device) of its
+    inputs and replayed; on other devices ``fn`` is called directly.
 
     ``fn`` must issue the same operations for any input values and never synchronise with the host. The capture is
     local to the calling thread (``capture_error_mode="thread_local"``), so a training step may run on another
     thread meanwhile.
     """
 
-    def __init__(self, fn: Callable[..., torch.Tensor]):
+    def __init__(self, fn: Callable[..., Any]):
         self.fn, self.graphs = fn, {}
 
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *args: torch.Tensor) -> Any:
         if args[0].device.type != "cuda":
             return self.fn(*args)
         key = tuple((a.shape, a.dtype, a.device) for a in args)
@@ -51,9 +52,9 @@ class GraphedCall:
         for buffer, arg in zip(inputs, args, strict=True):
             buffer.copy_(arg, non_blocking=True)
         graph.replay()
-        return output.clone()
+        return tuple(o.clone() for o in output) if isinstance(output, tuple) else output.clone()
 
-    def _capture(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+    def _capture(self, args: tuple[torch.Tensor, ...]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], Any]:
         inputs = [a.clone() for a in args]
         current = torch.cuda.current_stream(args[0].device)
         side = torch.cuda.Stream(args[0].device)

@@ -291,7 +291,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         )
 
     _check_sizes(a["sizes"], model)
-    mixup = build_mixup(a, num_classes)
+    mixup = build_mixup(a, num_classes, on_device=cfg["data"]["pipeline"] == "gpu")
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
     workers = loader_workers(cfg["data"]["num_workers"])

@@ -426,3 +426,44 @@ def test_augmentation_never_waits_for_the_host_and_replays_as_a_graph():
                 torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
     assert torch.equal(outs[1], outs[2])
+
+
+@pytest.mark.parametrize("mode", ["mixup", "cutmix"])
+def test_device_mixup_labels_follow_the_mixed_images(mode):
+    """The device mix with timm's arithmetic: each image is lam x itself + (1 - lam) x its partner in the reversed
+    batch (mixup) or takes the partner inside one box (cutmix, lam corrected to the box), and the soft targets mix
+    the smoothed one-hot labels by the same lam."""
+    n, classes, smoothing = 8, 5, 0.1
+    aug = {**DEFAULTS["aug"], "mixup": 0.8 if mode == "mixup" else 0.0, "cutmix": 1.0 if mode == "cutmix" else 0.0}
+    mixup = build_mixup(aug, classes, on_device=True)
+    x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 16, 16).contiguous()
+    labels = torch.arange(n) % classes
+    with use_batch_random(BatchRandom(3)):
+        mixed, target = mixup(x, labels)
+    own = (mixed == x).float().mean((1, 2, 3)) if mode == "cutmix" else (mixed - x.flip(0)) / (x - x.flip(0))
+    lam = own if mode == "cutmix" else own[:, 0, 0, 0]
+    off, on = smoothing / classes, 1 - smoothing + smoothing / classes
+    onehot = torch.full((n, classes), off).scatter_(1, labels[:, None], on)
+    torch.testing.assert_close(target, lam[:, None] * onehot + (1 - lam[:, None]) * onehot.flip(0), atol=1e-5, rtol=0)
+    assert 0 < lam[0] < 1 and torch.allclose(lam, lam[0])  # something was mixed, by one lam for the batch
+
+
+def test_device_mixup_draws_like_timm():
+    """lam follows timm's draws (Beta(0.8) for mixup, the box-corrected Beta(1) for cutmix, switched half the time),
+    and the mix issues the same torch calls for any draws, none reading a tensor back to the host."""
+    aug, classes = {**DEFAULTS["aug"], "mixup": 0.8, "cutmix": 1.0}, 5
+    ours = build_mixup(aug, classes, on_device=True)
+    x, labels = torch.rand(4, 3, 32, 32), torch.arange(4)
+    lams, calls = [], []
+    for seed in range(800):
+        with use_batch_random(BatchRandom(seed)):
+            u, gammas = ours.draw(torch.device("cpu"))
+        recorded, (_, target) = recorded_calls(ours.mix, x, labels, u, gammas)
+        if seed < 2:
+            calls.append(recorded)
+        lams.append(((target[0, 0] - 0.02) / 0.9).item())  # label 0 of image 0 holds lam (smoothing 0.1)
+    np.random.seed(0)
+    timm_mixup = build_mixup(aug, classes)
+    ref = [timm_mixup(x.clone(), labels)[1][0, 0].item() for _ in range(800)]
+    assert ks_2samp(np.array(lams), (np.array(ref) - 0.02) / 0.9).statistic < 0.08
+    assert calls[0] == calls[1] and not SYNCING_CALLS & set(calls[0])
