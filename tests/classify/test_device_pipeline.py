@@ -426,6 +426,19 @@ def test_augmentation_never_waits_for_the_host_and_replays_as_a_graph():
                 torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
     assert torch.equal(outs[1], outs[2])
+    labels, mixed = torch.arange(6, device="cuda") % 3, []
+    eager_mix, graphed_mix = (build_mixup(DEFAULTS["aug"], 3, on_device=True, graph=g) for g in (False, True))
+    for mixup in (eager_mix, graphed_mix, graphed_mix):  # Mixup / CutMix the same way
+        with use_batch_random(BatchRandom(5)):
+            mixup(outs[0], labels)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                mixed.append(mixup(outs[0], labels))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    for eager_out, graphed_out in zip(mixed[0], mixed[1], strict=True):
+        torch.testing.assert_close(graphed_out, eager_out, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("mode", ["mixup", "cutmix"])
