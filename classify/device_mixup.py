@@ -2,7 +2,8 @@
 
 timm's :class:`~timm.data.Mixup` draws lambda, the mixup-or-cutmix switch and the box on the host (numpy) and runs
 other operations for mixup than for cutmix. :class:`DeviceMixup` draws them on the batch's device from the current
-:func:`~lightvision.engine.batch_random` (keyed by seed, step and micro-batch: a resumed run draws the same), with
+:func:`~lightvision.engine.batch_random` (keyed by seed, step and micro-batch: a resumed run draws the same; its
+``fork("mixup")``, apart from the augmentation's draws of the step), with
 lambda ~ Beta(alpha, alpha) as G1 / (G1 + G2) of two Gamma(alpha) draws, and computes both mixes, each image keeping
 the drawn one (``torch.where``): the same launches every step and no host synchronisation, so the
 :class:`~lightvision.classify.graphed.GraphedCall` it runs through replays it as one CUDA graph.
@@ -50,7 +51,7 @@ class DeviceMixup:
     def draw(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniforms float64 [1, 4] (mixed at all, cutmix, box centre y, x) and Gamma draws float64 [1, 4] (two for
         mixup's Beta, two for cutmix's) on ``device``."""
-        br = batch_random()
+        br = batch_random().fork("mixup")  # not the draws the batch's augmentation made for this step
         u = br.rand((1, 4), device=device, dtype=torch.float64)
         (alphas,) = self.alphas.get(device)
         return u, torch._standard_gamma(alphas, generator=br.generator(device))
