@@ -11,9 +11,13 @@ erasing (timm's ``RandomErasing``: per image with ``aug.reprob``, ``aug.recount`
 and aspect in [0.3, 1/0.3], filled per ``aug.remode``). ``aug.no_aug``: resize + centre crop only.
 eval: resize the short side to ``floor(img_size / crop_pct)``, centre crop ``img_size``, normalise.
 
-Images stay uint8 (rounded after each resampling, as PIL keeps them) until normalisation. Every draw comes from
-:func:`~lightvision.engine.batch_random` on the CPU (so a CUDA batch never waits for them, and a CPU run makes
-the same draws as a GPU run).
+Images stay uint8 (rounded after each resampling, as PIL keeps them) until normalisation. A batch's draws are one
+tensor of uniforms (and the erasing noise) drawn on the batch's device from :func:`~lightvision.engine.batch_random`
+(keyed by seed, step and micro-batch, so a resumed run draws the same); every per-image parameter is computed from
+them on the device, and every step issues the same operations with no host synchronisation. On CUDA the crops'
+boxes are read by the resize program on the device (bicubic and bilinear; "nearest" crops image by image, reading
+the boxes back), and the rest (:meth:`DeviceTrainTransform.augment`) is replayed as a CUDA graph captured once per
+batch shape (:class:`~lightvision.classify.graphed.GraphedCall`).
 """
 
 from __future__ import annotations
