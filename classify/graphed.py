@@ -8,6 +8,7 @@ copied out (the next replay overwrites the graph's).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,10 @@ import torch
 __all__ = ["DeviceConstants", "GraphedCall"]
 
 WARMUP_CALLS = 2  # eager calls on a side stream before capture (lazy initialisation stays out of the graph)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", repr(fn))
 
 
 class DeviceConstants:
@@ -36,7 +41,7 @@ class GraphedCall:
 
     ``fn`` must issue the same operations for any input values and never synchronise with the host. The capture is
     local to the calling thread (``capture_error_mode="thread_local"``), so a training step may run on another
-    thread meanwhile.
+    thread meanwhile. A capture that fails is reported in one warning and that shape runs op by op.
     """
 
     def __init__(self, fn: Callable[..., Any]):
@@ -47,7 +52,14 @@ class GraphedCall:
             return self.fn(*args)
         key = tuple((a.shape, a.dtype, a.device) for a in args)
         if key not in self.graphs:
-            self.graphs[key] = self._capture(args)
+            try:
+                self.graphs[key] = self._capture(args)
+            except RuntimeError as err:  # e.g. an operation CUDA cannot capture: run op by op, and say so
+                message = f"CUDA graph capture of {_name(self.fn)} failed, running it op by op: {err}"
+                warnings.warn(message, stacklevel=2)
+                self.graphs[key] = None
+        if self.graphs[key] is None:
+            return self.fn(*args)
         graph, inputs, output = self.graphs[key]
         for buffer, arg in zip(inputs, args, strict=True):
             buffer.copy_(arg, non_blocking=True)

@@ -480,3 +480,18 @@ def test_device_mixup_draws_like_timm():
     ref = [timm_mixup(x.clone(), labels)[1][0, 0].item() for _ in range(800)]
     assert ks_2samp(np.array(lams), (np.array(ref) - 0.02) / 0.9).statistic < 0.08
     assert calls[0] == calls[1] and not SYNCING_CALLS & set(calls[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_call_replays_and_falls_back_where_capture_fails():
+    """A graphed function gives its own result for new inputs of the captured shape; one that reads a value back
+    (not capturable) warns once and runs op by op."""
+    from lightvision.classify.graphed import GraphedCall
+
+    double = GraphedCall(lambda x: x * 2)
+    x = torch.arange(4.0, device="cuda")
+    assert torch.equal(double(x), x * 2) and torch.equal(double(x + 1), (x + 1) * 2)
+    reads_back = GraphedCall(lambda x: x * float(x.sum()))
+    with pytest.warns(UserWarning, match="CUDA graph capture of .* failed, running it op by op"):
+        assert torch.equal(reads_back(x), x * 6)
+    assert torch.equal(reads_back(x + 1), (x + 1) * 10)
