@@ -118,7 +118,8 @@ def _make_shards(args: argparse.Namespace) -> int:
     from lightvision.classify.data import image_folder
     from lightvision.classify.shards import make_shards
 
-    index = make_shards(image_folder(args.data, args.split, None), args.out, args.split, args.shard_size, args.seed)
+    folder = image_folder(args.data, args.split, None)
+    index = make_shards(folder, args.out, args.split, args.shard_size, args.seed, args.max_size, args.workers)
     if index["skipped"]:
         shown = "; ".join(f"{name} ({why})" for name, why in index["skipped"][:SHOWN_SKIPS])
         more = f"; and {len(index['skipped']) - SHOWN_SKIPS} more" if len(index["skipped"]) > SHOWN_SKIPS else ""
@@ -131,6 +132,7 @@ def _make_shards(args: argparse.Namespace) -> int:
         json.dumps(
             {k: index[k] for k in ("split", "count")}
             | {"skipped": len(index["skipped"]), "classes": len(index["classes"]), "shards": len(index["shards"])}
+            | {"resized": index["resized"]}
             | {"out": args.out}
         )
     )
@@ -239,4 +241,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ms.add_argument("--split", default="train", help="split folder to pack (default: train)")
     ms.add_argument("--shard-size", type=int, default=1000, help="images per shard (default: 1000)")
     ms.add_argument("--seed", type=int, default=0, help="seed of the train split's shuffled order")
+    ms.add_argument(
+        "--max-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="store images whose shorter side passes N pixels shrunk to N (JPEG, quality 90; default: as they are)",
+    )
+    ms.add_argument("--workers", type=int, default=1, help="processes that check and shrink the files (default: 1)")
     ms.set_defaults(func=_make_shards)

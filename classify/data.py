@@ -26,6 +26,7 @@ encoded (``{"labels", "images"}``) and :func:`device_batches` makes them that on
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +42,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from lightvision.classify.decoded import CachedBatches, DecodedImages
 from lightvision.classify.deit import MODEL_NAMES
+from lightvision.classify.device_mixup import DeviceMixup
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
@@ -218,7 +220,8 @@ def device_batches(
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
     ``data.pipeline: cpu`` (the batch already is that); for ``gpu`` a :class:`DeviceBatches` with the DeiT train
     transform (``train``) or the eval transform at ``img_size`` (default ``data.image_size``); ``dataset`` counts
-    the images that do not decode. A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
+    the images that do not decode (``data.augment_graph``: the train augmentation replayed as a CUDA graph on CUDA).
+    A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
     (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform."""
     d = cfg["data"]
     if d["pipeline"] != "gpu":
@@ -226,7 +229,7 @@ def device_batches(
     size = img_size or cfg["data"]["image_size"]
     mean, std = norm_stats(cfg)
     if train:
-        transform = DeviceTrainTransform(cfg["aug"], size, mean, std)
+        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=d.get("augment_graph", True))
         if isinstance(dataset, DecodedImages):
             return CachedBatches(transform, dataset)
         return DeviceBatches(transform, dataset)
@@ -347,11 +350,15 @@ def eval_transform(
     )
 
 
-def build_mixup(aug: dict[str, Any], num_classes: int) -> Mixup | None:
-    """timm Mixup / CutMix with label smoothing, or None when both alphas are 0."""
+def build_mixup(
+    aug: dict[str, Any], num_classes: int, on_device: bool = False, graph: bool = True
+) -> Mixup | DeviceMixup | None:
+    """timm Mixup / CutMix with label smoothing, or None when both alphas are 0; ``on_device`` (``data.pipeline:
+    gpu``): the same mix with its draws on the device (:class:`DeviceMixup`), replayed as a CUDA graph if ``graph``."""
     if aug.get("mixup", 0.0) <= 0 and aug.get("cutmix", 0.0) <= 0:
         return None
-    return Mixup(
+    kind = functools.partial(DeviceMixup, graph=graph) if on_device else Mixup
+    return kind(
         mixup_alpha=aug.get("mixup", 0.0),
         cutmix_alpha=aug.get("cutmix", 0.0),
         prob=aug.get("mixup_prob", 1.0),

@@ -11,9 +11,13 @@ erasing (timm's ``RandomErasing``: per image with ``aug.reprob``, ``aug.recount`
 and aspect in [0.3, 1/0.3], filled per ``aug.remode``). ``aug.no_aug``: resize + centre crop only.
 eval: resize the short side to ``floor(img_size / crop_pct)``, centre crop ``img_size``, normalise.
 
-Images stay uint8 (rounded after each resampling, as PIL keeps them) until normalisation. Every draw comes from
-:func:`~lightvision.engine.batch_random` on the CPU (so a CUDA batch never waits for them, and a CPU run makes
-the same draws as a GPU run).
+Images stay uint8 (rounded after each resampling, as PIL keeps them) until normalisation. A batch's draws are one
+tensor of uniforms (and the erasing noise) drawn on the batch's device from :func:`~lightvision.engine.batch_random`
+(keyed by seed, step and micro-batch, so a resumed run draws the same); every per-image parameter is computed from
+them on the device, and every step issues the same operations with no host synchronisation. On CUDA the crops'
+boxes are read by the resize program on the device (bicubic and bilinear; "nearest" crops image by image, reading
+the boxes back), and the rest (:meth:`DeviceTrainTransform.augment`) is replayed as a CUDA graph captured once per
+batch shape (:class:`~lightvision.classify.graphed.GraphedCall`).
 """
 
 from __future__ import annotations
@@ -24,12 +28,20 @@ from typing import Any
 
 import torch
 
+from lightvision.classify.graphed import DeviceConstants, GraphedCall
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
 from lightvision.kernels.resize import image_sizes, resize, resized_crops
 from lightvision.ops._checks import check_choice
 
-__all__ = ["DeviceEvalTransform", "DeviceTrainTransform", "erase_boxes", "resized_crop_params"]
+__all__ = [
+    "CROP_COLUMNS",
+    "DeviceEvalTransform",
+    "DeviceTrainTransform",
+    "ERASE_COLUMNS",
+    "erase_boxes",
+    "resized_crop_params",
+]
 
 RRC_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 ERASE_AREA = (0.02, 1.0 / 3.0)
@@ -38,8 +50,8 @@ ATTEMPTS = 10
 JITTER_OPS = ("Brightness", "Contrast", "Color")  # torchvision ColorJitter's b, c, s on PIL = PIL's enhancers
 
 
-def _uniform(br: Any, shape: tuple[int, ...], low: float, high: float) -> torch.Tensor:
-    return low + (high - low) * br.rand(shape, device="cpu", dtype=torch.float64)
+def _uniform(u: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    return low + (high - low) * u
 
 
 def _first_fit(ok: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -48,21 +60,25 @@ def _first_fit(ok: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, .
     return tuple(v.gather(1, first)[:, 0] for v in values)
 
 
+CROP_COLUMNS = 2 * ATTEMPTS + 2  # uniforms per image of a resized-crop draw: area and aspect per attempt, place
+ERASE_COLUMNS = 2 * ATTEMPTS + 2  # ... of one erasing box
+
+
 def resized_crop_params(
-    sizes: torch.Tensor, scale: Sequence[float], ratio: Sequence[float] = RRC_RATIO
+    sizes: torch.Tensor, scale: Sequence[float], u: torch.Tensor, ratio: Sequence[float] = RRC_RATIO
 ) -> torch.Tensor:
-    """timm's ``RandomResizedCropAndInterpolation.get_params`` for a batch.
+    """timm's ``RandomResizedCropAndInterpolation.get_params`` for a batch, from uniforms (no host work).
 
     Args:
-        sizes: int64 [N, 2], (height, width) of each image.
+        sizes: int64 [N, 2], (height, width) of each image, on u's device.
         scale, ratio: ranges of the crop's area fraction and aspect ratio (width / height).
+        u: float64 [N, ``CROP_COLUMNS``] uniforms in [0, 1).
     Returns:
         int64 [N, 4]: (top, left, height, width) of each crop.
     """
-    br, n = batch_random(), sizes.shape[0]
     h, w = sizes[:, 0:1].double(), sizes[:, 1:2].double()
-    area = _uniform(br, (n, ATTEMPTS), *scale) * h * w
-    aspect = _uniform(br, (n, ATTEMPTS), math.log(ratio[0]), math.log(ratio[1])).exp()
+    area = _uniform(u[:, :ATTEMPTS], *scale) * h * w
+    aspect = _uniform(u[:, ATTEMPTS : 2 * ATTEMPTS], math.log(ratio[0]), math.log(ratio[1])).exp()
     tw, th = (area * aspect).sqrt().round(), (area / aspect).sqrt().round()
     ok = (tw <= w) & (th <= h)
     cw, ch = _first_fit(ok, tw, th)
@@ -72,32 +88,35 @@ def resized_crop_params(
     fh = torch.where(in_ratio < min(ratio), (w / min(ratio)).round(), h)
     fits = ok.any(1)
     ch, cw = torch.where(fits, ch, fh), torch.where(fits, cw, fw)
-    u = br.rand((n, 2), device="cpu", dtype=torch.float64)
-    top = torch.where(fits, (u[:, 0] * (h - ch + 1)).floor(), ((h - ch) / 2).floor())
-    left = torch.where(fits, (u[:, 1] * (w - cw + 1)).floor(), ((w - cw) / 2).floor())
+    place = u[:, 2 * ATTEMPTS :]
+    top = torch.where(fits, (place[:, 0] * (h - ch + 1)).floor(), ((h - ch) / 2).floor())
+    left = torch.where(fits, (place[:, 1] * (w - cw + 1)).floor(), ((w - cw) / 2).floor())
     return torch.stack([top, left, ch, cw], 1).long()
 
 
-def erase_boxes(n: int, height: int, width: int, prob: float, max_count: int) -> torch.Tensor:
-    """timm ``RandomErasing`` boxes: per image with ``prob``, 1..``max_count`` boxes (uniform), each the first of 10
-    attempts that fits.
+def erase_boxes(height: int, width: int, prob: float, max_count: int, u: torch.Tensor) -> torch.Tensor:
+    """timm ``RandomErasing`` boxes, from uniforms (no host work): per image with ``prob``, 1..``max_count`` boxes
+    (uniform), each the first of 10 attempts that fits.
 
+    Args:
+        u: float64 [N, 2 + max_count * ``ERASE_COLUMNS``] uniforms in [0, 1).
     Returns:
         int64 [N, max_count, 4]: (top, left, height, width); height 0 where nothing is erased.
     """
-    br = batch_random()
-    count = br.randint(1, max_count + 1, (n, 1), device="cpu") if max_count > 1 else torch.ones(n, 1, dtype=torch.long)
-    shape = (n, max_count, ATTEMPTS)
-    area = _uniform(br, shape, *ERASE_AREA) * height * width / count[..., None]
-    aspect = _uniform(br, shape, math.log(ERASE_RATIO[0]), math.log(ERASE_RATIO[1])).exp()
+    n = u.shape[0]
+    count = (u[:, :1] * max_count).floor().clamp(max=max_count - 1) + 1  # [N, 1]
+    erased = u[:, 1:2] < prob
+    u = u[:, 2:].reshape(n, max_count, ERASE_COLUMNS)
+    area = _uniform(u[..., :ATTEMPTS], *ERASE_AREA) * height * width / count[..., None]
+    aspect = _uniform(u[..., ATTEMPTS : 2 * ATTEMPTS], math.log(ERASE_RATIO[0]), math.log(ERASE_RATIO[1])).exp()
     bh, bw = (area * aspect).sqrt().round(), (area / aspect).sqrt().round()
     ok = ((bw < width) & (bh < height)).view(n * max_count, ATTEMPTS)
     bh, bw = _first_fit(ok, bh.view(n * max_count, ATTEMPTS), bw.view(n * max_count, ATTEMPTS))
-    u = br.rand((n * max_count, 2), device="cpu", dtype=torch.float64)
-    top, left = (u[:, 0] * (height - bh + 1)).floor(), (u[:, 1] * (width - bw + 1)).floor()
-    chosen = (br.rand((n, 1), device="cpu") < prob) & (torch.arange(max_count) < count)  # [N, max_count]
-    erased = chosen.reshape(-1) & ok.any(1)
-    return torch.stack([top, left, bh * erased, bw], 1).long().view(n, max_count, 4)
+    place = u[..., 2 * ATTEMPTS :].reshape(n * max_count, 2)
+    top, left = (place[:, 0] * (height - bh + 1)).floor(), (place[:, 1] * (width - bw + 1)).floor()
+    chosen = erased & (torch.arange(max_count, device=u.device) < count)  # [N, max_count]
+    kept = chosen.reshape(-1) & ok.any(1)
+    return torch.stack([top, left, bh * kept, bw], 1).long().view(n, max_count, 4)
 
 
 def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
@@ -148,9 +167,13 @@ class DeviceTrainTransform:
         aug: the recipe's ``aug`` section (scale, auto_augment, color_jitter, interpolation, reprob, remode, recount,
             no_aug).
         img_size: output size S; mean, std: per-channel normalisation (0..1 scale).
+        graph: on CUDA, capture :meth:`augment` once per batch shape as a CUDA graph and replay it
+            (:class:`~lightvision.classify.graphed.GraphedCall`); False runs it op by op.
     """
 
-    def __init__(self, aug: dict[str, Any], img_size: int, mean: Sequence[float], std: Sequence[float]):
+    def __init__(
+        self, aug: dict[str, Any], img_size: int, mean: Sequence[float], std: Sequence[float], graph: bool = True
+    ):
         self.img_size, self.mean, self.std = img_size, torch.tensor(mean), torch.tensor(std)
         self.interpolation = aug.get("interpolation", "bicubic")
         check_choice(self.interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
@@ -172,55 +195,93 @@ class DeviceTrainTransform:
             self.jitter = jitter
         self.reprob, self.remode = float(aug.get("reprob", 0.0)), aug.get("remode", "pixel")
         self.recount = int(aug.get("recount", 1))
+        widths = {
+            "crop": CROP_COLUMNS,
+            "flip": 1,
+            "rand_augment": self.rand_augment.columns if self.rand_augment else 0,
+            "jitter": 2 * len(JITTER_OPS) if self.jitter else 0,
+            "erase": 2 + self.recount * ERASE_COLUMNS if self.reprob > 0 else 0,
+        }
+        self.columns = {name: width for name, width in widths.items() if width}
+        self.placed = DeviceConstants(self.mean.view(1, -1, 1, 1), self.std.view(1, -1, 1, 1))
+        self.graphed = GraphedCall(self.augment) if graph else None
 
-    def crop_flip(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
+    def draw(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every draw of a batch of ``n`` on ``device``, from the current
+        :func:`~lightvision.engine.batch_random` (keyed by seed, step and micro-batch: a resumed run draws the same):
+        float64 uniforms u [n, columns] (:meth:`split` names them) and the erasing noise (float [n, 3, S, S] for
+        ``aug.remode`` pixel, [n, 3, 1, 1] for rand, [1, 1, 1, 1] zeros otherwise). Two launches, no host work."""
+        br = batch_random()
+        u = br.rand((n, sum(self.columns.values())), device=device, dtype=torch.float64)
+        if self.reprob > 0 and self.remode == "pixel":
+            noise = br.randn((n, 3, self.img_size, self.img_size), device=device)
+        elif self.reprob > 0 and self.remode == "rand":
+            noise = br.randn((n, 3, 1, 1), device=device)
+        else:
+            noise = torch.zeros((1, 1, 1, 1), device=device)
+        return u, noise
+
+    def split(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`draw`'s uniforms [N, columns] by step (views): crop, flip, rand_augment, jitter, erase."""
+        return dict(zip(self.columns, u.split(list(self.columns.values()), 1), strict=True))
+
+    def crop_flip(self, images: Sequence[torch.Tensor], u: torch.Tensor) -> torch.Tensor:
         """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image (or uint8 [N, 3, H, W]) ->
-        uint8 [N, 3, S, S] (``lightvision.kernels.resize``: one launch for the batch on CUDA)."""
-        boxes = resized_crop_params(image_sizes(images), self.scale)
-        flip = batch_random().rand(len(images), device="cpu") < 0.5
-        x = resized_crops(images, boxes, flip, self.img_size, self.interpolation)
+        uint8 [N, 3, S, S] (``lightvision.kernels.resize``: one launch for the batch on CUDA, boxes drawn and read
+        on the device); ``u``: :meth:`draw`'s uniforms [N, columns]."""
+        x = resized_crops(images, *self.crop_boxes(images, u), self.img_size, self.interpolation)
         return x.round_().clamp_(0, 255).to(torch.uint8)
 
-    def color_jitter(self, x: torch.Tensor) -> torch.Tensor:
+    def crop_boxes(self, images: Sequence[torch.Tensor], u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The crops (int64 [N, 4]: top, left, height, width) and flips (bool [N]) of :meth:`crop_flip`, on u's
+        device."""
+        u = self.split(u)
+        sizes = image_sizes(images).to(u["crop"].device, non_blocking=True)
+        return resized_crop_params(sizes, self.scale, u["crop"]), u["flip"][:, 0] < 0.5
+
+    def color_jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """torchvision ``ColorJitter(b, c, s)``: factors uniform in [max(0, 1 - j), 1 + j], in a random order per
-        image; uint8 [N, 3, S, S]."""
-        br, n = batch_random(), x.shape[0]
-        factors = torch.stack([_uniform(br, (n,), max(0.0, 1 - j), 1 + j).float() for j in self.jitter], 1)
-        order = br.rand((n, len(JITTER_OPS)), device="cpu").argsort(1)  # order[:, p]: the op applied p-th
-        for p in range(len(JITTER_OPS)):
-            for k, name in enumerate(JITTER_OPS):
-                rows = torch.nonzero((order[:, p] == k) & (self.jitter[k] > 0)).flatten()
-                if rows.numel():
-                    idx = rows.to(x.device, non_blocking=True)
-                    x[idx] = apply_op(x[idx], name, factors[rows, k].to(x.device), torch.zeros(3, device=x.device))
+        image; uint8 [N, 3, S, S]; u float64 [N, 6]: factor and order draws. Every op runs on the whole batch at
+        every place of the order, each image keeping the one its order puts there."""
+        k = len(JITTER_OPS)
+        factors = torch.stack([_uniform(u[:, i], max(0.0, 1 - j), 1 + j) for i, j in enumerate(self.jitter)], 1)
+        order = u[:, k:].argsort(1)  # order[:, p]: the op applied p-th
+        fill = torch.zeros(3, device=x.device)
+        for p in range(k):
+            for i, name in enumerate(JITTER_OPS):
+                if self.jitter[i] > 0:
+                    picked = (order[:, p] == i).view(-1, 1, 1, 1)
+                    x = torch.where(picked, apply_op(x, name, factors[:, i].float(), fill), x)
         return x
 
-    def erase(self, x: torch.Tensor) -> torch.Tensor:
-        """timm ``RandomErasing`` on the normalised batch float [N, 3, S, S]."""
+    def erase(self, x: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """timm ``RandomErasing`` on the normalised batch float [N, 3, S, S]; u float64 [N, 2 + recount *
+        ``ERASE_COLUMNS``]: the boxes' draws; noise: the fill (:meth:`draw`)."""
         n, c, h, w = x.shape
-        boxes = erase_boxes(n, h, w, self.reprob, self.recount).to(x.device, non_blocking=True)
+        boxes = erase_boxes(h, w, self.reprob, self.recount, u)
         top, left, bh, bw = (boxes[..., i, None] for i in range(4))  # [N, count, 1]
         rows, cols = torch.arange(h, device=x.device), torch.arange(w, device=x.device)
         in_rows = (rows >= top) & (rows < top + bh)  # [N, count, H]
         in_cols = (cols >= left) & (cols < left + bw)  # [N, count, W]
         mask = (in_rows[..., :, None] & in_cols[..., None, :]).any(1)[:, None]  # [N, 1, H, W]
-        br = batch_random()
-        if self.remode == "pixel":
-            fill = br.randn((n, c, h, w), device=x.device, dtype=x.dtype)
-        elif self.remode == "rand":
-            fill = br.randn((n, c, 1, 1), device=x.device, dtype=x.dtype)
-        else:
-            fill = torch.zeros((), device=x.device, dtype=x.dtype)
-        return torch.where(mask, fill, x)
+        return torch.where(mask, noise.to(x.dtype), x)
+
+    def augment(self, x: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        """RandAugment, colour jitter, normalisation and erasing of the cropped batch uint8 [N, 3, S, S] -> float
+        [N, 3, S, S]; ``u``: all of :meth:`draw`'s uniforms [N, columns], noise its erasing fill. The same
+        launches whatever was drawn and no host synchronisation, so it can be captured as one CUDA graph."""
+        named = self.split(u)
+        if self.rand_augment is not None:
+            x = self.rand_augment(x, named["rand_augment"])
+        if self.jitter is not None:
+            x = self.color_jitter(x, named["jitter"])
+        x = _normalize(x, *self.placed.get(x.device))
+        return self.erase(x, named["erase"], noise) if self.reprob > 0 else x
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """uint8 [3, H_i, W_i] per image -> float [N, 3, S, S] augmented and normalised, on the images' device."""
         if self.no_aug:
             return self.eval(images)
-        x = self.crop_flip(images)
-        if self.rand_augment is not None:
-            x = self.rand_augment(x)
-        if self.jitter is not None:
-            x = self.color_jitter(x)
-        x = _normalize(x, self.mean, self.std)
-        return self.erase(x) if self.reprob > 0 else x
+        u, noise = self.draw(len(images), images[0].device)
+        x = self.crop_flip(images, u)
+        return self.graphed(x, u, noise) if self.graphed is not None else self.augment(x, u, noise)

@@ -7,24 +7,34 @@ layer (uniform, with replacement), applies it with the op's probability, at magn
 [0, mmax], with a random sign where timm negates. The ops follow PIL's (what timm calls) on uint8 values:
 colour ops blend with PIL's degenerate images and truncate like ``Image.blend``; geometric ops sample the
 output through the same affine maps as PIL (rotation about the centre, shear about the top-left corner,
-translation by a fraction of the size) with the recipe's interpolation, and fill with the mean colour.
-Draws come from :func:`~lightvision.engine.batch_random` (on the CPU, so the device never waits for them).
+translation by a fraction of the size) with the recipe's interpolation, and fill with the mean colour. The
+per-pixel ops (autocontrast, equalize, invert, posterize, solarize, contrast, brightness) are value maps: one
+256-entry table per image and channel. The draws are read from uniforms the caller draws on the device
+(:class:`~lightvision.classify.device_transforms.DeviceTrainTransform`), so nothing waits for the host.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import torch
 import torch.nn.functional as F
-import torchvision.transforms.v2.functional as TF
 from timm.data.auto_augment import rand_augment_transform
 
-from lightvision.engine import batch_random
+from lightvision.classify.graphed import DeviceConstants
 from lightvision.ops._checks import check_choice
 
-__all__ = ["BatchRandAugment", "GEOMETRIC_OPS", "OPS", "affine_theta", "apply_op", "level_to_arg"]
+__all__ = [
+    "BatchRandAugment",
+    "GEOMETRIC_OPS",
+    "LUT_OPS",
+    "OPS",
+    "affine_theta",
+    "apply_lut",
+    "apply_op",
+    "level_to_arg",
+    "op_lut",
+]
 
 LEVEL_DENOM = 10.0
 GEOMETRIC_OPS = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
@@ -145,6 +155,88 @@ def _warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) -
     return out.round().clamp(0, 255).to(torch.uint8)
 
 
+def _lut_blend(degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL ``Image.blend(degenerate, x, factor)`` for every value x of 0..255: uint8 [N, 1 or 3, 256]."""
+    values = torch.arange(256, device=factor.device, dtype=torch.float32)
+    d = degenerate.float()
+    return (d + factor.view(-1, 1, 1) * (values - d)).clamp(0, 255).to(torch.uint8)
+
+
+def _equalize_lut(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageOps.equalize`` table per image and channel (torchvision's form): uint8 [N, 3, 256]."""
+    flat = x.flatten(2).long()
+    hist = torch.zeros((*x.shape[:2], 256), dtype=torch.int32, device=x.device)
+    hist.scatter_add_(2, flat, torch.ones((), dtype=torch.int32, device=x.device).expand_as(flat))
+    cum = hist.cumsum(2)
+    non_max = flat.shape[-1] - hist.gather(2, cum.argmax(2, keepdim=True))  # pixels below the image's top value
+    step = non_max.div(255, rounding_mode="floor")
+    lut = (cum[..., :-1] + step // 2).div(step.clamp(min=1), rounding_mode="floor").clamp(0, 255)
+    lut = torch.cat([torch.zeros_like(lut[..., :1]), lut], 2)
+    values = torch.arange(256, device=x.device).expand_as(lut)
+    return torch.where(step != 0, lut, values).to(torch.uint8)
+
+
+def _autocontrast_lut(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``autocontrast`` (PIL's, cutoff 0) table per image and channel: uint8 [N, 3, 256]."""
+    lo, hi = x.amin((-2, -1)).float()[..., None], x.amax((-2, -1)).float()[..., None]
+    flat = hi == lo
+    inv_scale = torch.where(flat, 1.0, (hi - lo) * (1.0 / 255))
+    values = torch.arange(256, device=x.device, dtype=torch.float32)
+    return ((values - torch.where(flat, 0.0, lo)) / inv_scale).clamp(0, 255).to(torch.uint8)
+
+
+# per-pixel maps of the value (given per-image statistics): one table per image and channel
+LUT_OPS = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Posterize",
+    "PosterizeOriginal",
+    "Solarize",
+    "SolarizeAdd",
+    "Contrast",
+    "Brightness",
+)
+
+
+def _base(name: str) -> str:
+    return name[: -len("Increasing")] if name.endswith("Increasing") else name
+
+
+def op_lut(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
+    """The value map of a per-pixel op (base name in ``LUT_OPS``) for each image: uint8 [N, 1 or 3, 256].
+
+    Args:
+        x: uint8 [N, 3, H, W] (the statistics AutoContrast, Equalize and Contrast read); arg: float [N].
+    """
+    base, v = _base(name), torch.arange(256, device=x.device)
+    if base == "AutoContrast":
+        return _autocontrast_lut(x)
+    if base == "Equalize":
+        return _equalize_lut(x)
+    if base == "Invert":
+        return (255 - v).to(torch.uint8).expand(x.shape[0], 1, 256)
+    if base in ("Posterize", "PosterizeOriginal"):
+        bits = arg.long().clamp(0, 8).view(-1, 1, 1)
+        return (v & ((0xFF << (8 - bits)) & 0xFF)).to(torch.uint8)
+    if base == "Solarize":
+        return torch.where(v >= arg.view(-1, 1, 1), 255 - v, v).to(torch.uint8)
+    if base == "SolarizeAdd":
+        return torch.where(v < 128, (v + arg.view(-1, 1, 1).int()).clamp(max=255), v).to(torch.uint8)
+    if base == "Contrast":
+        mean = (_luma(x).float().mean((1, 2, 3)) + 0.5).floor()
+        return _lut_blend(mean.view(-1, 1, 1), arg)
+    if base == "Brightness":
+        return _lut_blend(torch.zeros((), device=x.device), arg)
+    raise ValueError(f"{name!r} is not a per-pixel op")
+
+
+def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, C, H, W] through each image's value map uint8 [N, 1 or C, 256] (one gather)."""
+    lut = lut.expand(x.shape[0], x.shape[1], 256)
+    return lut.gather(2, x.flatten(2).long()).view_as(x)
+
+
 def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, mode: str = "bicubic") -> torch.Tensor:
     """One timm RandAugment op on a batch, each image with its own argument.
 
@@ -157,38 +249,25 @@ def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, 
     Returns:
         uint8 [N, 3, H, W].
     """
-    base = name[: -len("Increasing")] if name.endswith("Increasing") else name
+    base = _base(name)
     if name in GEOMETRIC_OPS:
         return _warp(x, affine_theta(name, arg, x.shape[-2], x.shape[-1]), fill, mode)
-    if base == "AutoContrast":
-        return TF.autocontrast(x)
-    if base == "Equalize":
-        return TF.equalize(x)
-    if base == "Invert":
-        return 255 - x
-    if base in ("Posterize", "PosterizeOriginal"):
-        bits = arg.long().clamp(0, 8)
-        mask = ((0xFF << (8 - bits)) & 0xFF).to(torch.uint8)
-        return x & mask.view(-1, 1, 1, 1)
-    if base == "Solarize":
-        return torch.where(x.int() >= arg.view(-1, 1, 1, 1), 255 - x, x)
-    if base == "SolarizeAdd":
-        added = (x.int() + arg.view(-1, 1, 1, 1).int()).clamp(max=255).to(torch.uint8)
-        return torch.where(x < 128, added, x)
+    if base in LUT_OPS:
+        return apply_lut(x, op_lut(name, x, arg))
     if base == "Color":
         return _blend(_luma(x).expand_as(x), x, arg)
-    if base == "Contrast":
-        mean = (_luma(x).float().mean((1, 2, 3)) + 0.5).floor()
-        return _blend(mean.view(-1, 1, 1, 1).expand_as(x), x, arg)
-    if base == "Brightness":
-        return _blend(torch.zeros_like(x), x, arg)
     if base == "Sharpness":
         return _blend(_smooth(x), x, arg)
     raise ValueError(f"RandAugment op {name!r} has no batched form: use data.pipeline=cpu for this aug.auto_augment")
 
 
+def _rows(mask: torch.Tensor) -> torch.Tensor:
+    """bool [N] -> [N, 1, 1, 1], to select whole images with ``torch.where``."""
+    return mask.view(-1, 1, 1, 1)
+
+
 class BatchRandAugment:
-    """timm's RandAugment (parsed from its config string) applied to uint8 batches.
+    """timm's RandAugment (parsed from its config string) applied to uint8 batches as a fixed sequence of batched ops.
 
     Args:
         config: timm's RandAugment string, e.g. ``rand-m9-mstd0.5-inc1``.
@@ -196,6 +275,8 @@ class BatchRandAugment:
         mean: per-channel normalisation mean (0..1); its 0..255 colour fills the geometric ops.
         interpolation: "bicubic", "bilinear" or "nearest" for the geometric ops.
     """
+
+    COLUMNS = 5  # uniforms per layer and image: op, applied, magnitude (two, for a normal draw), sign
 
     def __init__(self, config: str, img_size: int, mean: tuple[float, ...], interpolation: str = "bicubic"):
         if not config.startswith("rand"):
@@ -226,69 +307,57 @@ class BatchRandAugment:
         self.magnitude_max = float(ra.ops[0].magnitude_max or LEVEL_DENOM)
         self.translate_pct = float(ra.ops[0].hparams.get("translate_pct", 0.45))
         self.num_layers = ra.num_layers
-        self.fill = torch.tensor(fill, dtype=torch.float32)
+        self.columns = self.COLUMNS * self.num_layers
+        self.fill = DeviceConstants(torch.tensor(fill, dtype=torch.float32))
         self.interpolation = interpolation
 
-    def draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Per layer and image: op index, applied, magnitude, negated; [num_layers, n] each (CPU)."""
-        br, shape = batch_random(), (n, self.num_layers)
-        op = br.randint(0, len(self.names), shape, device="cpu").T
-        applied = (br.rand(shape, device="cpu") < self.prob).T
+    def draw(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per layer and image: op index, applied, magnitude, negated; [num_layers, N] each, from uniforms
+        u [N, ``columns``] in [0, 1) (any device; no host work)."""
+        u = u.view(-1, self.num_layers, self.COLUMNS).permute(2, 1, 0)  # [COLUMNS, layers, N]
+        op = (u[0] * len(self.names)).long().clamp(max=len(self.names) - 1)
+        applied = u[1] < self.prob
         if math.isinf(self.magnitude_std):
-            level = br.rand(shape, device="cpu").T * self.magnitude
-        else:
-            level = self.magnitude + self.magnitude_std * br.randn(shape, device="cpu").T
-        negate = (br.rand(shape, device="cpu") > 0.5).T
-        return op, applied, level.clamp(0, self.magnitude_max), negate
+            level = u[2] * self.magnitude
+        else:  # Box-Muller: a standard normal from two uniforms
+            normal = (-2.0 * torch.log1p(-u[2])).sqrt() * torch.cos(2.0 * math.pi * u[3])
+            level = self.magnitude + self.magnitude_std * normal
+        return op, applied, level.clamp(0, self.magnitude_max), u[4] > 0.5
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """Augment uint8 [N, 3, H, W] (any device); returns a new uint8 tensor of the same shape.
+    def __call__(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Augment uint8 [N, 3, H, W] (any device) with the draws of uniforms u [N, ``columns``]; a new uint8 tensor.
 
-        Per layer, the images that apply an op are sorted by op (geometric ops first; one stable sort on the CPU),
-        gathered once and scattered back once. The geometric ops are all affine maps, so their images are resampled
-        together by one ``grid_sample`` with a map per image; the maps and the other ops' arguments are made on the
-        CPU and copied to the device once per layer.
+        Every layer runs the same batched ops whatever was drawn: one ``grid_sample`` with a map per image (identity
+        where no geometric op was chosen), one table lookup with a value map per image (identity where no per-pixel
+        op was chosen), and Color and Sharpness on the batch, each image keeping the result of its own op
+        (``torch.where``). No host synchronisation, the same launches every call: a CUDA graph can replay it.
         """
-        op, applied, level, negate = self.draw(x.shape[0])
-        x = x.clone()
-        fill = self.fill.to(x.device)
-        height, width = x.shape[-2:]
-        by_rank = sorted(range(len(self.names)), key=lambda k: self.names[k] not in GEOMETRIC_OPS)
-        rank = torch.empty(len(by_rank), dtype=torch.long)
-        rank[by_rank] = torch.arange(len(by_rank))  # op k's place in the sorted order
-        warped_ops = sum(name in GEOMETRIC_OPS for name in self.names)
+        op, applied, level, negate = self.draw(u)
+        (fill,) = self.fill.get(x.device)
+        ops = torch.arange(len(self.names), device=x.device)[:, None]
         for layer in range(self.num_layers):
-            key = torch.where(applied[layer], rank[op[layer]], len(by_rank))  # len(by_rank): no op in this layer
-            counts = torch.bincount(key, minlength=len(by_rank) + 1).tolist()[:-1]
-            bounds = list(itertools.accumulate(counts, initial=0))
-            if not bounds[-1]:
-                continue
-            rows = torch.argsort(key, stable=True)[: bounds[-1]]
-            lv, ng = level[layer, rows], negate[layer, rows]
-            present = [(self.names[k], a, b) for k, a, b in zip(by_rank, bounds[:-1], bounds[1:], strict=True) if b > a]
-            warp_end = bounds[warped_ops]
-            order = rows.to(x.device, non_blocking=True)
-            picked = x[order]
-            if warp_end:
-                theta = torch.cat(
-                    [
-                        affine_theta(
-                            name, level_to_arg(name, lv[a:b], ng[a:b], self.translate_pct).double(), height, width
-                        )
-                        for name, a, b in present
-                        if b <= warp_end
-                    ]
-                )
-                picked[:warp_end] = _warp(
-                    picked[:warp_end], theta.float().to(x.device, non_blocking=True), fill, self.interpolation
-                )
-            others = [(name, a, b) for name, a, b in present if a >= warp_end]
-            if others:
-                args = [level_to_arg(name, lv[a:b], ng[a:b], self.translate_pct) for name, a, b in others]
-                arg = torch.cat(args).float().to(x.device, non_blocking=True)
-                for name, a, b in others:
-                    picked[a:b] = apply_op(
-                        picked[a:b], name, arg[a - warp_end : b - warp_end], fill, self.interpolation
-                    )
-            x[order] = picked
+            chosen = applied[layer] & (op[layer] == ops)  # [ops, N]
+            args = [level_to_arg(name, level[layer], negate[layer], self.translate_pct) for name in self.names]
+            x = self._layer(x, chosen, args, fill)
+        return x
+
+    def _layer(self, x: torch.Tensor, chosen: torch.Tensor, args: list[torch.Tensor], fill: torch.Tensor):
+        """One layer: each image through its chosen op (``chosen`` bool [ops, N]; ``args`` float [N] per op)."""
+        (n, _, height, width), named = x.shape, list(enumerate(self.names))
+        warped = [k for k, name in named if name in GEOMETRIC_OPS]
+        if warped:
+            theta = torch.eye(2, 3, device=x.device, dtype=torch.float64).expand(n, 2, 3)
+            for k in warped:
+                op_theta = affine_theta(self.names[k], args[k].double(), height, width)
+                theta = torch.where(chosen[k].view(-1, 1, 1), op_theta, theta)
+            x = torch.where(_rows(chosen[warped].any(0)), _warp(x, theta.float(), fill, self.interpolation), x)
+        mapped = [k for k, name in named if _base(name) in LUT_OPS]
+        if mapped:
+            lut = torch.arange(256, device=x.device).to(torch.uint8).expand(n, 3, 256)
+            for k in mapped:
+                lut = torch.where(chosen[k].view(-1, 1, 1), op_lut(self.names[k], x, args[k]), lut)
+            x = apply_lut(x, lut)
+        for k, name in named:
+            if name not in GEOMETRIC_OPS and _base(name) not in LUT_OPS:
+                x = torch.where(_rows(chosen[k]), apply_op(x, name, args[k], fill, self.interpolation), x)
         return x

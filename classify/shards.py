@@ -2,6 +2,9 @@
 
     lightvision classify make-shards --data /imagenet --out /imagenet-shards --split train --shard-size 1000
 
+``--max-size N`` stores images whose shorter side passes N shrunk to N (re-encoded as JPEG): smaller files to read
+and decode per epoch, for recipes that crop well below the originals' size anyway.
+
 Layout: ``OUT/<split>-000000.tar`` ... (webdataset samples: key ``%08d``, the file's bytes under its extension,
 ``cls`` the class index, ``path`` the file's path in the split) and ``OUT/<split>.json`` (class names, shard
 names, image count), which the reader needs for the classes and the epoch length. The train split is written in
@@ -18,6 +21,7 @@ and counted.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import multiprocessing
@@ -35,42 +39,66 @@ from lightvision.classify.encoded import check_image_bytes
 from lightvision.engine.batch_random import hashed_seed
 from lightvision.engine.sample_draws import seed_generators
 
-__all__ = ["ShardDataset", "checked_bytes", "decode_pil", "image_problem", "make_shards", "read_index"]
+__all__ = [
+    "ShardDataset",
+    "bounded_image",
+    "checked_bytes",
+    "decode_pil",
+    "image_problem",
+    "make_shards",
+    "read_index",
+]
 
 META_KEYS = ("cls", "path")
+JPEG_QUALITY = 90  # of the images make-shards --max-size stores shrunk
 SHUFFLE_BUFFER = 2000
 
 
-def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000, seed: int = 0) -> dict[str, Any]:
+def make_shards(
+    folder: Any,
+    out: str | Path,
+    split: str,
+    shard_size: int = 1000,
+    seed: int = 0,
+    max_size: int | None = None,
+    workers: int = 1,
+) -> dict[str, Any]:
     """Write an ImageFolder split as tar shards; files that are not readable images (empty, unknown, truncated,
     undecodable: :func:`image_problem`) are left out, and named in the index.
 
     Args:
         folder: the split as a torchvision ImageFolder (``samples``, ``classes``, ``root``).
         out: output folder (created); split: the split's name (file prefix); shard_size: images per shard.
+        max_size: images whose shorter side is longer are stored shrunk to it, as JPEG (:func:`bounded_image`);
+            None keeps every file's bytes.
+        workers: processes that check (and shrink) the files.
     Returns:
-        the index written to ``out/<split>.json``: split, classes, count (images written), shards, and
-        ``skipped``: [path in the split, why] per file left out.
+        the index written to ``out/<split>.json``: split, classes, count (images written), shards, max_size,
+        ``resized`` (images stored shrunk) and ``skipped``: [path in the split, why] per file left out.
     """
     if shard_size < 1:
         raise ValueError(f"--shard-size must be at least 1 image, got {shard_size}")
+    if max_size is not None and max_size < 1:
+        raise ValueError(f"--max-size must be at least 1 pixel, got {max_size}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     samples = list(folder.samples)
     if split == "train":
         random.Random(seed).shuffle(samples)
     root = Path(folder.root)
-    count, skipped = 0, []
-    with wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink:
-        for path, label in samples:
-            data, name = Path(path).read_bytes(), str(Path(path).relative_to(root))
-            problem = image_problem(data, name)
+    count, resized, skipped = 0, 0, []
+    jobs = [(path, str(Path(path).relative_to(root)), max_size) for path, _ in samples]
+    with (
+        wds.ShardWriter(str(out / f"{split}-%06d.tar"), maxcount=shard_size, verbose=0) as sink,
+        multiprocessing.get_context("spawn").Pool(workers) if workers > 1 else contextlib.nullcontext() as pool,
+    ):
+        stored = pool.imap(_stored_file, jobs, chunksize=16) if pool is not None else map(_stored_file, jobs)
+        for (_, label), (name, ext, data, problem, shrunk) in zip(samples, stored, strict=True):
             if problem is not None:
                 skipped.append([name, problem])
                 continue
-            ext = Path(path).suffix.lower().lstrip(".") or "img"
             sink.write({"__key__": f"{count:08d}", ext: data, "cls": str(label).encode(), "path": name.encode()})
-            count += 1
+            count, resized = count + 1, resized + shrunk
         shards = sink.shard
     if not count:
         raise ValueError(f"no readable image in {root} ({len(skipped)} unreadable): nothing to pack")
@@ -79,10 +107,39 @@ def make_shards(folder: Any, out: str | Path, split: str, shard_size: int = 1000
         "classes": list(folder.classes),
         "count": count,
         "shards": [f"{split}-{i:06d}.tar" for i in range(shards)],
+        "max_size": max_size,
+        "resized": resized,
         "skipped": sorted(skipped),
     }
     (out / f"{split}.json").write_text(json.dumps(index, indent=1))
     return index
+
+
+def _stored_file(job: tuple[str, str, int | None]) -> tuple[str, str, bytes, str | None, bool]:
+    """(name, extension, bytes to store, why it is left out or None, whether it was shrunk) of one file."""
+    path, name, max_size = job
+    data = Path(path).read_bytes()
+    problem = image_problem(data, name)
+    shrunk = bounded_image(data, max_size) if problem is None and max_size is not None else None
+    if shrunk is not None:
+        return name, "jpg", shrunk, None, True
+    return name, Path(path).suffix.lower().lstrip(".") or "img", data, problem, False
+
+
+def bounded_image(data: bytes, max_size: int, quality: int = JPEG_QUALITY) -> bytes | None:
+    """The image shrunk so that its shorter side is ``max_size`` (aspect kept, bicubic; a JPEG is first decoded at
+    the smallest DCT scale still above that size), as RGB JPEG bytes at ``quality``; None when it already fits."""
+    with Image.open(io.BytesIO(data)) as img:
+        width, height = img.size
+        if min(width, height) <= max_size:
+            return None
+        scale = max_size / min(width, height)
+        size = (max(max_size, round(width * scale)), max(max_size, round(height * scale)))
+        img.draft("RGB", size)
+        small = img.convert("RGB").resize(size, Image.BICUBIC)
+    buf = io.BytesIO()
+    small.save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
 
 
 def image_problem(data: bytes, name: str) -> str | None:

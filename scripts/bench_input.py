@@ -1,32 +1,30 @@
 """Classifier input pipeline throughput: DeiT training images/s fed from each input path, and where the time goes.
 
-    python scripts/make_imagenet_like.py --cifar data/cifar10 --out data/imagenet_like --count 20000
-    python scripts/bench_input.py --data data/imagenet_like --out input.json
+    python scripts/make_imagenet_like.py --cifar data/cifar10 --out data/imagenet_like --count 6000
+    python scripts/bench_input.py --data data/imagenet_like --out input.json --cores 4 8 16
 
-Settings, each a training loop of the DeiT recipe (``configs/classify/deit_imagenet.yaml``: DeiT-S at 224 px,
-RandAugment rand-m9-mstd0.5-inc1, random erasing 0.25, Mixup / CutMix, repeated augmentation x3, AdamW, bf16
-autocast; ``--set`` overrides any key) on one device:
+Each measurement trains the DeiT recipe (``configs/classify/deit_imagenet.yaml``: DeiT-S at 224 px, RandAugment
+rand-m9-mstd0.5-inc1, random erasing 0.25, Mixup / CutMix, repeated augmentation x3, AdamW, bf16 autocast; ``--set``
+overrides any key) on one device.
 
-- ``synthetic``: random images already on the device (the model step alone: the ceiling);
-- ``folder_cpu``: the JPEG folder, ``data.pipeline=cpu`` (PIL decode + timm transforms in ``--workers`` loader
-  processes);
-- ``folder_gpu``: the JPEG folder, ``data.pipeline=gpu`` (workers read bytes; nvjpeg decode + augmentation on
-  the device);
-- ``shards_gpu``: the folder's train split as webdataset shards (written once into ``--work``), ``gpu``;
-- ``trainer_gpu`` / ``trainer_gpu_inline``: the JPEG folder, ``gpu``, through ``lightvision classify train`` itself
-  (the engine's Trainer: a loss read back every step for the NaN guard) with ``data.prefetch`` on (decode and
-  augmentation of the next batch in a background thread during the step) and off; ``trainer_cpu``: the same
-  command with ``cpu``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps after
-  ``--warmup``; they have no stage times.
+``synthetic``: random images already on the device (the model step alone: the ceiling), in this script's own loop.
+Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetch`` on) for every combination of
 
-Per setting: ``images_per_s`` over ``--steps`` steps after ``--warmup`` (the device synchronised only at the ends,
-so loading overlaps the steps as in training); ``loader_images_per_s``: the loader alone, nothing else running
-(what the workers can supply; the batches it had buffered left out); per-stage milliseconds per batch over
-``--stage-steps`` more steps, synchronised after each stage: ``read`` (waiting for the loader), ``decode``,
-``augment`` (device transforms and Mixup / CutMix; in the workers for ``folder_cpu``, so 0 there) and ``step``
-(forward, backward, optimizer). A setting is input-bound when ``images_per_s`` is well under ``synthetic``; the
-stage times say which stage to blame. Output: JSON (``env``: hardware, versions, command; ``results``) at
-``--out``, and the table printed last.
+- loader cores (``--cores``): the process and its loader workers are pinned to that many cores, one worker per core;
+- source (``--sources``): ``folder`` (the JPEG folder), ``shards`` (its train split as webdataset shards, written once
+  into ``--work``) and ``shards_max`` (the same written with ``make-shards --max-size`` ``--max-size``: images
+  shrunk to that shorter side);
+- pipeline (``--pipelines``): ``gpu`` (workers read bytes; nvjpeg decode, then the augmentation and Mixup / CutMix
+  replayed as CUDA graphs, ``data.augment_graph``) and ``cpu`` (PIL decode + timm transforms in the workers);
+
+named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation
+op by op) unless ``--no-eager``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps after
+``--warmup``, ``vs_synthetic`` its share of the ceiling. Settings run most cores first; past ``--budget-s`` seconds
+no new one starts (recorded as skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``,
+``folder_gpu``, ``shards_gpu``: per-stage milliseconds per batch, synchronised after each stage: ``read``,
+``decode``, ``augment``, ``step``; and ``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware,
+versions, command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``,
+and a short table printed last.
 """
 
 from __future__ import annotations
@@ -64,7 +62,9 @@ from lightvision.engine.metrics import MetricsLogger
 from lightvision.tools.results import results_env
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
-SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu", "trainer_gpu", "trainer_gpu_inline", "trainer_cpu")
+LOOP_SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu")
+SOURCES = ("folder", "shards", "shards_max")
+PIPELINES = ("gpu", "cpu")
 STAGES = ("read", "decode", "augment", "step")
 NUM_CLASSES = 1000  # ImageNet's head; the folder's labels are a subset
 
@@ -95,7 +95,8 @@ class Loop:
         self.model = create_from_config(model_config(cfg, NUM_CLASSES), cfg["model"]["drop_path"]).to(device)
         o = cfg["optim"]
         self.optimizer = create_optimizer_v2(self.model, opt=o["opt"], lr=o["lr"], weight_decay=o["weight_decay"])
-        self.mixup = build_mixup(cfg["aug"], NUM_CLASSES)
+        on_device = dataset is not None and cfg["data"]["pipeline"] == "gpu"
+        self.mixup = build_mixup(cfg["aug"], NUM_CLASSES, on_device=on_device)
         self.prepare = device_batches(cfg, dataset, train=True) if dataset is not None else None
         self.criterion = make_criterion(self.mixup, cfg["aug"]["smoothing"])
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg["train"]["mixed_precision"])
@@ -208,32 +209,63 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     return out
 
 
-def measure_trainer(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """images/s of ``lightvision classify train`` from the folder: the training log's rate after the warm-up."""
+def trainer_settings(args: argparse.Namespace) -> list[tuple[str, str, str, int, bool]]:
+    """(name, source, pipeline, cores, graph) of each ``classify train`` measurement, most cores first."""
+    cores = sorted(set(args.cores), reverse=True)
+    out = [
+        (f"train_{source}_{pipeline}_{n}c", source, pipeline, n, True)
+        for n in cores
+        for source in args.sources
+        for pipeline in args.pipelines
+    ]
+    if not args.no_eager and "gpu" in args.pipelines and "folder" in args.sources:
+        out.insert(
+            len(args.sources) * len(args.pipelines),
+            (f"train_folder_gpu_eager_{cores[0]}c", "folder", "gpu", cores[0], False),
+        )
+    return out
+
+
+def measure_trainer(
+    name: str, source: str, pipeline: str, cores: int, graph: bool, args: argparse.Namespace, device: torch.device
+) -> dict[str, Any]:
+    """images/s of ``lightvision classify train`` on ``cores`` pinned cores: the training log's rate after the
+    warm-up."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores > len(allowed):
+        return {"skipped": f"needs {cores} cores, {len(allowed)} available"}
     run = args.work / f"run_{name}"
     shutil.rmtree(run, ignore_errors=True)
-    pipeline = "cpu" if name == "trainer_cpu" else "gpu"
     window = max(1, args.warmup)
     steps = max(window, args.steps // window * window)
+    root = args.data if source == "folder" else args.work / source
     cfg = _recipe(
         args,
-        args.data,
+        root,
         pipeline,
-        f"data.prefetch={'false' if name.endswith('inline') else 'true'}",
+        f"data.format={'folder' if source == 'folder' else 'shards'}",
+        f"data.num_workers={cores}",
+        f"data.augment_graph={'true' if graph else 'false'}",
+        "data.prefetch=true",
         f"train.max_steps={window + steps}",
         f"train.log_every={window}",
         "train.eval_every_epochs=1000",
         "train.ckpt_every_epochs=1000",
         f"run.dir={run}",
     )
-    train(cfg, device=device.type)
+    os.sched_setaffinity(0, allowed[:cores])  # the loader workers inherit it
+    try:
+        train(cfg, device=device.type)
+    finally:
+        os.sched_setaffinity(0, allowed)
     records = [r for r in MetricsLogger(run).records() if "steps_per_s" in r and r["step"] > window]
     seconds = sum(window / r["steps_per_s"] for r in records)
     batch = cfg["train"]["batch_size"]
     return {
         "pipeline": pipeline,
-        "format": "folder",
-        "prefetch": cfg["data"]["prefetch"],
+        "source": source,
+        "cores": cores,
+        "augment_graph": graph,
         "batch_size": batch,
         "img_size": cfg["data"]["image_size"],
         "steps": len(records) * window,
@@ -241,17 +273,40 @@ def measure_trainer(name: str, args: argparse.Namespace, device: torch.device) -
     }
 
 
+def write_shards(args: argparse.Namespace) -> dict[str, Any]:
+    """The folder's train and val splits as shards under ``--work``: ``shards`` (the files' bytes) and ``shards_max``
+    (``--max-size``), each written once; seconds, train images, shrunk train images and MiB of the train split."""
+    out = {}
+    for source in [s for s in args.sources if s != "folder"]:
+        start = time.perf_counter()
+        max_size = args.max_size if source == "shards_max" else None
+        for split in ("val", "train"):
+            folder = image_folder(args.data, split, None)
+            index = make_shards(
+                folder, args.work / source, split, args.shard_size, max_size=max_size, workers=available_cpus()
+            )
+        mib = sum(f.stat().st_size for f in (args.work / source).glob("train-*.tar")) / 2**20
+        out[source] = {
+            "seconds": time.perf_counter() - start,
+            "images": index["count"],
+            "resized": index["resized"],
+            "max_size": max_size,
+            "mib": mib,
+        }
+        print(json.dumps({f"wrote {source}": out[source]}), flush=True)
+    return out
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
-    cols = ("images_per_s", "loader_images_per_s", "read_ms", "decode_ms", "augment_ms", "step_ms")
-    lines = ["| setting | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    """The short table: images/s and share of the synthetic ceiling per setting."""
+    ceiling = results.get("synthetic", {}).get("images_per_s")
+    lines = ["| setting | images/s | vs synthetic |", "|---|---|---|"]
     for name, r in results.items():
-        cells = [
-            r.get("error", "")[:60]
-            if c == cols[0] and "error" in r
-            else (f"{r[c]:.1f}" if isinstance(r.get(c), float) else "-")
-            for c in cols
-        ]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        if "images_per_s" not in r:
+            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - |")
+            continue
+        share = f"{100 * r['images_per_s'] / ceiling:.0f}%" if ceiling else "-"
+        lines.append(f"| {name} | {r['images_per_s']:.0f} | {share} |")
     return "\n".join(lines)
 
 
@@ -260,12 +315,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", type=Path, required=True, help="ImageFolder root with train/ (make_imagenet_like.py)")
     p.add_argument("--out", type=Path, required=True, help="JSON results file")
     p.add_argument("--work", type=Path, default=Path("/tmp/lightvision_bench_input"), help="scratch for the shards")
-    p.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    p.add_argument("--loop-settings", nargs="*", choices=LOOP_SETTINGS, default=["synthetic"])
+    p.add_argument("--cores", nargs="*", type=int, default=[4, 8, 16], help="loader cores of the classify-train runs")
+    p.add_argument("--sources", nargs="*", choices=SOURCES, default=list(SOURCES))
+    p.add_argument("--pipelines", nargs="*", choices=PIPELINES, default=list(PIPELINES))
+    p.add_argument("--max-size", type=int, default=256, help="shorter side of the shards_max images")
+    p.add_argument("--no-eager", action="store_true", help="leave out the run with the augmentation op by op")
+    p.add_argument("--budget-s", type=float, default=0, help="start no setting after this many seconds (0: no limit)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
-    p.add_argument("--workers", type=int, default=available_cpus(), help="loader processes (default: every core)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (worker start-up, kernel choice)")
-    p.add_argument("--steps", type=int, default=40, help="timed steps")
+    p.add_argument("--workers", type=int, default=available_cpus(), help="loader processes of the loop settings")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (worker start-up, kernel choice)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--stage-steps", type=int, default=10, help="steps timed stage by stage")
     p.add_argument("--loader-steps", type=int, default=30, help="batches of the loader-only measurement")
     p.add_argument("--shard-size", type=int, default=500)
@@ -279,14 +340,10 @@ def main(argv: list[str] | None = None) -> int:
         help="recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224",
     )
     args = p.parse_args(argv)
+    start = time.perf_counter()
     device = torch.device(resolve_device(args.device))
-    if "shards_gpu" in args.settings:
-        start = time.perf_counter()
-        index = make_shards(image_folder(args.data, "train", None), args.work / "shards", "train", args.shard_size)
-        print(
-            f"wrote {len(index['shards'])} shards of {index['count']} images in {time.perf_counter() - start:.1f} s",
-            flush=True,
-        )
+    if "shards_gpu" in args.loop_settings and "shards" not in args.sources:
+        args.sources.append("shards")
     command = shlex.join(["python", "scripts/bench_input.py", *(sys.argv[1:] if argv is None else argv)])
     env = {
         **results_env(command),
@@ -297,15 +354,26 @@ def main(argv: list[str] | None = None) -> int:
         "device": str(device),
     }
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
-    for name in args.settings:
+    report["shards"] = write_shards(args)
+    runs = [(name, lambda name=name: measure(name, args, device)) for name in args.loop_settings]
+    for name, *setting in trainer_settings(args):
+        runs.append((name, lambda name=name, setting=setting: measure_trainer(name, *setting, args, device)))
+    for name, run in runs:
+        if args.budget_s and time.perf_counter() - start > args.budget_s:
+            report["results"][name] = {"skipped": f"past the {args.budget_s:.0f} s budget"}
+            continue
         try:
-            run = measure_trainer if name.startswith("trainer") else measure
-            report["results"][name] = run(name, args, device)
+            report["results"][name] = run()
         except Exception as err:  # noqa: BLE001 - recorded; the other settings still run
             report["results"][name] = {"error": f"{type(err).__name__}: {err}"}
+        ceiling = report["results"].get("synthetic", {}).get("images_per_s")
+        if ceiling and "images_per_s" in report["results"][name]:
+            report["results"][name]["vs_synthetic"] = report["results"][name]["images_per_s"] / ceiling
         print(json.dumps({name: report["results"][name]}), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))
+    report["seconds"] = time.perf_counter() - start
+    args.out.write_text(json.dumps(report, indent=2))
     print(table(report["results"]))
     return 0
 

@@ -2,11 +2,12 @@
 
     python scripts/profile_input.py --data data/imagenet_like --out input_profile.json
 
-Median milliseconds of each stage (decode, crop + flip + resize, RandAugment, normalise, random erasing, the whole
-transform) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``; then the
-operations of one decode + transform: on CUDA the kernel launches and the host and device time in torch.profiler
-(the top entries by each), on the CPU the operations dispatched, in all and by RandAugment alone (on a GPU most are
-one kernel launch each). The JSON holds the environment and the command.
+Median milliseconds of each stage (decode; draws + crop + flip + resize; RandAugment; the whole augmentation after
+the crop, op by op; the whole transform op by op and with the augmentation replayed as a CUDA graph) with the device
+synchronised after each, over ``--repeats`` batches after ``--warmup``; then the operations of one decode +
+transform: on CUDA the kernel launches and the host and device time in torch.profiler (the top entries by each), with
+the graph replayed, on the CPU the operations dispatched, in all and by RandAugment alone (on a GPU most are one
+kernel launch each). The JSON holds the environment and the command.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lightvision.classify.data import norm_stats
-from lightvision.classify.device_transforms import DeviceTrainTransform, _normalize
+from lightvision.classify.device_transforms import DeviceTrainTransform
 from lightvision.classify.encoded import EncodedImages, decode_batch
 from lightvision.classify.train import load_recipe
 from lightvision.engine.batch_random import BatchRandom, use_batch_random
 from lightvision.tools.results import results_env
 
+STAGES = ("decode", "crop_flip", "rand_augment", "augment", "whole_eager", "whole")
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
 
 
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     encoded = EncodedImages(data, [len(r) for r in raw], [str(f) for f in files[: args.batch]])
     cfg = load_recipe(args.recipe, [])
     transform = DeviceTrainTransform(cfg["aug"], args.img_size, *norm_stats(cfg))
+    eager = DeviceTrainTransform(cfg["aug"], args.img_size, *norm_stats(cfg), graph=False)
     labels = torch.zeros(len(raw), dtype=torch.long, device=args.device)
     cuda = args.device.startswith("cuda")
 
@@ -76,18 +79,22 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return out, 1000 * (time.perf_counter() - start)
 
+    def crop(images):
+        u, noise = transform.draw(len(images), images[0].device)
+        return transform.crop_flip(images, u), u, noise
+
     stages = collections.defaultdict(list)
     for i in range(args.warmup + args.repeats):
         with use_batch_random(BatchRandom(i)):
             images, t_decode = timed(lambda: decode_batch(encoded, labels)[0])
-            x, t_crop = timed(transform.crop_flip, images)
-            y, t_rand = timed(transform.rand_augment or (lambda v: v), x)
-            z, t_norm = timed(lambda v: _normalize(v, transform.mean, transform.std), y)
-            _, t_erase = timed(transform.erase, z)
+            (x, u, noise), t_crop = timed(crop, images)
+            _, t_rand = timed(transform.rand_augment or (lambda v, _: v), x, transform.split(u).get("rand_augment"))
+            _, t_augment = timed(eager.augment, x, u, noise)
+            _, t_eager = timed(eager, images)
             _, t_whole = timed(transform, images)
         if i >= args.warmup:
-            times = (t_decode, t_crop, t_rand, t_norm, t_erase, t_whole)
-            for name, ms in zip(("decode", "crop_flip", "rand_augment", "normalize", "erase", "whole"), times):
+            times = (t_decode, t_crop, t_rand, t_augment, t_eager, t_whole)
+            for name, ms in zip(STAGES, times):
                 stages[name].append(ms)
     report = {
         "env": results_env("python scripts/profile_input.py " + " ".join(sys.argv[1:] if argv is None else argv)),
@@ -116,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             report["ops_dispatched"] = sum(ops.counts.values())
             report["top_ops"] = ops.counts.most_common(25)
             if transform.rand_augment is not None:
-                x = transform.crop_flip(decode_batch(encoded, labels)[0])
+                x, u, _ = crop(decode_batch(encoded, labels)[0])
                 with CountOps() as ops:
-                    transform.rand_augment(x)
+                    transform.rand_augment(x, transform.split(u)["rand_augment"])
                 report["rand_augment_ops"] = sum(ops.counts.values())
     Path(args.out).write_text(json.dumps(report, indent=1))
     counted = f"{report['launches']} launches" if cuda else f"{report['ops_dispatched']} operations dispatched"

@@ -66,52 +66,36 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 
 
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
+    """Synthetic, a stage-timed loop, and classify train for both pipelines on the folder and both shard sets (one
+    shrunk by --max-size) on one pinned core, plus the op-by-op run; more cores than the machine has are skipped."""
+    import os
+
     out = imagenet_like / "bench.json"
-    assert (
-        load_script("bench_input").main(
-            [
-                "--data",
-                str(imagenet_like / "a"),
-                "--out",
-                str(out),
-                "--work",
-                str(imagenet_like / "work"),
-                "--device",
-                "cpu",
-                "--batch-size",
-                "2",
-                "--img-size",
-                "16",
-                "--workers",
-                "0",
-                "--warmup",
-                "1",
-                "--steps",
-                "1",
-                "--stage-steps",
-                "1",
-                "--loader-steps",
-                "1",
-                "--shard-size",
-                "5",
-                "--set",
-                "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}",
-                "train.mixed_precision=no",
-            ]
-        )
-        == 0
-    )
+    tiny = ["--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no"]
+    args = ["--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work")]
+    args += ["--device", "cpu", "--batch-size", "2", "--img-size", "16", "--workers", "0", "--warmup", "1"]
+    args += ["--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5", "--max-size", "300"]
+    too_many = len(os.sched_getaffinity(0)) + 1
+    args += ["--loop-settings", "synthetic", "folder_gpu", "--cores", "1", str(too_many), *tiny]
+    assert load_script("bench_input").main(args) == 0
     report = json.loads(out.read_text())
     env = report["env"]
     assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "--img-size 16" in env["command"]
+    shards = report["shards"]
+    assert shards["shards"]["resized"] == 0 and shards["shards_max"]["resized"] == shards["shards_max"]["images"] == 12
+    assert shards["shards_max"]["mib"] < shards["shards"]["mib"]  # 400..600 px images shrunk to a 300 px side
     results = report["results"]
-    trainer = ["trainer_gpu", "trainer_gpu_inline", "trainer_cpu"]
-    assert list(results) == ["synthetic", "folder_cpu", "folder_gpu", "shards_gpu", *trainer]
-    for name, r in results.items():
+    trained = [f"train_{s}_{p}_1c" for s in ("folder", "shards", "shards_max") for p in ("gpu", "cpu")]
+    eager = f"train_folder_gpu_eager_{too_many}c"
+    skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards", "shards_max") for p in ("gpu", "cpu")]
+    assert list(results) == ["synthetic", "folder_gpu", *skipped, eager, *trained]
+    for name in ["synthetic", "folder_gpu", *trained]:
+        r = results[name]
         assert "error" not in r, (name, r)
-        assert r["images_per_s"] > 0 and r["img_size"] == 16 and (name in trainer or r["step_ms"] > 0)
-    assert results["folder_gpu"]["decode_ms"] > 0 and results["shards_gpu"]["loader_images_per_s"] > 0
-    assert [results[n]["prefetch"] for n in trainer] == [True, False, True] and results["trainer_gpu"]["steps"] == 1
-    assert (imagenet_like / "work" / "run_trainer_gpu" / "metrics.jsonl").is_file()
+        assert r["images_per_s"] > 0 and r["img_size"] == 16 and r["vs_synthetic"] > 0
+    assert results["folder_gpu"]["decode_ms"] > 0 and results["folder_gpu"]["step_ms"] > 0
+    assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in [*skipped, eager])
+    assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
+    assert (imagenet_like / "work" / "run_train_folder_gpu_1c" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-9].startswith("| setting |") and printed[-1].startswith("| trainer_cpu |")
+    assert printed[-17].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")

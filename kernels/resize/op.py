@@ -4,7 +4,8 @@ The reference (the spec) resizes each crop with ``F.interpolate(mode, antialias=
 antialiased filters) and mirrors the flipped ones. On CUDA, bicubic and bilinear crops run as one Triton program
 over the whole batch (``_triton.resized_crops_kernel``, same equation) after one copy that packs the images into a
 single buffer: two launches for the batch instead of two per image, since the per-image launches, not the
-arithmetic, set the time of this stage (docs/classify_input.md).
+arithmetic, set the time of this stage (docs/classify_input.md). Boxes and flips may be drawn on the device: the
+program reads them there, so nothing waits for the host.
 """
 
 from __future__ import annotations
@@ -92,13 +93,14 @@ def resized_crops(
         flat = [img.contiguous().reshape(-1) for img in images]
         packed = torch.cat(flat)
         offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
-    params = torch.cat([offsets[:, None], image_sizes(images), boxes.long().cpu(), flip.long().cpu()[:, None]], 1)
+    placed = torch.cat([offsets[:, None], image_sizes(images)], 1).to(device, non_blocking=True)
+    params = torch.cat([placed, boxes.to(device).long(), flip.to(device).long()[:, None]], 1)  # no host round trip
     out = empty((len(images), channels, size, size), torch.float32, device)
     grid = (len(images) * channels, -(-size // BY), -(-size // BX))
     from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
 
     resized_crops_kernel[grid](
-        SRC=packed, PARAMS=params.to(device, non_blocking=True), OUT=out, C=channels, S=size,
+        SRC=packed, PARAMS=params, OUT=out, C=channels, S=size,
         BICUBIC=mode == "bicubic", RADIUS=KERNEL_MODES[mode], BY=BY, BX=BX,
     )  # fmt: skip
     return out

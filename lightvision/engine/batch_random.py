@@ -84,6 +84,12 @@ class BatchRandom:
             self._generators[device] = gen
         return gen
 
+    def fork(self, name: str) -> BatchRandom:
+        """Draws of their own for a second consumer of this micro-batch (e.g. the loss's Mixup after the batch's
+        augmentation, both seeded from the same step): seeded from (``name``, seed), same processes; the fallback
+        (no seed) returns itself."""
+        return self if self.seed is None else BatchRandom(hashed_seed(name, self.seed), self.rank, self.world)
+
     def _draw(self, fn, size: Sequence[int] | int, device, **kwargs) -> torch.Tensor:
         size = _size(size)
         rows = size[0]

@@ -23,19 +23,26 @@ from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 from lightvision.classify.data import build_mixup, eval_transform, image_folder, train_transform
 from lightvision.classify.device_transforms import (
+    CROP_COLUMNS,
+    ERASE_COLUMNS,
     DeviceEvalTransform,
     DeviceTrainTransform,
     erase_boxes,
     resized_crop_params,
 )
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
-from lightvision.classify.rand_augment import BatchRandAugment, apply_op
+from lightvision.classify.rand_augment import BatchRandAugment, apply_op, level_to_arg
 from lightvision.classify.train import DEFAULTS, make_loss_fn
 from lightvision.engine import BatchRandom, use_batch_random
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FILL = tuple(round(255 * m) for m in MEAN)
 DRAWS = 4000
+
+
+def uniforms(rows: int, columns: int, seed: int) -> torch.Tensor:
+    """float64 [rows, columns] uniforms in [0, 1) from a seeded CPU generator."""
+    return torch.rand((rows, columns), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 def jpeg_bytes(h: int, w: int, seed: int = 0, quality: int = 90) -> bytes:
@@ -63,8 +70,8 @@ def test_resized_crop_draws_follow_timm(height, width, scale):
     random.seed(0)
     img = Image.new("RGB", (width, height))
     ref = np.array([RandomResizedCropAndInterpolation.get_params(img, scale, (3 / 4, 4 / 3)) for _ in range(2 * DRAWS)])
-    with use_batch_random(BatchRandom(1)):
-        ours = resized_crop_params(torch.tensor([[height, width]] * 2 * DRAWS), scale).numpy()
+    u = uniforms(2 * DRAWS, CROP_COLUMNS, 1)
+    ours = resized_crop_params(torch.tensor([[height, width]] * 2 * DRAWS), scale, u).numpy()
     assert (ours[:, 0] >= 0).all() and (ours[:, 0] + ours[:, 2] <= height).all()
     assert (ours[:, 1] >= 0).all() and (ours[:, 1] + ours[:, 3] <= width).all()
     for name, stat in (
@@ -83,7 +90,8 @@ def test_crop_keeps_whole_image_and_flips_half():
         {"scale": [1.0, 1.0], "auto_augment": None, "color_jitter": None, "reprob": 0.0}, 8, MEAN, STD
     )
     with use_batch_random(BatchRandom(2)):
-        out = tf.crop_flip([img] * n)
+        u, _ = tf.draw(n, torch.device("cpu"))
+    out = tf.crop_flip([img] * n, u)
     flipped = (out == img.flip(-1)).flatten(1).all(1)
     assert ((out == img).flatten(1).all(1) | flipped).all()  # scale 1: the whole image, resized to itself
     assert abs(flipped.float().mean().item() - 0.5) < 0.04
@@ -163,15 +171,13 @@ def test_geometric_ops_match_timm(name, arg):
 def test_rand_augment_parses_recipe_and_draws_like_timm():
     ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)
     assert ra.names == _RAND_INCREASING_TRANSFORMS and ra.num_layers == 2 and ra.prob == 0.5
-    with use_batch_random(BatchRandom(3)):
-        op, applied, level, _ = ra.draw(DRAWS)
+    op, applied, level, _ = ra.draw(uniforms(DRAWS, ra.columns, 3))
     counts = torch.bincount(op.flatten(), minlength=len(ra.names)).float() / op.numel()
     assert (counts - 1 / len(ra.names)).abs().max() < 0.02
     assert abs(applied.float().mean().item() - 0.5) < 0.02
     assert abs(level.mean().item() - 9.0) < 0.05 and abs(level.std().item() - 0.5) < 0.05 and level.max() <= 10
-    with use_batch_random(BatchRandom(3)):
-        x = torch.from_numpy(textured()).permute(2, 0, 1)[None].repeat(16, 1, 1, 1)
-        out = ra(x)
+    x = torch.from_numpy(textured()).permute(2, 0, 1)[None].repeat(16, 1, 1, 1)
+    out = ra(x, uniforms(16, ra.columns, 3))
     assert out.dtype == torch.uint8 and out.shape == x.shape and not torch.equal(out, x)
     for config, refusal in (("augmix-m5-w4-d2", "RandAugment"), ("rand-m9-t3a", "GaussianBlur have no batched")):
         with pytest.raises(ValueError, match=refusal):
@@ -183,14 +189,11 @@ def test_rand_augment_batch_equals_image_by_image():
     ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)
     base = torch.from_numpy(textured()).permute(2, 0, 1)
     x = torch.stack([base.roll(7 * i, dims=-1) for i in range(24)])
-    with use_batch_random(BatchRandom(6)):
-        draws = ra.draw(len(x))
-    ra.draw = lambda n: draws
-    batch = ra(x)
+    u = uniforms(len(x), ra.columns, 6)
+    batch = ra(x, u)
     for i in range(len(x)):
-        ra.draw = lambda n, i=i: tuple(d[:, i : i + 1] for d in draws)
-        assert torch.equal(batch[i], ra(x[i : i + 1])[0]), f"image {i}"
-    assert draws[1].any(0).sum() > 12  # most images had an op applied
+        assert torch.equal(batch[i], ra(x[i : i + 1], u[i : i + 1])[0]), f"image {i}"
+    assert ra.draw(u)[1].any(0).sum() > 12  # most images had an op applied
 
 
 def test_train_transform_is_reproducible_and_erases_at_reprob():
@@ -204,8 +207,7 @@ def test_train_transform_is_reproducible_and_erases_at_reprob():
         with use_batch_random(BatchRandom(4)):
             runs.append(tf(images))
     assert runs[0].shape == (6, 3, 32, 32) and torch.equal(runs[0], runs[1])
-    with use_batch_random(BatchRandom(5)):
-        boxes = erase_boxes(DRAWS, 32, 32, 0.25, 1)[:, 0]
+    boxes = erase_boxes(32, 32, 0.25, 1, uniforms(DRAWS, 2 + ERASE_COLUMNS, 5))[:, 0]
     erased = boxes[:, 2] > 0
     assert abs(erased.float().mean().item() - 0.25) < 0.03
     area = (boxes[erased, 2] * boxes[erased, 3]).float() / 32**2
@@ -215,8 +217,7 @@ def test_train_transform_is_reproducible_and_erases_at_reprob():
 def test_colour_jitter_when_no_rand_augment():
     tf = DeviceTrainTransform({**DEFAULTS["aug"], "auto_augment": None, "color_jitter": [0.4, 0.0, 0.0]}, 8, MEAN, STD)
     x = torch.full((DRAWS, 3, 8, 8), 100, dtype=torch.uint8)
-    with use_batch_random(BatchRandom(6)):
-        ratio = tf.color_jitter(x.clone()).float().mean((1, 2, 3)) / 100
+    ratio = tf.color_jitter(x.clone(), uniforms(DRAWS, 6, 6)).float().mean((1, 2, 3)) / 100
     assert 0.59 <= ratio.min() and ratio.max() <= 1.41 and abs(ratio.mean().item() - 1.0) < 0.02
     assert ratio.std() > 0.2  # uniform on [0.6, 1.4]: std 0.23
 
@@ -337,3 +338,160 @@ def test_classify_train_with_gpu_pipeline_on_cpu(tmp_path, capsys):
     assert len(losses) == 6 and all(np.isfinite(losses))  # 12 files / batch 4 x 2 epochs
     results = json.loads((run / "results.json").read_text())
     assert results["val_images"] == 8 and results["skipped_images"] >= 1
+
+
+def test_rand_augment_layer_equals_each_op_alone():
+    """One RandAugment layer on a batch where image i draws op i mod 15: each image equals that op applied to it alone
+    (the batched warp, value tables and selection change nothing)."""
+    ra = BatchRandAugment("rand-m9-n1-mstd0.5-inc1", 224, MEAN)
+    n, ops = 2 * len(ra.names), len(ra.names)
+    base = torch.from_numpy(textured()).permute(2, 0, 1)
+    x = torch.stack([base.roll(5 * i, dims=-1) for i in range(n)])
+    u = uniforms(n, ra.columns, 7)
+    u[:, 0] = (torch.arange(n) % ops + 0.5) / ops
+    u[:, 1] = 0.0  # applied
+    out = ra(x, u)
+    _, _, level, negate = ra.draw(u)
+    fill = torch.tensor(FILL, dtype=torch.float32)
+    for i in range(n):
+        name = ra.names[i % ops]
+        arg = level_to_arg(name, level[0, i : i + 1], negate[0, i : i + 1], ra.translate_pct)
+        assert torch.equal(out[i], apply_op(x[i : i + 1], name, arg, fill)[0]), name
+
+
+SYNCING_CALLS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "numpy", "cpu"}
+
+
+def recorded_calls(fn, *args) -> tuple[list[str], torch.Tensor]:
+    """The torch functions ``fn(*args)`` calls (names, in order) and its result."""
+    from torch.overrides import TorchFunctionMode
+
+    class Record(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.calls.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    with Record() as record:
+        out = fn(*args)
+    return record.calls, out
+
+
+@pytest.mark.parametrize("variant", ["deit", "jitter-rand"])
+def test_augmentation_calls_do_not_depend_on_the_draws(variant):
+    """Crop, flip, RandAugment / jitter, normalisation and erasing issue the same torch calls for any draws and none
+    that reads a tensor back to the host: what a CUDA graph captured once can replay."""
+    aug = {**DEFAULTS["aug"], "reprob": 0.5, "recount": 2}
+    if variant == "jitter-rand":
+        aug |= {"auto_augment": None, "color_jitter": 0.4, "remode": "rand"}
+    tf = DeviceTrainTransform(aug, 16, MEAN, STD)
+    base = torch.from_numpy(textured()).permute(2, 0, 1)
+    images = torch.stack([base.roll(3 * i, dims=-1) for i in range(8)])
+    runs = []
+    for seed in (10, 11, 12):  # the first call makes the per-device constants (what a graph's warm-up call does)
+        with use_batch_random(BatchRandom(seed)):
+            u, noise = tf.draw(len(images), torch.device("cpu"))
+        crop_calls, _ = recorded_calls(tf.crop_boxes, images, u)  # then one resize launch (kernels/resize)
+        calls, out = recorded_calls(tf.augment, tf.crop_flip(images, u), u, noise)
+        runs.append((crop_calls, calls, out))
+    runs = runs[1:]
+    assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
+    assert not SYNCING_CALLS & set(runs[0][0] + runs[0][1]), SYNCING_CALLS & set(runs[0][0] + runs[0][1])
+    assert not torch.equal(runs[0][2], runs[1][2])  # ... while the draws differ
+    assert len(runs[0][1]) > 100  # the recording saw the ops
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_augmentation_never_waits_for_the_host_and_replays_as_a_graph():
+    """On CUDA the whole train transform runs under ``set_sync_debug_mode("error")``, op by op and replayed from its
+    CUDA graph, and the replay gives what the ops give."""
+    images = [
+        decode_jpeg(torch.frombuffer(bytearray(jpeg_bytes(60 + 7 * i, 80, i)), dtype=torch.uint8)).cuda()
+        for i in range(6)
+    ]
+    eager = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD, graph=False)
+    graphed = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD)
+    outs = []
+    for tf in (eager, graphed, graphed):  # the second graphed call replays the captured graph
+        with use_batch_random(BatchRandom(4)):
+            tf(images)  # first use: lazy initialisation, the capture
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                outs.append(tf(images))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
+    assert torch.equal(outs[1], outs[2])
+    labels, mixed = torch.arange(6, device="cuda") % 3, []
+    eager_mix, graphed_mix = (build_mixup(DEFAULTS["aug"], 3, on_device=True, graph=g) for g in (False, True))
+    for mixup in (eager_mix, graphed_mix, graphed_mix):  # Mixup / CutMix the same way
+        with use_batch_random(BatchRandom(5)):
+            mixup(outs[0], labels)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                mixed.append(mixup(outs[0], labels))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    for eager_out, graphed_out in zip(mixed[0], mixed[1], strict=True):
+        torch.testing.assert_close(graphed_out, eager_out, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("mode", ["mixup", "cutmix"])
+def test_device_mixup_labels_follow_the_mixed_images(mode):
+    """The device mix with timm's arithmetic: each image is lam x itself + (1 - lam) x its partner in the reversed
+    batch (mixup) or takes the partner inside one box (cutmix, lam corrected to the box), and the soft targets mix
+    the smoothed one-hot labels by the same lam."""
+    n, classes, smoothing = 8, 5, 0.1
+    aug = {**DEFAULTS["aug"], "mixup": 0.8 if mode == "mixup" else 0.0, "cutmix": 1.0 if mode == "cutmix" else 0.0}
+    mixup = build_mixup(aug, classes, on_device=True)
+    x = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 16, 16).contiguous()
+    labels = torch.arange(n) % classes
+    with use_batch_random(BatchRandom(3)):
+        mixed, target = mixup(x, labels)
+    own = (mixed == x).float().mean((1, 2, 3)) if mode == "cutmix" else (mixed - x.flip(0)) / (x - x.flip(0))
+    lam = own if mode == "cutmix" else own[:, 0, 0, 0]
+    off, on = smoothing / classes, 1 - smoothing + smoothing / classes
+    onehot = torch.full((n, classes), off).scatter_(1, labels[:, None], on)
+    torch.testing.assert_close(target, lam[:, None] * onehot + (1 - lam[:, None]) * onehot.flip(0), atol=1e-5, rtol=0)
+    assert 0 < lam[0] < 1 and torch.allclose(lam, lam[0])  # something was mixed, by one lam for the batch
+
+
+def test_device_mixup_draws_like_timm():
+    """lam follows timm's draws (Beta(0.8) for mixup, the box-corrected Beta(1) for cutmix, switched half the time),
+    and the mix issues the same torch calls for any draws, none reading a tensor back to the host."""
+    aug, classes = {**DEFAULTS["aug"], "mixup": 0.8, "cutmix": 1.0}, 5
+    ours = build_mixup(aug, classes, on_device=True)
+    x, labels = torch.rand(4, 3, 32, 32), torch.arange(4)
+    lams, calls = [], []
+    for seed in range(800):
+        with use_batch_random(BatchRandom(seed)):
+            u, gammas = ours.draw(torch.device("cpu"))
+        recorded, (_, target) = recorded_calls(ours.mix, x, labels, u, gammas)
+        if seed < 2:
+            calls.append(recorded)
+        lams.append(((target[0, 0] - 0.02) / 0.9).item())  # label 0 of image 0 holds lam (smoothing 0.1)
+    np.random.seed(0)
+    timm_mixup = build_mixup(aug, classes)
+    ref = [timm_mixup(x.clone(), labels)[1][0, 0].item() for _ in range(800)]
+    assert ks_2samp(np.array(lams), (np.array(ref) - 0.02) / 0.9).statistic < 0.08
+    assert calls[0] == calls[1] and not SYNCING_CALLS & set(calls[0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_call_replays_and_falls_back_where_capture_fails():
+    """A graphed function gives its own result for new inputs of the captured shape; one that reads a value back
+    (not capturable) warns once and runs op by op."""
+    from lightvision.classify.graphed import GraphedCall
+
+    double = GraphedCall(lambda x: x * 2)
+    x = torch.arange(4.0, device="cuda")
+    assert torch.equal(double(x), x * 2) and torch.equal(double(x + 1), (x + 1) * 2)
+    reads_back = GraphedCall(lambda x: x * float(x.sum()))
+    with pytest.warns(UserWarning, match="CUDA graph capture of .* failed, running it op by op"):
+        assert torch.equal(reads_back(x), x * 6)
+    assert torch.equal(reads_back(x + 1), (x + 1) * 10)

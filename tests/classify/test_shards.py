@@ -3,6 +3,7 @@ labels (both pipelines), and `classify train` runs on shards."""
 
 from __future__ import annotations
 
+import io
 import json
 import warnings
 from collections import Counter
@@ -95,3 +96,32 @@ def test_make_shards_leaves_out_unreadable_files_and_names_them(tmp_path, capsys
         warnings.filterwarnings("error", message="skipping unreadable")  # nothing left to skip when reading
         items = list(ShardDataset(out, "train", decode_pil, train=False))
     assert len(items) == 9
+
+
+def test_make_shards_max_size_shrinks_only_larger_images(tmp_path, capsys):
+    """--max-size 30: images whose shorter side passes 30 are stored as JPEGs with that side 30 (aspect kept within
+    a pixel), the others as their own bytes; both pipelines read them; the index counts the shrunk ones."""
+    from PIL import Image
+
+    data, out = tmp_path / "data", tmp_path / "shards"
+    write_jpeg_folder(data, corrupt=False)  # sides in [20, 48)
+    args = ["classify", "make-shards", "--data", str(data), "--out", str(out), "--max-size", "30", "--workers", "2"]
+    assert cli.main(args) == 0
+    folder = image_folder(data, "train", None)
+    originals = {str(Path(path).relative_to(folder.root)): Path(path).read_bytes() for path, _ in folder.samples}
+    items = list(ShardDataset(out, "train", lambda raw, key: (raw, key), train=False))
+    larger = 0
+    for (raw, key), _ in items:
+        w, h = Image.open(io.BytesIO(originals[key])).size
+        if min(w, h) <= 30:
+            assert raw == originals[key], key
+            continue
+        larger += 1
+        sw, sh = Image.open(io.BytesIO(raw)).size
+        assert min(sw, sh) == 30 and abs(sw / sh - w / h) < 2 / 30, (key, (w, h), (sw, sh))
+    index = json.loads((out / "train.json").read_text())
+    assert 0 < larger < len(items) == 8 and index["resized"] == larger and index["max_size"] == 30
+    assert json.loads(capsys.readouterr().out)["resized"] == larger
+    assert len(list(ShardDataset(out, "train", decode_pil, train=False))) == 8
+    assert cli.main([*args[:-4], "--max-size", "0"]) == 1
+    assert capsys.readouterr().err.startswith("lightvision: error: --max-size must be at least 1 pixel, got 0")

@@ -26,6 +26,17 @@ def draws(br: BatchRandom, rows: int) -> list[torch.Tensor]:
     ]
 
 
+def test_fork_draws_apart_from_the_batch_and_keeps_the_ranks():
+    """A fork (the loss's Mixup after the batch's augmentation) draws its own stream, the same for every call with
+    the seed, and its ranks still concatenate to its single-process draws; the fallback forks to itself."""
+    seed = batch_seed(7, 12, 1)
+    main, fork = BatchRandom(seed).rand(8), BatchRandom(seed).fork("mixup").rand(8)
+    assert not torch.equal(main, fork) and torch.equal(fork, BatchRandom(seed).fork("mixup").rand(8))
+    ranks = [BatchRandom(seed, r, 2).fork("mixup").rand(4) for r in range(2)]
+    assert torch.equal(torch.cat(ranks), fork)
+    assert batch_random().fork("mixup") is batch_random()
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_ranks_concatenate_to_the_single_process_draws(world):
     seed, rows = batch_seed(7, 12, 1), 4
