@@ -271,18 +271,20 @@ def evaluate_bits_per_dim(
     dataset,
     device: torch.device | str,
     *,
+    images: int | None = None,
     batch_size: int = 500,
     num_t_samples: int | None = 50,
     buckets: int = 0,
     num_workers: int = 0,
 ) -> dict:
-    """Mean VLB (bits/dim) of a pixel-space ``dataset`` under the recipe's full training diffusion
-    (:func:`bits_per_dim_summary`); ``num_t_samples`` stratified timesteps per image (None: all T steps)."""
+    """Mean VLB (bits/dim) of a pixel-space ``dataset`` (``images``: that many, :func:`even_indices`; None: all)
+    under the recipe's full training diffusion (:func:`bits_per_dim_summary`); ``num_t_samples`` stratified
+    timesteps per image (None: all T steps)."""
     rows = bits_per_dim_rows(
         model,
         build_diffusion(cfg),
         dataset,
-        list(range(len(dataset))),
+        even_indices(len(dataset), len(dataset) if images is None else images),
         device,
         batch_size=batch_size,
         num_t_samples=num_t_samples,
