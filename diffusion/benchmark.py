@@ -111,7 +111,7 @@ def eval_overrides(args: argparse.Namespace, reference: str) -> list[str]:
     ]
 
 
-CURVE_KEYS = ("fid", "precision", "recall", "test_bits_per_dim", "test_bits_per_dim_t")
+CURVE_KEYS = ("fid", "precision", "recall", "test_bits_per_dim", "test_bits_per_dim_t", "feature_space")
 
 
 def eval_curve(run: str | Path) -> list[dict]:
@@ -196,6 +196,7 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         record["curve"] = curve
     if curve and curve[-1]["step"] == result["step"]:  # the last evaluation scored the final weights already
         record.update({k: round(curve[-1][k], 4) for k in ("fid", "precision", "recall")})
+        record["feature_space"] = curve[-1]["feature_space"]
     elif not args.no_fid:
         try:  # the run's other numbers stand without them
             fid = compute_fid(

@@ -231,3 +231,55 @@ def test_recipe_refuses_bad_betas(tmp_path):
     for bad in ("[0.9]", "[0.9, 1.0]", "[0.9, true]"):
         with pytest.raises(ValueError, match=r"optim.betas must be two numbers in \[0, 1\)"):
             check_recipe(load_recipe(None, [f"optim.betas={bad}"]))
+
+
+def test_benchmark_curves_are_exact_across_a_pause(tmp_path, monkeypatch):
+    """--eval-every: FID / precision / recall and test bits/dim (split by ranges of t) at every N steps as the
+    record's ``curve``; a run stopped by SIGTERM is reported as such, and --resume finishes it with the very curve of
+    an uninterrupted run (same data order, noise and samples)."""
+    import os
+    import signal
+
+    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+    from lightvision.diffusion import benchmark
+    from lightvision.engine.trainer import Trainer
+
+    _cifar_like(tmp_path / "data")
+    torch.manual_seed(0)
+    yardstick = save_yardstick(YardstickNet([8, 8, 16, 16], 2), tmp_path / "yardstick.safetensors")
+
+    def run(out, *extra):
+        args = ["softmax", "--data", str(tmp_path / "data"), "--out", str(out), "--work", str(out / "work")]
+        args += ["--feature-extractor", str(yardstick), "--steps", "4", "--batch-size", "4", "--eval-every", "2"]
+        args += ["--bpd-images", "3", "--bpd-buckets", "2", "--samples", "5", "--sample-steps", "2"]
+        args += ["--sample-batch", "5", "--recipe", str(benchmark.CONFIGS / "diffusion" / "cifar10_paper.yaml")]
+        args += ["--set", "data.num_workers=0", "train.mixed_precision=no", "data.num_classes=2"]
+        args += ["model.args={depth: 1, hidden_size: 32, num_heads: 2}", "train.ckpt_every_steps=100", *extra]
+        code = benchmark.main(args)
+        return code, json.loads((out / "diffusion_cifar10.json").read_text())["results"]["softmax"]
+
+    code, straight = run(tmp_path / "a")
+    assert code == 0 and [c["step"] for c in straight["curve"]] == [2, 4]
+    for point in straight["curve"]:
+        assert {"fid", "precision", "recall", "test_bits_per_dim"} <= set(point)
+        assert [b["t"] for b in point["test_bits_per_dim_t"]] == [[0, 500], [500, 1000]]
+    assert straight["fid"] == round(straight["curve"][-1]["fid"], 4)
+    assert straight["test_bits_per_dim"] == round(straight["curve"][-1]["test_bits_per_dim"], 4)
+    assert straight["recipe"]["optim"]["betas"] == [0.9, 0.98] and straight["recipe"]["sched"]["warmup_steps"] == 0
+
+    train_step = Trainer._train_step
+
+    def stop_at_three(trainer, batches):  # a SIGTERM as step 3 begins: checkpoint after it, then stop
+        if trainer.step + 1 == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train_step(trainer, batches)
+
+    monkeypatch.setattr(Trainer, "_train_step", stop_at_three)
+    code, paused = run(tmp_path / "b")
+    assert code == 0 and "stopped by SIGTERM at step 3; run again with --resume" in paused["error"]
+    monkeypatch.setattr(Trainer, "_train_step", train_step)
+    code, resumed = run(tmp_path / "b", "--resume")
+    assert code == 0 and resumed["steps"] == 4 and len(resumed["curve"]) == 2
+    for a, b in zip(straight["curve"], resumed["curve"]):
+        assert b["fid"] == pytest.approx(a["fid"], rel=1e-6) and b["precision"] == a["precision"]
+        assert b["test_bits_per_dim"] == pytest.approx(a["test_bits_per_dim"], rel=1e-6)
