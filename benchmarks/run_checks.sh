@@ -39,7 +39,7 @@
 #                split into LV_BPD_BUCKETS, default 4, ranges of t), side by side over the visible GPUs
 #                (scripts/run_variants.py, CUDA MPS), checkpointing every LV_CKPT_EVERY (default 500) steps into
 #                LV_WORK (default /tmp/lightvision_dit_curves_<size>; reports and logs too). After LV_STOP_AFTER
-#                seconds (default 480; 0: never) every run checkpoints and stops: the same command resumes them
+#                seconds (default 400; 0: never) every run checkpoints and stops: the same command resumes them
 #                (finished runs are kept). Then OUT/dit_curves_<size>/dit_curves_<size>.{json,png}
 #                (scripts/plot_dit_curves.py; unfinished runs included from their run folders) beside the report and
 #                logs; LV_SET adds recipe overrides for all
@@ -167,7 +167,7 @@ MERGE
     dit_curves)
       nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
       size="${LV_SIZE:-b}"; tag="dit_curves_$size"; work="${LV_WORK:-/tmp/lightvision_$tag}"
-      stop="${LV_STOP_AFTER:-480}"; [ "$stop" = 0 ] && stop=""
+      stop="${LV_STOP_AFTER:-400}"; [ "$stop" = 0 ] && stop=""
       mkdir -p "$out/$tag"  # reports and logs live in $work/report (kept across calls), copied to OUT
       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$repo/scripts/run_variants.py" \
         ${LV_NAMES:-softmax lightnet lion_s} --steps "${LV_STEPS:-20000}" --resume ${stop:+--stop-after "$stop"} \

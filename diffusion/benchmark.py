@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-sizes", type=int, nargs="*", default=[], help="image sizes to sample at after training")
     p.add_argument("--sample-units", nargs="+", default=["image"], help="position units of --sample-sizes")
     args = p.parse_args(argv)
+    if not Path(args.recipe).is_file():
+        p.error(f"--recipe {args.recipe}: no such file (e.g. configs/diffusion/cifar10_paper.yaml)")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     out, report = comparison_report("diffusion", args, argv)

@@ -105,12 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     stopped, paused, seen = [], [], {name: [] for name in args.names}  # seen: (time, step) observations per run
     pause = []  # set on SIGTERM to this driver: pause every run
     signal.signal(signal.SIGTERM, lambda *_: pause.append(True))
+
+    def pause_due() -> bool:
+        return not paused and bool(pause or (args.stop_after is not None and time.time() >= start + args.stop_after))
+
     while any(proc.poll() is None for proc, _ in procs.values()):
-        for _ in range(10):
-            if not pause and (args.stop_after is None or time.time() < start + args.stop_after):
-                time.sleep(1)
+        for _ in range(10):  # ten seconds between looks, cut short when a pause falls due
+            if pause_due():
+                break
+            time.sleep(1)
         now = time.time()
-        if not paused and (pause or (args.stop_after is not None and now >= start + args.stop_after)):
+        if pause_due():
             paused = [n for n, (proc, _) in procs.items() if proc.poll() is None]
             for name in paused:
                 with contextlib.suppress(ProcessLookupError):  # it may have ended since the poll
