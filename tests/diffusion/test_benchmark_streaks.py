@@ -169,15 +169,15 @@ def test_ablation_variants_keep_the_parameters_and_place_the_tpe():
     lightnet_block_tpe_pair: a one-sided MD-TPE pair at the start of every block and none after the embedding."""
     from pathlib import Path
 
+    from lightvision.diffusion import benchmark
     from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.train import build_model, load_recipe, model_config
-    from lightvision.results import resolve_variant
 
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "diffusion_cifar10.yaml"
 
     def build(name):
-        kind, overrides = resolve_variant(name, path, ATTENTION_KINDS)
+        kind, overrides = benchmark.resolve_variant(name, path, ATTENTION_KINDS)
         cfg = load_recipe(root / "diffusion" / "cifar10.yaml", [f"model.name={kind}_dit_s_2", *overrides])
         with torch.device("meta"):
             return build_model(model_config(cfg, 3, 32))
