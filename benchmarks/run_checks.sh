@@ -36,6 +36,19 @@
 #                8 min in all
 #   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
 #                narrows them with -k)
+#   dit_curves   FID / precision / recall (yardstick features) and test bits/dim against training steps (LightNet
+#                Table 10 / Figure 4 in miniature): LV_NAMES (default softmax lightnet lion_s; names of
+#                configs/variants/diffusion_cifar10.yaml too) at size LV_SIZE (default b; s) trained LV_STEPS (default
+#                20000) steps with LV_RECIPE (default configs/diffusion/cifar10_paper.yaml, LightNet's optimiser),
+#                evaluated every LV_EVAL_EVERY (default 2000) steps on LV_EVAL_SAMPLES (default 2000) samples of
+#                LV_SAMPLE_STEPS (default 50) DDIM steps and LV_BPD_IMAGES (default 1000) test images (bits/dim also
+#                split into LV_BPD_BUCKETS, default 4, ranges of t), side by side over the visible GPUs
+#                (scripts/run_variants.py, CUDA MPS), checkpointing every LV_CKPT_EVERY (default 500) steps into
+#                LV_WORK (default /tmp/lightvision_dit_curves_<size>; reports and logs too). After LV_STOP_AFTER
+#                seconds (default 400; 0: never) every run checkpoints and stops: the same command resumes them
+#                (finished runs are kept). Then OUT/dit_curves_<size>/dit_curves_<size>.{json,png}
+#                (scripts/plot_dit_curves.py; unfinished runs included from their run folders) beside the report and
+#                logs; LV_SET adds recipe overrides for all
 #   variants     LightNet-DiT-S/2 variants (configs/variants/diffusion_cifar10.yaml) and attention kinds trained side by
 #                side on one GPU (scripts/run_variants.py, CUDA MPS when its daemon starts): LV_NAMES in priority
 #                order, LV_STEPS, LV_DEADLINE (seconds; the last-listed runs are stopped to meet it), LV_TAG,
@@ -160,6 +173,25 @@ MERGE
         -- --no-fid --samples 500 --bpd-images 500 --sample-steps 50 --sample-sizes 32 48 64 \
         --sample-units image token > "$out/resolution_dit.log" 2>&1 && stamp "resolution_dit done" &
       wait
+      ;;
+    dit_curves)
+      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      size="${LV_SIZE:-b}"; tag="dit_curves_$size"; work="${LV_WORK:-/tmp/lightvision_$tag}"
+      stop="${LV_STOP_AFTER:-400}"; [ "$stop" = 0 ] && stop=""
+      mkdir -p "$out/$tag"  # reports and logs live in $work/report (kept across calls), copied to OUT
+      PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$repo/scripts/run_variants.py" \
+        ${LV_NAMES:-softmax lightnet lion_s} --steps "${LV_STEPS:-20000}" --resume ${stop:+--stop-after "$stop"} \
+        --data /tmp/cifar --out "$work/report" --work "$work" --tag "$tag" \
+        --variants "$repo/configs/variants/diffusion_cifar10.yaml" -- --size "$size" \
+        --recipe "$repo/${LV_RECIPE:-configs/diffusion/cifar10_paper.yaml}" --eval-every "${LV_EVAL_EVERY:-2000}" \
+        --samples "${LV_EVAL_SAMPLES:-2000}" --sample-steps "${LV_SAMPLE_STEPS:-50}" --sample-batch 500 \
+        --bpd-images "${LV_BPD_IMAGES:-1000}" --bpd-buckets "${LV_BPD_BUCKETS:-4}" \
+        --set train.ckpt_every_steps="${LV_CKPT_EVERY:-500}" train.keep_last=2 ${LV_SET:-} \
+        > "$out/$tag/run_variants.log" 2>&1; stamp "dit curves rc=$? (paused runs continue with the same command)"
+      cp "$work/report"/*.json "$work/report"/log_*.txt "$work/report"/parts/grid_*.png "$out/$tag/" 2> /dev/null
+      python3 "$repo/scripts/plot_dit_curves.py" "$work/report/diffusion_cifar10_$tag.json" --work "$work" \
+        --out "$out/$tag/$tag"
+      tail -n 12 "$out/$tag/run_variants.log"
       ;;
     variants)
       nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"

@@ -46,7 +46,7 @@ from lightvision.classify.evaluate import evaluate
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
-from lightvision.engine.config import check_number
+from lightvision.engine.config import check_betas, check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.guards import NAN_POLICIES
@@ -212,6 +212,7 @@ def check_recipe(cfg: dict) -> None:
     check_number(o["lr"], "optim.lr", 0, above=True)
     check_number(o["lr_base_batch"], "optim.lr_base_batch", 0, above=True, optional=True)
     check_number(o["weight_decay"], "optim.weight_decay", 0)
+    check_betas(o["betas"])
     check_number(o["clip_grad"], "optim.clip_grad", 0, above=True, optional=True)
     check_number(s["epochs"], "sched.epochs", 1, integer=True)
     for key in ("warmup_epochs", "warmup_lr", "min_lr"):

@@ -4,9 +4,13 @@
         normalized lightnet_paper --variants configs/variants/diffusion_cifar10.yaml
 
 1. per name (an attention kind, or a variant of ``--variants``: an attention kind plus recipe overrides, e.g. an
-   ablation of the LightNet block): the ``configs/diffusion/cifar10.yaml`` recipe with ``{kind}_dit_{size}_2``
-   (``--size``, default s; ``--set`` adds overrides for every name) for ``--steps`` steps; then test-set bits/dim
-   (stratified VLB estimate on ``--bpd-images`` test images), ``--samples`` DDPM samples (``--sample-steps``
+   ablation of the LightNet block): the ``--recipe`` (default ``configs/diffusion/cifar10_benchmark.yaml``, the
+   CIFAR-10 recipe at lr 3e-4 after 100 warm-up steps; ``configs/diffusion/cifar10_paper.yaml``: LightNet's optimiser)
+   with ``{kind}_dit_{size}_2`` (``--size``, default s; ``--set`` adds overrides for every name) for ``--steps``
+   steps; with ``--eval-every N`` the run also records every N steps FID, precision, recall of ``--samples`` EMA
+   samples and test bits/dim (``eval.*`` of the recipe, :func:`lightvision.diffusion.train.eval_hook`), reported as
+   ``curve``; then test-set bits/dim (stratified VLB estimate on ``--bpd-images`` test images spread evenly over the
+   classes; ``--bpd-buckets M``: also split into M equal ranges of t), ``--samples`` DDPM samples (``--sample-steps``
    respaced steps, label i % classes, seed i), their streak share (``lightvision.diffusion.streaks``), and unless
    ``--no-fid`` FID, precision, recall and KID against the test set in the features of ``--feature-extractor``
    (default: the packaged CIFAR-10 yardstick, :mod:`lightvision.engine.yardstick_net`; Inception is not available
@@ -20,6 +24,9 @@
 2. ``diffusion_cifar10[_TAG].json`` (results, the streak share of ``--samples`` real test images, env block) and
    ``grid_<name>.png`` under ``--out`` (``--save-samples``: the samples too, ``samples_<name>.npz``, for metrics
    computed elsewhere); runs, checkpoints and the samples otherwise stay in ``--work``.
+
+With ``--resume`` a name whose run folder holds checkpoints continues from the newest (a run stopped by SIGTERM
+checkpoints and is reported as an error until it is resumed to the end).
 """
 
 from __future__ import annotations
@@ -86,6 +93,36 @@ def sample_sizes(model, diffusion, codec, name: str, args: argparse.Namespace, d
     return rows
 
 
+def eval_overrides(args: argparse.Namespace, reference: str) -> list[str]:
+    """Recipe overrides of ``--eval-every``: FID / precision / recall of ``--samples`` EMA samples in the
+    ``--feature-extractor`` space and bits/dim of ``--bpd-images`` test images every N steps (none without it)."""
+    if not args.eval_every:
+        return []
+    return [
+        f"train.eval_every_steps={args.eval_every}",
+        f"train.eval_samples={args.samples}",
+        f"eval.reference={reference}",
+        f"eval.feature_extractor={args.feature_extractor}",
+        f"eval.cache_dir={Path(args.work) / 'fid_cache'}",
+        f"eval.steps={args.sample_steps}",
+        f"eval.batch_size={args.sample_batch}",
+        f"eval.bpd_images={args.bpd_images}",
+        f"eval.bpd_buckets={args.bpd_buckets}",
+    ]
+
+
+CURVE_KEYS = ("fid", "precision", "recall", "test_bits_per_dim", "test_bits_per_dim_t", "feature_space")
+
+
+def eval_curve(run: str | Path) -> list[dict]:
+    """Every evaluation during training of a run (its ``metrics.jsonl`` records with FID), by step: {"step", and
+    those of ``CURVE_KEYS`` it has}."""
+    from lightvision.engine import MetricsLogger
+
+    seen = {r["step"]: r for r in MetricsLogger(run).records() if "fid" in r}
+    return [{"step": step, **{k: seen[step][k] for k in CURVE_KEYS if k in seen[step]}} for step in sorted(seen)]
+
+
 def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     """Train one attention kind or variant and evaluate it; returns its results."""
     from lightvision.diffusion.dit import ATTENTION_KINDS
@@ -98,7 +135,7 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     kind, variant_set = resolve_variant(name, args.variants, ATTENTION_KINDS)
     out, work = Path(args.out), Path(args.work)
     cfg = load_recipe(
-        CONFIGS / "diffusion" / "cifar10.yaml",
+        args.recipe,
         [
             f"run.dir={work / 'runs' / name}",
             f"model.name={kind}_dit_{args.size}_2",
@@ -109,21 +146,24 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
             f"sample.every={args.steps}",
             "sample.num=100",
             f"sample.steps={args.sample_steps}",
-            "optim.lr=3e-4",
-            "sched.warmup_steps=100",
+            *eval_overrides(args, reference),
             *variant_set,
             *args.set,
         ],
     )
     start = time.time()
-    result = train(cfg)
+    result = train(cfg, resume=args.resume)
     train_seconds = time.time() - start
+    if result["interrupted"]:
+        raise RuntimeError(f"stopped by SIGTERM at step {result['step']}; run again with --resume to finish")
     trainer = result.pop("trainer")
     model, device = trainer.ema.module.eval(), trainer.accelerator.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         start = time.time()
-        test = torch.utils.data.Subset(build_dataset(cfg["data"], "val"), range(args.bpd_images))
-        bpd = evaluate_bits_per_dim(model, cfg, test, device, num_workers=4)
+        test = build_dataset(cfg["data"], "val")
+        bpd = evaluate_bits_per_dim(
+            model, cfg, test, device, images=args.bpd_images, buckets=args.bpd_buckets, num_workers=4
+        )
         bpd_seconds = time.time() - start
         start = time.time()
         diffusion = build_diffusion(cfg).respace(args.sample_steps)
@@ -149,8 +189,15 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         "steps": result["step"],
         "batch_size": args.batch_size,
         "train_seconds": round(train_seconds, 1),
+        "recipe": {k: cfg[k] for k in ("optim", "sched")},
     }
-    if not args.no_fid:
+    curve = eval_curve(cfg["run"]["dir"])
+    if curve:
+        record["curve"] = curve
+    if curve and curve[-1]["step"] == result["step"]:  # the last evaluation scored the final weights already
+        record.update({k: round(curve[-1][k], 4) for k in ("fid", "precision", "recall")})
+        record["feature_space"] = curve[-1]["feature_space"]
+    elif not args.no_fid:
         try:  # the run's other numbers stand without them
             fid = compute_fid(
                 batch_file,
@@ -175,8 +222,9 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         **record,
         "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
         "final_loss": last.get("loss"),
-        "test_bits_per_dim": round(bpd, 4),
-        "bpd_images": args.bpd_images,
+        "test_bits_per_dim": round(bpd["test_bits_per_dim"], 4),
+        **({"test_bits_per_dim_t": bpd["test_bits_per_dim_t"]} if args.bpd_buckets else {}),
+        "bpd_images": bpd["bpd_images"],
         "bpd_seconds": round(bpd_seconds, 1),
         "streak_share": streak_summary(streak_share(samples)),
         "samples": args.samples,
@@ -204,6 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-fid", action="store_true", help="skip FID, precision and recall (bits/dim and streaks only)")
     p.add_argument("--bpd-images", type=int, default=2000)
+    p.add_argument("--bpd-buckets", type=int, default=0, help="also split test bits/dim into M equal ranges of t")
+    p.add_argument(
+        "--recipe",
+        default=str(CONFIGS / "diffusion" / "cifar10_benchmark.yaml"),
+        help="the recipe every name starts from, e.g. configs/diffusion/cifar10_paper.yaml (LightNet's optimiser)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="FID, precision, recall (--samples samples) and test bits/dim (--bpd-images) every N training steps",
+    )
+    p.add_argument("--resume", action="store_true", help="continue each run from the newest checkpoint of its folder")
     p.add_argument("--samples", type=int, default=2000, help="samples for FID and the streak share")
     p.add_argument("--sample-steps", type=int, default=100)
     p.add_argument("--sample-batch", type=int, default=500)
@@ -211,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sample-sizes", type=int, nargs="*", default=[], help="image sizes to sample at after training")
     p.add_argument("--sample-units", nargs="+", default=["image"], help="position units of --sample-sizes")
     args = p.parse_args(argv)
+    if not Path(args.recipe).is_file():
+        p.error(f"--recipe {args.recipe}: no such file (e.g. configs/diffusion/cifar10_paper.yaml)")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     out, report = comparison_report("diffusion", args, argv)

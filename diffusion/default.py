@@ -72,7 +72,7 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
     start = time.time()
     bpd = evaluate_bits_per_dim(
         model, cfg, build_dataset(cfg["data"], "val"), trainer.accelerator.device, batch_size=360
-    )
+    )["test_bits_per_dim"]
     summary = {
         "model": cfg["model"]["name"],
         "params": sum(p.numel() for p in model.parameters()),

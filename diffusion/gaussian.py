@@ -78,6 +78,19 @@ def discretized_gaussian_log_likelihood(x: torch.Tensor, mean: torch.Tensor, log
     return torch.where(x < -0.999, log_cdf_upper, torch.where(x > 0.999, log_sf_lower, mid))
 
 
+def t_buckets(num_steps: int, buckets: int) -> list[tuple[int, int]]:
+    """``buckets`` contiguous ranges [lo, hi) of t in 0..num_steps-1 of (nearly) equal length; 0 or 1: one range.
+
+    Example:
+        >>> t_buckets(1000, 4)
+        [(0, 250), (250, 500), (500, 750), (750, 1000)]
+    """
+    m = max(buckets, 1)
+    if m > num_steps:
+        raise ValueError(f"{buckets} buckets of t for {num_steps} diffusion steps: use at most {num_steps}")
+    return [((i * num_steps) // m, ((i + 1) * num_steps) // m) for i in range(m)]
+
+
 class SampleNoise:
     """Standard normal noise drawn per sample from its own CPU generator seeded with that sample's seed.
 
@@ -285,7 +298,12 @@ class GaussianDiffusion:
 
     @torch.no_grad()
     def bits_per_dim(
-        self, model_fn: ModelFn, x0: torch.Tensor, noise: SampleNoise, num_t_samples: int | None = None
+        self,
+        model_fn: ModelFn,
+        x0: torch.Tensor,
+        noise: SampleNoise,
+        num_t_samples: int | None = None,
+        buckets: int = 0,
     ) -> dict[str, torch.Tensor]:
         """Variational bound in bits/dim, [B] each: ``bpd`` = ``prior`` KL(q(x_{K-1}|x0) || N(0, I)) + ``terms``
         sum_t L_t. Needs pixel data (8-bit values in [-1, 1]); on a respaced process it is that chain's (looser) bound.
@@ -293,6 +311,10 @@ class GaussianDiffusion:
         ``num_t_samples`` None sums every step exactly (K model calls). An int S estimates the same sum without bias
         from L_0 plus one t per stratum: steps 1..K-1 split into S contiguous strata, t uniform within stratum s
         (drawn from each sample's generator), sum_t L_t ~ L_0 + sum_s |stratum s| L_{t_s} (S + 1 model calls).
+
+        ``buckets`` M > 0 adds ``buckets`` [B, M]: the part of ``terms`` from each of M equal ranges of t
+        (:func:`t_buckets`; every term goes to the range of its t, so the columns sum to ``terms`` and each is an
+        unbiased estimate of its range's sum of L_t).
         """
         b, k = x0.shape[0], self.num_steps
         if num_t_samples is None or num_t_samples >= k - 1:
@@ -303,16 +325,19 @@ class GaussianDiffusion:
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 u = noise.uniform(())
                 steps.append((lo + (u * (hi - lo)).long().clamp(max=hi - lo - 1).cpu(), float(hi - lo)))
-        terms = torch.zeros(b, device=x0.device)
+        split = torch.zeros(b, max(buckets, 1), device=x0.device)
+        edges = torch.tensor([lo for lo, _ in t_buckets(k, buckets)][1:], device=x0.device)
         for t, weight in steps:
             t = t.to(x0.device)
             xt = self.q_sample(x0, t, noise(x0.shape[1:]))
-            terms += weight * self.vlb_terms(self._model(model_fn, xt, t).float(), x0, xt, t)
+            term = weight * self.vlb_terms(self._model(model_fn, xt, t).float(), x0, xt, t)
+            split.scatter_add_(1, torch.bucketize(t, edges, right=True)[:, None], term[:, None])
+        terms = split.sum(1)
         last = torch.full((b,), k - 1, device=x0.device, dtype=torch.long)
         mean = self._at("sqrt_abar", last, x0) * x0
         log_var = self._at("log_one_minus_abar", last, x0).expand_as(x0)
         prior = normal_kl(mean, log_var, torch.zeros_like(x0), torch.zeros_like(x0)).flatten(1).mean(1) / LN2
-        return {"bpd": terms + prior, "prior": prior, "terms": terms}
+        return {"bpd": terms + prior, "prior": prior, "terms": terms, **({"buckets": split} if buckets else {})}
 
     # ---- samplers -------------------------------------------------------------------------------------------------
     @torch.no_grad()

@@ -29,7 +29,7 @@ from lightvision.diffusion.gaussian import SAMPLERS, GaussianDiffusion
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
-from lightvision.engine.config import check_number
+from lightvision.engine.config import check_betas, check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.guards import NAN_POLICIES
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
@@ -84,7 +84,9 @@ DEFAULTS: dict = {
     },
     # evaluation during training (train.eval_every_steps > 0): sample i has label i % num_classes and seed ``seed + i``;
     # reference = image folder, .npz batch or `lightvision diffusion fid-ref` statistics; the feature network is
-    # chosen as by `lightvision diffusion fid` (feature_extractor, inception_weights, else the 32 px yardstick)
+    # chosen as by `lightvision diffusion fid` (feature_extractor, inception_weights, else the 32 px yardstick);
+    # bpd_images > 0 (pixel space): also test bits/dim of that many test images (an even stride over data.val_split),
+    # bpd_t_samples stratified timesteps each (null: all), split into bpd_buckets equal ranges of t (0: no split)
     "eval": {
         "reference": None,
         "feature_extractor": None,
@@ -97,6 +99,9 @@ DEFAULTS: dict = {
         "guide_channels": 3,
         "seed": 0,
         "batch_size": 64,
+        "bpd_images": 0,
+        "bpd_t_samples": 50,
+        "bpd_buckets": 0,
     },
     "run": {"dir": "runs/diffusion"},
 }
@@ -127,6 +132,7 @@ def check_recipe(cfg: dict) -> None:
         check_number(d[key], f"data.{key}", 0, integer=True)
     check_number(o["lr"], "optim.lr", 0, above=True)
     check_number(o["weight_decay"], "optim.weight_decay", 0)
+    check_betas(o["betas"])
     check_number(o["clip_grad"], "optim.clip_grad", 0, above=True, optional=True)
     check_number(cfg["sched"]["warmup_steps"], "sched.warmup_steps", 0, integer=True)
     for key in ("batch_size", "max_steps", "grad_accum_steps", "log_every", "ckpt_every_steps", "keep_last"):
@@ -147,6 +153,16 @@ def check_recipe(cfg: dict) -> None:
     for key in ("every", "num"):
         check_number(s[key], f"sample.{key}", 1, integer=True)
     check_number(e["batch_size"], "eval.batch_size", 1, integer=True)
+    check_number(e["bpd_images"], "eval.bpd_images", 0, integer=True)
+    check_number(e["bpd_t_samples"], "eval.bpd_t_samples", 1, integer=True, optional=True)
+    check_number(e["bpd_buckets"], "eval.bpd_buckets", 0, integer=True)
+    if e["bpd_buckets"] > cfg["diffusion"]["steps"]:
+        raise ValueError(
+            f"eval.bpd_buckets={e['bpd_buckets']} is more than the diffusion.steps={cfg['diffusion']['steps']}: "
+            f"split t into at most {cfg['diffusion']['steps']} ranges"
+        )
+    if e["bpd_images"] and cfg["autoencoder"]["kind"] != "pixel":
+        raise ValueError("eval.bpd_images needs pixel-space training (autoencoder.kind=pixel): set eval.bpd_images=0")
 
 
 def check_num_classes(cfg: dict, dataset) -> None:
@@ -198,29 +214,84 @@ def build_diffusion(cfg: dict) -> GaussianDiffusion:
     )
 
 
+def even_indices(length: int, count: int) -> list[int]:
+    """``count`` (at most ``length``) indices spread evenly over ``range(length)``: a fixed subset that takes every
+    class alike from a class-sorted folder."""
+    count = min(count, length)
+    return [(i * length) // count for i in range(count)]
+
+
 @torch.no_grad()
+def bits_per_dim_rows(
+    model: torch.nn.Module,
+    diffusion: GaussianDiffusion,
+    dataset,
+    indices: list[int],
+    device: torch.device | str,
+    *,
+    batch_size: int = 500,
+    num_t_samples: int | None = 50,
+    buckets: int = 0,
+    num_workers: int = 0,
+) -> np.ndarray:
+    """[len(indices), 2 + buckets] float64: per image of ``dataset[indices]`` its VLB in bits/dim, the prior term,
+    then the terms of each of ``buckets`` ranges of t (:meth:`GaussianDiffusion.bits_per_dim`); the noise and t of
+    image i are seeded with i, so a row does not depend on which process or batch computed it."""
+    from lightvision.diffusion.gaussian import SampleNoise
+
+    subset = torch.utils.data.Subset(dataset, indices)
+    rows, done = [], 0
+    for x, y in DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=num_workers):
+        x, y = x.to(device), y.to(device)
+        noise = SampleNoise(indices[done : done + len(y)], device)
+        out = diffusion.bits_per_dim(lambda xt, t: model(xt, t, y), x, noise, num_t_samples, buckets)
+        parts = [out["bpd"][:, None], out["prior"][:, None], *([out["buckets"]] if buckets else [])]
+        rows.append(torch.cat(parts, 1).double().cpu().numpy())
+        done += len(y)
+    return np.concatenate(rows) if rows else np.zeros((0, 2 + buckets))
+
+
+def bits_per_dim_summary(rows: np.ndarray, num_steps: int, buckets: int = 0) -> dict:
+    """The test-set means of :func:`bits_per_dim_rows`: {"test_bits_per_dim", "test_prior_bits_per_dim",
+    "bpd_images"} and with ``buckets`` "test_bits_per_dim_t": [{"t": [lo, hi], "bits_per_dim": part}] (the parts
+    and the prior sum to the total)."""
+    mean = rows.mean(0)
+    out = {"test_bits_per_dim": float(mean[0]), "test_prior_bits_per_dim": float(mean[1]), "bpd_images": len(rows)}
+    if buckets:
+        from lightvision.diffusion.gaussian import t_buckets
+
+        ranges = t_buckets(num_steps, buckets)
+        out["test_bits_per_dim_t"] = [{"t": list(r), "bits_per_dim": float(v)} for r, v in zip(ranges, mean[2:])]
+    return out
+
+
 def evaluate_bits_per_dim(
     model: torch.nn.Module,
     cfg: dict,
     dataset,
     device: torch.device | str,
     *,
+    images: int | None = None,
     batch_size: int = 500,
     num_t_samples: int | None = 50,
+    buckets: int = 0,
     num_workers: int = 0,
-) -> float:
-    """Mean VLB (bits/dim) of a pixel-space ``dataset`` under the recipe's full training diffusion; noise and t are
-    seeded per image (image i: seed i), ``num_t_samples`` stratified timesteps per image (None: all T steps)."""
-    from lightvision.diffusion.gaussian import SampleNoise
-
-    diffusion = build_diffusion(cfg)
-    total, count = 0.0, 0
-    for x, y in DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers):
-        x, y = x.to(device), y.to(device)
-        noise = SampleNoise(range(count, count + len(y)), device)
-        bpd = diffusion.bits_per_dim(lambda xt, t: model(xt, t, y), x, noise, num_t_samples)["bpd"]
-        total, count = total + bpd.sum().item(), count + len(y)
-    return total / count
+) -> dict:
+    """Mean VLB (bits/dim) of a pixel-space ``dataset`` (``images``: that many, :func:`even_indices`; None: all)
+    under the recipe's full training diffusion (:func:`bits_per_dim_summary`); ``num_t_samples`` stratified
+    timesteps per image (None: all T steps)."""
+    rows = bits_per_dim_rows(
+        model,
+        build_diffusion(cfg),
+        dataset,
+        even_indices(len(dataset), len(dataset) if images is None else images),
+        device,
+        batch_size=batch_size,
+        num_t_samples=num_t_samples,
+        buckets=buckets,
+        num_workers=num_workers,
+    )
+    return bits_per_dim_summary(rows, int(cfg["diffusion"]["steps"]), buckets)
 
 
 def make_loss_fn(diffusion: GaussianDiffusion, scaling_factor: float | None = None):
@@ -332,10 +403,12 @@ def merge_by_index(parts: list[tuple[list[int], dict[str, np.ndarray]]]) -> dict
 
 def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
     """Trainer hook: FID, sFID, precision / recall (+ IS, KID where the network and reference allow) of
-    ``train.eval_samples`` samples of the EMA (or raw) weights. Every process samples its share
-    (:func:`~lightvision.diffusion.sample.rank_indices`), features are gathered to the main process, which
-    scores them against the cached reference statistics and redraws ``fid.png`` (FID vs steps, from the metrics
-    log, so the curve continues across resumes)."""
+    ``train.eval_samples`` samples of the EMA (or raw) weights, and with ``eval.bpd_images`` test bits/dim
+    (``test_bits_per_dim``, ``test_prior_bits_per_dim`` and with ``eval.bpd_buckets`` ``test_bits_per_dim_t``:
+    :func:`bits_per_dim_summary`). Every process samples and scores its share
+    (:func:`~lightvision.diffusion.sample.rank_indices`), results are gathered to the main process, which
+    scores the features against the cached reference statistics and redraws ``fid.png`` (FID vs steps, from the
+    metrics log, so the curve continues across resumes)."""
     from accelerate.utils import gather_object
 
     from lightvision.diffusion.features import feature_network
@@ -345,6 +418,24 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
     e, n = cfg["eval"], int(cfg["train"]["eval_samples"])
     respaced = diffusion.respace(e["steps"])
     nets: dict = {}
+
+    def test_bits_per_dim_rows(model: torch.nn.Module, rank: int, world: int) -> np.ndarray:
+        """This process's share of the fixed test subset (eval.bpd_images images, :func:`even_indices`)."""
+        if not int(e["bpd_images"]):
+            return np.zeros((0, 2))
+        if "test" not in nets:
+            nets["test"] = build_dataset(cfg["data"], "val")
+        indices = even_indices(len(nets["test"]), int(e["bpd_images"]))[rank::world]
+        return bits_per_dim_rows(
+            model,
+            diffusion,
+            nets["test"],
+            indices,
+            next(model.parameters()).device,
+            batch_size=int(e["batch_size"]),
+            num_t_samples=e["bpd_t_samples"],
+            buckets=int(e["bpd_buckets"]),
+        )
 
     def hook(trainer) -> dict:
         acc = trainer.accelerator
@@ -363,11 +454,17 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
         was_training = model.training
         model.eval()
         mine = rank_indices(n, acc.process_index, acc.num_processes)
-        feats = sample_features(model, respaced, codec_fn(), mine, e, net_fn, acc.device)
+        with acc.autocast():  # the training precision (bf16: about half the time of fp32)
+            feats = sample_features(model, respaced, codec_fn(), mine, e, net_fn, acc.device)
+            bpd_rows = test_bits_per_dim_rows(model, acc.process_index, acc.num_processes)
+        bpd_parts = gather_object([bpd_rows])
         model.train(was_training)
         parts = gather_object([(mine, feats)])
         if not acc.is_main_process:
             return {}
+        bpd = {}
+        if int(e["bpd_images"]):
+            bpd = bits_per_dim_summary(np.concatenate(bpd_parts), diffusion.num_steps, int(e["bpd_buckets"]))
         net = nets["net"]
         ref = nets.get("reference")
         if ref is None:
@@ -378,7 +475,7 @@ def eval_hook(cfg: dict, diffusion: GaussianDiffusion, codec_fn, out_dir: Path):
         plot = plot_metric(
             points + [(trainer.step, out["fid"])], "FID", out_dir / "fid.png", f"FID of {n} {weights}samples ({net.id})"
         )
-        return {**out, "eval_samples": n, "feature_space": net.id, "fid_plot": str(plot)}
+        return {**out, **bpd, "eval_samples": n, "feature_space": net.id, "fid_plot": str(plot)}
 
     return hook
 

@@ -12,11 +12,16 @@ driver predicts from the measured rates when each run ends (training plus ``--ev
 would miss the deadline it stops the last-listed run still going (names are in priority order), which speeds up the
 others. The per-name reports are merged into ``{family}_cifar10_<--tag>.json`` (``stopped`` lists the names cut for
 time). Rates in it are rates under sharing, not one run's own speed.
+
+Runs longer than one sitting: ``--stop-after S`` sends every run still going SIGTERM after S seconds (as does a
+SIGTERM to this driver): each checkpoints and stops, and is listed under ``paused``. The same command with
+``--resume`` continues every run from its checkpoints and does not rerun a name whose report is complete.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -35,6 +40,15 @@ def last_step(run: Path) -> int:
     """The newest step in a run folder's ``metrics.jsonl`` (0 before the first record; a line being written is
     skipped)."""
     return max((r.get("step", 0) for r in MetricsLogger(run).records()), default=0)
+
+
+def finished(out: Path, family: str, name: str) -> bool:
+    """Whether ``name`` has a complete report under ``out/parts`` (one without an error)."""
+    part = out / "parts" / f"{family}_cifar10_{name}.json"
+    if not part.is_file():
+        return False
+    result = json.loads(part.read_text()).get("results", {}).get(name)
+    return result is not None and "error" not in result
 
 
 def gpu_ids(limit: int | None) -> list[str]:
@@ -65,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="variants")
     p.add_argument("--workers", type=int, default=3, help="data loader workers per run")
     p.add_argument("--gpus", type=int, help="spread the runs over the first N visible GPUs (default: all; 0: none)")
+    p.add_argument("--resume", action="store_true", help="continue unfinished runs; keep the reports of finished ones")
+    p.add_argument("--stop-after", type=float, help="seconds from now at which every run checkpoints and stops")
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.deadline is not None and args.steps is None:
         p.error("--deadline needs --steps (the runs' length, to predict when they end)")
@@ -72,21 +88,39 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     out, work = Path(args.out), Path(args.work)
     (out / "parts").mkdir(parents=True, exist_ok=True)
-    procs = {}
+    procs, done = {}, [name for name in args.names if args.resume and finished(out, args.family, name)]
     for i, name in enumerate(args.names):
+        if name in done:
+            continue
         cmd = [sys.executable, "-m", f"lightvision.{args.family}.benchmark", name, "--data", args.data]
         cmd += ["--out", str(out / "parts"), "--work", str(work / name), "--tag", name]
         cmd += ["--steps", str(args.steps)] if args.steps else []
         cmd += [*extra, "--set", f"data.num_workers={args.workers}"]
         cmd += ["--variants", args.variants] if args.variants else []
+        cmd += ["--resume"] if args.resume else []
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else None
-        log = open(out / f"log_{name}.txt", "w")
+        log = open(out / f"log_{name}.txt", "a" if args.resume else "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         procs[name] = (proc, time.time())
-    stopped, seen = [], {name: [] for name in args.names}  # seen: (time, step) observations per run
+    stopped, paused, seen = [], [], {name: [] for name in args.names}  # seen: (time, step) observations per run
+    pause = []  # set on SIGTERM to this driver: pause every run
+    signal.signal(signal.SIGTERM, lambda *_: pause.append(True))
+
+    def pause_due() -> bool:
+        return not paused and bool(pause or (args.stop_after is not None and time.time() >= start + args.stop_after))
+
     while any(proc.poll() is None for proc, _ in procs.values()):
-        time.sleep(10)
+        for _ in range(10):  # ten seconds between looks, cut short when a pause falls due
+            if pause_due():
+                break
+            time.sleep(1)
         now = time.time()
+        if pause_due():
+            paused = [n for n, (proc, _) in procs.items() if proc.poll() is None]
+            for name in paused:
+                with contextlib.suppress(ProcessLookupError):  # it may have ended since the poll
+                    os.killpg(procs[name][0].pid, signal.SIGTERM)  # the Trainer checkpoints and stops
+            print(f"[{now - start:.0f}s] paused {', '.join(paused)}: run again with --resume to continue", flush=True)
         finish = {}
         for name, (proc, _) in procs.items():
             if proc.poll() is None:
@@ -105,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
         decided = all(n in finish for n in running)
         training = [n for n in running if seen[n] and seen[n][-1][1] < (args.steps or 0)]
         late = max(finish.values(), default=0.0)
+        if paused:
+            continue
         if args.deadline is not None and len(running) > 1 and training and decided and late > start + args.deadline:
             victim = training[-1]
             os.killpg(procs[victim][0].pid, signal.SIGKILL)
@@ -123,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         "env": results_env("python scripts/run_variants.py " + " ".join(argv)),
         "results": {},
         "stopped": stopped,
+        "paused": paused,
         "concurrent_runs": len(args.names),
     }
     for name in args.names:
@@ -145,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         print(classify_table(merged["results"], merged.get("settings", {}).get("img_size", [32])))
     else:
         print(table(merged))
-    failed = [n for n, r in merged["results"].items() if "error" in r and n not in stopped]
+    failed = [n for n, r in merged["results"].items() if "error" in r and n not in stopped + paused]
     return 1 if failed else 0
 
 

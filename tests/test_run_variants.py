@@ -37,3 +37,23 @@ def test_classify_names_side_by_side(tmp_path):
         assert len(result["loss_per_epoch"]) == 1
         assert (tmp_path / "work" / kind / kind / "metrics.jsonl").is_file()
     assert "error" in report["results"]["no_such_kind"]
+
+
+def test_resume_keeps_finished_reports_without_running_them(tmp_path):
+    """--resume: a name with a complete part report is merged as it is (no process started); one whose report holds
+    an error (e.g. paused by SIGTERM) is not finished."""
+    module = load_script("run_variants")
+    parts = tmp_path / "out" / "parts"
+    parts.mkdir(parents=True)
+    done = {"params": 1e6, "steps": 4, "test_bits_per_dim": 3.0, "streak_share": {"mean": 0.1}, "train_steps_per_s": 2}
+    (parts / "diffusion_cifar10_softmax.json").write_text(
+        json.dumps({"settings": {"steps": 4}, "results": {"softmax": done}})
+    )
+    (parts / "diffusion_cifar10_lightnet.json").write_text(json.dumps({"results": {"lightnet": {"error": "stopped"}}}))
+    assert module.finished(tmp_path / "out", "diffusion", "softmax")
+    assert not module.finished(tmp_path / "out", "diffusion", "lightnet")
+    assert not module.finished(tmp_path / "out", "diffusion", "lion_s")
+    code = module.main(["softmax", "--resume", "--data", "unused", "--out", str(tmp_path / "out"), "--tag", "t"])
+    report = json.loads((tmp_path / "out" / "diffusion_cifar10_t.json").read_text())
+    assert code == 0 and report["results"]["softmax"] == done and report["paused"] == []
+    assert not (tmp_path / "out" / "log_softmax.txt").exists()

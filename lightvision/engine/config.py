@@ -245,3 +245,10 @@ def check_number(
     kind = int if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kind) or not (value > minimum if above else value >= minimum):
         raise ConfigError(f"{key} must be {wanted}, got {value!r}")
+
+
+def check_betas(value: Any, key: str = "optim.betas") -> None:
+    """Refuse Adam betas that are not two numbers in [0, 1), naming the ``key``."""
+    ok = isinstance(value, (list, tuple)) and len(value) == 2
+    if not ok or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < 1 for b in value):
+        raise ConfigError(f"{key} must be two numbers in [0, 1), e.g. [0.9, 0.98], got {value!r}")

@@ -162,3 +162,124 @@ def test_every_shipped_variant_builds_the_model_it_describes():
     with torch.device("meta"):
         model = build_model(model_config(paper, 3, 32))
     assert (model.config.pos_embed, model.tpe.form, model.blocks[0].attn.lrpe) == ("none", "one_sided", "global")
+
+
+def test_ablation_variants_keep_the_parameters_and_place_the_tpe():
+    """lightnet_s_head128: 3 heads of 128 at S/2 with exactly the parameters of the 6-head default;
+    lightnet_block_tpe_pair: a one-sided MD-TPE pair at the start of every block and none after the embedding."""
+    from pathlib import Path
+
+    from lightvision.diffusion import benchmark
+    from lightvision.diffusion.dit import ATTENTION_KINDS
+    from lightvision.diffusion.train import build_model, load_recipe, model_config
+
+    root = Path(__file__).parents[2] / "configs"
+    path = root / "variants" / "diffusion_cifar10.yaml"
+
+    def build(name):
+        kind, overrides = benchmark.resolve_variant(name, path, ATTENTION_KINDS)
+        cfg = load_recipe(root / "diffusion" / "cifar10.yaml", [f"model.name={kind}_dit_s_2", *overrides])
+        with torch.device("meta"):
+            return build_model(model_config(cfg, 3, 32))
+
+    default, wide = build("lightnet"), build("lightnet_s_head128")
+    assert (default.blocks[0].attn.num_heads, default.blocks[0].attn.head_dim) == (6, 64)
+    assert (wide.blocks[0].attn.num_heads, wide.blocks[0].attn.head_dim) == (3, 128)
+    assert wide.blocks[0].attn.gate[0].out_features == default.blocks[0].attn.gate[0].out_features == 64
+    assert sum(p.numel() for p in wide.parameters()) == sum(p.numel() for p in default.parameters())
+    block = build("lightnet_block_tpe_pair")
+    assert block.tpe is None and all(b.tpe is not None and b.tpe.form == "pair" for b in block.blocks)
+    assert default.tpe is not None and all(b.tpe is None for b in default.blocks)
+
+
+def test_paper_recipe_trains_with_lightnets_optimiser(tmp_path):
+    """configs/diffusion/cifar10_paper.yaml: AdamW at a constant lr 1e-4 from the first step, betas (0.9, 0.98),
+    no warm-up and no gradient clipping (no grad_norm logged)."""
+    from pathlib import Path
+
+    from lightvision.diffusion.default import DIGITS_OVERRIDES
+    from lightvision.diffusion.train import load_recipe, train
+
+    recipe = Path(__file__).parents[2] / "configs" / "diffusion" / "cifar10_paper.yaml"
+    keep = ("optim.", "sched.", "model.name")
+    cfg = load_recipe(
+        recipe,
+        [
+            *(o for o in DIGITS_OVERRIDES if not o.startswith(keep)),
+            "model.args={depth: 1, hidden_size: 16, num_heads: 2}",
+            f"run.dir={tmp_path / 'run'}",
+            "train.max_steps=2",
+            "train.log_every=1",
+            "train.mixed_precision=no",
+            "sample.every=100",
+        ],
+    )
+    assert cfg["optim"] == {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.98], "clip_grad": None}
+    assert cfg["sched"] == {"warmup_steps": 0}
+    trainer = train(cfg, device="cpu")["trainer"]
+    group = trainer.optimizer.param_groups[0]
+    assert isinstance(trainer.optimizer.optimizer, torch.optim.AdamW) and group["betas"] == (0.9, 0.98)
+    assert trainer.scheduler is None and trainer.clip_grad is None
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "loss" in r]
+    assert [r["lr"] for r in steps] == [1e-4, 1e-4] and not any("grad_norm" in r for r in steps)
+
+
+def test_recipe_refuses_bad_betas(tmp_path):
+    from lightvision.diffusion.train import check_recipe, load_recipe
+
+    for bad in ("[0.9]", "[0.9, 1.0]", "[0.9, true]"):
+        with pytest.raises(ValueError, match=r"optim.betas must be two numbers in \[0, 1\)"):
+            check_recipe(load_recipe(None, [f"optim.betas={bad}"]))
+
+
+def test_benchmark_curves_are_exact_across_a_pause(tmp_path, monkeypatch):
+    """--eval-every: FID / precision / recall and test bits/dim (split by ranges of t) at every N steps as the
+    record's ``curve``; a run stopped by SIGTERM is reported as such, and --resume finishes it with the very curve of
+    an uninterrupted run (same data order, noise and samples)."""
+    import os
+    import signal
+
+    from lightvision.classify.yardstick import YardstickNet, save_yardstick
+    from lightvision.diffusion import benchmark
+    from lightvision.engine.trainer import Trainer
+
+    _cifar_like(tmp_path / "data")
+    torch.manual_seed(0)
+    yardstick = save_yardstick(YardstickNet([8, 8, 16, 16], 2), tmp_path / "yardstick.safetensors")
+
+    def run(out, *extra):
+        args = ["softmax", "--data", str(tmp_path / "data"), "--out", str(out), "--work", str(out / "work")]
+        args += ["--feature-extractor", str(yardstick), "--steps", "4", "--batch-size", "4", "--eval-every", "2"]
+        args += ["--bpd-images", "3", "--bpd-buckets", "2", "--samples", "5", "--sample-steps", "2"]
+        args += ["--sample-batch", "5", "--recipe", str(benchmark.CONFIGS / "diffusion" / "cifar10_paper.yaml")]
+        args += ["--set", "data.num_workers=0", "train.mixed_precision=no", "data.num_classes=2"]
+        args += ["model.args={depth: 1, hidden_size: 32, num_heads: 2}", "train.ckpt_every_steps=100", *extra]
+        code = benchmark.main(args)
+        return code, json.loads((out / "diffusion_cifar10.json").read_text())["results"]["softmax"]
+
+    code, straight = run(tmp_path / "a")
+    assert code == 0 and [c["step"] for c in straight["curve"]] == [2, 4]
+    for point in straight["curve"]:
+        assert {"fid", "precision", "recall", "test_bits_per_dim"} <= set(point)
+        assert [b["t"] for b in point["test_bits_per_dim_t"]] == [[0, 500], [500, 1000]]
+    assert straight["fid"] == round(straight["curve"][-1]["fid"], 4)
+    assert straight["test_bits_per_dim"] == round(straight["curve"][-1]["test_bits_per_dim"], 4)
+    assert straight["recipe"]["optim"]["betas"] == [0.9, 0.98] and straight["recipe"]["sched"]["warmup_steps"] == 0
+
+    train_step = Trainer._train_step
+
+    def stop_at_three(trainer, batches):  # a SIGTERM as step 3 begins: checkpoint after it, then stop
+        if trainer.step + 1 == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return train_step(trainer, batches)
+
+    monkeypatch.setattr(Trainer, "_train_step", stop_at_three)
+    code, paused = run(tmp_path / "b")
+    assert code == 0 and "stopped by SIGTERM at step 3; run again with --resume" in paused["error"]
+    monkeypatch.setattr(Trainer, "_train_step", train_step)
+    code, resumed = run(tmp_path / "b", "--resume")
+    assert code == 0 and resumed["steps"] == 4 and len(resumed["curve"]) == 2
+    for a, b in zip(straight["curve"], resumed["curve"]):
+        assert b["fid"] == pytest.approx(a["fid"], rel=1e-6) and b["precision"] == a["precision"]
+        assert b["test_bits_per_dim"] == pytest.approx(a["test_bits_per_dim"], rel=1e-6)

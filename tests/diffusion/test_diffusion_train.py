@@ -283,7 +283,7 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
 
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")  # restored afterwards (run_default sets it for device cpu)
     # the 360-image bits/dim measurement is not under test here (a minute on two cores): a constant stands in
-    monkeypatch.setattr(diffusion_train, "evaluate_bits_per_dim", lambda *args, **kwargs: 7.0)
+    monkeypatch.setattr(diffusion_train, "evaluate_bits_per_dim", lambda *args, **kwargs: {"test_bits_per_dim": 7.0})
     args = [
         "diffusion",
         "train",

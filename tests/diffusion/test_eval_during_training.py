@@ -1,5 +1,6 @@
-"""FID during training: fixed-seed EMA samples scored every train.eval_every_steps steps, logged and plotted,
-identical after a resume; the per-process split of the samples counts each one once."""
+"""FID and test bits/dim during training: fixed-seed EMA samples and a fixed test subset scored every
+train.eval_every_steps steps, logged and plotted, identical after a resume; the per-process split of the samples
+counts each one once."""
 
 import json
 
@@ -49,6 +50,9 @@ def recipe(run_dir, yardstick, reference, steps, extra=()):
             f"eval.feature_extractor={yardstick}",
             f"eval.reference={reference}",
             f"eval.cache_dir={run_dir}/cache",
+            "eval.bpd_images=5",
+            "eval.bpd_t_samples=3",
+            "eval.bpd_buckets=2",
             *extra,
         ],
     )
@@ -67,6 +71,12 @@ def test_fid_is_logged_plotted_and_survives_resume(tmp_path, yardstick, referenc
     for record in logged.values():
         assert {"fid", "sfid", "precision", "recall", "kid"} <= set(record) and record["eval_samples"] == 6
         assert np.isfinite(record["fid"]) and record["fid"] > 0 and record["feature_space"].startswith("yardstick-")
+        assert record["bpd_images"] == 5 and record["test_bits_per_dim"] > record["test_prior_bits_per_dim"] >= 0
+        buckets = record["test_bits_per_dim_t"]
+        assert [b["t"] for b in buckets] == [[0, 500], [500, 1000]]
+        parts = record["test_prior_bits_per_dim"] + sum(b["bits_per_dim"] for b in buckets)
+        assert parts == pytest.approx(record["test_bits_per_dim"], rel=1e-6)  # float32 sums
+    assert logged[2]["test_bits_per_dim"] != logged[4]["test_bits_per_dim"]  # the trained weights are measured
     assert (tmp_path / "a" / "fid.png").is_file() and len(list((tmp_path / "a" / "cache").glob("ref-*.npz"))) == 1
 
     train(recipe(tmp_path / "b", yardstick, reference, 2))
@@ -76,6 +86,7 @@ def test_fid_is_logged_plotted_and_survives_resume(tmp_path, yardstick, referenc
     for step in (2, 4):  # fixed seeds, EMA weights restored exactly: the same samples, the same scores
         assert resumed[step]["fid"] == pytest.approx(logged[step]["fid"], rel=1e-6)
         assert resumed[step]["precision"] == logged[step]["precision"]
+        assert resumed[step]["test_bits_per_dim"] == pytest.approx(logged[step]["test_bits_per_dim"], rel=1e-6)
 
 
 def test_eval_settings_are_checked_before_training(tmp_path, yardstick, reference):
@@ -83,6 +94,10 @@ def test_eval_settings_are_checked_before_training(tmp_path, yardstick, referenc
         train(recipe(tmp_path / "r", yardstick, None, 1, ["eval.reference=null"]))
     with pytest.raises(ValueError, match="precision / recall need more than 3 samples"):
         train(recipe(tmp_path / "r", yardstick, reference, 1, ["train.eval_samples=3"]))
+    with pytest.raises(ValueError, match="eval.bpd_buckets=1001 is more than the diffusion.steps=1000"):
+        train(recipe(tmp_path / "r", yardstick, reference, 1, ["eval.bpd_buckets=1001"]))
+    with pytest.raises(ValueError, match="eval.bpd_images needs pixel-space training"):
+        train(recipe(tmp_path / "r", yardstick, reference, 1, ["autoencoder.kind=kl"]))
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
