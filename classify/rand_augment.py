@@ -350,7 +350,11 @@ class BatchRandAugment:
             for k in warped:
                 op_theta = affine_theta(self.names[k], args[k].double(), height, width)
                 theta = torch.where(chosen[k].view(-1, 1, 1), op_theta, theta)
-            x = torch.where(_rows(chosen[warped].any(0)), _warp(x, theta.float(), fill, self.interpolation), x)
+            x = torch.where(
+                _rows(torch.stack([chosen[k] for k in warped]).any(0)),
+                _warp(x, theta.float(), fill, self.interpolation),
+                x,
+            )
         mapped = [k for k, name in named if _base(name) in LUT_OPS]
         if mapped:
             lut = torch.arange(256, device=x.device).to(torch.uint8).expand(n, 3, 256)
