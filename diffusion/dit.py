@@ -113,7 +113,13 @@ class DiTBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int], pos_scale: tuple[float, float] | None = None
     ) -> torch.Tensor:
-        mod = self.modulation(c).unflatten(1, (6, -1)) if self.adaln == "block" else c + self.modulation_offset
+        # the shared form in the shared output's dtype, as the per-block Linear gives it: under autocast the fp32
+        # offset would otherwise promote the gated residuals, and with them the residual stream, to fp32
+        mod = (
+            self.modulation(c).unflatten(1, (6, -1))
+            if self.adaln == "block"
+            else (c + self.modulation_offset).to(c.dtype)
+        )
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(1)  # [B, D] each
         if self.tpe is not None:
             x = self.tpe(x, grid, 0, pos_scale)

@@ -71,6 +71,19 @@ def test_fused_adaln_kernels_match_the_reference_in_the_model(kind, monkeypatch)
     assert results["torch"][0].abs().max() > 0.1
 
 
+@pytest.mark.parametrize("kind", ["softmax", "lightnet"])
+def test_residual_stream_keeps_the_autocast_dtype(kind):
+    """Under bf16 autocast every block returns the tokens in bf16, with per-block ("block") and shared ("shared")
+    modulation alike (an fp32 stream doubles what the norms save for backward)."""
+    model = tiny(kind, class_dropout_prob=0.0)
+    dtypes = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda m, args, out: dtypes.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 3, 8, 8), torch.tensor([3, 900]), torch.tensor([1, 5])).float().mean().backward()
+    assert dtypes == [torch.bfloat16] * len(model.blocks)
+
+
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
 def test_every_attention_kind_runs_on_a_non_square_latent(kind):
     torch.manual_seed(0)
