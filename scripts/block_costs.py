@@ -1,7 +1,7 @@
 """What a DiT training step costs per attention, counted on the CPU: parameters, matrix FLOPs, the Linear layers of a
 block and the activation bytes a block keeps for its backward.
 
-    python scripts/block_costs.py                                   # DiT-B/2: softmax, lightnet, lion_s at 256 px
+    python scripts/block_costs.py                                   # DiT-B/2: softmax, lightnet, lion_s at 192 px
     python scripts/block_costs.py --size s --px 128 --attentions softmax lightnet --out costs.json
 
 Per attention, the model as ``bench_models.py`` builds it (``{attention}_dit_{size}_2`` on the latent of ``--px``):
@@ -84,15 +84,18 @@ def step_flops(model: torch.nn.Module, px: int) -> dict[str, float]:
 
 
 def saved_per_token(model: torch.nn.Module, px: int) -> list[dict]:
-    """Tensors that block 1 (a middle one) saves for its backward and that have a token dim, one image, bf16
-    autocast: autograd node, what it keeps, shape, dtype, bytes per token and channel (deduplicated by storage)."""
+    """Tensors that block 1 (fed block 0's output: the stream's dtype) saves for its backward and that have a token
+    dim, one image, bf16 autocast: autograd node, what it keeps, shape, dtype, bytes per token and channel
+    (deduplicated by storage)."""
     block, width = model.blocks[1], model.config.hidden_size
     grid = (px // 16, px // 16)
     n = grid[0] * grid[1]
-    x = torch.randn(1, n, width, requires_grad=True)
-    c = torch.randn(1, width) if model.shared_modulation is None else torch.randn(1, 6, width)
+    x = torch.randn(1, n, width, dtype=torch.bfloat16)  # the patch embedding's output under autocast
+    c = torch.randn(1, width) if model.shared_modulation is None else torch.randn(1, 6, width, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = block(x, c, grid)
+        with torch.no_grad():
+            x = model.blocks[0](x, c, grid)  # the residual stream in the dtype the blocks give it
+        out = block(x.requires_grad_(), c, grid)
     saved, todo, visited = {}, [out.grad_fn], set()
     while todo:
         node = todo.pop()
@@ -140,7 +143,9 @@ def costs(attention: str, size: str, px: int, kernels: bool) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="b", choices=("s", "b", "l", "xl"))
-    p.add_argument("--px", type=int, default=256, help="image size (latent px / 8)")
+    p.add_argument(
+        "--px", type=int, default=192, help="image size (latent px / 8; 192: 144 tokens, a count no weight dim has)"
+    )
     p.add_argument("--attentions", nargs="+", default=list(DIT_ATTENTIONS))
     p.add_argument("--plain", action="store_true", help="count the PyTorch references' saved tensors, not the kernels'")
     p.add_argument("--out", default="")

@@ -40,6 +40,7 @@ from bench_models import (  # scripts/ (this script's folder) is on sys.path
     DIT_BATCH,
     build_deit,
     build_dit,
+    compile_modes,
     make_train_step,
 )
 from lightvision.engine.compiled import compile_model
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [parse_case(c, args.batch) for c in args.cases or [f"{args.model}:{args.img_size}"]]
     except ValueError as err:
         p.error(str(err))
-    modes = [None if m == "none" else m for m in (args.compile or ["default"])] if args.compile is not None else [None]
+    modes = compile_modes(args.compile)
     if not torch.cuda.is_available():
         p.error("profile_model.py profiles CUDA time and needs a GPU")
     results = []
