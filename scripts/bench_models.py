@@ -137,15 +137,17 @@ def measure(
     steps: int,
     memory_batch: int = 0,
     memory_only: bool = False,
+    train_only: bool = False,
 ) -> dict:
     """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
     also ``measure_memory`` at that fixed batch (``infer_memory``: the same batch at every resolution, so the growth
-    with the token count shows; capped at ``batch``), before any optimizer state exists; ``memory_only``: just that."""
+    with the token count shows; capped at ``batch``), before any optimizer state exists; ``memory_only``: just that;
+    ``train_only``: no inference timing (a compiled model then compiles one graph, not two)."""
     model = model.cuda()
     inputs = make_batch()
     result = {}
     model.eval()
-    if not memory_only:
+    if not memory_only and not train_only:
         _reset_peak()
         ms = _median_ms(lambda: _infer(model, inputs), warmup, steps)
         result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": _peak_gb()}
@@ -197,11 +199,19 @@ def bench_one(
             torch._dynamo.reset()  # each model compiles fresh, as in its own process (no shared cache entries)
             model = compile_model(model, mode=compile_mode)
         measured = measure(
-            model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch, args.memory_only
+            model,
+            make_batch,
+            loss_of,
+            batch,
+            args.warmup,
+            args.steps,
+            args.memory_batch,
+            args.memory_only,
+            args.train_only,
         )
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:
-        modes = ("infer_memory",) if args.memory_only else ("infer", "train")
+        modes = ("infer_memory",) if args.memory_only else ("train",) if args.train_only else ("infer", "train")
         records = [{**base, "mode": mode, "oom": True} for mode in modes]
     finally:
         model = None
@@ -417,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-only",
         action="store_true",
         help="only the fixed-batch inference memory (no timing) and its growth with the token count",
+    )
+    parser.add_argument(
+        "--train-only", action="store_true", help="time training steps only (compiled: one graph to compile, not two)"
     )
     parser.add_argument("--out", default="models.json", help="JSON path; .md and .png are written beside it")
     args = parser.parse_args(argv)
