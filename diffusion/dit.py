@@ -27,13 +27,13 @@ import torch
 import torch.nn as nn
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
-from timm.layers import Mlp
 
 from lightvision.layers import (
     ATTENTION_KINDS,
     GLU,
     MDTPE,
     POS_UNITS,
+    GeluMlp,
     ModulatedLayerNorm,
     PatchEmbed,
     build_attention,
@@ -103,7 +103,7 @@ class DiTBlock(nn.Module):
         if ffn == "glu":
             self.ffn = GLU(dim, int(round(hidden * 2 / 3 / 32)) * 32)
         else:
-            self.ffn = Mlp(dim, hidden, act_layer=lambda: nn.GELU(approximate="tanh"))
+            self.ffn = GeluMlp(dim, hidden)
         self.adaln = adaln
         if adaln == "block":
             self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))

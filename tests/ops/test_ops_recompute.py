@@ -1,0 +1,80 @@
+"""recomputed_input_linear: the plain Linear(act(h)) values and gradients, keeping only h for the backward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import rel
+from lightvision.layers import GLU, GeluMlp
+from lightvision.ops import recomputed_input_linear, silu_mul
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+GELU = torch.nn.GELU(approximate="tanh")
+ACTS = {"silu_mul": (silu_mul, 2), "gelu": (GELU, 1)}  # act, width of h per output column of act(h)
+
+
+def _run(fn, leaves, dout):
+    out = fn(*leaves)
+    out.backward(dout)
+    return [out.detach()] + [t.grad.clone() for t in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("act_name", sorted(ACTS))
+@pytest.mark.parametrize("dtype,autocast", [(torch.float32, False), (torch.bfloat16, False), (torch.float32, True)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_matches_the_plain_linear(device, act_name, dtype, autocast, bias):
+    """Output and the gradients of h, weight and bias against F.linear(act(h)), odd sizes; under bf16 autocast
+    (fp32 weights, bf16 h) as in training."""
+    act, widen = ACTS[act_name]
+    k, c = 37, 19
+    h_dtype = torch.bfloat16 if autocast else dtype
+    h = torch.randn(3, 5, widen * k, device=device, dtype=h_dtype)
+    w = torch.randn(c, k, device=device, dtype=dtype) / k**0.5
+    b = torch.randn(c, device=device, dtype=dtype) if bias else None
+    dout = torch.randn(3, 5, c, device=device, dtype=torch.bfloat16 if autocast or dtype == torch.bfloat16 else dtype)
+    results = []
+    for fn in (lambda h, w, *b: F.linear(act(h), w, *b), lambda h, w, *b: recomputed_input_linear(act, h, w, *b)):
+        leaves = [t.clone().requires_grad_() for t in (h, w, *([b] if bias else []))]
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            results.append(_run(fn, leaves, dout))
+    tol = 1e-6 if dtype == torch.float32 and not autocast else 1e-2
+    for name, ref, got in zip(["out", "dh", "dw", "db"], *results):
+        assert got.dtype == ref.dtype and got.shape == ref.shape, name
+        assert rel(got, ref) < tol, (name, rel(got, ref))
+
+
+def test_keeps_only_the_input_for_the_backward():
+    """The plain form keeps act(h) [..., K] besides h; the recomputed one keeps h, the weight and the bias."""
+    h = torch.randn(4, 6, 2 * 24, requires_grad=True)
+    w = torch.randn(8, 24, requires_grad=True)
+
+    def saved(fn):
+        shapes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+            fn()
+        return shapes
+
+    assert (4, 6, 24) in saved(lambda: F.linear(silu_mul(h), w))
+    assert sorted(saved(lambda: recomputed_input_linear(silu_mul, h, w)), key=len) == [(8, 24), (4, 6, 48)]
+
+
+def test_plain_form_without_grad_and_when_compiling(monkeypatch):
+    """No autograd Function without grad (inference) and while torch.compile traces (its partitioner recomputes)."""
+    h, w = torch.randn(2, 8), torch.randn(3, 4, requires_grad=True)
+    with torch.no_grad():
+        assert recomputed_input_linear(silu_mul, h, w).grad_fn is None
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert type(recomputed_input_linear(silu_mul, h, w).grad_fn).__name__ == "MmBackward0"
+
+
+def test_layers_keep_their_state_dicts():
+    """GeluMlp loads timm Mlp's weights and gives its output; GLU keeps w12 / w3."""
+    from timm.layers import Mlp
+
+    ref = Mlp(16, 40, act_layer=lambda: torch.nn.GELU(approximate="tanh"))
+    mlp = GeluMlp(16, 40)
+    mlp.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 7, 16)
+    torch.testing.assert_close(mlp(x), ref(x))
+    assert sorted(GLU(16, 32).state_dict()) == ["w12.weight", "w3.weight"]
