@@ -86,7 +86,7 @@ def step_flops(model: torch.nn.Module, px: int) -> dict[str, float]:
 def saved_per_token(model: torch.nn.Module, px: int) -> list[dict]:
     """Tensors that block 1 (fed block 0's output: the stream's dtype) saves for its backward and that have a token
     dim, one image, bf16 autocast: autograd node, what it keeps, shape, dtype, bytes per token and channel
-    (deduplicated by storage)."""
+    (per storage: the first saved view names it, its whole storage counts)."""
     block, width = model.blocks[1], model.config.hidden_size
     grid = (px // 16, px // 16)
     n = grid[0] * grid[1]
@@ -107,16 +107,16 @@ def saved_per_token(model: torch.nn.Module, px: int) -> list[dict]:
         if hasattr(node, "saved_tensors"):  # custom autograd Functions
             tensors += [(f"saved[{i}]", t) for i, t in enumerate(node.saved_tensors)]
         for what, t in tensors:
-            if isinstance(t, torch.Tensor) and n in t.shape:
-                key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+            if isinstance(t, torch.Tensor) and n in t.shape:  # a saved view keeps its whole storage
+                storage = t.untyped_storage()
                 saved.setdefault(
-                    key,
+                    storage.data_ptr(),
                     {
                         "node": node.name(),
                         "keeps": what,
                         "shape": list(t.shape),
                         "dtype": str(t.dtype).removeprefix("torch."),
-                        "bytes_per_token_channel": t.numel() * t.element_size() / n / width,
+                        "bytes_per_token_channel": storage.nbytes() / n / width,
                     },
                 )
     return sorted(saved.values(), key=lambda r: -r["bytes_per_token_channel"])
