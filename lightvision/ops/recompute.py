@@ -2,8 +2,9 @@
 
     out = Linear(act(h))         h [..., K_h] (a matmul's output), act(h) [..., K], weight [C, K] -> [..., C]
 
-PyTorch's autograd keeps both h (for act's backward) and act(h) (for the weight gradient). Here only h is kept; the
-backward recomputes act(h) (one elementwise pass) for the weight gradient, so an FFN keeps its hidden activation
+PyTorch's autograd keeps both h (for act's backward) and act(h) (for the weight gradient). Here only h is kept: the
+Linear's saved input is packed as its layout (``torch.autograd.graph.saved_tensors_hooks``) and rebuilt in the
+backward from h (one elementwise pass, no nested autograd), so an FFN keeps its hidden activation
 once instead of twice: GLU drops SiLU(a) * b ([..., K], a third of what it kept), the GELU MLP drops GELU(h) (half).
 Same values and gradients as ``F.linear(act(h), weight, bias)`` (autocast included); under ``torch.compile`` that
 plain form runs, since the compiler's partitioner already recomputes elementwise ops instead of saving them.
@@ -15,33 +16,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-
-
-class _RecomputedInputLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, h, weight, bias, act):
-        out = F.linear(act(h), weight, bias)  # autocast (when on) casts as it does for the plain form
-        ctx.act, ctx.out_dtype = act, out.dtype
-        ctx.save_for_backward(h, weight, bias)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        h, weight, bias = ctx.saved_tensors
-        with torch.enable_grad():
-            h_in = h.detach().requires_grad_(ctx.needs_input_grad[0])
-            y = ctx.act(h_in)
-        dt = ctx.out_dtype  # the dtype the forward's matmul ran in
-        d2 = dout.to(dt).reshape(-1, dout.shape[-1])
-        dh = dw = db = None
-        if ctx.needs_input_grad[1]:
-            dw = (d2.t() @ y.detach().to(dt).reshape(-1, y.shape[-1])).to(weight.dtype)
-        if bias is not None and ctx.needs_input_grad[2]:
-            db = d2.sum(0).to(bias.dtype)
-        if ctx.needs_input_grad[0]:
-            dy = (dout.to(dt) @ weight.to(dt)).to(y.dtype)
-            (dh,) = torch.autograd.grad(y, h_in, dy)
-        return dh, dw, db, None
 
 
 def recomputed_input_linear(
@@ -63,6 +37,21 @@ def recomputed_input_linear(
         >>> recomputed_input_linear(silu_mul, torch.randn(2, 5, 16), torch.randn(4, 8)).shape
         torch.Size([2, 5, 4])
     """
+    y = act(h)
     if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return F.linear(act(h), weight, bias)
-    return _RecomputedInputLinear.apply(h, weight, bias, act)
+        return F.linear(y, weight, bias)
+    storage = y.untyped_storage().data_ptr()
+
+    def pack(t: torch.Tensor):
+        if t.untyped_storage().data_ptr() != storage:
+            return t
+        return (t.shape, t.stride(), t.storage_offset(), t.dtype)  # a view of act(h): rebuilt in the backward
+
+    def unpack(saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        shape, stride, offset, dtype = saved
+        return act(h.detach()).to(dtype).as_strided(shape, stride, offset)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        return F.linear(y, weight, bias)
