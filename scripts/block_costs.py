@@ -10,7 +10,7 @@ Per attention, the model as ``bench_models.py`` builds it (``{attention}_dit_{si
 - matrix FLOPs of one forward + backward per image (``torch.utils.flop_counter``; mm / addmm are the Linear layers,
   bmm the cores' PyTorch references; SDPA's own FLOPs are not counted on the CPU);
 - the tensors one block saves for its backward that grow with the tokens (bytes per token and channel, by the
-  autograd node that keeps them), with bf16 autocast and the fused kernels the model runs on CUDA: these run here in
+  op that produced them), with bf16 autocast and the fused kernels the model runs on CUDA: these run here in
   the Triton interpreter (TRITON_INTERPRET=1), so the saved set is the GPU's; ``--plain`` counts the PyTorch
   references instead. The block's share of peak training memory is about depth x this x tokens x width x batch.
 Prints a table per attention and writes the numbers as JSON to ``--out``.
@@ -85,40 +85,35 @@ def step_flops(model: torch.nn.Module, px: int) -> dict[str, float]:
 
 def saved_per_token(model: torch.nn.Module, px: int) -> list[dict]:
     """Tensors that block 1 (fed block 0's output: the stream's dtype) saves for its backward and that have a token
-    dim, one image, bf16 autocast: autograd node, what it keeps, shape, dtype, bytes per token and channel
-    (per storage: the first saved view names it, its whole storage counts)."""
+    dim, one image, bf16 autocast, as autograd packs them (a layer's own saved-tensor hooks see them first, so what
+    those rebuild in the backward is not counted): the op that produced each, shape, dtype, bytes per token and
+    channel (per storage: a saved view keeps its whole storage; the first one names it)."""
     block, width = model.blocks[1], model.config.hidden_size
     grid = (px // 16, px // 16)
     n = grid[0] * grid[1]
     x = torch.randn(1, n, width, dtype=torch.bfloat16)  # the patch embedding's output under autocast
     c = torch.randn(1, width) if model.shared_modulation is None else torch.randn(1, 6, width, dtype=torch.bfloat16)
+    saved = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if n in t.shape:
+            storage = t.untyped_storage()
+            saved.setdefault(
+                storage.data_ptr(),
+                {
+                    "made_by": t.grad_fn.name() if t.grad_fn is not None else "block input or no-grad output",
+                    "shape": list(t.shape),
+                    "dtype": str(t.dtype).removeprefix("torch."),
+                    "bytes_per_token_channel": storage.nbytes() / n / width,
+                },
+            )
+        return t
+
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.no_grad():
             x = model.blocks[0](x, c, grid)  # the residual stream in the dtype the blocks give it
-        out = block(x.requires_grad_(), c, grid)
-    saved, todo, visited = {}, [out.grad_fn], set()
-    while todo:
-        node = todo.pop()
-        if node is None or node in visited:
-            continue
-        visited.add(node)
-        todo.extend(f for f, _ in node.next_functions)
-        tensors = [(a.removeprefix("_saved_"), getattr(node, a)) for a in dir(node) if a.startswith("_saved_")]
-        if hasattr(node, "saved_tensors"):  # custom autograd Functions
-            tensors += [(f"saved[{i}]", t) for i, t in enumerate(node.saved_tensors)]
-        for what, t in tensors:
-            if isinstance(t, torch.Tensor) and n in t.shape:  # a saved view keeps its whole storage
-                storage = t.untyped_storage()
-                saved.setdefault(
-                    storage.data_ptr(),
-                    {
-                        "node": node.name(),
-                        "keeps": what,
-                        "shape": list(t.shape),
-                        "dtype": str(t.dtype).removeprefix("torch."),
-                        "bytes_per_token_channel": storage.nbytes() / n / width,
-                    },
-                )
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block(x.requires_grad_(), c, grid)
     return sorted(saved.values(), key=lambda r: -r["bytes_per_token_channel"])
 
 
@@ -168,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for layer in r["linears"]:
             print(f"  linear {layer['name']:14s} {str(layer['weight']):14s} per {layer['per']}")
         for s in r["saved"]:
-            print(f"  saved {s['bytes_per_token_channel']:6.2f} {s['node']:42.42s} {s['keeps']:10s} {s['dtype']}")
+            print(f"  saved {s['bytes_per_token_channel']:6.2f} {s['made_by']:48.48s} {s['dtype']} {s['shape']}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "models": results}, f, indent=1)
