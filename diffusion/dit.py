@@ -22,6 +22,7 @@ The paper does not spell out its conditioning path; this choice is ours.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -124,7 +125,8 @@ class DiTBlock(nn.Module):
         if self.tpe is not None:
             x = self.tpe(x, grid, 0, pos_scale)
         x = gated_residual(x, gate1, self.attn(self.norm1(x, shift1, scale1), grid=grid, pos_scale=pos_scale))
-        return gated_residual(x, gate2, self.ffn(self.norm2(x, shift2, scale2)))
+        # the FFN recomputes the modulated norm in its backward instead of keeping its output
+        return gated_residual(x, gate2, self.ffn(x, pre=partial(self.norm2, shift=shift2, scale=scale2)))
 
 
 class DiT(ModelMixin, ConfigMixin):

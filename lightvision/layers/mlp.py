@@ -1,7 +1,10 @@
 """Feed-forward layers: GLU of the LightNet block (docs/spec.md 1.4) and DiT's GELU MLP, both keeping their
-hidden activation once for the backward (``lightvision.ops.recomputed_input_linear``)."""
+hidden activation once for the backward, and taking the norm before them as ``pre``, recomputed in the backward
+(``lightvision.ops.recomputed_input_linear``)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -33,9 +36,11 @@ class GLU(nn.Module):
         self.w3 = nn.Linear(hidden_dim, dim, bias=False)
         self.register_load_state_dict_pre_hook(self._join_w1_w2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., dim] -> [..., dim]."""
-        return recomputed_input_linear(silu_mul, self.w12(x), self.w3.weight)
+    def forward(self, x: torch.Tensor, pre: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """x [..., dim] -> [..., dim]; ``pre``: an elementwise (per token) function of x applied first and recomputed
+        in the backward instead of kept (a block's norm)."""
+        h = self.w12(x) if pre is None else recomputed_input_linear(pre, x, self.w12.weight)
+        return recomputed_input_linear(silu_mul, h, self.w3.weight)
 
     def xavier_init_(self) -> None:
         """Xavier-uniform init of W_1, W_2 and W_3 as three separate matrices (DiT's FFN init)."""
@@ -65,6 +70,7 @@ class GeluMlp(nn.Module):
         self.act = nn.GELU(approximate="tanh")
         self.fc2 = nn.Linear(hidden_dim, dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., dim] -> [..., dim]."""
-        return recomputed_input_linear(self.act, self.fc1(x), self.fc2.weight, self.fc2.bias)
+    def forward(self, x: torch.Tensor, pre: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """x [..., dim] -> [..., dim]; ``pre`` as for ``GLU``."""
+        h = self.fc1(x) if pre is None else recomputed_input_linear(pre, x, self.fc1.weight, self.fc1.bias)
+        return recomputed_input_linear(self.act, h, self.fc2.weight, self.fc2.bias)

@@ -87,3 +87,32 @@ def test_layers_keep_their_state_dicts():
     x = torch.randn(2, 7, 16)
     torch.testing.assert_close(mlp(x), ref(x))
     assert sorted(GLU(16, 32).state_dict()) == ["w12.weight", "w3.weight"]
+
+
+@pytest.mark.parametrize("layer", ["glu", "gelu_mlp"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_ffn_with_its_norm_recomputed(layer, autocast):
+    """ffn(x, pre=norm) gives ffn(norm(x))'s output and the gradients of x, the norm's shift / scale and the weights,
+    without keeping the norm's output for the first Linear."""
+    from lightvision.layers import ModulatedLayerNorm
+
+    torch.manual_seed(0)
+    ffn = GLU(24, 40) if layer == "glu" else GeluMlp(24, 56)
+    norm = ModulatedLayerNorm()
+    x, shift, scale = torch.randn(2, 7, 24), torch.randn(2, 24), torch.randn(2, 24)
+    results, norm_outputs_kept = [], []
+    for fused in (False, True):
+        ffn.zero_grad()
+        leaves = [t.clone().requires_grad_() for t in (x, shift, scale)]
+        kept = []
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t.numel()) or t, lambda t: t):
+                pre = lambda t: norm(t, leaves[1], leaves[2])  # noqa: E731
+                out = ffn(leaves[0], pre=pre) if fused else ffn(pre(leaves[0]))
+        out.float().square().sum().backward()
+        results.append([out.detach()] + [t.grad for t in leaves] + [p.grad.clone() for p in ffn.parameters()])
+        norm_outputs_kept.append(kept.count(2 * 7 * 24))
+    assert norm_outputs_kept[1] == norm_outputs_kept[0] - 1  # the Linear's input, the norm's output, is not kept
+    tol = 1e-2 if autocast else 1e-6
+    for ref, got in zip(*results):
+        assert rel(got, ref) < tol
