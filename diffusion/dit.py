@@ -43,7 +43,7 @@ from lightvision.layers import (
     position_scale,
     sincos_pos_embed,
 )
-from lightvision.ops import gated_residual
+from lightvision.ops import gated_residual, rebuilt_in_backward
 from lightvision.ops._checks import check_choice
 
 # (depth, width, heads) per size; docs/spec.md 3.
@@ -124,7 +124,10 @@ class DiTBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(1)  # [B, D] each
         if self.tpe is not None:
             x = self.tpe(x, grid, 0, pos_scale)
-        x = gated_residual(x, gate1, self.attn(self.norm1(x, shift1, scale1), grid=grid, pos_scale=pos_scale))
+        h = self.norm1(x, shift1, scale1)
+        with rebuilt_in_backward(h, lambda: self.norm1(x.detach(), shift1.detach(), scale1.detach())):
+            a = self.attn(h, grid=grid, pos_scale=pos_scale)  # its projections keep no copy of h: rebuilt from x
+        x = gated_residual(x, gate1, a)
         # the FFN recomputes the modulated norm in its backward instead of keeping its output
         return gated_residual(x, gate2, self.ffn(x, pre=partial(self.norm2, shift=shift2, scale=scale2)))
 

@@ -3,8 +3,8 @@
     out = Linear(act(h))         h [..., K_h] (a matmul's output), act(h) [..., K], weight [C, K] -> [..., C]
 
 PyTorch's autograd keeps both h (for act's backward) and act(h) (for the weight gradient). Here only h is kept: the
-Linear's saved input is packed as its layout (``torch.autograd.graph.saved_tensors_hooks``) and rebuilt in the
-backward from h (one elementwise pass, no nested autograd), so an FFN keeps its hidden activation
+Linear's saved input is packed as its layout (``rebuilt_in_backward``: ``torch.autograd.graph.saved_tensors_hooks``)
+and rebuilt in the backward from h (one elementwise pass, no nested autograd), so an FFN keeps its hidden activation
 once instead of twice: GLU drops SiLU(a) * b ([..., K], a third of what it kept), the GELU MLP drops GELU(h) (half).
 Same values and gradients as ``F.linear(act(h), weight, bias)`` (autocast included); under ``torch.compile`` that
 plain form runs, since the compiler's partitioner already recomputes elementwise ops instead of saving them.
@@ -12,10 +12,46 @@ plain form runs, since the compiler's partitioner already recomputes elementwise
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+
+
+@contextlib.contextmanager
+def rebuilt_in_backward(y: torch.Tensor, rebuild: Callable[[], torch.Tensor]):
+    """Inside, autograd keeps no tensor that shares y's storage: it keeps its layout, and the backward rebuilds it from
+    ``rebuild()`` (y's values again, from tensors kept anyway; once per backward however many ops saved it).
+    Nothing changes without grad or while torch.compile traces (its partitioner decides what to keep).
+
+    Example:
+        >>> x, w = torch.randn(3, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
+        >>> y = F.gelu(x)  # GELU keeps x
+        >>> with rebuilt_in_backward(y, lambda: F.gelu(x.detach())):
+        ...     out = y @ w.t()  # the matmul keeps y's layout; the backward rebuilds y from x
+        >>> out.sum().backward()
+    """
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        yield
+        return
+    storage, rebuilt = y.untyped_storage().data_ptr(), []
+
+    def pack(t: torch.Tensor):
+        if t.untyped_storage().data_ptr() != storage:
+            return t
+        return (t.shape, t.stride(), t.storage_offset(), t.dtype)  # a view of y
+
+    def unpack(saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        shape, stride, offset, dtype = saved
+        if not rebuilt:
+            rebuilt.append(rebuild().detach())
+        return rebuilt[0].to(dtype).as_strided(shape, stride, offset)
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        yield
 
 
 def recomputed_input_linear(
@@ -38,20 +74,5 @@ def recomputed_input_linear(
         torch.Size([2, 5, 4])
     """
     y = act(h)
-    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return F.linear(y, weight, bias)
-    storage = y.untyped_storage().data_ptr()
-
-    def pack(t: torch.Tensor):
-        if t.untyped_storage().data_ptr() != storage:
-            return t
-        return (t.shape, t.stride(), t.storage_offset(), t.dtype)  # a view of act(h): rebuilt in the backward
-
-    def unpack(saved):
-        if isinstance(saved, torch.Tensor):
-            return saved
-        shape, stride, offset, dtype = saved
-        return act(h.detach()).to(dtype).as_strided(shape, stride, offset)
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with rebuilt_in_backward(y, lambda: act(h.detach())):
         return F.linear(y, weight, bias)

@@ -1,5 +1,7 @@
 """recomputed_input_linear: the plain Linear(act(h)) values and gradients, keeping only h for the backward."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,3 +118,27 @@ def test_ffn_with_its_norm_recomputed(layer, autocast):
     tol = 1e-2 if autocast else 1e-6
     for ref, got in zip(*results):
         assert rel(got, ref) < tol
+
+
+def test_rebuilt_in_backward_serves_every_op_that_saved_a_view():
+    """Two matmuls save views of y: neither keeps y's storage, the backward rebuilds y once, gradients as plain."""
+    from lightvision.ops import rebuilt_in_backward
+
+    x, w1, w2 = torch.randn(6, 8), torch.randn(5, 8), torch.randn(3, 4)
+    grads = []
+    for rebuilt in (False, True):
+        leaves = [t.clone().requires_grad_() for t in (x, w1, w2)]
+        y = F.gelu(leaves[0])
+        calls, kept = [], []
+        ctx = rebuilt_in_backward(y, lambda: calls.append(1) or F.gelu(leaves[0].detach()))
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: kept.append(t.untyped_storage().data_ptr()) or t, lambda t: t
+        ):
+            with ctx if rebuilt else contextlib.nullcontext():
+                out = y @ leaves[1].t() + (y[:, :4] @ leaves[2].t()).sum()
+        assert (y.untyped_storage().data_ptr() in kept) is not rebuilt
+        out.square().sum().backward()
+        assert len(calls) == rebuilt
+        grads.append([t.grad for t in leaves])
+    for ref, got in zip(*grads):
+        torch.testing.assert_close(got, ref)
