@@ -22,8 +22,9 @@
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
-#   block_speed  whole models against softmax, about 8 min on one H100: the GPU tests of the fused block kernels
-#                (tests/kernels/test_fused_kernel.py, the DiT kernel and dtype tests), then bench_models.py side by side
+#   block_speed  whole models against softmax, about 8 min on one H100: the GPU tests of the fused block kernels and
+#                of what the blocks rebuild in the backward (tests/kernels/test_fused_kernel.py,
+#                tests/ops/test_ops_recompute.py, the DiT kernel and dtype tests), then bench_models.py side by side
 #                in one process per group, training images/s and peak memory with their ratio to softmax: DiT-B/2 at
 #                256 / 512 px (softmax, lightnet, lion_s) eager, and compiled (reduce-overhead, training only) at 512;
 #                DeiT-S compiled (reduce-overhead) at 224 (softmax, lightnet, lion_s) and 1024 (softmax, lightnet);
@@ -119,8 +120,9 @@ MERGE
       tail -n 30 "$out/attention.log"; tail -n 60 "$out/models.log"
       ;;
     block_speed)
-      (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels/test_fused_kernel.py tests/diffusion/test_dit.py \
-        -k "fused or residual_stream" > "$out/block_speed_tests.log" 2>&1); stamp "block tests done rc=$?"
+      (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels/test_fused_kernel.py tests/ops/test_ops_recompute.py \
+        tests/diffusion/test_dit.py -k "fused or recompute or rebuilt or ffn or residual_stream" \
+        > "$out/block_speed_tests.log" 2>&1); stamp "block tests done rc=$?"
       tail -n 3 "$out/block_speed_tests.log"
       bench() { python3 "$repo/scripts/bench_models.py" --warmup 3 --steps 8 "$@"; }
       full=${LV_BLOCK_FULL:+256}

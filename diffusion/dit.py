@@ -125,7 +125,7 @@ class DiTBlock(nn.Module):
         if self.tpe is not None:
             x = self.tpe(x, grid, 0, pos_scale)
         h = self.norm1(x, shift1, scale1)
-        with rebuilt_in_backward(h, lambda: self.norm1(x.detach(), shift1.detach(), scale1.detach())):
+        with rebuilt_in_backward(h, self.norm1, x, shift1, scale1):
             a = self.attn(h, grid=grid, pos_scale=pos_scale)  # its projections keep no copy of h: rebuilt from x
         x = gated_residual(x, gate1, a)
         # the FFN recomputes the modulated norm in its backward instead of keeping its output

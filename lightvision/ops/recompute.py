@@ -19,22 +19,21 @@ import torch
 import torch.nn.functional as F
 
 
-@contextlib.contextmanager
-def rebuilt_in_backward(y: torch.Tensor, rebuild: Callable[[], torch.Tensor]):
-    """Inside, autograd keeps no tensor that shares y's storage: it keeps its layout, and the backward rebuilds it from
-    ``rebuild()`` (y's values again, from tensors kept anyway; once per backward however many ops saved it).
+def rebuilt_in_backward(y: torch.Tensor, fn: Callable[..., torch.Tensor], *args) -> contextlib.AbstractContextManager:
+    """Inside, autograd keeps no tensor that shares y's storage: it keeps its layout, and the backward rebuilds y as
+    ``fn(*args)`` (tensors detached; y's values again, from tensors kept anyway; once per backward however many ops
+    saved it). The arguments are bound now: rebinding a name afterwards does not change what is rebuilt.
     Nothing changes without grad or while torch.compile traces (its partitioner decides what to keep).
 
     Example:
         >>> x, w = torch.randn(3, 4, requires_grad=True), torch.randn(5, 4, requires_grad=True)
         >>> y = F.gelu(x)  # GELU keeps x
-        >>> with rebuilt_in_backward(y, lambda: F.gelu(x.detach())):
+        >>> with rebuilt_in_backward(y, F.gelu, x):
         ...     out = y @ w.t()  # the matmul keeps y's layout; the backward rebuilds y from x
         >>> out.sum().backward()
     """
     if torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        yield
-        return
+        return contextlib.nullcontext()
     storage, rebuilt = y.untyped_storage().data_ptr(), []
 
     def pack(t: torch.Tensor):
@@ -47,11 +46,10 @@ def rebuilt_in_backward(y: torch.Tensor, rebuild: Callable[[], torch.Tensor]):
             return saved
         shape, stride, offset, dtype = saved
         if not rebuilt:
-            rebuilt.append(rebuild().detach())
+            rebuilt.append(fn(*(a.detach() if isinstance(a, torch.Tensor) else a for a in args)).detach())
         return rebuilt[0].to(dtype).as_strided(shape, stride, offset)
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        yield
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 def recomputed_input_linear(
@@ -74,5 +72,5 @@ def recomputed_input_linear(
         torch.Size([2, 5, 4])
     """
     y = act(h)
-    with rebuilt_in_backward(y, lambda: act(h.detach())):
+    with rebuilt_in_backward(y, act, h):
         return F.linear(y, weight, bias)

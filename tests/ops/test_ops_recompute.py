@@ -130,7 +130,7 @@ def test_rebuilt_in_backward_serves_every_op_that_saved_a_view():
         leaves = [t.clone().requires_grad_() for t in (x, w1, w2)]
         y = F.gelu(leaves[0])
         calls, kept = [], []
-        ctx = rebuilt_in_backward(y, lambda: calls.append(1) or F.gelu(leaves[0].detach()))
+        ctx = rebuilt_in_backward(y, lambda t: calls.append(1) or F.gelu(t), leaves[0])
         with torch.autograd.graph.saved_tensors_hooks(
             lambda t: kept.append(t.untyped_storage().data_ptr()) or t, lambda t: t
         ):
