@@ -85,8 +85,8 @@ def step_flops(model: torch.nn.Module, px: int) -> dict[str, float]:
 
 def saved_per_token(model: torch.nn.Module, px: int) -> list[dict]:
     """Tensors that block 1 (fed block 0's output: the stream's dtype) saves for its backward and that have a token
-    dim, one image, bf16 autocast, as autograd packs them (a layer's own saved-tensor hooks see them first, so what
-    those rebuild in the backward is not counted): the op that produced each, shape, dtype, bytes per token and
+    dim, one image, bf16 autocast, as autograd packs them (what a layer's own saved-tensor hooks rebuild in the
+    backward is not counted; what they keep as it is is): the op that produced each, shape, dtype, bytes per token and
     channel (per storage: a saved view keeps its whole storage; the first one names it)."""
     block, width = model.blocks[1], model.config.hidden_size
     grid = (px // 16, px // 16)
@@ -109,11 +109,26 @@ def saved_per_token(model: torch.nn.Module, px: int) -> list[dict]:
             )
         return t
 
+    hooks = torch.autograd.graph.saved_tensors_hooks
+
+    def passing_on(inner_pack, inner_unpack):
+        """A layer's own hooks hide what they pack from the outer ones: what they keep as it is is counted here."""
+
+        def chained(t):
+            packed = inner_pack(t)
+            return pack(t) if packed is t else packed
+
+        return hooks(chained, inner_unpack)
+
     with torch.autocast("cpu", dtype=torch.bfloat16):
         with torch.no_grad():
             x = model.blocks[0](x, c, grid)  # the residual stream in the dtype the blocks give it
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            block(x.requires_grad_(), c, grid)
+        torch.autograd.graph.saved_tensors_hooks = passing_on
+        try:
+            with hooks(pack, lambda t: t):
+                block(x.requires_grad_(), c, grid)
+        finally:
+            torch.autograd.graph.saved_tensors_hooks = hooks
     return sorted(saved.values(), key=lambda r: -r["bytes_per_token_channel"])
 
 

@@ -22,7 +22,8 @@ import torch.nn.functional as F
 def rebuilt_in_backward(y: torch.Tensor, fn: Callable[..., torch.Tensor], *args) -> contextlib.AbstractContextManager:
     """Inside, autograd keeps no tensor that shares y's storage: it keeps its layout, and the backward rebuilds y as
     ``fn(*args)`` (tensors detached; y's values again, from tensors kept anyway; once per backward however many ops
-    saved it). The arguments are bound now: rebinding a name afterwards does not change what is rebuilt.
+    saved it). The arguments are bound now: rebinding a name afterwards does not change what is rebuilt. Hooks do not
+    nest: inside an inner context, a tensor that an outer one would rebuild is kept as it is.
     Nothing changes without grad or while torch.compile traces (its partitioner decides what to keep).
 
     Example:
