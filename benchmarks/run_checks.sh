@@ -24,6 +24,16 @@
 #   multigpu     1 vs 2 GPU training, evaluation and sampling (scripts/multi_gpu_check.py)
 #   speed        attention cores (Figure 2 of LightNet), whole models and a profile of a DeiT-S step (scripts/bench_attention.py,
 #                plot_attention.py, bench_models.py, profile_model.py)
+#   block_speed  whole models against softmax, about 7 min on one H100: the GPU tests of the fused block kernels and
+#                of what the blocks rebuild in the backward (tests/kernels/test_fused_kernel.py -k of the kernels the
+#                blocks use, tests/ops/test_ops_recompute.py, the DiT kernel, rebuild and dtype tests), then
+#                bench_models.py side by side in one process per group, training images/s and peak memory with their
+#                ratio to softmax: DiT-B/2 at 256 / 512 px (softmax, lightnet, lion_s) eager; DeiT-S compiled
+#                (reduce-overhead) at 224 (softmax, lightnet, lion_s) and 1024 (softmax, lightnet); then
+#                profile_model.py's split of a step (matrix work, attention core, the rest by op) for DiT-B/2 at 256 /
+#                512 and DeiT-S at 224, eager, and DeiT-S at 224 compiled. LV_BLOCK_FULL=1 adds DiT-B/2 compiled
+#                (reduce-overhead, training only) at 256 / 512, benchmark and profiles (six compiles each, about 10 min
+#                more). Ends with both tables (block_speed.md); JSON: block_models_*.json, block_profile_*.json
 #   memory       DeiT-S inference memory at batch 8 from 224 to 1024 px, every attention, and its growth exponent with
 #                the token count (bench_models.py --memory-only; a minute or two)
 #   input        the classifier input pipeline: first the gpu pipeline's tests on the GPU (its ops against timm's, no
@@ -127,6 +137,44 @@ MERGE
         > "$out/profile.log" 2>&1; stamp "profile done rc=$?"
       python3 "$repo/scripts/plot_attention.py" "$out/attention.json" --out "$out/attention_vs_length" > /dev/null
       tail -n 30 "$out/attention.log"; tail -n 60 "$out/models.log"
+      ;;
+    block_speed)
+      (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels/test_fused_kernel.py tests/ops/test_ops_recompute.py \
+        tests/diffusion/test_dit.py -k "rms or silu or glu or adaln or gated or compile or recompute or rebuilt or ffn \
+        or keeps or plain or matches or residual_stream" > "$out/block_speed_tests.log" 2>&1); stamp "block tests done rc=$?"
+      tail -n 3 "$out/block_speed_tests.log"
+      bench() { python3 "$repo/scripts/bench_models.py" --warmup 3 --steps 8 "$@"; }
+      bench --family dit --dit-sizes b --sizes 256 512 --attentions softmax lightnet lion_s \
+        --out "$out/block_models_dit_eager.json" > "$out/block_models_dit_eager.log" 2>&1; stamp "DiT eager done rc=$?"
+      if [ -n "${LV_BLOCK_FULL:-}" ]; then
+        bench --family dit --dit-sizes b --sizes 256 512 --attentions softmax lightnet lion_s --train-only \
+          --compile reduce-overhead --out "$out/block_models_dit_compiled.json" > "$out/block_models_dit_compiled.log" 2>&1
+        stamp "DiT compiled done rc=$?"
+      fi
+      bench --family deit --sizes 224 --attentions softmax lightnet lion_s --train-only --compile reduce-overhead \
+        --out "$out/block_models_deit_224.json" > "$out/block_models_deit_224.log" 2>&1; stamp "DeiT 224 done rc=$?"
+      bench --family deit --sizes 1024 --attentions softmax lightnet --train-only --compile reduce-overhead \
+        --out "$out/block_models_deit_1024.json" > "$out/block_models_deit_1024.log" 2>&1; stamp "DeiT 1024 done rc=$?"
+      profile() { python3 "$repo/scripts/profile_model.py" --attentions softmax lightnet lion_s --top 15 "$@"; }
+      profile --cases dit_b:256 dit_b:512 deit_s:224 --out "$out/block_profile_eager.json" \
+        > "$out/block_profile_eager.log" 2>&1; stamp "eager profiles done rc=$?"
+      profile --cases deit_s:224 ${LV_BLOCK_FULL:+dit_b:256 dit_b:512} --compile reduce-overhead \
+        --out "$out/block_profile_compiled.json" > "$out/block_profile_compiled.log" 2>&1; stamp "compiled profiles done rc=$?"
+      python3 - "$repo/scripts" "$out" <<'SUMMARY' | tee "$out/block_speed.md"
+import glob, json, sys
+sys.path.insert(0, sys.argv[1])
+from bench_models import ratio_table, ratios
+from profile_model import split_table
+records = [r for p in sorted(glob.glob(f"{sys.argv[2]}/block_models_*.json")) for r in json.load(open(p))["records"]]
+profiles = [r for p in sorted(glob.glob(f"{sys.argv[2]}/block_profile_*.json")) for r in json.load(open(p))["profiles"]]
+train = [r for r in records if r["mode"] == "train"]
+print("| model | attention | px | compile | batch | train img/s | peak GB |\n| --- | --- | --- | --- | --- | --- | --- |")
+for r in train:
+    cells = "OOM | OOM" if r.get("oom") else f"{r['img_per_s']:.1f} | {r['peak_mem_gb']:.2f}"
+    print(f"| {r['model']} | {r['attention']} | {r['img_size']} | {r.get('compile', 'eager')} | {r['batch']} | {cells} |")
+print("\nAgainst softmax:\n\n" + ratio_table(ratios(train)))
+print("\nWhere a step's GPU time goes (ms per step):\n\n" + split_table(profiles))
+SUMMARY
       ;;
     memory)
       python3 "$repo/scripts/bench_models.py" --family deit --memory-only --out "$out/models_memory.json" \

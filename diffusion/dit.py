@@ -22,18 +22,19 @@ The paper does not spell out its conditioning path; this choice is ours.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.nn as nn
 from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
-from timm.layers import Mlp
 
 from lightvision.layers import (
     ATTENTION_KINDS,
     GLU,
     MDTPE,
     POS_UNITS,
+    GeluMlp,
     ModulatedLayerNorm,
     PatchEmbed,
     build_attention,
@@ -42,7 +43,7 @@ from lightvision.layers import (
     position_scale,
     sincos_pos_embed,
 )
-from lightvision.ops import gated_residual
+from lightvision.ops import gated_residual, rebuilt_in_backward
 from lightvision.ops._checks import check_choice
 
 # (depth, width, heads) per size; docs/spec.md 3.
@@ -103,7 +104,7 @@ class DiTBlock(nn.Module):
         if ffn == "glu":
             self.ffn = GLU(dim, int(round(hidden * 2 / 3 / 32)) * 32)
         else:
-            self.ffn = Mlp(dim, hidden, act_layer=lambda: nn.GELU(approximate="tanh"))
+            self.ffn = GeluMlp(dim, hidden)
         self.adaln = adaln
         if adaln == "block":
             self.modulation = nn.Sequential(nn.SiLU(), nn.Linear(dim, 6 * dim))
@@ -113,12 +114,22 @@ class DiTBlock(nn.Module):
     def forward(
         self, x: torch.Tensor, c: torch.Tensor, grid: tuple[int, int], pos_scale: tuple[float, float] | None = None
     ) -> torch.Tensor:
-        mod = self.modulation(c).unflatten(1, (6, -1)) if self.adaln == "block" else c + self.modulation_offset
+        # the shared form in the shared output's dtype, as the per-block Linear gives it: under autocast the fp32
+        # offset would otherwise promote the gated residuals, and with them the residual stream, to fp32
+        mod = (
+            self.modulation(c).unflatten(1, (6, -1))
+            if self.adaln == "block"
+            else (c + self.modulation_offset).to(c.dtype)
+        )
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.unbind(1)  # [B, D] each
         if self.tpe is not None:
             x = self.tpe(x, grid, 0, pos_scale)
-        x = gated_residual(x, gate1, self.attn(self.norm1(x, shift1, scale1), grid=grid, pos_scale=pos_scale))
-        return gated_residual(x, gate2, self.ffn(self.norm2(x, shift2, scale2)))
+        h = self.norm1(x, shift1, scale1)
+        with rebuilt_in_backward(h, self.norm1, x, shift1, scale1):
+            a = self.attn(h, grid=grid, pos_scale=pos_scale)  # its projections keep no copy of h: rebuilt from x
+        x = gated_residual(x, gate1, a)
+        # the FFN recomputes the modulated norm in its backward instead of keeping its output
+        return gated_residual(x, gate2, self.ffn(x, pre=partial(self.norm2, shift=shift2, scale=scale2)))
 
 
 class DiT(ModelMixin, ConfigMixin):

@@ -22,10 +22,12 @@ the token count (``tokens``). ``--memory-only`` measures just that (fast; the ch
 linearly with the tokens): the growth exponent between neighbouring sizes, log(activation ratio) / log(token ratio),
 is printed per attention (1 = linear, 2 = quadratic) and written as a second table. Out-of-memory is
 recorded as ``oom: true``. With ``--compile MODE`` each model is compiled fresh (``torch._dynamo.reset()`` first), as
-in a process of
-its own. Output: JSON (``{"env": ..., "records": [...]}``, plus ``memory_growth`` with fixed-batch records), a markdown
-table and a PNG per family (training images/s against resolution; the forward's own memory against the token count,
-log-log, with fixed-batch records, else the inference peak against resolution), the table printed last.
+in a process of its own; ``--compile none MODE`` measures each model eager and compiled, side by side. Every timed
+record is also set against softmax's of the same model, px, mode and compile mode (``vs_softmax``: images/s and
+peak-memory ratios, a table of its own). Output: JSON (``{"env": ..., "records": [...]}``, plus ``memory_growth``
+with fixed-batch records), a markdown table and a PNG per family (training images/s against resolution; the
+forward's own memory against the token count, log-log, with fixed-batch records, else the inference peak against
+resolution), the table printed last.
 """
 
 from __future__ import annotations
@@ -135,15 +137,17 @@ def measure(
     steps: int,
     memory_batch: int = 0,
     memory_only: bool = False,
+    train_only: bool = False,
 ) -> dict:
     """Train-step and inference images/s and peak memory (GB) of ``model`` on random batches; with ``memory_batch``
     also ``measure_memory`` at that fixed batch (``infer_memory``: the same batch at every resolution, so the growth
-    with the token count shows; capped at ``batch``), before any optimizer state exists; ``memory_only``: just that."""
+    with the token count shows; capped at ``batch``), before any optimizer state exists; ``memory_only``: just that;
+    ``train_only``: no inference timing (a compiled model then compiles one graph, not two)."""
     model = model.cuda()
     inputs = make_batch()
     result = {}
     model.eval()
-    if not memory_only:
+    if not memory_only and not train_only:
         _reset_peak()
         ms = _median_ms(lambda: _infer(model, inputs), warmup, steps)
         result["infer"] = {"img_per_s": batch / ms * 1e3, "peak_mem_gb": _peak_gb()}
@@ -160,14 +164,17 @@ def measure(
     return result
 
 
-def bench_one(family: str, attention: str, size: str, img_size: int, batch: int, args) -> list[dict]:
-    """Records for one (model, attention, resolution); an OOM becomes ``oom: true`` records."""
+def bench_one(
+    family: str, attention: str, size: str, img_size: int, batch: int, args, compile_mode: str | None = None
+) -> list[dict]:
+    """Records for one (model, attention, resolution), compiled in ``compile_mode`` when given; an OOM becomes
+    ``oom: true`` records."""
     base = {
         "model": f"{family}_{size}",
         "attention": attention,
         "img_size": img_size,
         "batch": batch,
-        **({"compile": args.compile} if args.compile else {}),
+        **({"compile": compile_mode} if compile_mode else {}),
     }
     try:
         if family == "deit":
@@ -188,15 +195,23 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
 
             loss_of = lambda out: out.float().square().mean()  # noqa: E731
         base["tokens"] = token_count(model)
-        if args.compile:
+        if compile_mode:
             torch._dynamo.reset()  # each model compiles fresh, as in its own process (no shared cache entries)
-            model = compile_model(model, mode=args.compile)
+            model = compile_model(model, mode=compile_mode)
         measured = measure(
-            model, make_batch, loss_of, batch, args.warmup, args.steps, args.memory_batch, args.memory_only
+            model,
+            make_batch,
+            loss_of,
+            batch,
+            args.warmup,
+            args.steps,
+            args.memory_batch,
+            args.memory_only,
+            args.train_only,
         )
         records = [{**base, "mode": mode, **values} for mode, values in measured.items()]
     except torch.cuda.OutOfMemoryError:
-        modes = ("infer_memory",) if args.memory_only else ("infer", "train")
+        modes = ("infer_memory",) if args.memory_only else ("train",) if args.train_only else ("infer", "train")
         records = [{**base, "mode": mode, "oom": True} for mode in modes]
     finally:
         model = None
@@ -207,7 +222,8 @@ def bench_one(family: str, attention: str, size: str, img_size: int, batch: int,
         if "activation_gb" in record:
             shown += f" (forward's own {record['activation_gb']:.3f} GB, {record['tokens']} tokens)"
         print(
-            f"{record['model']:8s} {attention:13s} {img_size:5d}px b={record['batch']:<4d} {record['mode']:5s} {shown}",
+            f"{record['model']:8s} {attention:13s} {img_size:5d}px b={record['batch']:<4d} {record['mode']:5s} "
+            f"{compile_mode or 'eager':15s} {shown}",
             flush=True,
         )
     return records
@@ -266,8 +282,45 @@ def memory_growth_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ratios(records: list[dict]) -> list[dict]:
+    """Each timed record's images/s and peak GB against softmax's record of the same model, px, mode and compile
+    mode (None where softmax was not measured or ran out of memory)."""
+    key = lambda r: (r["model"], r["img_size"], r["mode"], r.get("compile"))  # noqa: E731
+    base = {key(r): r for r in records if r["attention"] == "softmax" and not r.get("oom") and "img_per_s" in r}
+    rows = []
+    for r in records:
+        b = base.get(key(r))
+        if r["attention"] != "softmax" and "img_per_s" in r and b is not None:
+            rows.append(
+                {
+                    "model": r["model"],
+                    "attention": r["attention"],
+                    "img_size": r["img_size"],
+                    "mode": r["mode"],
+                    "compile": r.get("compile") or "eager",
+                    "speed_vs_softmax": r["img_per_s"] / b["img_per_s"],
+                    "memory_vs_softmax": r["peak_mem_gb"] / b["peak_mem_gb"],
+                }
+            )
+    return rows
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """Markdown of ``ratios``."""
+    lines = [
+        "| model | attention | px | mode | compile | images/s vs softmax | peak memory vs softmax |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['attention']} | {r['img_size']} | {r['mode']} | {r['compile']} | "
+            f"{r['speed_vs_softmax']:.2f}x | {r['memory_vs_softmax']:.2f}x |"
+        )
+    return "\n".join(lines)
+
+
 def markdown_table(records: list[dict]) -> str:
-    """Rows (model, attention, px, batch); columns train/infer images/s and peak GB."""
+    """Rows (model, attention, px, compile mode, batch); columns train/infer images/s and peak GB."""
     rows = {}
     for r in records:
         if r.get("oom"):
@@ -276,15 +329,16 @@ def markdown_table(records: list[dict]) -> str:
             cell = f"{r['peak_mem_gb']:.2f} / {r['activation_gb']:.3f} (b={r['batch']})"
         else:
             cell = f"{r['img_per_s']:.1f} / {r['peak_mem_gb']:.2f}"
-        rows.setdefault((r["model"], r["attention"], r["img_size"]), {"batch": r["batch"]})[r["mode"]] = cell
+        row_key = (r["model"], r["attention"], r["img_size"], r.get("compile") or "eager")
+        rows.setdefault(row_key, {"batch": r["batch"]})[r["mode"]] = cell
     lines = [
-        "| model | attention | px | batch | train img/s / peak GB | infer img/s / peak GB |"
+        "| model | attention | px | compile | batch | train img/s / peak GB | infer img/s / peak GB |"
         " infer peak GB / forward's own GB, fixed batch |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for (model, attention, px), cells in rows.items():
+    for (model, attention, px, mode), cells in rows.items():
         lines.append(
-            f"| {model} | {attention} | {px} | {cells['batch']} | {cells.get('train', '-')} | "
+            f"| {model} | {attention} | {px} | {mode} | {cells['batch']} | {cells.get('train', '-')} | "
             f"{cells.get('infer', '-')} | {cells.get('infer_memory', '-')} |"
         )
     return "\n".join(lines)
@@ -338,6 +392,14 @@ def plot(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def compile_modes(values: list[str] | None) -> list[str | None]:
+    """``--compile``'s values as the modes to run: absent -> [None] (eager), given without a mode -> ["default"],
+    "none" -> None (eager)."""
+    if values is None:
+        return [None]
+    return [None if m == "none" else m for m in values or ["default"]]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", choices=("deit", "dit", "all"), default="all")
@@ -348,11 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument(
         "--compile",
-        nargs="?",
-        const="default",
-        choices=("default", "reduce-overhead", "max-autotune"),
-        help="torch.compile each model (custom ops stay in the graph) in this mode (default: "
-        "'default'); 'reduce-overhead' replays the steps as CUDA graphs",
+        nargs="*",
+        choices=("none", "default", "reduce-overhead", "max-autotune"),
+        help="torch.compile each model (custom ops stay in the graph) in this mode (no mode: 'default'); "
+        "'reduce-overhead' replays the steps as CUDA graphs; several modes measure each model once per mode "
+        "('none': eager), side by side",
     )
     parser.add_argument(
         "--memory-batch",
@@ -365,6 +427,9 @@ def main(argv: list[str] | None = None) -> int:
         "--memory-only",
         action="store_true",
         help="only the fixed-batch inference memory (no timing) and its growth with the token count",
+    )
+    parser.add_argument(
+        "--train-only", action="store_true", help="time training steps only (compiled: one graph to compile, not two)"
     )
     parser.add_argument("--out", default="models.json", help="JSON path; .md and .png are written beside it")
     args = parser.parse_args(argv)
@@ -390,10 +455,13 @@ def main(argv: list[str] | None = None) -> int:
     if not plan:
         parser.error("nothing to run: check --family / --attentions / --sizes")
 
+    modes = compile_modes(args.compile)
     torch.backends.cuda.matmul.allow_tf32 = True
     records = []
     for family, attention, size, px, batch in plan:
-        records.extend(bench_one(family, attention, size, px, args.memory_batch if args.memory_only else batch, args))
+        for mode in modes:
+            batch_now = args.memory_batch if args.memory_only else batch
+            records.extend(bench_one(family, attention, size, px, batch_now, args, mode))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -403,9 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     if growth:
         table += "\n\nInference memory against the token count (growth exponent 1 = linear, 2 = quadratic):\n\n"
         table += memory_growth_table(growth)
-    out.write_text(
-        json.dumps({"env": env, "records": records, **({"memory_growth": growth} if growth else {})}, indent=1)
-    )
+    against = ratios(records)
+    if against:
+        table += "\n\nAgainst softmax (same model, px, mode and compile mode):\n\n" + ratio_table(against)
+    extra = {**({"memory_growth": growth} if growth else {}), **({"vs_softmax": against} if against else {})}
+    out.write_text(json.dumps({"env": env, "records": records, **extra}, indent=1))
     out.with_suffix(".md").write_text(table + "\n")
     plot(records, out.with_suffix(".png"))
     print(table)

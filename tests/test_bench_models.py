@@ -75,8 +75,10 @@ def test_tables_and_plot(bench, tmp_path):
         "lion_s_mask", lambda n: 1e-7 * n * n, oom_at=(1024,)
     )
     table = bench.markdown_table(recs)
-    assert f"| deit_s | lightnet | 1024 | 8 | - | - | {0.1 + 3e-4 * 4097:.2f} / {3e-4 * 4097:.3f} (b=8) |" in table
-    assert "| deit_s | lion_s_mask | 1024 | 8 | - | - | OOM |" in table
+    assert (
+        f"| deit_s | lightnet | 1024 | eager | 8 | - | - | {0.1 + 3e-4 * 4097:.2f} / {3e-4 * 4097:.3f} (b=8) |" in table
+    )
+    assert "| deit_s | lion_s_mask | 1024 | eager | 8 | - | - | OOM |" in table
     growth = bench.memory_growth_table(bench.memory_growth(recs))
     assert (
         "| deit_s | lightnet | 8 | 224 (197): 0.059, 512 (1025): 0.307, 1024 (4097): 1.229 | 1.00, 1.00 | 1.00 |"
@@ -98,6 +100,33 @@ def test_tables_and_plot(bench, tmp_path):
     ]
     bench.plot(recs + timed, tmp_path / "m.png")
     assert (tmp_path / "m.png").stat().st_size > 0
+
+
+def test_ratios_to_softmax_per_compile_mode(bench):
+    def rec(attention, compile_mode, img_per_s, peak, **kw):
+        r = {"model": "dit_b", "attention": attention, "img_size": 256, "batch": 64, "mode": "train"}
+        return (
+            r
+            | {"img_per_s": img_per_s, "peak_mem_gb": peak, **kw}
+            | ({"compile": compile_mode} if compile_mode else {})
+        )
+
+    recs = [
+        rec("softmax", None, 100.0, 10.0),
+        rec("softmax", "default", 200.0, 8.0),
+        rec("lightnet", None, 90.0, 12.0),
+        rec("lightnet", "default", 220.0, 8.0),
+        {"model": "dit_b", "attention": "lion_s", "img_size": 256, "batch": 64, "mode": "train", "oom": True},
+        rec("lion_s", None, 50.0, 5.0, img_size=512),  # no softmax record at 512: no ratio
+    ]
+    rows = bench.ratios(recs)
+    assert [(r["compile"], round(r["speed_vs_softmax"], 3), round(r["memory_vs_softmax"], 3)) for r in rows] == [
+        ("eager", 0.9, 1.2),
+        ("default", 1.1, 1.0),
+    ]
+    assert "| dit_b | lightnet | 256 | train | default | 1.10x | 1.00x |" in bench.ratio_table(rows)
+    assert bench.compile_modes(None) == [None] and bench.compile_modes([]) == ["default"]
+    assert bench.compile_modes(["none", "reduce-overhead"]) == [None, "reduce-overhead"]
 
 
 def test_negative_memory_batch_is_refused(bench, capsys):

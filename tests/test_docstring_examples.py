@@ -7,7 +7,19 @@ import pytest
 import torch
 
 MODULES = [
-    f"ops.{m}" for m in ("adaln", "lightnet", "lion", "md_lrpe", "md_tpe", "norm", "normalized", "softmax", "two_scan")
+    f"ops.{m}"
+    for m in (
+        "adaln",
+        "lightnet",
+        "lion",
+        "md_lrpe",
+        "md_tpe",
+        "norm",
+        "normalized",
+        "recompute",
+        "softmax",
+        "two_scan",
+    )
 ] + [f"layers.{m}" for m in ("attention", "mlp", "norm", "patch_embed", "position", "tpe")]
 
 

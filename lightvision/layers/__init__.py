@@ -10,7 +10,7 @@ from .attention import (
     build_attention,
     position_options,
 )
-from .mlp import GLU
+from .mlp import GLU, GeluMlp
 from .norm import ModulatedLayerNorm, RMSNorm
 from .patch_embed import PatchEmbed
 from .position import (
@@ -28,6 +28,7 @@ from .tpe import MDTPE, TPE_FORMS
 __all__ = [
     "ATTENTION_KINDS",
     "GLU",
+    "GeluMlp",
     "LightNetAttention",
     "LionAttention",
     "MDTPE",

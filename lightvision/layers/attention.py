@@ -19,6 +19,7 @@ from ..ops import (
     lion_snake_attention,
     merge_heads,
     normalized_attention,
+    rebuilt_in_backward,
     softmax_attention,
     split_heads,
 )
@@ -169,8 +170,10 @@ class LightNetAttention(_QKV):
             o = self.merge(lightnet_attention(*self.split(x), key_softmax=False, **kw))
         g = self.gate(x) if self.gate is not None else None
         if isinstance(self.norm, RMSNorm):
-            o = self.norm(o, g)  # RMSNorm x sigmoid gate, one fused kernel on CUDA
-        elif g is not None:
+            y = self.norm(o, g)  # RMSNorm x sigmoid gate, one fused kernel on CUDA
+            with rebuilt_in_backward(y, self.norm, o, g):  # the norm keeps o and g: proj keeps no copy of y
+                return self.proj(y)
+        if g is not None:
             o = o * torch.sigmoid(g)
         return self.proj(o)
 

@@ -14,6 +14,7 @@ from .md_lrpe import lrpe_angles, lrpe_group_sizes, md_lrpe
 from .md_tpe import md_tpe, toeplitz_kernel
 from .norm import rms_norm, silu_mul
 from .normalized import normalized_attention
+from .recompute import rebuilt_in_backward, recomputed_input_linear
 from .softmax import softmax_attention
 from .two_scan import two_scan_attention
 
@@ -35,6 +36,8 @@ __all__ = [
     "modulated_layer_norm",
     "normalized_attention",
     "preload_kernels",
+    "rebuilt_in_backward",
+    "recomputed_input_linear",
     "register_kernel",
     "rms_norm",
     "silu_mul",

@@ -71,6 +71,39 @@ def test_fused_adaln_kernels_match_the_reference_in_the_model(kind, monkeypatch)
     assert results["torch"][0].abs().max() > 0.1
 
 
+@pytest.mark.parametrize("kind", ["softmax", "lightnet"])
+def test_residual_stream_keeps_the_autocast_dtype(kind):
+    """Under bf16 autocast every block returns the tokens in bf16, with per-block ("block") and shared ("shared")
+    modulation alike (an fp32 stream doubles what the norms save for backward)."""
+    model = tiny(kind, class_dropout_prob=0.0)
+    dtypes = []
+    for block in model.blocks:
+        block.register_forward_hook(lambda m, args, out: dtypes.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(torch.randn(2, 3, 8, 8), torch.tensor([3, 900]), torch.tensor([1, 5])).float().mean().backward()
+    assert dtypes == [torch.bfloat16] * len(model.blocks)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "lightnet", "lion_s"])
+def test_rebuilt_activations_give_the_plain_gradients(kind, monkeypatch):
+    """What the blocks rebuild in the backward (the norms before the attention and the FFN, the FFN's activation)
+    gives the output and parameter gradients of the plain form (the one torch.compile traces)."""
+    x, t, y = torch.randn(2, 3, 8, 12), torch.tensor([3, 900]), torch.tensor([1, 4])
+    results = []
+    for plain in (False, True):
+        torch.manual_seed(0)
+        model = tiny(kind, class_dropout_prob=0.0)
+        for p in model.parameters():  # leave adaLN-Zero's all-zero start, so every path carries gradient
+            torch.nn.init.normal_(p, std=0.2)
+        if plain:
+            monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        out = model(x, t, y)
+        out.square().mean().backward()
+        results.append([out.detach()] + [p.grad.clone() for p in model.parameters()])
+    for rebuilt, ref in zip(*results):
+        torch.testing.assert_close(rebuilt, ref, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ATTENTION_KINDS)
 def test_every_attention_kind_runs_on_a_non_square_latent(kind):
     torch.manual_seed(0)
