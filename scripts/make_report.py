@@ -229,6 +229,14 @@ def sample_columns(report: dict) -> list[tuple[int, str]]:
     return [(x["img_size"], x["pos_unit"]) for x in sets if not (x["pos_unit"] == "token" and x["img_size"] == first)]
 
 
+def head_of(result: dict) -> str:
+    """The classifier head (``global_pool``) of a classify benchmark run: its recipe's, else its family's default."""
+    from lightvision.classify.deit import FAMILIES, attention_of
+
+    args = result["recipe"]["model"]["args"]
+    return args.get("global_pool") or FAMILIES[attention_of(result["recipe"]["model"]["name"])].global_pool
+
+
 def render_resolution(files: list[str], lion_power: str = "1", **_) -> str:
     """Top-1 at every evaluation size of each run (classify benchmark with ``--eval-pos``), in image units (LION at
     ``lion_power``) and token units, and the points lost from 32 to 64 px; a run without evaluations shows why."""
@@ -240,10 +248,25 @@ def render_resolution(files: list[str], lion_power: str = "1", **_) -> str:
             if "error" in r:
                 rows.append([kind, "-", r["error"], *[""] * len(sizes), ""])
                 continue
-            pool = r["recipe"]["model"]["args"].get("global_pool", "token")
+            pool = head_of(r)
             for unit, acc in unit_curves(r, lion_power):
                 rows.append([kind, pool, unit, *[f"{acc[s]:.1f}" for s in sizes], f"{acc[32] - acc[64]:.1f}"])
     return table(["attention", "head", "position unit", *[f"{s} px" for s in sizes], "lost 32 -> 64"], rows)
+
+
+def render_resolution_settings(files: list[str], **_) -> str:
+    """Top-1 at every evaluation size of each run in every ``--eval-pos`` setting it was evaluated in (position units,
+    LION decay powers, one signal group in token units), and the points lost from 32 to 48 and to 64 px."""
+    rows = []
+    for name in files:
+        results = load(name)["results"]
+        sizes = sorted({e["img_size"] for r in results.values() for e in r.get("eval", [])})
+        for kind, r in results.items():
+            for pos in dict.fromkeys(e["pos"] for e in r.get("eval", [])):
+                acc = top1(r, pos)
+                lost = [f"{acc[32] - acc[s]:.1f}" for s in (48, 64)]
+                rows.append([kind, head_of(r), pos, *[f"{acc[s]:.1f}" for s in sizes], *lost])
+    return table(["attention", "head", "--eval-pos", *[f"{s} px" for s in sizes], "lost 32 -> 48", "lost 32 -> 64"], rows)
 
 
 def render_resolution_screen(files: list[str], **_) -> str:

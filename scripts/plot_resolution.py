@@ -1,6 +1,6 @@
 """Figures of resolution transfer: classifier top-1 against image size, and diffusion samples at other sizes.
 
-    python scripts/plot_resolution.py classify TABLE.json --screen SCREEN.json --out FIG.png
+    python scripts/plot_resolution.py classify TABLE.json [MORE.json ...] --screen SCREEN.json --out FIG.png
     python scripts/plot_resolution.py samples SAMPLES.json --grids OUT/resolution_dit/parts --out FIG.png
 
 (TABLE, SCREEN and SAMPLES: the classify_cifar10_resolution_{table,screen}_* and diffusion_cifar10_resolution_samples_*
@@ -98,13 +98,18 @@ def plot_samples(report: dict, grids: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kind", choices=("classify", "samples"))
-    p.add_argument("results", help="the benchmark JSON")
+    p.add_argument("results", nargs="+", help="the benchmark JSON; classify: several, each name from the first that finished it")
     p.add_argument("--out", required=True)
     p.add_argument("--screen", help="classify: the training-switch screen JSON (a second panel)")
     p.add_argument("--lion-power", default="1", help="classify: LION's decay power of the image-unit curves")
     p.add_argument("--grids", help="samples: the folder holding grid_<name>_<size>px_<unit>.png")
     args = p.parse_args(argv)
-    report = json.loads(Path(args.results).read_text())
+    reports = [json.loads(Path(path).read_text()) for path in args.results]
+    results = {}
+    for name, result in ((k, v) for r in reports for k, v in r["results"].items()):
+        if "error" in results.get(name, {"error": ""}):  # the first run of a name that finished
+            results[name] = result
+    report = {**reports[0], "results": results}
     if args.kind == "classify":
         screen = json.loads(Path(args.screen).read_text()) if args.screen else None
         plot_classify(report, screen, Path(args.out), args.lion_power)
