@@ -229,7 +229,7 @@ def device_batches(
     size = img_size or cfg["data"]["image_size"]
     mean, std = norm_stats(cfg)
     if train:
-        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=d.get("augment_graph", True))
+        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=d.get("augment_graph", False))
         if isinstance(dataset, DecodedImages):
             return CachedBatches(transform, dataset)
         return DeviceBatches(transform, dataset)

@@ -84,7 +84,7 @@ DEFAULTS: dict[str, Any] = {
         "pipeline": "cpu",  # "cpu": decode + augment in loader workers; "gpu": workers read bytes, the device decodes
         "format": "folder",  # "folder": root/<split>/<class>/*; "shards": root/<split>-*.tar (classify make-shards)
         "prefetch": True,  # pipeline gpu: decode + augment the next batch in a background thread during the step
-        "augment_graph": True,  # pipeline gpu on CUDA: replay the augmentation and Mixup / CutMix as CUDA graphs
+        "augment_graph": False,  # pipeline gpu on CUDA: replay the augmentation and Mixup / CutMix as CUDA graphs
         "cache": None,  # "device" (pipeline gpu, folder): decode the training images once into device memory
     },
     "aug": {
@@ -293,7 +293,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         )
 
     _check_sizes(a["sizes"], model)
-    gpu_graph = cfg["data"].get("augment_graph", True)
+    gpu_graph = cfg["data"].get("augment_graph", False)
     mixup = build_mixup(a, num_classes, on_device=cfg["data"]["pipeline"] == "gpu", graph=gpu_graph)
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
