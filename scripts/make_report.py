@@ -266,7 +266,9 @@ def render_resolution_settings(files: list[str], **_) -> str:
                 acc = top1(r, pos)
                 lost = [f"{acc[32] - acc[s]:.1f}" for s in (48, 64)]
                 rows.append([kind, head_of(r), pos, *[f"{acc[s]:.1f}" for s in sizes], *lost])
-    return table(["attention", "head", "--eval-pos", *[f"{s} px" for s in sizes], "lost 32 -> 48", "lost 32 -> 64"], rows)
+    return table(
+        ["attention", "head", "--eval-pos", *[f"{s} px" for s in sizes], "lost 32 -> 48", "lost 32 -> 64"], rows
+    )
 
 
 def render_resolution_screen(files: list[str], **_) -> str:

@@ -98,7 +98,9 @@ def plot_samples(report: dict, grids: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("kind", choices=("classify", "samples"))
-    p.add_argument("results", nargs="+", help="the benchmark JSON; classify: several, each name from the first that finished it")
+    p.add_argument(
+        "results", nargs="+", help="the benchmark JSON; classify: several, each name from the first that finished it"
+    )
     p.add_argument("--out", required=True)
     p.add_argument("--screen", help="classify: the training-switch screen JSON (a second panel)")
     p.add_argument("--lion-power", default="1", help="classify: LION's decay power of the image-unit curves")
