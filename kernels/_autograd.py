@@ -30,18 +30,21 @@ def autograd_ops(
     bwd_fake: Callable,
     save: Callable[[tuple, tuple], tuple[tuple, tuple]],
     passthrough: int = 0,
+    results: int = 1,
 ) -> AutogradOps:
     """Custom ops over ``fwd`` and ``bwd`` (their type annotations are the op schemas; ``*_fake`` their meta
     implementations), the forward op's autograd formula, and the eager Function.
 
-    ``fwd(*inputs)`` returns the result, or a tuple whose first element is the result and the rest what the backward
-    needs. ``save(inputs, outputs)`` (outputs always a tuple) -> (tensors to save, other arguments); the backward is
-    ``bwd(d_result, *tensors, *arguments)``, whose output (one tensor or a tuple) holds the gradients of the leading
-    inputs; the remaining inputs, and those that are not tensors (an optional tensor passed as None), get None.
+    ``fwd(*inputs)`` returns the result, or a tuple whose first ``results`` elements are the results (the outputs
+    with gradients; the eager Function returns them, one tensor or a tuple) and the rest what the backward needs.
+    ``save(inputs, outputs)`` (outputs always a tuple) -> (tensors to save, other arguments); the backward is
+    ``bwd(*d_results, *tensors, *arguments)`` (a result unused downstream gets a zero gradient), whose output (one
+    tensor or a tuple) holds the gradients of the leading inputs; the remaining inputs, and those that are not tensors
+    (an optional tensor passed as None), get None.
 
-    The first ``passthrough`` inputs are added to the result as they are (a residual): their gradient is d_result cast
-    to their dtypes, here (a custom op may not return its input, so ``bwd`` would have to copy it), and ``bwd``'s
-    output starts with the gradient of the input after them."""
+    The first ``passthrough`` inputs are added to the first result as they are (a residual): their gradient is that
+    result's gradient cast to their dtypes, here (a custom op may not return its input, so ``bwd`` would have to copy
+    it), and ``bwd``'s output starts with the gradient of the input after them."""
     fwd_op = torch.library.custom_op(f"lightvision::{name}_fwd", fwd, mutates_args=())
     fwd_op.register_fake(fwd_fake)
     bwd_op = torch.library.custom_op(f"lightvision::{name}_bwd", bwd, mutates_args=())
@@ -57,8 +60,9 @@ def autograd_ops(
         grads = tuple(d_result.to(dtype) for dtype in ctx.passthrough_dtypes) + _as_tuple(grads)
         return tuple(grads[i] if i < len(grads) and t else None for i, t in enumerate(ctx.is_tensor))
 
-    def backward(ctx, d_result, *_d_saved):
-        return gradients(ctx, d_result, bwd_op(d_result, *ctx.saved_tensors, *ctx.args))
+    def backward(ctx, *d_outputs):
+        d_results = d_outputs[:results]
+        return gradients(ctx, d_results[0], bwd_op(*d_results, *ctx.saved_tensors, *ctx.args))
 
     fwd_op.register_autograd(backward, setup_context=setup_context)
 
@@ -67,11 +71,11 @@ def autograd_ops(
         def forward(ctx, *inputs):
             output = _as_tuple(fwd(*inputs))
             setup_context(ctx, inputs, output)
-            return output[0]
+            return output[0] if results == 1 else output[:results]
 
         @staticmethod
-        def backward(ctx, d_result):
-            return gradients(ctx, d_result, bwd(d_result, *ctx.saved_tensors, *ctx.args))
+        def backward(ctx, *d_results):
+            return gradients(ctx, d_results[0], bwd(*d_results, *ctx.saved_tensors, *ctx.args))
 
     Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
     return AutogradOps(fwd_op, bwd_op, Eager)

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from lightvision.ops.md_tpe import toeplitz_kernel
 
+from .._autograd import autograd_ops
 from .._launch import empty, num_sms
 from .op import DTYPES
 
@@ -141,19 +142,16 @@ def _grad_t(x: torch.Tensor, dy: torch.Tensor, prefix: int, h: int, w: int, axis
     return part.sum(0).permute(2, 0, 1).contiguous()
 
 
-@torch.library.custom_op("lightvision::md_tpe2d_fwd", mutates_args=())
-def md_tpe2d_fwd(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int) -> torch.Tensor:
+def _fwd(x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int) -> torch.Tensor:
     """y [B, N, C] (x's dtype, prefix rows 0) of x [B, N, C] on the (h, w) grid after ``prefix`` tokens."""
     return _apply(x, t0, t1, prefix, transpose=False)
 
 
-@md_tpe2d_fwd.register_fake
-def _(x, t0, t1, prefix):
+def _fwd_fake(x, t0, t1, prefix):
     return x.new_empty(x.shape)
 
 
-@torch.library.custom_op("lightvision::md_tpe2d_bwd", mutates_args=())
-def md_tpe2d_bwd(
+def _bwd(
     dy: torch.Tensor, x: torch.Tensor, t0: torch.Tensor, t1: torch.Tensor, prefix: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx [B, N, C] in x's dtype, dT^0 [C, h, h], dT^1 [C, w, w] in T's dtype)."""
@@ -164,24 +162,17 @@ def md_tpe2d_bwd(
     return dx, _grad_t(x, dy, prefix, h, w, 0).to(t0.dtype), _grad_t(x, dy, prefix, h, w, 1).to(t1.dtype)
 
 
-@md_tpe2d_bwd.register_fake
-def _(dy, x, t0, t1, prefix):
+def _bwd_fake(dy, x, t0, t1, prefix):
     return x.new_empty(x.shape), t0.new_empty(t0.shape), t1.new_empty(t1.shape)
 
 
-def _setup(ctx, inputs, output):
+def _saved(inputs, output):
     x, t0, t1, prefix = inputs
-    ctx.save_for_backward(x, t0, t1)
-    ctx.prefix = prefix
+    return (x, t0, t1), (prefix,)
 
 
-def _backward(ctx, dy):
-    x, t0, t1 = ctx.saved_tensors
-    dx, dt0, dt1 = md_tpe2d_bwd(dy, x, t0, t1, ctx.prefix)
-    return dx, dt0, dt1, None
-
-
-md_tpe2d_fwd.register_autograd(_backward, setup_context=_setup)
+# custom ops lightvision::md_tpe2d_fwd / _bwd (torch.compile) and the eager Function over the same launchers
+md_tpe2d_fwd, md_tpe2d_bwd, _MDTPEEager = autograd_ops("md_tpe2d", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved)
 
 
 def md_tpe_triton(
@@ -211,4 +202,6 @@ def md_tpe_triton(
         t0, t1 = (
             toeplitz_kernel(coeffs[j].float(), log_lambda[j].float(), length, causal) for j, length in enumerate(grid)
         )
-    return md_tpe2d_fwd(x, t0, t1, num_prefix_tokens)
+    if torch.compiler.is_compiling():
+        return md_tpe2d_fwd(x, t0, t1, num_prefix_tokens)
+    return _MDTPEEager.apply(x, t0, t1, num_prefix_tokens)

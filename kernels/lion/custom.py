@@ -4,8 +4,8 @@
         out: Y [B, H, N, d_v] in q.dtype (normalize) or num in fp32; den: A 1 [B, H, N] fp32;
         saved: what the backward reuses: the masked form's gate table (parallel.gate_table: in-tile gate cumsums,
         tile totals and their prefix sums; empty for LIT) or the scan's key states (scan.scan_forward)
-    torch.ops.lightvision.lion_bwd(q, k, v, g, out, den, saved, dout, dden, normalize, form) -> (dq, dk, dv, dg)
-        dg: fp32 of g's shape, empty when g is None (LIT)
+    torch.ops.lightvision.lion_bwd(dout, dden, q, k, v, g, out, den, saved, normalize, form) -> (dq, dk, dv, dg)
+        dg: fp32 of g's shape, empty when g is None (LIT); dden is read only without normalize
 g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "parallel" (parallel.py) or
 "scan" (scan.py).
 
@@ -18,14 +18,15 @@ The layer's form on a fused projection (masked kernel only), phi = LION's featur
         gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
         are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
         into the qkv projection; the gate table reads them in place)
-    torch.ops.lightvision.lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, num_heads, kind, gates_in_qkv, num_prefix)
+    torch.ops.lightvision.lion_packed_bwd(dy, qkv, g, fqk, y, den, tab, num_heads, kind, gates_in_qkv, num_prefix)
         -> (dqkv, dg)
         dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one feature-map
         pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv,
         dL/dz goes into its gate columns and zeros into the G - H padding columns (dg empty).
         One pass rather than phi's gradient inside the kernels' epilogues, which is slower
         (docs/kernels_lion.md, "Launch rules and their measurements").
-:func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py.
+:func:`lion_core` and :func:`lion_packed` are the differentiable entry points used by op.py: the custom ops while
+torch.compile traces, else eager autograd.Functions over the same launchers (both pairs from ``kernels/_autograd``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 from lightvision.ops.heads import split_heads
 from lightvision.ops.lion import split_gate_logits
 
+from .._autograd import autograd_ops
 from .._launch import empty
 from ..fused.feature_map import feature_map_bwd_inplace, feature_map_fwd_launch
 from .parallel import gate_table_like, parallel_backward, parallel_forward, row_grads
@@ -45,24 +47,24 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-@torch.library.custom_op("lightvision::lion_fwd", mutates_args=())
-def lion_fwd(
+def _fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor | None, normalize: bool, form: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, den, saved) of the LION core; see the module docstring."""
     fwd = parallel_forward if form == "parallel" else scan_forward
     return fwd(_unit_stride(q), _unit_stride(k), _unit_stride(v), g, normalize)
 
 
-@lion_fwd.register_fake
-def _lion_fwd_fake(q, k, v, g, normalize, form):
+def _fwd_fake(q, k, v, g, normalize, form):
     b, h, n, _ = q.shape
     out = q.new_empty(b, h, n, v.shape[-1], dtype=q.dtype if normalize else torch.float32)
     saved = gate_table_like(q, g is not None) if form == "parallel" else key_states_like(q, v)
     return out, q.new_empty(b, h, n, dtype=torch.float32), saved
 
 
-@torch.library.custom_op("lightvision::lion_bwd", mutates_args=())
-def lion_bwd(
+def _bwd(
+    dout: torch.Tensor,
+    dden: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -70,56 +72,43 @@ def lion_bwd(
     out: torch.Tensor,
     den: torch.Tensor,
     saved: torch.Tensor,
-    dout: torch.Tensor,
-    dden: torch.Tensor | None,
     normalize: bool,
     form: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dg) of the LION core; see the module docstring."""
     dout = dout.contiguous()
     inputs = (_unit_stride(q), _unit_stride(k), _unit_stride(v), g, dout)
     if normalize and form == "parallel":  # the dq kernel derives 1 / Z and dL/d den itself
         dq, dk, dv, dg = parallel_backward(*inputs, None, None, saved, out_den=(out, den))
     else:
-        if normalize:
-            zinv, delta = row_grads(dout, out, den)
-        else:
-            zinv = torch.ones_like(den)
-            delta = torch.zeros_like(den) if dden is None else dden.float()
+        zinv, delta = row_grads(dout, out, den) if normalize else (torch.ones_like(den), dden.float())
         bwd = parallel_backward if form == "parallel" else scan_backward
         dq, dk, dv, dg = bwd(*inputs, zinv.contiguous(), delta.contiguous(), saved)
     return dq, dk, dv, den.new_empty(0) if dg is None else dg
 
 
-@lion_bwd.register_fake
-def _lion_bwd_fake(q, k, v, g, out, den, saved, dout, dden, normalize, form):
+def _bwd_fake(dout, dden, q, k, v, g, out, den, saved, normalize, form):
     # contiguous, as the kernels allocate them, whatever the strides of q, k, v, g (views of a qkv projection)
     dg = den.new_empty(0) if g is None else g.new_empty(g.shape)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dg
 
 
-def _setup_context(ctx, inputs, output):
+def _saved(inputs, output):
     q, k, v, g, normalize, form = inputs
-    ctx.save_for_backward(q, k, v, g, *output)
-    ctx.normalize = normalize
-    ctx.form = form
+    return (q, k, v, g, *output), (normalize, form)
 
 
-def _backward(ctx, dout, dden, _):
-    q, k, v, g, out, den, saved = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv, dg = lion_bwd(
-        q, k, v, g, out, den, saved, dout, None if ctx.normalize else dden, ctx.normalize, ctx.form
-    )
-    return dq, dk, dv, (dg if g is not None else None), None, None
-
-
-lion_fwd.register_autograd(_backward, setup_context=_setup_context)
+# custom ops lightvision::lion_fwd / _bwd (torch.compile) and the eager Function over the same launchers; out and den
+# are both results (the pair (num, den) without normalize)
+lion_fwd, lion_bwd, _LionEager = autograd_ops("lion", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved, results=2)
 
 
 def lion_core(q, k, v, g, normalize: bool, form: str):
     """Differentiable LION core: Y (normalize) or the fp32 pair (num, den); g, form as lion_fwd."""
-    out, den, _ = lion_fwd(q, k, v, g, normalize, form)
+    if torch.compiler.is_compiling():
+        out, den, _ = lion_fwd(q, k, v, g, normalize, form)
+    else:
+        out, den = _LionEager.apply(q, k, v, g, normalize, form)
     return out if normalize else (out, den)
 
 
@@ -134,10 +123,10 @@ def _qk_heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return _heads(qkv, 3 * num_heads)[:, : 2 * num_heads]
 
 
-@torch.library.custom_op("lightvision::lion_packed_fwd", mutates_args=())
-def lion_packed_fwd(
+def _packed_fwd(
     qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str, gates_in_qkv: bool, num_prefix: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(y, fqk, den, tab) of the packed LION core; see the module docstring."""
     qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
     b, n, c3 = qkv3.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
@@ -155,8 +144,7 @@ def lion_packed_fwd(
     return y, fqk, den, tab
 
 
-@lion_packed_fwd.register_fake
-def _lion_packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
+def _packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
     b, n, c3 = (split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv).shape
     fqk = qkv.new_empty(b, 2 * num_heads, n, c3 // (3 * num_heads))
     fq = fqk[:, :num_heads]
@@ -168,20 +156,20 @@ def _lion_packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
     )
 
 
-@torch.library.custom_op("lightvision::lion_packed_bwd", mutates_args=())
-def lion_packed_bwd(
+def _packed_bwd(
+    dy: torch.Tensor,
     qkv: torch.Tensor,
     g: torch.Tensor | None,
     fqk: torch.Tensor,
     y: torch.Tensor,
     den: torch.Tensor,
     tab: torch.Tensor,
-    dy: torch.Tensor,
     num_heads: int,
     kind: str,
     gates_in_qkv: bool,
     num_prefix: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dqkv, dg) of the packed LION core; see the module docstring."""
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
     qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
@@ -197,30 +185,25 @@ def lion_packed_bwd(
     return dqkv, den.new_empty(0) if dg is None else dg
 
 
-@lion_packed_bwd.register_fake
-def _lion_packed_bwd_fake(qkv, g, fqk, y, den, tab, dy, num_heads, kind, gates_in_qkv, num_prefix):
+def _packed_bwd_fake(dy, qkv, g, fqk, y, den, tab, num_heads, kind, gates_in_qkv, num_prefix):
     return qkv.new_empty(qkv.shape), den.new_empty(0) if g is None else g.new_empty(g.shape)
 
 
-def _packed_setup_context(ctx, inputs, output):
+def _packed_saved(inputs, output):
     qkv, g, num_heads, kind, gates_in_qkv, num_prefix = inputs
     y, fqk, den, tab = output
-    ctx.save_for_backward(qkv, g, fqk, y, den, tab)
-    ctx.num_heads, ctx.kind, ctx.gates_in_qkv, ctx.num_prefix = num_heads, kind, gates_in_qkv, num_prefix
+    return (qkv, g, fqk, y, den, tab), (num_heads, kind, gates_in_qkv, num_prefix)
 
 
-def _packed_backward(ctx, dy, *_):
-    qkv, g, fqk, y, den, tab = ctx.saved_tensors
-    if dy is None:
-        dy = torch.zeros_like(y)
-    dqkv, dg = lion_packed_bwd(qkv, g, fqk, y, den, tab, dy, ctx.num_heads, ctx.kind, ctx.gates_in_qkv, ctx.num_prefix)
-    return dqkv, (dg if g is not None else None), None, None, None, None
-
-
-lion_packed_fwd.register_autograd(_packed_backward, setup_context=_packed_setup_context)
+# custom ops lightvision::lion_packed_fwd / _bwd (torch.compile) and the eager Function over the same launchers
+lion_packed_fwd, lion_packed_bwd, _LionPackedEager = autograd_ops(
+    "lion_packed", _packed_fwd, _packed_fwd_fake, _packed_bwd, _packed_bwd_fake, _packed_saved
+)
 
 
 def lion_packed(qkv, g, num_heads: int, kind: str, gates_in_qkv: bool = False, num_prefix: int = 0) -> torch.Tensor:
     """Differentiable packed LION core (masked form): Y [B, N, H * d] from qkv with phi = ``kind``; g as lion_fwd,
     or None with gates_in_qkv (gate logits in qkv's last gate_columns(H) columns; lion_packed_fwd)."""
-    return lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)[0]
+    if torch.compiler.is_compiling():
+        return lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)[0]
+    return _LionPackedEager.apply(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)

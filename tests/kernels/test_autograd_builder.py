@@ -50,3 +50,59 @@ def test_passthrough_input_gets_the_result_gradient_in_its_dtype(path):
 def test_passthrough_op_passes_opcheck():
     x, g, y = (torch.randn(3, 4, requires_grad=True) for _ in range(3))
     torch.library.opcheck(OPS.fwd, (x, g, y))
+
+
+def _pair_fwd(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return x * y, x + y, y.clone()  # two results, then a tensor only the backward reads
+
+
+def _pair_fwd_fake(x, y):
+    return torch.empty_like(x), torch.empty_like(x), torch.empty_like(y)
+
+
+def _pair_bwd(
+    d_prod: torch.Tensor, d_sum: torch.Tensor, x: torch.Tensor, y: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return d_prod * y + d_sum, d_prod * x + d_sum
+
+
+def _pair_bwd_fake(d_prod, d_sum, x, y):
+    return torch.empty_like(x), torch.empty_like(y)
+
+
+PAIR = autograd_ops(
+    "builder_probe_pair",
+    _pair_fwd,
+    _pair_fwd_fake,
+    _pair_bwd,
+    _pair_bwd_fake,
+    lambda i, o: ((i[0], o[2]), ()),
+    results=2,
+)
+
+
+@pytest.mark.parametrize("path", ["eager", "custom_op", "compiled"])
+@pytest.mark.parametrize("used", ["both", "second"])
+def test_several_results_each_carry_their_gradient(path, used):
+    """With results=2 the backward gets both results' gradients, a zero one for a result the loss does not use
+    (inside the compiled graph too)."""
+    torch.manual_seed(0)
+    x, y = (torch.randn(3, 4, requires_grad=True) for _ in range(2))
+    d_prod, d_sum = torch.randn(3, 4), torch.randn(3, 4)
+    if used == "second":
+        d_prod = torch.zeros_like(d_prod)
+    op = PAIR.eager.apply if path == "eager" else PAIR.fwd
+
+    def loss(x, y):
+        prod, total = op(x, y)[:2]
+        return (total * d_sum).sum() if used == "second" else (prod * d_prod + total * d_sum).sum()
+
+    fn = torch.compile(loss, fullgraph=True, backend="aot_eager") if path == "compiled" else loss
+    dx, dy = torch.autograd.grad(fn(x, y), (x, y))
+    torch.testing.assert_close(dx, d_prod * y + d_sum)
+    torch.testing.assert_close(dy, d_prod * x + d_sum)
+
+
+def test_several_results_pass_opcheck():
+    x, y = (torch.randn(3, 4, requires_grad=True) for _ in range(2))
+    torch.library.opcheck(PAIR.fwd, (x, y))

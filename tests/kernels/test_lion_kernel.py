@@ -403,7 +403,7 @@ def test_custom_op_fakes_match_strided_views(form):
     checks = ("test_schema", "test_faketensor")
     torch.library.opcheck(torch.ops.lightvision.lion_fwd.default, (q, k, v, g, True, form), test_utils=checks)
     out, den, saved = torch.ops.lightvision.lion_fwd(q, k, v, g, True, form)
-    args = (q, k, v, g, out, den, saved, torch.randn_like(out), None, True, form)
+    args = (torch.randn_like(out), torch.randn_like(den), q, k, v, g, out, den, saved, True, form)
     torch.library.opcheck(torch.ops.lightvision.lion_bwd.default, args, test_utils=checks)
 
 
@@ -420,7 +420,7 @@ def test_packed_custom_op_fakes(gates_in_qkv):
     fwd_args = (qkv, g, h, "silu_norm", gates_in_qkv, 1)
     torch.library.opcheck(torch.ops.lightvision.lion_packed_fwd.default, fwd_args, test_utils=checks)
     y, fqk, den, cs = torch.ops.lightvision.lion_packed_fwd(*fwd_args)
-    args = (qkv, g, fqk, y, den, cs, torch.randn_like(y), h, "silu_norm", gates_in_qkv, 1)
+    args = (torch.randn_like(y), qkv, g, fqk, y, den, cs, h, "silu_norm", gates_in_qkv, 1)
     torch.library.opcheck(torch.ops.lightvision.lion_packed_bwd.default, args, test_utils=checks)
     dqkv, _ = torch.ops.lightvision.lion_packed_bwd(*args)
     assert torch.isfinite(dqkv).all()  # every element written (outputs are NaN-poisoned)
