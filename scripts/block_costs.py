@@ -33,6 +33,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from bench_models import DIT_ATTENTIONS, build_dit  # scripts/ (this script's folder) is on sys.path
+from lightvision.tools.results import results_env
 
 
 @contextlib.contextmanager
@@ -181,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  saved {s['bytes_per_token_channel']:6.2f} {s['made_by']:48.48s} {s['dtype']} {s['shape']}")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "models": results}, f, indent=1)
+            env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+            json.dump({"env": env, "args": vars(args), "models": results}, f, indent=1)
     return 0
 
 
