@@ -71,7 +71,9 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     import os
 
     out = imagenet_like / "bench.json"
+    # no loader processes: a loader worker forked from this many-threaded test process can hang on a lock
     tiny = ["--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no"]
+    tiny += ["data.num_workers=0"]
     args = ["--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work")]
     args += ["--device", "cpu", "--batch-size", "2", "--img-size", "16", "--workers", "0", "--warmup", "1"]
     args += ["--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5", "--max-size", "300"]
