@@ -59,7 +59,7 @@ from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.metrics import MetricsLogger
-from lightvision.tools.results import results_env
+from lightvision.tools.results import add_set_argument, results_env
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
 LOOP_SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu")
@@ -331,14 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loader-steps", type=int, default=30, help="batches of the loader-only measurement")
     p.add_argument("--shard-size", type=int, default=500)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        action="extend",
-        metavar="KEY=VALUE",
-        help="recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224",
-    )
+    add_set_argument(p, "recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224")
     args = p.parse_args(argv)
     start = time.perf_counter()
     device = torch.device(resolve_device(args.device))

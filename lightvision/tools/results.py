@@ -48,6 +48,11 @@ def run_each(names: Iterable[str], run: Callable[[str], dict], report: dict, pat
     return results
 
 
+def add_set_argument(p: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE ...``: recipe overrides, repeatable, collected in order into ``args.set``."""
+    p.add_argument("--set", nargs="*", default=[], action="extend", metavar="KEY=VALUE", help=help)
+
+
 def comparison_parser(family: str, description: str, kinds_example: str, set_example: str) -> argparse.ArgumentParser:
     """The arguments every CIFAR-10 comparison driver (``lightvision.{family}.benchmark``) takes: attention kinds,
     ``--data``, ``--out``, ``--work`` (scratch, default ``/tmp/lightvision_{family}_benchmark``) and ``--set``
@@ -57,14 +62,7 @@ def comparison_parser(family: str, description: str, kinds_example: str, set_exa
     p.add_argument("--data", required=True, help="CIFAR-10 ImageFolder root with train/ and test/")
     p.add_argument("--out", required=True, help=f"results folder ({family}_cifar10.json and plots)")
     p.add_argument("--work", default=f"/tmp/lightvision_{family}_benchmark", help="scratch: runs, checkpoints, samples")
-    p.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        action="extend",
-        metavar="KEY=VALUE",
-        help=f"more recipe overrides for every kind, e.g. {set_example!r}",
-    )
+    add_set_argument(p, f"more recipe overrides for every kind, e.g. {set_example!r}")
     p.add_argument(
         "--variants",
         help="YAML of named variants (name: {attention: KIND, set: [KEY=VALUE, ...]}) that the "
