@@ -12,6 +12,7 @@ the drawn one (``torch.where``): the same launches every step and no host synchr
 from __future__ import annotations
 
 import torch
+from timm.data.mixup import mixup_target
 
 from lightvision.classify.graphed import DeviceConstants, GraphedCall
 from lightvision.engine import batch_random
@@ -46,7 +47,7 @@ class DeviceMixup:
         self.smoothing, self.num_classes = label_smoothing, num_classes
         alphas = [a if a > 0 else 1.0 for a in (mixup_alpha, mixup_alpha, cutmix_alpha, cutmix_alpha)]
         self.alphas = DeviceConstants(torch.tensor([alphas], dtype=torch.float64))
-        self.graphed = GraphedCall(self.mix) if graph else None
+        self.run_mix = GraphedCall(self.mix) if graph else self.mix
 
     def draw(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniforms float64 [1, 4] (mixed at all, cutmix, box centre y, x) and Gamma draws float64 [1, 4] (two for
@@ -83,12 +84,7 @@ class DeviceMixup:
         flipped = x.flip(0)
         blended = x * lam.to(x.dtype) + flipped * (1 - lam).to(x.dtype)
         mixed = torch.where(cut, torch.where(box, flipped, x), blended)
-        off = self.smoothing / self.num_classes
-        target = torch.full((len(labels), self.num_classes), off, device=x.device)
-        target = target.scatter(1, labels[:, None], 1 - self.smoothing + off)
-        lam = lam.to(target.dtype)
-        return mixed, target * lam + target.flip(0) * (1 - lam)
+        return mixed, mixup_target(labels, self.num_classes, lam.float(), self.smoothing)
 
     def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        u, gammas = self.draw(x.device)
-        return self.graphed(x, labels, u, gammas) if self.graphed is not None else self.mix(x, labels, u, gammas)
+        return self.run_mix(x, labels, *self.draw(x.device))
