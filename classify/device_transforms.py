@@ -204,7 +204,7 @@ class DeviceTrainTransform:
         }
         self.columns = {name: width for name, width in widths.items() if width}
         self.placed = DeviceConstants(self.mean.view(1, -1, 1, 1), self.std.view(1, -1, 1, 1))
-        self.graphed = GraphedCall(self.augment) if graph else None
+        self.run_augment = GraphedCall(self.augment) if graph else self.augment
 
     def draw(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Every draw of a batch of ``n`` on ``device``, from the current
@@ -284,4 +284,4 @@ class DeviceTrainTransform:
             return self.eval(images)
         u, noise = self.draw(len(images), images[0].device)
         x = self.crop_flip(images, u)
-        return self.graphed(x, u, noise) if self.graphed is not None else self.augment(x, u, noise)
+        return self.run_augment(x, u, noise)
