@@ -156,10 +156,10 @@ def _warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) -
 
 
 def _lut_blend(degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """PIL ``Image.blend(degenerate, x, factor)`` for every value x of 0..255: uint8 [N, 1 or 3, 256]."""
+    """PIL ``Image.blend(degenerate, x, factor)`` for every value x of 0..255 (degenerate: [N] or a scalar; factor
+    [N]): uint8 [N, 1, 256]."""
     values = torch.arange(256, device=factor.device, dtype=torch.float32)
-    d = degenerate.float()
-    return (d + factor.view(-1, 1, 1) * (values - d)).clamp(0, 255).to(torch.uint8)
+    return _blend(degenerate.view(-1, 1, 1, 1), values, factor)[:, 0]
 
 
 def _equalize_lut(x: torch.Tensor) -> torch.Tensor:
@@ -225,7 +225,7 @@ def op_lut(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
         return torch.where(v < 128, (v + arg.view(-1, 1, 1).int()).clamp(max=255), v).to(torch.uint8)
     if base == "Contrast":
         mean = (_luma(x).float().mean((1, 2, 3)) + 0.5).floor()
-        return _lut_blend(mean.view(-1, 1, 1), arg)
+        return _lut_blend(mean, arg)
     if base == "Brightness":
         return _lut_blend(torch.zeros((), device=x.device), arg)
     raise ValueError(f"{name!r} is not a per-pixel op")
@@ -310,6 +310,10 @@ class BatchRandAugment:
         self.columns = self.COLUMNS * self.num_layers
         self.fill = DeviceConstants(torch.tensor(fill, dtype=torch.float32))
         self.interpolation = interpolation
+        # the ops' indices by how a layer runs them: one grid_sample, one table lookup, one batched op each
+        self.warped = [k for k, name in enumerate(self.names) if name in GEOMETRIC_OPS]
+        self.mapped = [k for k, name in enumerate(self.names) if _base(name) in LUT_OPS]
+        self.blended = [k for k in range(len(self.names)) if k not in self.warped + self.mapped]
 
     def draw(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per layer and image: op index, applied, magnitude, negated; [num_layers, N] each, from uniforms
@@ -343,25 +347,22 @@ class BatchRandAugment:
 
     def _layer(self, x: torch.Tensor, chosen: torch.Tensor, args: list[torch.Tensor], fill: torch.Tensor):
         """One layer: each image through its chosen op (``chosen`` bool [ops, N]; ``args`` float [N] per op)."""
-        (n, _, height, width), named = x.shape, list(enumerate(self.names))
-        warped = [k for k, name in named if name in GEOMETRIC_OPS]
-        if warped:
+        n, _, height, width = x.shape
+        if self.warped:
             theta = torch.eye(2, 3, device=x.device, dtype=torch.float64).expand(n, 2, 3)
-            for k in warped:
+            for k in self.warped:
                 op_theta = affine_theta(self.names[k], args[k].double(), height, width)
                 theta = torch.where(chosen[k].view(-1, 1, 1), op_theta, theta)
             x = torch.where(
-                _rows(torch.stack([chosen[k] for k in warped]).any(0)),
+                _rows(torch.stack([chosen[k] for k in self.warped]).any(0)),
                 _warp(x, theta.float(), fill, self.interpolation),
                 x,
             )
-        mapped = [k for k, name in named if _base(name) in LUT_OPS]
-        if mapped:
+        if self.mapped:
             lut = torch.arange(256, device=x.device).to(torch.uint8).expand(n, 3, 256)
-            for k in mapped:
+            for k in self.mapped:
                 lut = torch.where(chosen[k].view(-1, 1, 1), op_lut(self.names[k], x, args[k]), lut)
             x = apply_lut(x, lut)
-        for k, name in named:
-            if name not in GEOMETRIC_OPS and _base(name) not in LUT_OPS:
-                x = torch.where(_rows(chosen[k]), apply_op(x, name, args[k], fill, self.interpolation), x)
+        for k in self.blended:
+            x = torch.where(_rows(chosen[k]), apply_op(x, self.names[k], args[k], fill, self.interpolation), x)
         return x
