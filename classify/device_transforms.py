@@ -124,8 +124,13 @@ def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor
     return resize(img[None].float(), size, mode)[0].round().clamp(0, 255).to(torch.uint8)
 
 
+def _placed_stats(mean: Sequence[float], std: Sequence[float]) -> DeviceConstants:
+    """Per-channel mean and std as float [1, C, 1, 1], kept on each device (for :func:`_normalize`)."""
+    return DeviceConstants(torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1))
+
+
 def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    mean, std = mean.to(x.device).view(1, -1, 1, 1), std.to(x.device).view(1, -1, 1, 1)
+    """uint8 [N, C, H, W] -> float, with mean and std float [1, C, 1, 1] on x's device (0..1 scale)."""
     return (x.float() / 255.0 - mean) / std
 
 
@@ -143,7 +148,7 @@ class DeviceEvalTransform:
             raise ValueError(f"data.crop_pct must be in (0, 1] for data.pipeline=gpu (no padding), got {crop_pct}")
         self.img_size, self.short = img_size, math.floor(img_size / crop_pct)
         self.interpolation = interpolation
-        self.mean, self.std = torch.tensor(mean), torch.tensor(std)
+        self.placed = _placed_stats(mean, std)
 
     def crop(self, img: torch.Tensor) -> torch.Tensor:
         """uint8 [3, h, w] -> uint8 [3, S, S] (torchvision ``Resize(int)`` + ``CenterCrop``)."""
@@ -157,7 +162,8 @@ class DeviceEvalTransform:
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """uint8 [3, H_i, W_i] per image -> float [N, 3, S, S] normalised, on the images' device."""
-        return _normalize(torch.stack([self.crop(img) for img in images]), self.mean, self.std)
+        x = torch.stack([self.crop(img) for img in images])
+        return _normalize(x, *self.placed.get(x.device))
 
 
 class DeviceTrainTransform:
@@ -174,7 +180,7 @@ class DeviceTrainTransform:
     def __init__(
         self, aug: dict[str, Any], img_size: int, mean: Sequence[float], std: Sequence[float], graph: bool = True
     ):
-        self.img_size, self.mean, self.std = img_size, torch.tensor(mean), torch.tensor(std)
+        self.img_size = img_size
         self.interpolation = aug.get("interpolation", "bicubic")
         check_choice(self.interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
         check_choice(aug.get("remode", "pixel"), ("pixel", "rand", "const"), "aug.remode")
@@ -203,7 +209,7 @@ class DeviceTrainTransform:
             "erase": 2 + self.recount * ERASE_COLUMNS if self.reprob > 0 else 0,
         }
         self.columns = {name: width for name, width in widths.items() if width}
-        self.placed = DeviceConstants(self.mean.view(1, -1, 1, 1), self.std.view(1, -1, 1, 1))
+        self.placed = _placed_stats(mean, std)
         self.run_augment = GraphedCall(self.augment) if graph else self.augment
 
     def draw(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
