@@ -42,9 +42,9 @@ from bench_models import (  # scripts/ (this script's folder) is on sys.path
     build_dit,
     compile_modes,
     make_train_step,
+    script_env,
 )
 from lightvision.engine.compiled import compile_model
-from lightvision.tools.results import results_env
 
 MATRIX_OPS = frozenset(
     f"aten::{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "_scaled_mm")
@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {row['ms']:8.2f} ms {100 * row['share']:5.1f}% x{row['calls']:<5d} {row[key][:110]}")
                 torch.cuda.empty_cache()
     if args.out:
-        env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+        env = script_env(argv)
         with open(args.out, "w") as f:
             json.dump({"env": env, "profiles": results}, f, indent=1)
     print("\n" + split_table(results))
