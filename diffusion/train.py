@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader
 from lightvision.diffusion.autoencoder import DEFAULT_VAE, KINDS, Codec, load_codec
 from lightvision.diffusion.dit import DiT, create_model
 from lightvision.diffusion.fid import PRC_NEIGHBOURHOOD
-from lightvision.diffusion.gaussian import SAMPLERS, GaussianDiffusion
+from lightvision.diffusion.gaussian import SAMPLERS, GaussianDiffusion, SampleNoise, t_buckets
 from lightvision.diffusion.latents import build_dataset, draw_latents
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
@@ -237,8 +237,6 @@ def bits_per_dim_rows(
     """[len(indices), 2 + buckets] float64: per image of ``dataset[indices]`` its VLB in bits/dim, the prior term,
     then the terms of each of ``buckets`` ranges of t (:meth:`GaussianDiffusion.bits_per_dim`); the noise and t of
     image i are seeded with i, so a row does not depend on which process or batch computed it."""
-    from lightvision.diffusion.gaussian import SampleNoise
-
     subset = torch.utils.data.Subset(dataset, indices)
     rows, done = [], 0
     for x, y in DataLoader(subset, batch_size=batch_size, shuffle=False, num_workers=num_workers):
@@ -258,8 +256,6 @@ def bits_per_dim_summary(rows: np.ndarray, num_steps: int, buckets: int = 0) -> 
     mean = rows.mean(0)
     out = {"test_bits_per_dim": float(mean[0]), "test_prior_bits_per_dim": float(mean[1]), "bpd_images": len(rows)}
     if buckets:
-        from lightvision.diffusion.gaussian import t_buckets
-
         ranges = t_buckets(num_steps, buckets)
         out["test_bits_per_dim_t"] = [{"t": list(r), "bits_per_dim": float(v)} for r, v in zip(ranges, mean[2:])]
     return out

@@ -392,6 +392,11 @@ def plot(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def script_env(argv: list[str] | None) -> dict:
+    """``results_env`` of this script's command line (``argv``: ``main``'s, None: ``sys.argv[1:]``)."""
+    return results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+
+
 def compile_modes(values: list[str] | None) -> list[str | None]:
     """``--compile``'s values as the modes to run: absent -> [None] (eager), given without a mode -> ["default"],
     "none" -> None (eager)."""
@@ -459,13 +464,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = True
     records = []
     for family, attention, size, px, batch in plan:
+        batch_now = args.memory_batch if args.memory_only else batch
         for mode in modes:
-            batch_now = args.memory_batch if args.memory_only else batch
             records.extend(bench_one(family, attention, size, px, batch_now, args, mode))
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+    env = script_env(argv)
     table = markdown_table(records)
     growth = memory_growth(records)
     if growth:

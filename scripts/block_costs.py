@@ -32,8 +32,7 @@ import sys
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench_models import DIT_ATTENTIONS, build_dit  # scripts/ (this script's folder) is on sys.path
-from lightvision.tools.results import results_env
+from bench_models import DIT_ATTENTIONS, build_dit, script_env  # scripts/ (this script's folder) is on sys.path
 
 
 @contextlib.contextmanager
@@ -151,6 +150,11 @@ def costs(attention: str, size: str, px: int, kernels: bool) -> dict:
     }
 
 
+def linear_gflop(result: dict) -> float:
+    """GFLOP per image of the Linear layers (mm and addmm) of one ``costs`` result."""
+    return result["gflop_per_image"].get("mm", 0) + result["gflop_per_image"].get("addmm", 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="b", choices=("s", "b", "l", "xl"))
@@ -165,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--px must be a multiple of 16 (patch 2 on the latent of px / 8), got {args.px}")
     results = [costs(a, args.size, args.px, not args.plain) for a in args.attentions]
     base = results[0]
+    base_gemm = linear_gflop(base)
     for r in results:
-        gemm = r["gflop_per_image"].get("mm", 0) + r["gflop_per_image"].get("addmm", 0)
-        base_gemm = base["gflop_per_image"].get("mm", 0) + base["gflop_per_image"].get("addmm", 0)
+        gemm = linear_gflop(r)
         per_model = r["saved_bytes_per_token_channel"] * r["depth"]
         print(
             f"\n{r['attention']}: depth {r['depth']}, {r['params_m']:.1f} M parameters ({r['block_params_m']:.1f} M in "
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  saved {s['bytes_per_token_channel']:6.2f} {s['made_by']:48.48s} {s['dtype']} {s['shape']}")
     if args.out:
         with open(args.out, "w") as f:
-            env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+            env = script_env(argv)
             json.dump({"env": env, "args": vars(args), "models": results}, f, indent=1)
     return 0
 

@@ -42,10 +42,11 @@ from bench_models import (  # scripts/ (this script's folder) is on sys.path
     build_dit,
     compile_modes,
     make_train_step,
+    script_env,
 )
 from lightvision.engine.compiled import compile_model
-from lightvision.tools.results import results_env
 
+MODELS = ("deit_s", "dit_b", "dit_xl")
 MATRIX_OPS = frozenset(
     f"aten::{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "mv", "addmv", "_scaled_mm")
 )
@@ -197,12 +198,9 @@ def split_table(results: list[dict]) -> str:
 def parse_case(text: str, batch: int | None) -> tuple[str, int, int]:
     """ "MODEL:PX[:BATCH]" -> (model, px, batch); the batch defaults to ``batch``, else bench_models.py's at PX."""
     parts = text.split(":")
-    if (
-        len(parts) not in (2, 3)
-        or parts[0] not in ("deit_s", "dit_b", "dit_xl")
-        or not all(p.isdigit() for p in parts[1:])
-    ):
-        raise ValueError(f"a case is MODEL:PX[:BATCH] with MODEL deit_s, dit_b or dit_xl, got {text!r}")
+    if len(parts) not in (2, 3) or parts[0] not in MODELS or not all(p.isdigit() for p in parts[1:]):
+        names = f"{', '.join(MODELS[:-1])} or {MODELS[-1]}"
+        raise ValueError(f"a case is MODEL:PX[:BATCH] with MODEL {names}, got {text!r}")
     model, px = parts[0], int(parts[1])
     table = DEIT_BATCH if model == "deit_s" else DIT_BATCH[model.split("_")[1]]
     if len(parts) == 3:
@@ -214,7 +212,7 @@ def parse_case(text: str, batch: int | None) -> tuple[str, int, int]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="deit_s", choices=("deit_s", "dit_b", "dit_xl"))
+    p.add_argument("--model", default="deit_s", choices=MODELS)
     p.add_argument("--attentions", nargs="+", default=["softmax", "lightnet"])
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--batch", type=int, help="default: bench_models.py's batch at the size")
@@ -256,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {row['ms']:8.2f} ms {100 * row['share']:5.1f}% x{row['calls']:<5d} {row[key][:110]}")
                 torch.cuda.empty_cache()
     if args.out:
-        env = results_env("python " + " ".join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]))
+        env = script_env(argv)
         with open(args.out, "w") as f:
             json.dump({"env": env, "profiles": results}, f, indent=1)
     print("\n" + split_table(results))

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from lightvision.engine import MetricsLogger
-from lightvision.tools.results import results_env
+from lightvision.tools.results import report_path, results_env
 
 
 def last_step(run: Path) -> int:
@@ -42,9 +42,14 @@ def last_step(run: Path) -> int:
     return max((r.get("step", 0) for r in MetricsLogger(run).records()), default=0)
 
 
+def part_report(out: Path, family: str, name: str) -> Path:
+    """The report the benchmark run of ``name`` writes (``--out out/parts --tag name``)."""
+    return report_path(family, argparse.Namespace(out=out / "parts", tag=name))
+
+
 def finished(out: Path, family: str, name: str) -> bool:
     """Whether ``name`` has a complete report under ``out/parts`` (one without an error)."""
-    part = out / "parts" / f"{family}_cifar10_{name}.json"
+    part = part_report(out, family, name)
     if not part.is_file():
         return False
     result = json.loads(part.read_text()).get("results", {}).get(name)
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrent_runs": len(args.names),
     }
     for name in args.names:
-        part = out / "parts" / f"{args.family}_cifar10_{name}.json"
+        part = part_report(out, args.family, name)
         if part.is_file():
             report = json.loads(part.read_text())
             if "real_streak_share" in report:
