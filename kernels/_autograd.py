@@ -11,11 +11,14 @@ import torch
 
 
 class AutogradOps(NamedTuple):
-    """The two custom ops (``lightvision::<name>_fwd`` / ``_bwd``) and the eager Function (``eager.apply``)."""
+    """The two custom ops (``lightvision::<name>_fwd`` / ``_bwd``), the eager Function (``eager.apply``) and the
+    differentiable entry ``call(*inputs)`` -> the results: the forward op while torch.compile traces, else the eager
+    Function."""
 
     fwd: torch.library.CustomOpDef
     bwd: torch.library.CustomOpDef
     eager: type[torch.autograd.Function]
+    call: Callable
 
 
 def _as_tuple(x) -> tuple:
@@ -33,7 +36,7 @@ def autograd_ops(
     results: int = 1,
 ) -> AutogradOps:
     """Custom ops over ``fwd`` and ``bwd`` (their type annotations are the op schemas; ``*_fake`` their meta
-    implementations), the forward op's autograd formula, and the eager Function.
+    implementations), the forward op's autograd formula, the eager Function, and the entry that picks between them.
 
     ``fwd(*inputs)`` returns the result, or a tuple whose first ``results`` elements are the results (the outputs
     with gradients; the eager Function returns them, one tensor or a tuple) and the rest what the backward needs.
@@ -78,4 +81,11 @@ def autograd_ops(
             return gradients(ctx, d_results[0], bwd(*d_results, *ctx.saved_tensors, *ctx.args))
 
     Eager.__name__ = Eager.__qualname__ = f"{name}_eager"
-    return AutogradOps(fwd_op, bwd_op, Eager)
+
+    def call(*inputs):
+        if torch.compiler.is_compiling():
+            output = _as_tuple(fwd_op(*inputs))
+            return output[0] if results == 1 else output[:results]
+        return Eager.apply(*inputs)
+
+    return AutogradOps(fwd_op, bwd_op, Eager, call)

@@ -179,10 +179,10 @@ def _residual_saved(inputs, output):
 
 # custom ops lightvision::adaln_fwd / _bwd and gated_residual_fwd / _bwd (torch.compile), and the eager Functions
 # over the same launchers (no custom-op dispatch); x of the gated residual passes its gradient through
-adaln_fwd, adaln_bwd, _AdaLNEager = autograd_ops(
+adaln_fwd, adaln_bwd, _, _adaln = autograd_ops(
     "adaln", _adaln_fwd, _adaln_fwd_fake, _adaln_bwd, _adaln_bwd_fake, _adaln_saved
 )
-gated_residual_fwd, gated_residual_bwd, _GatedResidualEager = autograd_ops(
+gated_residual_fwd, gated_residual_bwd, _, _gated_residual = autograd_ops(
     "gated_residual",
     _residual_fwd,
     _residual_fwd_fake,
@@ -201,15 +201,11 @@ def modulated_layer_norm_triton(x, shift, scale, *, eps, out_dtype):
     than MAX_C, an empty x, or dtypes outside fp32 / bf16 / fp16."""
     if not rows_supported(x, shift, scale) or out_dtype not in DTYPES:
         return NotImplemented
-    if torch.compiler.is_compiling():
-        return adaln_fwd(x, shift, scale, float(eps), out_dtype)[0]
-    return _AdaLNEager.apply(x, shift, scale, float(eps), out_dtype)
+    return _adaln(x, shift, scale, float(eps), out_dtype)
 
 
 def gated_residual_triton(x, gate, y):
     """Kernel entry of ``lightvision.ops.gated_residual``; NotImplemented as for the modulated LayerNorm."""
     if not rows_supported(x, gate, y):
         return NotImplemented
-    if torch.compiler.is_compiling():
-        return gated_residual_fwd(x, gate, y)
-    return _GatedResidualEager.apply(x, gate, y)
+    return _gated_residual(x, gate, y)

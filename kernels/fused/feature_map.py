@@ -100,18 +100,12 @@ def _saved(inputs, output):
     return (x,), (kind,)
 
 
-# custom ops lightvision::lion_feature_map_fwd / _bwd (torch.compile) and the eager Function over the same launchers
-lion_feature_map_fwd, lion_feature_map_bwd, _FeatureMapEager = autograd_ops(
+# custom ops lightvision::lion_feature_map_fwd / _bwd (torch.compile), the eager Function over the same launchers,
+# and feature_map(x, kind): phi(x) [..., d] -> [..., d] with its gradient through either; x must be covered
+# (:func:`covered`); the kernels call it directly (the LION scan path)
+lion_feature_map_fwd, lion_feature_map_bwd, _, feature_map = autograd_ops(
     "lion_feature_map", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved
 )
-
-
-def feature_map(x: torch.Tensor, kind: str) -> torch.Tensor:
-    """phi(x) [..., d] -> [..., d] with its gradient: the custom op while torch.compile traces, else the eager
-    Function. x must be covered (:func:`covered`); the kernels call this directly (the LION scan path)."""
-    if torch.compiler.is_compiling():
-        return lion_feature_map_fwd(x, kind)
-    return _FeatureMapEager.apply(x, kind)
 
 
 def covered(x: torch.Tensor) -> bool:

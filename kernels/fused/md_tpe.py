@@ -172,7 +172,7 @@ def _saved(inputs, output):
 
 
 # custom ops lightvision::md_tpe2d_fwd / _bwd (torch.compile) and the eager Function over the same launchers
-md_tpe2d_fwd, md_tpe2d_bwd, _MDTPEEager = autograd_ops("md_tpe2d", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved)
+md_tpe2d_fwd, md_tpe2d_bwd, _, _md_tpe2d = autograd_ops("md_tpe2d", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved)
 
 
 def md_tpe_triton(
@@ -202,6 +202,4 @@ def md_tpe_triton(
         t0, t1 = (
             toeplitz_kernel(coeffs[j].float(), log_lambda[j].float(), length, causal) for j, length in enumerate(grid)
         )
-    if torch.compiler.is_compiling():
-        return md_tpe2d_fwd(x, t0, t1, num_prefix_tokens)
-    return _MDTPEEager.apply(x, t0, t1, num_prefix_tokens)
+    return _md_tpe2d(x, t0, t1, num_prefix_tokens)

@@ -181,10 +181,10 @@ def _silu_saved(inputs, output):
 
 # custom ops lightvision::rms_norm_fwd / _bwd and silu_mul_fwd / _bwd (torch.compile), and the eager Functions over
 # the same launchers (no custom-op dispatch)
-rms_norm_fwd, rms_norm_bwd, _RMSNormEager = autograd_ops(
+rms_norm_fwd, rms_norm_bwd, _, _rms_norm = autograd_ops(
     "rms_norm", _norm_fwd, _norm_fwd_fake, _norm_bwd, _norm_bwd_fake, _norm_saved
 )
-silu_mul_fwd, silu_mul_bwd, _SiLUMulEager = autograd_ops(
+silu_mul_fwd, silu_mul_bwd, _, _silu_mul = autograd_ops(
     "silu_mul", _silu_fwd, _silu_fwd_fake, _silu_bwd, _silu_bwd_fake, _silu_saved
 )
 
@@ -203,15 +203,11 @@ def rms_norm_triton(x, weight, gate, *, eps, out_dtype):
     tensors = (x, weight) if gate is None else (x, weight, gate)
     if not rows_supported(x, *tensors[1:]) or out_dtype not in DTYPES:
         return NotImplemented
-    if torch.compiler.is_compiling():
-        return rms_norm_fwd(x, weight, gate, float(eps), out_dtype)[0]
-    return _RMSNormEager.apply(x, weight, gate, float(eps), out_dtype)
+    return _rms_norm(x, weight, gate, float(eps), out_dtype)
 
 
 def silu_mul_triton(a, b):
     """Kernel entry of ``lightvision.ops.silu_mul``; NotImplemented for mixed or unsupported dtypes, empty inputs."""
     if a.dtype not in DTYPES or (b is not None and a.dtype != b.dtype) or a.numel() == 0:
         return NotImplemented
-    if torch.compiler.is_compiling():
-        return silu_mul_fwd(a, b)
-    return _SiLUMulEager.apply(a, b)
+    return _silu_mul(a, b)

@@ -370,7 +370,7 @@ def _saved(inputs, output):
 
 
 # custom ops lightvision::lightnet_attn_fwd / _bwd (torch.compile) and the eager Function over the same launchers
-lightnet_attn_fwd, lightnet_attn_bwd, _LightNetEager = autograd_ops(
+lightnet_attn_fwd, lightnet_attn_bwd, _, _lightnet_attn = autograd_ops(
     "lightnet_attn", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved
 )
 
@@ -445,7 +445,7 @@ def _packed_saved(inputs, output):
 
 
 # custom ops lightvision::lightnet_attn_packed_fwd / _bwd and the eager Function
-lightnet_attn_packed_fwd, lightnet_attn_packed_bwd, _LightNetPackedEager = autograd_ops(
+lightnet_attn_packed_fwd, lightnet_attn_packed_bwd, _, _lightnet_attn_packed = autograd_ops(
     "lightnet_attn_packed", _packed_fwd, _packed_fwd_fake, _packed_bwd, _packed_bwd_fake, _packed_saved
 )
 
@@ -486,9 +486,7 @@ def lightnet_attention_triton(
         return NotImplemented
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
     cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], 1, q.dtype, q.device, lrpe, pos_scale)
-    if torch.compiler.is_compiling():
-        return lightnet_attn_fwd(q, k, v, cos, sin, grid is not None)[0]
-    return _LightNetEager.apply(q, k, v, cos, sin, grid is not None)
+    return _lightnet_attn(q, k, v, cos, sin, grid is not None)
 
 
 def lightnet_attention_qkvpacked_triton(
@@ -502,9 +500,7 @@ def lightnet_attention_qkvpacked_triton(
     grid = _rotation_grid(grid, q.shape[2], num_prefix_tokens, lrpe)
     group = head_group(num_heads, q.shape[3])
     cos, sin = _tables(grid, num_prefix_tokens, q.shape[3], group, q.dtype, q.device, lrpe, pos_scale)
-    if torch.compiler.is_compiling():
-        return lightnet_attn_packed_fwd(qkv, num_heads, cos, sin, grid is not None)[0]
-    return _LightNetPackedEager.apply(qkv, num_heads, cos, sin, grid is not None)
+    return _lightnet_attn_packed(qkv, num_heads, cos, sin, grid is not None)
 
 
 __all__ = [

@@ -100,15 +100,12 @@ def _saved(inputs, output):
 
 # custom ops lightvision::lion_fwd / _bwd (torch.compile) and the eager Function over the same launchers; out and den
 # are both results (the pair (num, den) without normalize)
-lion_fwd, lion_bwd, _LionEager = autograd_ops("lion", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved, results=2)
+lion_fwd, lion_bwd, _, _lion = autograd_ops("lion", _fwd, _fwd_fake, _bwd, _bwd_fake, _saved, results=2)
 
 
 def lion_core(q, k, v, g, normalize: bool, form: str):
     """Differentiable LION core: Y (normalize) or the fp32 pair (num, den); g, form as lion_fwd."""
-    if torch.compiler.is_compiling():
-        out, den, _ = lion_fwd(q, k, v, g, normalize, form)
-    else:
-        out, den = _LionEager.apply(q, k, v, g, normalize, form)
+    out, den = _lion(q, k, v, g, normalize, form)
     return out if normalize else (out, den)
 
 
@@ -196,7 +193,7 @@ def _packed_saved(inputs, output):
 
 
 # custom ops lightvision::lion_packed_fwd / _bwd (torch.compile) and the eager Function over the same launchers
-lion_packed_fwd, lion_packed_bwd, _LionPackedEager = autograd_ops(
+lion_packed_fwd, lion_packed_bwd, _, _lion_packed = autograd_ops(
     "lion_packed", _packed_fwd, _packed_fwd_fake, _packed_bwd, _packed_bwd_fake, _packed_saved
 )
 
@@ -204,6 +201,4 @@ lion_packed_fwd, lion_packed_bwd, _LionPackedEager = autograd_ops(
 def lion_packed(qkv, g, num_heads: int, kind: str, gates_in_qkv: bool = False, num_prefix: int = 0) -> torch.Tensor:
     """Differentiable packed LION core (masked form): Y [B, N, H * d] from qkv with phi = ``kind``; g as lion_fwd,
     or None with gates_in_qkv (gate logits in qkv's last gate_columns(H) columns; lion_packed_fwd)."""
-    if torch.compiler.is_compiling():
-        return lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)[0]
-    return _LionPackedEager.apply(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)
+    return _lion_packed(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)

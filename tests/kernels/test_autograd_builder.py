@@ -106,3 +106,17 @@ def test_several_results_each_carry_their_gradient(path, used):
 def test_several_results_pass_opcheck():
     x, y = (torch.randn(3, 4, requires_grad=True) for _ in range(2))
     torch.library.opcheck(PAIR.fwd, (x, y))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_call_returns_the_results_on_either_path(compiled):
+    """``call`` gives the eager Function's results in eager mode and the forward op's leading results (the tensor
+    only the backward reads dropped) under torch.compile, with the same gradients."""
+    torch.manual_seed(0)
+    x, y = (torch.randn(3, 4, requires_grad=True) for _ in range(2))
+    fn = torch.compile(PAIR.call, fullgraph=True, backend="aot_eager") if compiled else PAIR.call
+    prod, total = fn(x, y)
+    dx, dy = torch.autograd.grad((prod + total).sum(), (x, y))
+    torch.testing.assert_close(prod, x * y)
+    torch.testing.assert_close(dx, y + 1)
+    torch.testing.assert_close(dy, x + 1)
