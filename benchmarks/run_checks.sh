@@ -38,12 +38,13 @@
 #                the token count (bench_models.py --memory-only; a minute or two)
 #   input        the classifier input pipeline: first the gpu pipeline's tests on the GPU (its ops against timm's, no
 #                host synchronisation under set_sync_debug_mode, graph replay equal to the ops), then an ImageNet-like
-#                JPEG folder (scripts/make_imagenet_like.py, 6,000 images from the CIFAR-10 archives in .carry/) and
-#                DeiT-S training images/s through `classify train` against synthetic input for 4 / 8 / 16 loader cores,
+#                JPEG folder (scripts/make_imagenet_like.py, 12,000 images from the CIFAR-10 archives in .carry/) and
+#                DeiT-S training images/s through `classify train` (one pinned process per setting) against synthetic
+#                input for 4 / 8 / 16 loader cores,
 #                folder / shards / shards --max-size 256, gpu (graph-replayed augmentation) / cpu pipelines
 #                (scripts/bench_input.py; needs the webdataset and braceexpand wheels; no new setting starts after
-#                6.5 min), then where one batch's decode and augmentation time goes (scripts/profile_input.py); about
-#                8 min in all
+#                7.5 min), then where one batch's decode and augmentation time goes (scripts/profile_input.py); about
+#                10 min in all
 #   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
 #                narrows them with -k)
 #   dit_curves   FID / precision / recall (yardstick features) and test bits/dim against training steps (LightNet
@@ -184,10 +185,10 @@ SUMMARY
     input)
       (cd "$repo" && pytest -q -p no:cacheprovider tests/classify/test_device_pipeline.py > "$out/input_tests.log" 2>&1)
       stamp "input tests done rc=$?"; tail -n 3 "$out/input_tests.log"
-      python3 "$repo/scripts/make_imagenet_like.py" --cifar "$repo/.carry" --out /tmp/imagenet_like --count 6000 \
+      python3 "$repo/scripts/make_imagenet_like.py" --cifar "$repo/.carry" --out /tmp/imagenet_like --count 12000 \
         > "$out/make_imagenet_like.log" 2>&1; stamp "imagenet-like folder done rc=$?"
       python3 "$repo/scripts/bench_input.py" --data /tmp/imagenet_like --out "$out/input.json" --cores 4 8 16 \
-        --max-size 256 --budget-s 390 > "$out/input.log" 2>&1
+        --max-size 256 --budget-s 450 > "$out/input.log" 2>&1
       stamp "input done rc=$?"
       python3 "$repo/scripts/profile_input.py" --data /tmp/imagenet_like --out "$out/input_profile.json" \
         > "$out/input_profile.log" 2>&1; stamp "input profile done rc=$?"

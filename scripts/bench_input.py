@@ -35,6 +35,7 @@ import os
 import platform
 import shlex
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -154,21 +155,23 @@ def _endless(loader: Any) -> Any:
         yield from loader
 
 
-def _recipe(args: argparse.Namespace, root: Path, pipeline: str, *overrides: str) -> dict:
-    """The DeiT recipe for one setting: data root and pipeline, the command's sizes and workers, ``overrides``, then
+def _overrides(args: argparse.Namespace, root: Path, pipeline: str, *overrides: str) -> list[str]:
+    """Recipe overrides of one setting: data root and pipeline, the command's sizes and workers, ``overrides``, then
     the command's ``--set``."""
-    return load_recipe(
-        RECIPE,
-        [
-            f"data.root={root}",
-            f"data.pipeline={pipeline}",
-            f"data.num_workers={args.workers}",
-            f"train.batch_size={args.batch_size}",
-            f"data.image_size={args.img_size}",
-            *overrides,
-            *args.set,
-        ],
-    )
+    return [
+        f"data.root={root}",
+        f"data.pipeline={pipeline}",
+        f"data.num_workers={args.workers}",
+        f"train.batch_size={args.batch_size}",
+        f"data.image_size={args.img_size}",
+        *overrides,
+        *args.set,
+    ]
+
+
+def _recipe(args: argparse.Namespace, root: Path, pipeline: str, *overrides: str) -> dict:
+    """The DeiT recipe of one setting (:func:`_overrides` applied)."""
+    return load_recipe(RECIPE, _overrides(args, root, pipeline, *overrides))
 
 
 def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -229,8 +232,9 @@ def trainer_settings(args: argparse.Namespace) -> list[tuple[str, str, str, int,
 def measure_trainer(
     name: str, source: str, pipeline: str, cores: int, graph: bool, args: argparse.Namespace, device: torch.device
 ) -> dict[str, Any]:
-    """images/s of ``lightvision classify train`` on ``cores`` pinned cores: the training log's rate after the
-    warm-up."""
+    """images/s of ``lightvision classify train`` run as its own process pinned to ``cores`` cores (its loader
+    workers inherit the mask): the training log's rate after the warm-up. A setting that fails or outlasts
+    ``--setting-timeout`` is recorded with the last line it printed and the next one starts."""
     allowed = sorted(os.sched_getaffinity(0))
     if cores > len(allowed):
         return {"skipped": f"needs {cores} cores, {len(allowed)} available"}
@@ -239,7 +243,7 @@ def measure_trainer(
     window = max(1, args.warmup)
     steps = max(window, args.steps // window * window)
     root = args.data if source == "folder" else args.work / source
-    cfg = _recipe(
+    overrides = _overrides(
         args,
         root,
         pipeline,
@@ -253,21 +257,32 @@ def measure_trainer(
         "train.ckpt_every_epochs=1000",
         f"run.dir={run}",
     )
-    os.sched_setaffinity(0, allowed[:cores])  # the loader workers inherit it
+    command = [sys.executable, "-m", "lightvision", "classify", "train", "--config", str(RECIPE), "--device", device.type]
+    command += overrides
+    pinned = set(allowed[:cores])
     try:
-        train(cfg, device=device.type)
-    finally:
-        os.sched_setaffinity(0, allowed)
+        done = subprocess.run(
+            command,
+            preexec_fn=lambda: os.sched_setaffinity(0, pinned),
+            capture_output=True,
+            text=True,
+            timeout=args.setting_timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {args.setting_timeout:.0f} s"}
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        return {"error": lines[-1] if lines else f"exit code {done.returncode}"}
     records = [r for r in MetricsLogger(run).records() if "steps_per_s" in r and r["step"] > window]
     seconds = sum(window / r["steps_per_s"] for r in records)
-    batch = cfg["train"]["batch_size"]
+    batch = args.batch_size
     return {
         "pipeline": pipeline,
         "source": source,
         "cores": cores,
         "augment_graph": graph,
         "batch_size": batch,
-        "img_size": cfg["data"]["image_size"],
+        "img_size": args.img_size,
         "steps": len(records) * window,
         "images_per_s": len(records) * window * batch / seconds,
     }
@@ -325,8 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--workers", type=int, default=available_cpus(), help="loader processes of the loop settings")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps first (worker start-up, kernel choice)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument(
+        "--warmup", type=int, default=30, help="untimed steps first (worker start-up, kernel choice, the loader's buffer)"
+    )
+    p.add_argument("--steps", type=int, default=90, help="timed steps (a multiple of --warmup for the train runs)")
+    p.add_argument("--setting-timeout", type=float, default=240, help="seconds one classify-train setting may take")
     p.add_argument("--stage-steps", type=int, default=10, help="steps timed stage by stage")
     p.add_argument("--loader-steps", type=int, default=30, help="batches of the loader-only measurement")
     p.add_argument("--shard-size", type=int, default=500)

@@ -9,9 +9,12 @@ if [ -d "$_lv_root/.whl" ] && [ ! -f /tmp/site/.lv_installed ]; then  # once per
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$_lv_root"/.whl/*.whl || return 1
   touch /tmp/site/.lv_installed
 fi
-rm -rf /tmp/lvsite && mkdir -p /tmp/lvsite/lightvision
-for _f in "$_lv_root"/lightvision/*; do ln -s "$_f" /tmp/lvsite/lightvision/; done
-for _p in kernels classify diffusion; do ln -s "$_lv_root/$_p" "/tmp/lvsite/lightvision/$_p"; done
+# /tmp/lvsite is a symlink swapped in one rename: processes of a stage already running keep importing from it
+_lv_tree="$(mktemp -d /tmp/lvsite.XXXXXX)" && mkdir -p "$_lv_tree/lightvision" || return 1
+for _f in "$_lv_root"/lightvision/*; do ln -s "$_f" "$_lv_tree/lightvision/"; done
+for _p in kernels classify diffusion; do ln -s "$_lv_root/$_p" "$_lv_tree/lightvision/$_p"; done
+[ -L /tmp/lvsite ] || rm -rf /tmp/lvsite
+ln -sfn "$_lv_tree" "$_lv_tree.link" && mv -T "$_lv_tree.link" /tmp/lvsite
 export PYTHONPATH="/tmp/lvsite:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 python3 -c "import torch, triton; print('device env: torch', torch.__version__, 'triton', triton.__version__, 'gpu', torch.cuda.get_device_name(0))"

@@ -66,8 +66,9 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 
 
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
-    """Synthetic, a stage-timed loop, and classify train for both pipelines on the folder and both shard sets (one
-    shrunk by --max-size) on one pinned core, plus the op-by-op run; more cores than the machine has are skipped."""
+    """Synthetic, a stage-timed loop, and classify train (each its own process) for both pipelines on the folder and
+    the shards shrunk by --max-size on one pinned core, plus the op-by-op run; more cores than the machine has are
+    skipped."""
     import os
 
     out = imagenet_like / "bench.json"
@@ -78,18 +79,20 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     args += ["--device", "cpu", "--batch-size", "2", "--img-size", "16", "--workers", "0", "--warmup", "1"]
     args += ["--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5", "--max-size", "300"]
     too_many = len(os.sched_getaffinity(0)) + 1
-    args += ["--loop-settings", "synthetic", "folder_gpu", "--cores", "1", str(too_many), *tiny]
+    args += ["--loop-settings", "synthetic", "folder_gpu", "--sources", "folder", "shards_max"]
+    args += ["--cores", "1", str(too_many), *tiny]
     assert load_script("bench_input").main(args) == 0
     report = json.loads(out.read_text())
     env = report["env"]
     assert env["torchvision"] and env["device"] == "cpu" and env["cpu_cores"] >= 1 and "--img-size 16" in env["command"]
     shards = report["shards"]
-    assert shards["shards"]["resized"] == 0 and shards["shards_max"]["resized"] == shards["shards_max"]["images"] == 12
-    assert shards["shards_max"]["mib"] < shards["shards"]["mib"]  # 400..600 px images shrunk to a 300 px side
+    assert list(shards) == ["shards_max"] and shards["shards_max"]["resized"] == shards["shards_max"]["images"] == 12
+    folder_mib = sum(f.stat().st_size for f in (imagenet_like / "a" / "train").rglob("*.jpg")) / 2**20
+    assert shards["shards_max"]["mib"] < folder_mib  # 400..600 px images shrunk to a 300 px side
     results = report["results"]
-    trained = [f"train_{s}_{p}_1c" for s in ("folder", "shards", "shards_max") for p in ("gpu", "cpu")]
+    trained = [f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
     eager = f"train_folder_gpu_eager_{too_many}c"
-    skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards", "shards_max") for p in ("gpu", "cpu")]
+    skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
     assert list(results) == ["synthetic", "folder_gpu", *skipped, eager, *trained]
     for name in ["synthetic", "folder_gpu", *trained]:
         r = results[name]
@@ -100,4 +103,4 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
     assert (imagenet_like / "work" / "run_train_folder_gpu_1c" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-17].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
+    assert printed[-13].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
