@@ -54,7 +54,7 @@ from lightvision.classify.data import (
 )
 from lightvision.classify.deit import create_from_config
 from lightvision.classify.shards import make_shards
-from lightvision.classify.train import load_recipe, make_criterion, model_config, train
+from lightvision.classify.train import load_recipe, make_criterion, model_config
 from lightvision.engine import BatchRandom, use_batch_random
 from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
@@ -257,8 +257,8 @@ def measure_trainer(
         "train.ckpt_every_epochs=1000",
         f"run.dir={run}",
     )
-    command = [sys.executable, "-m", "lightvision", "classify", "train", "--config", str(RECIPE), "--device", device.type]
-    command += overrides
+    command = [sys.executable, "-m", "lightvision", "classify", "train", "--config", str(RECIPE)]
+    command += ["--device", device.type, *overrides]
     pinned = set(allowed[:cores])
     try:
         done = subprocess.run(
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--workers", type=int, default=available_cpus(), help="loader processes of the loop settings")
     p.add_argument(
-        "--warmup", type=int, default=30, help="untimed steps first (worker start-up, kernel choice, the loader's buffer)"
+        "--warmup", type=int, default=30, help="untimed steps first (worker start-up, kernels, the loader's buffer)"
     )
     p.add_argument("--steps", type=int, default=90, help="timed steps (a multiple of --warmup for the train runs)")
     p.add_argument("--setting-timeout", type=float, default=240, help="seconds one classify-train setting may take")
