@@ -161,19 +161,13 @@ MERGE
         > "$out/block_profile_eager.log" 2>&1; stamp "eager profiles done rc=$?"
       profile --cases deit_s:224 ${LV_BLOCK_FULL:+dit_b:256 dit_b:512} --compile reduce-overhead \
         --out "$out/block_profile_compiled.json" > "$out/block_profile_compiled.log" 2>&1; stamp "compiled profiles done rc=$?"
-      python3 - "$repo/scripts" "$out" <<'SUMMARY' | tee "$out/block_speed.md"
+      python3 - "$out" <<'SUMMARY' | tee "$out/block_speed.md"
 import glob, json, sys
-sys.path.insert(0, sys.argv[1])
-from bench_models import ratio_table, ratios
-from profile_model import split_table
-records = [r for p in sorted(glob.glob(f"{sys.argv[2]}/block_models_*.json")) for r in json.load(open(p))["records"]]
-profiles = [r for p in sorted(glob.glob(f"{sys.argv[2]}/block_profile_*.json")) for r in json.load(open(p))["profiles"]]
+from lightvision.tools.speed_tables import ratio_table, ratios, split_table, train_table
+records = [r for p in sorted(glob.glob(f"{sys.argv[1]}/block_models_*.json")) for r in json.load(open(p))["records"]]
+profiles = [r for p in sorted(glob.glob(f"{sys.argv[1]}/block_profile_*.json")) for r in json.load(open(p))["profiles"]]
 train = [r for r in records if r["mode"] == "train"]
-print("| model | attention | px | compile | batch | train img/s | peak GB |\n| --- | --- | --- | --- | --- | --- | --- |")
-for r in train:
-    cells = "OOM | OOM" if r.get("oom") else f"{r['img_per_s']:.1f} | {r['peak_mem_gb']:.2f}"
-    print(f"| {r['model']} | {r['attention']} | {r['img_size']} | {r.get('compile', 'eager')} | {r['batch']} | {cells} |")
-print("\nAgainst softmax:\n\n" + ratio_table(ratios(train)))
+print(train_table(train) + "\n\nAgainst softmax:\n\n" + ratio_table(ratios(train)))
 print("\nWhere a step's GPU time goes (ms per step):\n\n" + split_table(profiles))
 SUMMARY
       ;;

@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from lightvision.engine.compiled import compile_model
 from lightvision.tools.results import results_env
+from lightvision.tools.speed_tables import ratio_table, ratios
 
 DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
 DIT_BATCH = {"b": {256: 256, 512: 64, 1024: 16}, "xl": {256: 64, 512: 16, 1024: 4}}
@@ -279,43 +280,6 @@ def memory_growth_table(rows: list[dict]) -> str:
         exps = ", ".join("-" if e is None else f"{e:.2f}" for e in r["exponents"]) or "-"
         worst = "-" if r["max_exponent"] is None else f"{r['max_exponent']:.2f}"
         lines.append(f"| {r['model']} | {r['attention']} | {r['batch']} | {sizes} | {exps} | {worst} |")
-    return "\n".join(lines)
-
-
-def ratios(records: list[dict]) -> list[dict]:
-    """Each timed record's images/s and peak GB against softmax's record of the same model, px, mode and compile
-    mode (None where softmax was not measured or ran out of memory)."""
-    key = lambda r: (r["model"], r["img_size"], r["mode"], r.get("compile"))  # noqa: E731
-    base = {key(r): r for r in records if r["attention"] == "softmax" and not r.get("oom") and "img_per_s" in r}
-    rows = []
-    for r in records:
-        b = base.get(key(r))
-        if r["attention"] != "softmax" and "img_per_s" in r and b is not None:
-            rows.append(
-                {
-                    "model": r["model"],
-                    "attention": r["attention"],
-                    "img_size": r["img_size"],
-                    "mode": r["mode"],
-                    "compile": r.get("compile") or "eager",
-                    "speed_vs_softmax": r["img_per_s"] / b["img_per_s"],
-                    "memory_vs_softmax": r["peak_mem_gb"] / b["peak_mem_gb"],
-                }
-            )
-    return rows
-
-
-def ratio_table(rows: list[dict]) -> str:
-    """Markdown of ``ratios``."""
-    lines = [
-        "| model | attention | px | mode | compile | images/s vs softmax | peak memory vs softmax |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['attention']} | {r['img_size']} | {r['mode']} | {r['compile']} | "
-            f"{r['speed_vs_softmax']:.2f}x | {r['memory_vs_softmax']:.2f}x |"
-        )
     return "\n".join(lines)
 
 

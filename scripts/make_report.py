@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from lightvision.tools.speed_tables import ratio_table, ratios, split_table, train_table
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "benchmarks" / "report.yaml"
 OUT = ROOT / "benchmarks" / "README.md"
@@ -162,6 +164,28 @@ def render_models(files: list[str], attentions: list[str] | None = None, **_) ->
                 run = name if rnd is None else f"{name} (round {rnd})"
                 rows.append([model, px, batch, att, f"{v:.0f}", f"{base:.0f}", f"{v / base:.3f}x", run])
     return table(["model", "px", "batch", "attention", "images/s", "softmax images/s", "ratio", "file"], rows)
+
+
+def render_block_speed(files: list[str], **_) -> str:
+    """Every training record of ``files`` (bench_models.py: images/s and peak GB), then each against softmax's record
+    of the same model, size and compile mode in the same files."""
+    train = [r for name in files for r in load(name)["records"] if r["mode"] == "train"]
+    return train_table(train) + "\n\nAgainst softmax:\n\n" + ratio_table(ratios(train))
+
+
+def render_profile_split(files: list[str], **_) -> str:
+    """profile_model.py's split of a training step: matrix work, attention core and the rest (its three largest)."""
+    return split_table([r for name in files for r in load(name)["profiles"]])
+
+
+def render_gpu_tests(files: list[str], **_) -> str:
+    """Passed / failed / seconds of each pytest suite run on a GPU, per file."""
+    rows = [
+        [s["stage"], f"`{s['command']}`", s["passed"], s["failed"], f"{s['seconds']:.0f}", name]
+        for name in files
+        for s in load(name)["suites"]
+    ]
+    return table(["stage", "suite", "passed", "failed", "seconds", "file"], rows)
 
 
 def render_memory(files: list[str], **_) -> str:
@@ -329,36 +353,23 @@ def render_yardstick(files: list[str], **_) -> str:
 
 
 def render_input_pipeline(files: list[str], **_) -> str:
-    """DeiT training images/s per input path against the synthetic input of the same run, the loader alone, per-stage
-    ms per batch; one row per setting and file."""
+    """DeiT training images/s per input setting against the synthetic input of the same run: loader cores, source
+    and pipeline of the ``classify train`` runs, per-stage ms per batch of the stage-timed loops; settings that did
+    not run say why."""
     rows = []
     for name in files:
         results = load(name)["results"]
         ceiling = results["synthetic"]["images_per_s"]
         for setting, r in results.items():
-            loader = r.get("loader_images_per_s")
-            stages = [f"{r[k]:.1f}" if k in r else "-" for k in ("read_ms", "decode_ms", "augment_ms", "step_ms")]
+            if "images_per_s" not in r:
+                rows.append([setting, "-", r.get("error") or r.get("skipped", ""), "-", "-", "-", "-", name])
+                continue
+            stages = [f"{r[k]:.1f}" if k in r else "-" for k in ("decode_ms", "augment_ms", "step_ms")]
+            cores = r.get("cores", "-")
             rows.append(
-                [
-                    setting,
-                    f"{r['images_per_s']:.0f}",
-                    f"{r['images_per_s'] / ceiling:.0%}",
-                    "-" if loader is None else f"{loader:.0f}",
-                    *stages,
-                    name,
-                ]
+                [setting, cores, f"{r['images_per_s']:.0f}", f"{r['images_per_s'] / ceiling:.0%}", *stages, name]
             )
-    header = [
-        "input",
-        "images/s",
-        "of synthetic",
-        "loader alone images/s",
-        "read ms",
-        "decode ms",
-        "augment ms",
-        "step ms",
-        "file",
-    ]
+    header = ["input", "loader cores", "images/s", "of synthetic", "decode ms", "augment ms", "step ms", "file"]
     return table(header, rows)
 
 
@@ -502,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = yaml.safe_load(SPEC.read_text())
         check_results(spec)
         text = build(spec)
-    except (FileNotFoundError, KeyError, ValueError) as err:
+    except (FileNotFoundError, KeyError, ValueError, yaml.YAMLError) as err:
         print(f"make_report: error: {err}", file=sys.stderr)
         return 1
     if args.check:

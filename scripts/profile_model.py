@@ -45,6 +45,7 @@ from bench_models import (  # scripts/ (this script's folder) is on sys.path
     script_env,
 )
 from lightvision.engine.compiled import compile_model
+from lightvision.tools.speed_tables import split_table
 
 MODELS = ("deit_s", "dit_b", "dit_xl")
 MATRIX_OPS = frozenset(
@@ -175,24 +176,6 @@ def profile_step(
         "kernels": table("kernel", True),
         "split": split_step(per_step[False], per_step[True], bool(compile_mode), 5),
     }
-
-
-def split_table(results: list[dict]) -> str:
-    """Markdown: per profile the step's GPU ms, matrix / attention core / rest ms (share) and the rest's top three."""
-    lines = [
-        "| model | px | batch | attention | compile | step ms | matrix ms | attention core ms | rest ms | largest rest"
-        " |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in results:
-        s, total = r["split"], r["cuda_ms_per_step"]
-        parts = [f"{s[k + '_ms']:.1f} ({100 * s[k + '_ms'] / total:.0f}%)" for k in ("matrix", "attention", "rest")]
-        rest = ", ".join(f"{t['name'][:40]} {t['ms']:.1f}" for t in s["rest_top"][:3])
-        lines.append(
-            f"| {r['model']} | {r['img_size']} | {r['batch']} | {r['attention']} | {r['compile'] or 'eager'} | "
-            f"{total:.1f} | {' | '.join(parts)} | {rest} |"
-        )
-    return "\n".join(lines)
 
 
 def parse_case(text: str, batch: int | None) -> tuple[str, int, int]:
