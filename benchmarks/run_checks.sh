@@ -54,7 +54,9 @@
 #                evaluated every LV_EVAL_EVERY (default 2000) steps on LV_EVAL_SAMPLES (default 2000) samples of
 #                LV_SAMPLE_STEPS (default 50) DDIM steps and LV_BPD_IMAGES (default 1000) test images (bits/dim also
 #                split into LV_BPD_BUCKETS, default 4, ranges of t), side by side over the visible GPUs
-#                (scripts/run_variants.py, CUDA MPS), checkpointing every LV_CKPT_EVERY (default 500) steps into
+#                (scripts/run_variants.py, CUDA MPS; LV_PROCS "NAME=K ..." trains NAME data-parallel on K GPUs of its
+#                own, e.g. LV_PROCS=lightnet=2 on four GPUs; LV_MPS=0 leaves MPS off when each GPU runs one process),
+#                checkpointing every LV_CKPT_EVERY (default 500) steps into
 #                LV_WORK (default /tmp/lightvision_dit_curves_<size>; reports and logs too). After LV_STOP_AFTER
 #                seconds (default 400; 0: never) every run checkpoints and stops: the same command resumes them
 #                (finished runs are kept). Then OUT/dit_curves_<size>/dit_curves_<size>.{json,png}
@@ -218,12 +220,13 @@ SUMMARY
       wait
       ;;
     dit_curves)
-      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      [ "${LV_MPS:-1}" = 1 ] && nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
       size="${LV_SIZE:-b}"; tag="dit_curves_$size"; work="${LV_WORK:-/tmp/lightvision_$tag}"
       stop="${LV_STOP_AFTER:-400}"; [ "$stop" = 0 ] && stop=""
       mkdir -p "$out/$tag"  # reports and logs live in $work/report (kept across calls), copied to OUT
       PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 "$repo/scripts/run_variants.py" \
         ${LV_NAMES:-softmax lightnet lion_s} --steps "${LV_STEPS:-20000}" --resume ${stop:+--stop-after "$stop"} \
+        ${LV_PROCS:+--procs $LV_PROCS} \
         --data /tmp/cifar --out "$work/report" --work "$work" --tag "$tag" \
         --variants "$repo/configs/variants/diffusion_cifar10.yaml" -- --size "$size" \
         --recipe "$repo/${LV_RECIPE:-configs/diffusion/cifar10_paper.yaml}" --eval-every "${LV_EVAL_EVERY:-2000}" \

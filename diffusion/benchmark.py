@@ -27,6 +27,10 @@
 
 With ``--resume`` a name whose run folder holds checkpoints continues from the newest (a run stopped by SIGTERM
 checkpoints and is reported as an error until it is resumed to the end).
+
+Under ``accelerate launch`` with several processes every name trains data-parallel (``--batch-size`` is the global
+batch, split over the processes); its final numbers are then those of the evaluation during training at the last
+step (``--eval-every`` must divide ``--steps``), and the main process alone writes the report.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from accelerate import PartialState
 
+from lightvision.cli import close_process_group
 from lightvision.tools.results import comparison_parser, comparison_report, report_path, resolve_variant, run_each
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -123,6 +129,25 @@ def eval_curve(run: str | Path) -> list[dict]:
     return [{"step": step, **{k: seen[step][k] for k in CURVE_KEYS if k in seen[step]}} for step in sorted(seen)]
 
 
+def run_record(
+    cfg: dict, args: argparse.Namespace, variant_set: list[str], model: torch.nn.Module, result: dict, seconds: float
+) -> dict:
+    """What every run reports: model, parameters, steps, batch, training time, optimiser and the evaluations during
+    training (``curve``)."""
+    record = {
+        "model": cfg["model"]["name"],
+        "variant_set": variant_set,
+        "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps": result["step"],
+        "batch_size": args.batch_size,
+        "train_seconds": round(seconds, 1),
+        "recipe": {k: cfg[k] for k in ("optim", "sched")},
+    }
+    curve = eval_curve(cfg["run"]["dir"])
+    return {**record, "curve": curve} if curve else record
+
+
 def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     """Train one attention kind or variant and evaluate it; returns its results."""
     from lightvision.diffusion.dit import ATTENTION_KINDS
@@ -134,13 +159,14 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
 
     kind, variant_set = resolve_variant(name, args.variants, ATTENTION_KINDS)
     out, work = Path(args.out), Path(args.work)
+    world = PartialState().num_processes
     cfg = load_recipe(
         args.recipe,
         [
             f"run.dir={work / 'runs' / name}",
             f"model.name={kind}_dit_{args.size}_2",
             f"data.root={args.data}",
-            f"train.batch_size={args.batch_size}",
+            f"train.batch_size={args.batch_size // world}",
             f"train.max_steps={args.steps}",
             f"train.ckpt_every_steps={args.steps}",
             f"sample.every={args.steps}",
@@ -157,6 +183,23 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     if result["interrupted"]:
         raise RuntimeError(f"stopped by SIGTERM at step {result['step']}; run again with --resume to finish")
     trainer = result.pop("trainer")
+    if world > 1:  # data parallel: the evaluation during training at the last step gives the final numbers
+        if not trainer.accelerator.is_main_process:
+            return {}
+        record = run_record(cfg, args, variant_set, trainer.ema.module, result, train_seconds)
+        last = record["curve"][-1]
+        grid_out = out / f"grid_{name}.png"
+        grid_out.write_bytes((Path(cfg["run"]["dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
+        return {
+            **record,
+            **{k: round(last[k], 4) for k in ("fid", "precision", "recall", "test_bits_per_dim") if k in last},
+            "feature_space": last.get("feature_space"),
+            **({"test_bits_per_dim_t": last["test_bits_per_dim_t"]} if "test_bits_per_dim_t" in last else {}),
+            "processes": world,
+            "train_steps_per_s": round(result["last_record"].get("steps_per_s", float("nan")), 2),
+            "final_loss": result["last_record"].get("loss"),
+            "grid": grid_out.name,
+        }
     model, device = trainer.ema.module.eval(), trainer.accelerator.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         start = time.time()
@@ -181,19 +224,8 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         batch_file.parent.mkdir(parents=True, exist_ok=True)
         np.savez(batch_file, arr_0=samples)  # the ADM batch layout: uint8 [N, H, W, 3] as arr_0
         sample_seconds = time.time() - start
-    record = {
-        "model": cfg["model"]["name"],
-        "variant_set": variant_set,
-        "model_config": {k: v for k, v in model.config.items() if not k.startswith("_")},
-        "params": sum(p.numel() for p in model.parameters()),
-        "steps": result["step"],
-        "batch_size": args.batch_size,
-        "train_seconds": round(train_seconds, 1),
-        "recipe": {k: cfg[k] for k in ("optim", "sched")},
-    }
-    curve = eval_curve(cfg["run"]["dir"])
-    if curve:
-        record["curve"] = curve
+    record = run_record(cfg, args, variant_set, model, result, train_seconds)
+    curve = record.get("curve")
     if curve and curve[-1]["step"] == result["step"]:  # the last evaluation scored the final weights already
         record.update({k: round(curve[-1][k], 4) for k in ("fid", "precision", "recall")})
         record["feature_space"] = curve[-1]["feature_space"]
@@ -243,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--size", choices=("s", "b", "l", "xl"), default="s", help="DiT size (patch 2): {kind}_dit_{size}_2")
     p.add_argument("--steps", type=int, default=1000)
-    p.add_argument("--batch-size", type=int, default=128, help="batch per process (train.batch_size)")
+    p.add_argument(
+        "--batch-size", type=int, default=128, help="global batch (split over the processes of a data-parallel launch)"
+    )
     p.add_argument(
         "--feature-extractor",
         default="yardstick",
@@ -276,10 +310,25 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--recipe {args.recipe}: no such file (e.g. configs/diffusion/cifar10_paper.yaml)")
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    out, report = comparison_report("diffusion", args, argv)
-    report["real_streak_share"] = real_streak_share(args.data, args.samples)
+    state = PartialState(cpu=not torch.cuda.is_available())  # cpu: several CPU processes join one gloo group
+    if state.num_processes > 1 and (not args.eval_every or args.steps % args.eval_every):
+        p.error(
+            f"{state.num_processes} processes take the final numbers from the evaluation during training: give "
+            f"--eval-every dividing --steps {args.steps}"
+        )
+    if args.batch_size % state.num_processes:
+        p.error(f"--batch-size {args.batch_size} does not split over {state.num_processes} processes")
     reference = str(Path(args.data) / "test")
-    run_each(args.kinds, lambda name: run_kind(name, args, reference), report, report_path("diffusion", args))
+    if state.is_main_process:
+        out, report = comparison_report("diffusion", args, argv)
+        report["real_streak_share"] = real_streak_share(args.data, args.samples)
+        run_each(args.kinds, lambda name: run_kind(name, args, reference), report, report_path("diffusion", args))
+    else:  # a data-parallel launch: the other processes train beside the main one
+        for name in args.kinds:
+            run_kind(name, args, reference)
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        close_process_group()
     return 0
 
 

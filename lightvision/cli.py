@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _close_process_group() -> None:
+def close_process_group() -> None:
     """Under ``accelerate launch`` with several processes: destroy the process group before exiting, so its
     threads are not torn down by interpreter shutdown (gloo then aborts with "terminate called without an active
     exception", NCCL warns about leaked resources)."""
@@ -146,7 +146,7 @@ def run(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the command; errors propagate (what tests and scripts call)."""
     args = parse_args([a for a in (sys.argv[1:] if argv is None else argv) if a != "--debug"])
     code = int(args.func(args) or 0)
-    _close_process_group()
+    close_process_group()
     return code
 
 

@@ -49,7 +49,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,15 +57,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from lightvision.tools.launch import NO_MULTICAST, free_port
+
 REPO = Path(__file__).resolve().parent.parent
-# NVLink multicast stays off in every process started here (shared GPU hosts: see the device notes)
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Check:

@@ -7,6 +7,8 @@
 
 Every name trains in its own process, all at once, spread round-robin over ``--gpus`` (default: every visible GPU;
 CUDA MPS shares a GPU between processes when its daemon runs); arguments after ``--`` go to every benchmark process.
+``--procs NAME=K`` trains NAME data-parallel on the next K GPUs instead (``accelerate launch``, K processes; the
+diffusion benchmark then splits its global ``--batch-size`` over them).
 Each process logs its step to ``metrics.jsonl``. With ``--steps`` (the diffusion runs' length) and ``--deadline`` the
 driver predicts from the measured rates when each run ends (training plus ``--eval-seconds``), and while the slowest
 would miss the deadline it stops the last-listed run still going (names are in priority order), which speeds up the
@@ -33,6 +35,7 @@ from pathlib import Path
 import torch
 
 from lightvision.engine import MetricsLogger
+from lightvision.tools.launch import NO_MULTICAST, free_port
 from lightvision.tools.results import report_path, results_env
 
 
@@ -63,6 +66,37 @@ def gpu_ids(limit: int | None) -> list[str]:
     return (visible or [str(i) for i in range(torch.cuda.device_count())])[:limit]
 
 
+def parse_procs(items: list[str], names: list[str]) -> dict[str, int]:
+    """``["NAME=K", ...]`` -> {name: K} (K >= 1) for names of this call; a bad item raises ``ValueError``."""
+    procs = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if name not in names or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--procs {item!r}: give NAME=K with NAME one of {', '.join(names)} and K >= 1")
+        procs[name] = int(count)
+    return procs
+
+
+def assign_gpus(names: list[str], procs: dict[str, int], gpus: list[str]) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` of each name: its ``procs`` count (default 1) of GPUs, taken in turn from ``gpus``
+    (wrapping round, so names share GPUs when there are fewer GPUs than processes)."""
+    out, cursor = {}, 0
+    for name in names:
+        count = procs.get(name, 1)
+        out[name] = ",".join(gpus[(cursor + j) % len(gpus)] for j in range(count))
+        cursor += count
+    return out
+
+
+def benchmark_command(family: str, name: str, processes: int) -> list[str]:
+    """The command line that starts the benchmark of ``name``: one process, or ``processes`` under accelerate."""
+    if processes == 1:
+        return [sys.executable, "-m", f"lightvision.{family}.benchmark", name]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(processes), "--multi_gpu"]
+    launch += ["--num_machines", "1", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
+    return [*launch, "-m", f"lightvision.{family}.benchmark", name]
+
+
 def run_folder(work: Path, family: str, name: str) -> Path:
     """The run folder of the benchmark process of ``name`` (run with ``--work work/name``)."""
     return work / name / ("runs" if family == "diffusion" else "") / name
@@ -84,26 +118,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tag", default="variants")
     p.add_argument("--workers", type=int, default=3, help="data loader workers per run")
     p.add_argument("--gpus", type=int, help="spread the runs over the first N visible GPUs (default: all; 0: none)")
+    p.add_argument("--procs", nargs="*", default=[], metavar="NAME=K", help="train NAME data-parallel on K GPUs")
     p.add_argument("--resume", action="store_true", help="continue unfinished runs; keep the reports of finished ones")
     p.add_argument("--stop-after", type=float, help="seconds from now at which every run checkpoints and stops")
     args = p.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     if args.deadline is not None and args.steps is None:
         p.error("--deadline needs --steps (the runs' length, to predict when they end)")
     gpus = gpu_ids(args.gpus)
+    try:
+        procs_of = parse_procs(args.procs, args.names)
+    except ValueError as err:
+        p.error(str(err))
+    if procs_of and (args.family != "diffusion" or not gpus):
+        p.error("--procs needs --family diffusion and visible GPUs")
+    devices = assign_gpus(args.names, procs_of, gpus) if gpus else {}
     start = time.time()
     out, work = Path(args.out), Path(args.work)
     (out / "parts").mkdir(parents=True, exist_ok=True)
     procs, done = {}, [name for name in args.names if args.resume and finished(out, args.family, name)]
-    for i, name in enumerate(args.names):
+    for name in args.names:
         if name in done:
             continue
-        cmd = [sys.executable, "-m", f"lightvision.{args.family}.benchmark", name, "--data", args.data]
+        cmd = [*benchmark_command(args.family, name, procs_of.get(name, 1)), "--data", args.data]
         cmd += ["--out", str(out / "parts"), "--work", str(work / name), "--tag", name]
         cmd += ["--steps", str(args.steps)] if args.steps else []
         cmd += [*extra, "--set", f"data.num_workers={args.workers}"]
         cmd += ["--variants", args.variants] if args.variants else []
         cmd += ["--resume"] if args.resume else []
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus[i % len(gpus)]} if gpus else None
+        env = {**os.environ, **NO_MULTICAST, "CUDA_VISIBLE_DEVICES": devices[name]} if gpus else None
         log = open(out / f"log_{name}.txt", "a" if args.resume else "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         procs[name] = (proc, time.time())

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import load_script, write_dark_light_folder
 
 
@@ -57,3 +59,21 @@ def test_resume_keeps_finished_reports_without_running_them(tmp_path):
     report = json.loads((tmp_path / "out" / "diffusion_cifar10_t.json").read_text())
     assert code == 0 and report["results"]["softmax"] == done and report["paused"] == []
     assert not (tmp_path / "out" / "log_softmax.txt").exists()
+
+
+def test_data_parallel_names_take_their_own_gpus():
+    module = load_script("run_variants")
+    names = ["softmax", "lion_s", "lightnet"]
+    procs = module.parse_procs(["lightnet=2"], names)
+    assert procs == {"lightnet": 2}
+    assert module.assign_gpus(names, procs, ["0", "1", "2", "3"]) == {"softmax": "0", "lion_s": "1", "lightnet": "2,3"}
+    assert module.assign_gpus(names, procs, ["4", "5"]) == {"softmax": "4", "lion_s": "5", "lightnet": "4,5"}
+    one, two = module.benchmark_command("diffusion", "softmax", 1), module.benchmark_command("diffusion", "lightnet", 2)
+    assert one[1:] == ["-m", "lightvision.diffusion.benchmark", "softmax"]
+    assert two[1:5] == ["-m", "accelerate.commands.launch", "--num_processes", "2"] and two[-2:] == [
+        "lightvision.diffusion.benchmark",
+        "lightnet",
+    ]
+    for bad in (["lightnet"], ["lightnet=0"], ["other=2"]):
+        with pytest.raises(ValueError, match="give NAME=K"):
+            module.parse_procs(bad, names)
