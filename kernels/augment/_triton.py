@@ -108,16 +108,16 @@ def _blend(d, x, f):
     return tl.minimum(tl.maximum(v, 0.0), 255.0).to(tl.int32).to(tl.uint8)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "W"])  # used as float values (a size of 1 would become a constant)
 def augment_kernel(
-    X, OUT, KIND, FACTOR, THETA, TABLE, FILL, H, W, STEP_X, STEP_Y,
+    X, OUT, KIND, FACTOR, THETA, TABLE, FILL, HW, H, W, STEP_X, STEP_Y,
     MODE: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     """X, OUT uint8 [N, 3, H, W]; KIND int32 [N]; FACTOR float64 [N]; THETA float32 [N, 2, 3]; TABLE uint8 [N, 3,
-    256]; FILL float32 [3]; STEP_X, STEP_Y: linspace's float32 step 2 / (W - 1), 2 / (H - 1) (0 for one pixel);
-    MODE 0 bilinear, 1 bicubic, 2 nearest."""
+    256]; FILL float32 [3]; HW = H W; STEP_X, STEP_Y: linspace's float32 step 2 / (W - 1), 2 / (H - 1) (0 for one
+    pixel); MODE 0 bilinear, 1 bicubic, 2 nearest."""
     n = tl.program_id(0).to(tl.int64)
-    hw = H * W
+    hw = HW
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = p < hw
     src = X + n * 3 * hw

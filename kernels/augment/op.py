@@ -177,7 +177,8 @@ def augment_layer(
 
     augment_kernel[(n, -(-height * width // BLOCK))](
         X=x, OUT=out, KIND=kind.int().contiguous(), FACTOR=factor.double().contiguous(),
-        THETA=theta.float().contiguous(), TABLE=table, FILL=fill.float().contiguous(), H=height, W=width,
-        STEP_X=_step(width), STEP_Y=_step(height), MODE=MODES.index(mode), BLOCK=BLOCK, enable_fp_fusion=False,
+        THETA=theta.float().contiguous(), TABLE=table, FILL=fill.float().contiguous(), HW=height * width, H=height,
+        W=width, STEP_X=_step(width), STEP_Y=_step(height), MODE=MODES.index(mode), BLOCK=BLOCK,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return out
