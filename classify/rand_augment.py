@@ -10,7 +10,9 @@ output through the same affine maps as PIL (rotation about the centre, shear abo
 translation by a fraction of the size) with the recipe's interpolation, and fill with the mean colour. The
 per-pixel ops (autocontrast, equalize, invert, posterize, solarize, contrast, brightness) are value maps: one
 256-entry table per image and channel. The draws are read from uniforms the caller draws on the device
-(:class:`~lightvision.classify.device_transforms.DeviceTrainTransform`), so nothing waits for the host.
+(:class:`~lightvision.classify.device_transforms.DeviceTrainTransform`), so nothing waits for the host. Each image
+gets one op per layer, so a layer is a statistics pass over its input and one pass writing every image through its
+own op (:func:`~lightvision.kernels.augment.augment_layer`: two Triton launches on CUDA, PyTorch ops elsewhere).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ COPY, WARP, TABLE, COLOR, SHARPNESS = range(5)
 KINDS = (WARP, TABLE, COLOR, SHARPNESS)
 MODES = ("bilinear", "bicubic", "nearest")  # grid_sample interpolations; the program implements all three
 MAX_PIXELS = (2**31 - 1) // 255  # the program sums an image's luma in int32
-BLOCK = 1024  # output pixels (all channels) per program
+BLOCK = 1024  # output pixels (all channels) per program of the apply pass
+STATS_BLOCK = 4096  # pixels per program of the statistics pass (769 atomic adds each)
 
 Tables = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -142,8 +143,8 @@ def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, t
     stats = torch.zeros((n, 3 * 256 + 1), dtype=torch.int32, device=x.device)  # histograms, then the luma sum
     from ._triton import image_stats_kernel  # Triton is imported when a kernel first runs
 
-    image_stats_kernel[(n, -(-height * width // BLOCK))](
-        X=x.contiguous(), STATS=stats, HW=height * width, BLOCK=BLOCK,
+    image_stats_kernel[(n, -(-height * width // STATS_BLOCK))](
+        X=x.contiguous(), STATS=stats, HW=height * width, BLOCK=STATS_BLOCK,
     )  # fmt: skip
     return stats[:, :-1].view(n, 3, 256), stats[:, -1]
 
