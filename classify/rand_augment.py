@@ -47,7 +47,9 @@ __all__ = [
     "affine_theta",
     "apply_op",
     "level_to_arg",
+    "normalised_theta",
     "op_lut",
+    "pil_affine",
 ]
 
 LEVEL_DENOM = 10.0
@@ -112,30 +114,43 @@ def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate
     return torch.zeros_like(level)
 
 
-def affine_theta(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The geometric op's sampling map for ``F.affine_grid``: float [N, 2, 3] on ``arg``'s device.
-
-    PIL's ``Image.transform(AFFINE)`` / ``rotate`` samples each output pixel centre (u, v) at
-    (a u + b v + c, d u + e v + f) in pixels from the top-left corner; with x_n = 2 x / W - 1, y_n = 2 y / H - 1
-    that is the map [[a, b H/W, a + b H/W + 2c/W - 1], [d W/H, e, d W/H + e + 2f/H - 1]] of normalised coordinates.
-    """
+def pil_affine(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The geometric op's map as PIL's ``Image.transform(AFFINE)`` / ``rotate`` coefficients (a, b, c, d, e, f):
+    the output pixel centre (u, v) samples (a u + b v + c, d u + e v + f), in pixels from the top-left corner;
+    float [6, N] on ``arg``'s device."""
     one, zero = torch.ones_like(arg), torch.zeros_like(arg)
     h, w = float(height), float(width)
     if name == "Rotate":  # counter-clockwise by arg degrees about the centre (PIL rotate)
         rad = -arg * math.pi / 180.0
         cos, sin = rad.cos(), rad.sin()
         cx, cy = w / 2.0, h / 2.0
-        a, b, c, d, e, f = cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy
+        coefficients = (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
     elif name == "ShearX":
-        a, b, c, d, e, f = one, arg, zero, zero, one, zero
+        coefficients = (one, arg, zero, zero, one, zero)
     elif name == "ShearY":
-        a, b, c, d, e, f = one, zero, zero, arg, one, zero
+        coefficients = (one, zero, zero, arg, one, zero)
     elif name == "TranslateXRel":
-        a, b, c, d, e, f = one, zero, arg * w, zero, one, zero
+        coefficients = (one, zero, arg * w, zero, one, zero)
     else:  # TranslateYRel
-        a, b, c, d, e, f = one, zero, zero, zero, one, arg * h
+        coefficients = (one, zero, zero, zero, one, arg * h)
+    return torch.stack(coefficients)
+
+
+def normalised_theta(coefficients: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """PIL's affine coefficients float [6, N] (:func:`pil_affine`) as ``F.affine_grid``'s map: float [N, 2, 3].
+
+    With x_n = 2 x / W - 1, y_n = 2 y / H - 1 the PIL map is [[a, b H/W, a + b H/W + 2c/W - 1], [d W/H, e, d W/H + e
+    + 2f/H - 1]] of normalised coordinates.
+    """
+    a, b, c, d, e, f = coefficients.unbind(0)
+    h, w = float(height), float(width)
     rows = (a, b * h / w, a + b * h / w + 2 * c / w - 1, d * w / h, e, d * w / h + e + 2 * f / h - 1)
     return torch.stack(rows, 1).view(-1, 2, 3)
+
+
+def affine_theta(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The geometric op's sampling map for ``F.affine_grid``: float [N, 2, 3] on ``arg``'s device."""
+    return normalised_theta(pil_affine(name, arg, height, width), height, width)
 
 
 def _lut_blend(degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
@@ -341,10 +356,11 @@ class BatchRandAugment:
         """One layer: each image through its chosen op (``kind`` int [N]; ``chosen`` bool [ops, N]; ``args`` float
         [N] per op)."""
         n, _, height, width = x.shape
-        theta = torch.eye(2, 3, device=x.device, dtype=torch.float64).expand(n, 2, 3)
-        for k in self.warped:
-            op_theta = affine_theta(self.names[k], args[k].double(), height, width)
-            theta = torch.where(chosen[k].view(-1, 1, 1), op_theta, theta)
+        coefficients = torch.eye(2, 3, device=x.device, dtype=torch.float64).view(6, 1).expand(6, n)  # identity
+        for k in self.warped:  # each image's own op's PIL map, then one conversion for the batch
+            op_coefficients = pil_affine(self.names[k], args[k].double(), height, width)
+            coefficients = torch.where(chosen[k], op_coefficients, coefficients)
+        theta = normalised_theta(coefficients, height, width)
         factor = torch.zeros(n, device=x.device, dtype=torch.float64)
         for k in self.blended:
             factor = torch.where(chosen[k], args[k].double(), factor)
