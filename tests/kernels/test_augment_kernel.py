@@ -63,15 +63,16 @@ def _tables(hist: torch.Tensor, luma_sum: torch.Tensor) -> torch.Tensor:
     return ((torch.arange(256, device=hist.device) * 7 + shift) % 256).to(torch.uint8)
 
 
-def _assert_layer_matches(out: torch.Tensor, ref: torch.Tensor, warped: torch.Tensor, mode: str) -> None:
-    """Exact outside the resampled images; within RESAMPLING_MISMATCH there."""
+def _assert_layer_matches(out: torch.Tensor, ref: torch.Tensor, warped: torch.Tensor, one_level: bool) -> None:
+    """Exact outside the resampled images; within RESAMPLING_MISMATCH there, by at most one level where
+    ``one_level`` (not so for "nearest", or where a later layer's op may turn a level's difference into more)."""
     assert out.shape == ref.shape and out.dtype == torch.uint8
     assert torch.equal(out[~warped], ref[~warped])
     diff = (out.int() - ref.int()).abs()
     if warped.any():
         wrong = diff[warped] > 0
         assert wrong.float().mean() <= RESAMPLING_MISMATCH, f"{wrong.sum()} of {wrong.numel()} values differ"
-        if mode != "nearest":
+        if one_level:
             assert diff[warped].max() <= 1
 
 
@@ -95,7 +96,7 @@ def test_every_kind_matches_reference(mode):
         out = augment_layer(x, kind, factor, theta, _tables, FILL, mode, backend="triton")
         ref = augment_layer_reference(x, kind, factor, theta, _tables, FILL, mode)
         warped = (kind == WARP).view(-1, 1, 1, 1).expand_as(x)
-        _assert_layer_matches(out, ref, warped, mode)
+        _assert_layer_matches(out, ref, warped, one_level=mode != "nearest")
         assert not torch.equal(out, x) or (kind == COPY).all()
 
 
@@ -131,7 +132,7 @@ def test_batch_rand_augment_kernel_equals_torch(config, forced):
     op, applied, _, _ = kernel.draw(u)
     geometric = torch.tensor([name in GEOMETRIC_OPS for name in kernel.names])
     warped = (applied & geometric.to(DEVICE)[op]).any(0).view(-1, 1, 1, 1).expand_as(x)
-    _assert_layer_matches(out, ref, warped, "bicubic")
+    _assert_layer_matches(out, ref, warped, one_level=kernel.num_layers == 1)
     assert not torch.equal(out, x)
 
 
