@@ -22,10 +22,10 @@ import triton
 import triton.language as tl
 
 # the kinds of op.py
-KIND_WARP: tl.constexpr = 1
-KIND_TABLE: tl.constexpr = 2
-KIND_COLOR: tl.constexpr = 3
-KIND_SHARPNESS: tl.constexpr = 4
+KIND_WARP = tl.constexpr(1)
+KIND_TABLE = tl.constexpr(2)
+KIND_COLOR = tl.constexpr(3)
+KIND_SHARPNESS = tl.constexpr(4)
 
 
 @triton.jit

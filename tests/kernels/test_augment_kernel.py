@@ -4,6 +4,9 @@ BatchRandAugment's kernel path against its PyTorch path op by op and with random
 the Triton interpreter, on tiny images."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -134,6 +137,35 @@ def test_batch_rand_augment_kernel_equals_torch(config, forced):
     warped = (applied & geometric.to(DEVICE)[op]).any(0).view(-1, 1, 1, 1).expand_as(x)
     _assert_layer_matches(out, ref, warped, one_level=kernel.num_layers == 1)
     assert not torch.equal(out, x)
+
+
+COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from lightvision.kernels.augment._triton import augment_kernel, image_stats_kernel
+
+pointers = {"X": "*u8", "OUT": "*u8", "KIND": "*i32", "FACTOR": "*fp64", "THETA": "*fp32", "TABLE": "*u8"}
+scalars = {"FILL": "*fp32", "HW": "i32", "H": "i32", "W": "i32", "STEP_X": "fp32", "STEP_Y": "fp32"}
+for mode in (0, 1, 2):
+    signature = {**pointers, **scalars, "MODE": "constexpr", "BLOCK": "constexpr"}
+    source = ASTSource(augment_kernel, signature, constexprs={"MODE": mode, "BLOCK": 1024})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+    assert "fma.rn.f" not in ptx  # each product rounded, as the reference's separate ops
+stats_signature = {"X": "*u8", "STATS": "*i32", "HW": "i32", "BLOCK": "constexpr"}
+source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": 4096})
+assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the programs run")
+def test_programs_compile_for_hopper():
+    """The interpreter runs what the compiler may refuse (non-constexpr globals, op lowerings): both programs build
+    to sm_90 PTX (Triton's own compiler, no GPU), the apply program with no fused multiply-add."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def test_bad_arguments_named():
