@@ -144,17 +144,20 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from lightvision.kernels.augment._triton import augment_kernel, image_stats_kernel
+from lightvision.kernels.augment.op import BLOCK, NUM_WARPS, STATS_BLOCK
+
+options = {"enable_fp_fusion": False, "num_warps": NUM_WARPS}
 
 pointers = {"X": "*u8", "OUT": "*u8", "KIND": "*i32", "FACTOR": "*fp64", "THETA": "*fp32", "TABLE": "*u8"}
 scalars = {"FILL": "*fp32", "HW": "i32", "H": "i32", "W": "i32", "STEP_X": "fp32", "STEP_Y": "fp32"}
 for mode in (0, 1, 2):
     signature = {**pointers, **scalars, "MODE": "constexpr", "BLOCK": "constexpr"}
-    source = ASTSource(augment_kernel, signature, constexprs={"MODE": mode, "BLOCK": 1024})
-    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False}).asm["ptx"]
+    source = ASTSource(augment_kernel, signature, constexprs={"MODE": mode, "BLOCK": BLOCK})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     assert "fma.rn.f" not in ptx  # each product rounded, as the reference's separate ops
 stats_signature = {"X": "*u8", "STATS": "*i32", "HW": "i32", "BLOCK": "constexpr"}
-source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": 4096})
-assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": STATS_BLOCK})
+assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}).asm["ptx"]
 """
 
 
