@@ -10,7 +10,9 @@ output through the same affine maps as PIL (rotation about the centre, shear abo
 translation by a fraction of the size) with the recipe's interpolation, and fill with the mean colour. The
 per-pixel ops (autocontrast, equalize, invert, posterize, solarize, contrast, brightness) are value maps: one
 256-entry table per image and channel. The draws are read from uniforms the caller draws on the device
-(:class:`~lightvision.classify.device_transforms.DeviceTrainTransform`), so nothing waits for the host.
+(:class:`~lightvision.classify.device_transforms.DeviceTrainTransform`), so nothing waits for the host. Each image
+gets one op per layer, so a layer is a statistics pass over its input and one pass writing every image through its
+own op (:func:`~lightvision.kernels.augment.augment_layer`: two Triton launches on CUDA, PyTorch ops elsewhere).
 """
 
 from __future__ import annotations
@@ -18,10 +20,23 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from timm.data.auto_augment import rand_augment_transform
 
 from lightvision.classify.graphed import DeviceConstants
+from lightvision.kernels.augment import (
+    COLOR,
+    COPY,
+    SHARPNESS,
+    TABLE,
+    WARP,
+    apply_table,
+    augment_layer,
+    blend,
+    image_stats_reference,
+    luma,
+    smooth,
+    warp,
+)
 from lightvision.ops._checks import check_choice
 
 __all__ = [
@@ -30,10 +45,11 @@ __all__ = [
     "LUT_OPS",
     "OPS",
     "affine_theta",
-    "apply_lut",
     "apply_op",
     "level_to_arg",
+    "normalised_theta",
     "op_lut",
+    "pil_affine",
 ]
 
 LEVEL_DENOM = 10.0
@@ -98,90 +114,71 @@ def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate
     return torch.zeros_like(level)
 
 
-def _luma(x: torch.Tensor) -> torch.Tensor:
-    """PIL's ``convert("L")`` (ITU-R 601-2, fixed point): uint8 [N, 3, H, W] -> int32 [N, 1, H, W]."""
-    r, g, b = x.int().unbind(1)
-    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16)[:, None]
-
-
-def _blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
-    """PIL ``Image.blend(degenerate, x, factor)``: interpolate or extrapolate, clip, truncate to uint8."""
-    d = degenerate.float()
-    return (d + factor.view(-1, 1, 1, 1) * (x.float() - d)).clamp(0, 255).to(torch.uint8)
-
-
-def _smooth(x: torch.Tensor) -> torch.Tensor:
-    """PIL's ``ImageFilter.SMOOTH`` (3x3, centre 5, others 1, / 13, rounded); the border keeps its pixels."""
-    kernel = torch.ones(3, 1, 3, 3, device=x.device)
-    kernel[:, :, 1, 1] = 5.0
-    inner = (F.conv2d(x.float(), kernel, groups=3) / 13.0).round().to(torch.uint8)
-    out = x.clone()
-    out[..., 1:-1, 1:-1] = inner
-    return out
-
-
-def affine_theta(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """The geometric op's sampling map for ``F.affine_grid``: float [N, 2, 3] on ``arg``'s device.
-
-    PIL's ``Image.transform(AFFINE)`` / ``rotate`` samples each output pixel centre (u, v) at
-    (a u + b v + c, d u + e v + f) in pixels from the top-left corner; with x_n = 2 x / W - 1, y_n = 2 y / H - 1
-    that is the map [[a, b H/W, a + b H/W + 2c/W - 1], [d W/H, e, d W/H + e + 2f/H - 1]] of normalised coordinates.
-    """
+def pil_affine(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The geometric op's map as PIL's ``Image.transform(AFFINE)`` / ``rotate`` coefficients (a, b, c, d, e, f):
+    the output pixel centre (u, v) samples (a u + b v + c, d u + e v + f), in pixels from the top-left corner;
+    float [6, N] on ``arg``'s device."""
     one, zero = torch.ones_like(arg), torch.zeros_like(arg)
     h, w = float(height), float(width)
     if name == "Rotate":  # counter-clockwise by arg degrees about the centre (PIL rotate)
         rad = -arg * math.pi / 180.0
         cos, sin = rad.cos(), rad.sin()
         cx, cy = w / 2.0, h / 2.0
-        a, b, c, d, e, f = cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy
+        coefficients = (cos, sin, cx - cos * cx - sin * cy, -sin, cos, cy + sin * cx - cos * cy)
     elif name == "ShearX":
-        a, b, c, d, e, f = one, arg, zero, zero, one, zero
+        coefficients = (one, arg, zero, zero, one, zero)
     elif name == "ShearY":
-        a, b, c, d, e, f = one, zero, zero, arg, one, zero
+        coefficients = (one, zero, zero, arg, one, zero)
     elif name == "TranslateXRel":
-        a, b, c, d, e, f = one, zero, arg * w, zero, one, zero
+        coefficients = (one, zero, arg * w, zero, one, zero)
     else:  # TranslateYRel
-        a, b, c, d, e, f = one, zero, zero, zero, one, arg * h
+        coefficients = (one, zero, zero, zero, one, arg * h)
+    return torch.stack(coefficients)
+
+
+def normalised_theta(coefficients: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """PIL's affine coefficients float [6, N] (:func:`pil_affine`) as ``F.affine_grid``'s map: float [N, 2, 3].
+
+    With x_n = 2 x / W - 1, y_n = 2 y / H - 1 the PIL map is [[a, b H/W, a + b H/W + 2c/W - 1], [d W/H, e, d W/H + e
+    + 2f/H - 1]] of normalised coordinates.
+    """
+    a, b, c, d, e, f = coefficients.unbind(0)
+    h, w = float(height), float(width)
     rows = (a, b * h / w, a + b * h / w + 2 * c / w - 1, d * w / h, e, d * w / h + e + 2 * f / h - 1)
     return torch.stack(rows, 1).view(-1, 2, 3)
 
 
-def _warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
-    """Each uint8 [N, 3, H, W] image resampled through its own ``theta`` [N, 2, 3] (:func:`affine_theta`), outside
-    the image filled with ``fill`` [3] (0..255); rounded back to uint8."""
-    grid = F.affine_grid(theta.float(), list(x.shape), align_corners=False)
-    fill = fill.view(1, -1, 1, 1)
-    out = F.grid_sample(x.float() - fill, grid, mode=mode, padding_mode="zeros", align_corners=False) + fill
-    return out.round().clamp(0, 255).to(torch.uint8)
+def affine_theta(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The geometric op's sampling map for ``F.affine_grid``: float [N, 2, 3] on ``arg``'s device."""
+    return normalised_theta(pil_affine(name, arg, height, width), height, width)
 
 
 def _lut_blend(degenerate: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """PIL ``Image.blend(degenerate, x, factor)`` for every value x of 0..255 (degenerate: [N] or a scalar; factor
     [N]): uint8 [N, 1, 256]."""
     values = torch.arange(256, device=factor.device, dtype=torch.float32)
-    return _blend(degenerate.view(-1, 1, 1, 1), values, factor)[:, 0]
+    return blend(degenerate.view(-1, 1, 1, 1), values, factor)[:, 0]
 
 
-def _equalize_lut(x: torch.Tensor) -> torch.Tensor:
-    """PIL's ``ImageOps.equalize`` table per image and channel (torchvision's form): uint8 [N, 3, 256]."""
-    flat = x.flatten(2).long()
-    hist = torch.zeros((*x.shape[:2], 256), dtype=torch.int32, device=x.device)
-    hist.scatter_add_(2, flat, torch.ones((), dtype=torch.int32, device=x.device).expand_as(flat))
+def _equalize_lut(hist: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageOps.equalize`` table (torchvision's form) from the histograms int [N, 3, 256]: uint8 [N, 3, 256]."""
     cum = hist.cumsum(2)
-    non_max = flat.shape[-1] - hist.gather(2, cum.argmax(2, keepdim=True))  # pixels below the image's top value
+    non_max = cum[..., -1:] - hist.gather(2, cum.argmax(2, keepdim=True))  # pixels below the image's top value
     step = non_max.div(255, rounding_mode="floor")
     lut = (cum[..., :-1] + step // 2).div(step.clamp(min=1), rounding_mode="floor").clamp(0, 255)
     lut = torch.cat([torch.zeros_like(lut[..., :1]), lut], 2)
-    values = torch.arange(256, device=x.device).expand_as(lut)
+    values = torch.arange(256, device=hist.device).expand_as(lut)
     return torch.where(step != 0, lut, values).to(torch.uint8)
 
 
-def _autocontrast_lut(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's ``autocontrast`` (PIL's, cutoff 0) table per image and channel: uint8 [N, 3, 256]."""
-    lo, hi = x.amin((-2, -1)).float()[..., None], x.amax((-2, -1)).float()[..., None]
+def _autocontrast_lut(hist: torch.Tensor) -> torch.Tensor:
+    """torchvision's ``autocontrast`` (PIL's, cutoff 0) table from the histograms int [N, 3, 256]: uint8 [N, 3, 256]."""
+    present = hist > 0
+    lo = present.int().argmax(2, keepdim=True).float()  # the smallest and largest values present
+    hi = 255 - present.flip(2).int().argmax(2, keepdim=True).float()
     flat = hi == lo
     inv_scale = torch.where(flat, 1.0, (hi - lo) * (1.0 / 255))
-    values = torch.arange(256, device=x.device, dtype=torch.float32)
+    values = torch.arange(256, device=hist.device, dtype=torch.float32)
     return ((values - torch.where(flat, 0.0, lo)) / inv_scale).clamp(0, 255).to(torch.uint8)
 
 
@@ -203,19 +200,21 @@ def _base(name: str) -> str:
     return name[: -len("Increasing")] if name.endswith("Increasing") else name
 
 
-def op_lut(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
+def op_lut(name: str, hist: torch.Tensor, luma_sum: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
     """The value map of a per-pixel op (base name in ``LUT_OPS``) for each image: uint8 [N, 1 or 3, 256].
 
     Args:
-        x: uint8 [N, 3, H, W] (the statistics AutoContrast, Equalize and Contrast read); arg: float [N].
+        hist, luma_sum: the images' statistics (:func:`~lightvision.kernels.augment.image_stats`): per-channel
+            histograms int32 [N, 3, 256] (AutoContrast, Equalize) and the sum of PIL's luma int32 [N] (Contrast).
+        arg: float [N].
     """
-    base, v = _base(name), torch.arange(256, device=x.device)
+    base, v = _base(name), torch.arange(256, device=hist.device)
     if base == "AutoContrast":
-        return _autocontrast_lut(x)
+        return _autocontrast_lut(hist)
     if base == "Equalize":
-        return _equalize_lut(x)
+        return _equalize_lut(hist)
     if base == "Invert":
-        return (255 - v).to(torch.uint8).expand(x.shape[0], 1, 256)
+        return (255 - v).to(torch.uint8).expand(hist.shape[0], 1, 256)
     if base in ("Posterize", "PosterizeOriginal"):
         bits = arg.long().clamp(0, 8).view(-1, 1, 1)
         return (v & ((0xFF << (8 - bits)) & 0xFF)).to(torch.uint8)
@@ -223,18 +222,12 @@ def op_lut(name: str, x: torch.Tensor, arg: torch.Tensor) -> torch.Tensor:
         return torch.where(v >= arg.view(-1, 1, 1), 255 - v, v).to(torch.uint8)
     if base == "SolarizeAdd":
         return torch.where(v < 128, (v + arg.view(-1, 1, 1).int()).clamp(max=255), v).to(torch.uint8)
-    if base == "Contrast":
-        mean = (_luma(x).float().mean((1, 2, 3)) + 0.5).floor()
+    if base == "Contrast":  # PIL: int(mean + 0.5) of the luma image, the mean in double precision
+        mean = (luma_sum.double() / hist[:, 0].sum(1) + 0.5).floor()
         return _lut_blend(mean, arg)
     if base == "Brightness":
-        return _lut_blend(torch.zeros((), device=x.device), arg)
+        return _lut_blend(torch.zeros((), device=hist.device), arg)
     raise ValueError(f"{name!r} is not a per-pixel op")
-
-
-def apply_lut(x: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, C, H, W] through each image's value map uint8 [N, 1 or C, 256] (one gather)."""
-    lut = lut.expand(x.shape[0], x.shape[1], 256)
-    return lut.gather(2, x.flatten(2).long()).view_as(x)
 
 
 def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, mode: str = "bicubic") -> torch.Tensor:
@@ -251,19 +244,14 @@ def apply_op(x: torch.Tensor, name: str, arg: torch.Tensor, fill: torch.Tensor, 
     """
     base = _base(name)
     if name in GEOMETRIC_OPS:
-        return _warp(x, affine_theta(name, arg, x.shape[-2], x.shape[-1]), fill, mode)
+        return warp(x, affine_theta(name, arg, x.shape[-2], x.shape[-1]), fill, mode)
     if base in LUT_OPS:
-        return apply_lut(x, op_lut(name, x, arg))
+        return apply_table(x, op_lut(name, *image_stats_reference(x), arg))
     if base == "Color":
-        return _blend(_luma(x).expand_as(x), x, arg)
+        return blend(luma(x).expand_as(x), x, arg)
     if base == "Sharpness":
-        return _blend(_smooth(x), x, arg)
+        return blend(smooth(x), x, arg)
     raise ValueError(f"RandAugment op {name!r} has no batched form: use data.pipeline=cpu for this aug.auto_augment")
-
-
-def _rows(mask: torch.Tensor) -> torch.Tensor:
-    """bool [N] -> [N, 1, 1, 1], to select whole images with ``torch.where``."""
-    return mask.view(-1, 1, 1, 1)
 
 
 class BatchRandAugment:
@@ -274,17 +262,28 @@ class BatchRandAugment:
         img_size: training image size (timm's ``translate_const``).
         mean: per-channel normalisation mean (0..1); its 0..255 colour fills the geometric ops.
         interpolation: "bicubic", "bilinear" or "nearest" for the geometric ops.
+        backend: how a layer runs (:func:`~lightvision.kernels.augment.augment_layer`): "auto" two Triton launches
+            on CUDA and PyTorch ops elsewhere, "triton" the launches (CUDA or Triton's interpreter), "torch" the
+            PyTorch ops.
     """
 
     COLUMNS = 5  # uniforms per layer and image: op, applied, magnitude (two, for a normal draw), sign
 
-    def __init__(self, config: str, img_size: int, mean: tuple[float, ...], interpolation: str = "bicubic"):
+    def __init__(
+        self,
+        config: str,
+        img_size: int,
+        mean: tuple[float, ...],
+        interpolation: str = "bicubic",
+        backend: str = "auto",
+    ):
         if not config.startswith("rand"):
             raise ValueError(
                 f"aug.auto_augment={config!r}: data.pipeline=gpu runs RandAugment ('rand-...') only; "
                 "use data.pipeline=cpu for other policies"
             )
         check_choice(interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
+        check_choice(backend, ("auto", "triton", "torch"), "RandAugment backend")
         fill = tuple(min(255, round(255 * m)) for m in mean)
         try:
             ra = rand_augment_transform(config, {"translate_const": int(img_size * 0.45), "img_mean": fill})
@@ -310,10 +309,14 @@ class BatchRandAugment:
         self.columns = self.COLUMNS * self.num_layers
         self.fill = DeviceConstants(torch.tensor(fill, dtype=torch.float32))
         self.interpolation = interpolation
-        # the ops' indices by how a layer runs them: one grid_sample, one table lookup, one batched op each
-        self.warped = [k for k, name in enumerate(self.names) if name in GEOMETRIC_OPS]
-        self.mapped = [k for k, name in enumerate(self.names) if _base(name) in LUT_OPS]
-        self.blended = [k for k in range(len(self.names)) if k not in self.warped + self.mapped]
+        self.backend = backend
+        # how a layer runs each op (kernels.augment): resampled, through a value table, or blended
+        kinds = [_kind(name) for name in self.names]
+        self.op_kinds = DeviceConstants(torch.tensor(kinds, dtype=torch.int32))
+        self.kinds = tuple(sorted(set(kinds)))
+        self.warped = [k for k, kind in enumerate(kinds) if kind == WARP]
+        self.mapped = [k for k, kind in enumerate(kinds) if kind == TABLE]
+        self.blended = [k for k, kind in enumerate(kinds) if kind in (COLOR, SHARPNESS)]
 
     def draw(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per layer and image: op index, applied, magnitude, negated; [num_layers, N] each, from uniforms
@@ -331,38 +334,50 @@ class BatchRandAugment:
     def __call__(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """Augment uint8 [N, 3, H, W] (any device) with the draws of uniforms u [N, ``columns``]; a new uint8 tensor.
 
-        Every layer runs the same batched ops whatever was drawn: one ``grid_sample`` with a map per image (identity
-        where no geometric op was chosen), one table lookup with a value map per image (identity where no per-pixel
-        op was chosen), and Color and Sharpness on the batch, each image keeping the result of its own op
-        (``torch.where``). No host synchronisation, the same launches every call: a CUDA graph can replay it.
+        Every layer runs the same launches whatever was drawn (:func:`~lightvision.kernels.augment.augment_layer`):
+        each image's op kind, blend factor, sampling map (identity where no geometric op was chosen) and value table
+        (from the layer input's histograms and luma sums; identity where no per-pixel op was chosen) are computed on
+        the device, then every image goes through its own op: on CUDA one statistics and one apply launch, elsewhere
+        one ``grid_sample``, one table lookup, Color and Sharpness on the batch, each image keeping its own op's
+        result (``torch.where``). No host synchronisation: a CUDA graph can replay it.
         """
         op, applied, level, negate = self.draw(u)
         (fill,) = self.fill.get(x.device)
+        (op_kinds,) = self.op_kinds.get(x.device)
         ops = torch.arange(len(self.names), device=x.device)[:, None]
         for layer in range(self.num_layers):
             chosen = applied[layer] & (op[layer] == ops)  # [ops, N]
+            kind = torch.where(applied[layer], op_kinds[op[layer]], COPY)
             args = [level_to_arg(name, level[layer], negate[layer], self.translate_pct) for name in self.names]
-            x = self._layer(x, chosen, args, fill)
+            x = self._layer(x, kind, chosen, args, fill)
         return x
 
-    def _layer(self, x: torch.Tensor, chosen: torch.Tensor, args: list[torch.Tensor], fill: torch.Tensor):
-        """One layer: each image through its chosen op (``chosen`` bool [ops, N]; ``args`` float [N] per op)."""
+    def _layer(self, x: torch.Tensor, kind: torch.Tensor, chosen: torch.Tensor, args: list[torch.Tensor], fill):
+        """One layer: each image through its chosen op (``kind`` int [N]; ``chosen`` bool [ops, N]; ``args`` float
+        [N] per op)."""
         n, _, height, width = x.shape
-        if self.warped:
-            theta = torch.eye(2, 3, device=x.device, dtype=torch.float64).expand(n, 2, 3)
-            for k in self.warped:
-                op_theta = affine_theta(self.names[k], args[k].double(), height, width)
-                theta = torch.where(chosen[k].view(-1, 1, 1), op_theta, theta)
-            x = torch.where(
-                _rows(torch.stack([chosen[k] for k in self.warped]).any(0)),
-                _warp(x, theta.float(), fill, self.interpolation),
-                x,
-            )
-        if self.mapped:
+        coefficients = torch.eye(2, 3, device=x.device, dtype=torch.float64).view(6, 1).expand(6, n)  # identity
+        for k in self.warped:  # each image's own op's PIL map, then one conversion for the batch
+            op_coefficients = pil_affine(self.names[k], args[k].double(), height, width)
+            coefficients = torch.where(chosen[k], op_coefficients, coefficients)
+        theta = normalised_theta(coefficients, height, width)
+        factor = torch.zeros(n, device=x.device, dtype=torch.float64)
+        for k in self.blended:
+            factor = torch.where(chosen[k], args[k].double(), factor)
+
+        def tables(hist: torch.Tensor, luma_sum: torch.Tensor) -> torch.Tensor:
             lut = torch.arange(256, device=x.device).to(torch.uint8).expand(n, 3, 256)
             for k in self.mapped:
-                lut = torch.where(chosen[k].view(-1, 1, 1), op_lut(self.names[k], x, args[k]), lut)
-            x = apply_lut(x, lut)
-        for k in self.blended:
-            x = torch.where(_rows(chosen[k]), apply_op(x, self.names[k], args[k], fill, self.interpolation), x)
-        return x
+                lut = torch.where(chosen[k].view(-1, 1, 1), op_lut(self.names[k], hist, luma_sum, args[k]), lut)
+            return lut
+
+        return augment_layer(x, kind, factor, theta.float(), tables, fill, self.interpolation, self.kinds, self.backend)
+
+
+def _kind(name: str) -> int:
+    """How a layer runs op ``name`` (a kind of :mod:`lightvision.kernels.augment`)."""
+    if name in GEOMETRIC_OPS:
+        return WARP
+    if _base(name) in LUT_OPS:
+        return TABLE
+    return COLOR if _base(name) == "Color" else SHARPNESS

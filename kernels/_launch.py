@@ -8,15 +8,17 @@ import os
 
 import torch
 
-# Debug hook for tests and GPU checks: when True every kernel output and workspace starts as NaN, so an element
-# a kernel fails to write shows up as NaN in the result.
+# Debug hook for tests and GPU checks: when True every kernel output and workspace starts as NaN (integers: their
+# largest value), so an element a kernel fails to write shows up in the result.
 POISON_OUTPUTS = False
 
 
 def empty(shape, dtype: torch.dtype, device) -> torch.Tensor:
-    """torch.empty, or NaN-filled while POISON_OUTPUTS is set."""
+    """torch.empty, or NaN-filled (integers: their largest value) while POISON_OUTPUTS is set."""
     t = torch.empty(shape, device=device, dtype=dtype)
-    return t.fill_(float("nan")) if POISON_OUTPUTS else t
+    if not POISON_OUTPUTS:
+        return t
+    return t.fill_(float("nan") if dtype.is_floating_point else torch.iinfo(dtype).max)
 
 
 def interpreting() -> bool:

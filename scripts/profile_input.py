@@ -2,12 +2,14 @@
 
     python scripts/profile_input.py --data data/imagenet_like --out input_profile.json
 
-Median milliseconds of each stage (decode; draws + crop + flip + resize; RandAugment; the whole augmentation after
-the crop, op by op; the whole transform op by op and with the augmentation replayed as a CUDA graph) with the device
-synchronised after each, over ``--repeats`` batches after ``--warmup``; then the operations of one decode +
-transform: on CUDA the kernel launches and the host and device time in torch.profiler (the top entries by each), with
-the graph replayed, on the CPU the operations dispatched, in all and by RandAugment alone (on a GPU most are one
-kernel launch each). The JSON holds the environment and the command.
+Median milliseconds of each stage (decode; draws + crop + flip + resize; RandAugment, as two Triton launches per
+layer on CUDA and as PyTorch ops; the whole augmentation after the crop, op by op; the whole transform op by op and
+with the augmentation replayed as a CUDA graph) with the device synchronised after each, over ``--repeats`` batches
+after ``--warmup``, and how many RandAugment values the two ways give differently (resampling rounding); then the
+operations of one decode + transform: on CUDA the kernel launches and the host and device time in torch.profiler
+(the top entries by each), with the graph replayed, and RandAugment's device time both ways; on the CPU the
+operations dispatched, in all and by RandAugment alone (on a GPU most are one kernel launch each). The JSON holds
+the environment and the command.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from lightvision.classify.data import norm_stats
 from lightvision.classify.device_transforms import DeviceTrainTransform
 from lightvision.classify.encoded import EncodedImages, decode_batch
+from lightvision.classify.rand_augment import BatchRandAugment
 from lightvision.classify.train import load_recipe
 from lightvision.engine.batch_random import BatchRandom, use_batch_random
 from lightvision.tools.results import results_env
 
-STAGES = ("decode", "crop_flip", "rand_augment", "augment", "whole_eager", "whole")
+STAGES = ("decode", "crop_flip", "rand_augment", "rand_augment_torch", "augment", "whole_eager", "whole")
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
 
 
@@ -67,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_recipe(args.recipe, [])
     transform = DeviceTrainTransform(cfg["aug"], args.img_size, *norm_stats(cfg))
     eager = DeviceTrainTransform(cfg["aug"], args.img_size, *norm_stats(cfg), graph=False)
+    rand_augment = rand_augment_torch = transform.rand_augment or (lambda v, _: v)
+    if transform.rand_augment is not None:  # the same recipe as PyTorch ops (what a CPU run does)
+        mean, interpolation = norm_stats(cfg)[0], transform.interpolation
+        rand_augment_torch = BatchRandAugment(cfg["aug"]["auto_augment"], args.img_size, mean, interpolation, "torch")
     labels = torch.zeros(len(raw), dtype=torch.long, device=args.device)
     cuda = args.device.startswith("cuda")
 
@@ -84,16 +91,23 @@ def main(argv: list[str] | None = None) -> int:
         return transform.crop_flip(images, u), u, noise
 
     stages = collections.defaultdict(list)
+    mismatch = {"values": 0, "of": 0, "max": 0}
     for i in range(args.warmup + args.repeats):
         with use_batch_random(BatchRandom(i)):
             images, t_decode = timed(lambda: decode_batch(encoded, labels)[0])
             (x, u, noise), t_crop = timed(crop, images)
-            _, t_rand = timed(transform.rand_augment or (lambda v, _: v), x, transform.split(u).get("rand_augment"))
+            drawn = transform.split(u).get("rand_augment")
+            out_kernel, t_rand = timed(rand_augment, x, drawn)
+            out_torch, t_rand_torch = timed(rand_augment_torch, x, drawn)
             _, t_augment = timed(eager.augment, x, u, noise)
             _, t_eager = timed(eager, images)
             _, t_whole = timed(transform, images)
         if i >= args.warmup:
-            times = (t_decode, t_crop, t_rand, t_augment, t_eager, t_whole)
+            times = (t_decode, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole)
+            differ = (out_kernel.int() - out_torch.int()).abs()
+            mismatch["values"] += int((differ > 0).sum())
+            mismatch["of"] += differ.numel()
+            mismatch["max"] = max(mismatch["max"], int(differ.max()))
             for name, ms in zip(STAGES, times):
                 stages[name].append(ms)
     report = {
@@ -101,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         "settings": vars(args),
         "images": len(raw),
         "median_ms": {name: round(statistics.median(v), 2) for name, v in stages.items()},
+        "rand_augment_mismatch": {
+            "fraction": mismatch["values"] / mismatch["of"],
+            "max_levels": mismatch["max"],
+        },
     }
     with use_batch_random(BatchRandom(0)):
         if cuda:
@@ -117,6 +135,15 @@ def main(argv: list[str] | None = None) -> int:
             for key, attr in (("by_device", "self_device_time_total"), ("by_host", "self_cpu_time_total")):
                 top = sorted(events, key=lambda e: -getattr(e, attr))[:25]
                 report[key] = [(e.key, e.count, round(getattr(e, attr) / 1000, 2)) for e in top]
+            if transform.rand_augment is not None:
+                x, u, _ = crop(decode_batch(encoded, labels)[0])
+                report["rand_augment_device_ms"] = {}
+                for name, fn in (("kernel", rand_augment), ("torch", rand_augment_torch)):
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        fn(x, transform.split(u)["rand_augment"])
+                        torch.cuda.synchronize()
+                    device_us = sum(e.self_device_time_total for e in prof.key_averages())
+                    report["rand_augment_device_ms"][name] = round(device_us / 1000, 2)
         else:
             with CountOps() as ops:
                 transform(decode_batch(encoded, labels)[0])
@@ -129,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
                 report["rand_augment_ops"] = sum(ops.counts.values())
     Path(args.out).write_text(json.dumps(report, indent=1))
     counted = f"{report['launches']} launches" if cuda else f"{report['ops_dispatched']} operations dispatched"
-    print(f"median ms per batch of {len(raw)}: {report['median_ms']}; {counted}")
+    print(
+        f"median ms per batch of {len(raw)}: {report['median_ms']}; {counted}; RandAugment values differing "
+        f"between the launches and the PyTorch ops: {report['rand_augment_mismatch']}; RandAugment device ms: "
+        f"{report.get('rand_augment_device_ms', 'not profiled')}"
+    )
     return 0
 
 

@@ -184,6 +184,16 @@ def test_rand_augment_parses_recipe_and_draws_like_timm():
             BatchRandAugment(config, 224, MEAN)
 
 
+def test_contrast_mean_is_pils_on_a_large_image():
+    """PIL's Contrast blends with int(mean luma + 0.5), the mean in double precision: on 512 x 512 pixels whose mean
+    is just below 100.5, a float32 mean (101) would blend with the wrong grey."""
+    x = torch.full((1, 3, 512, 512), 100, dtype=torch.uint8)
+    x.view(1, 3, -1)[:, :, : 512 * 512 // 2 - 1] = 101
+    ref = NAME_TO_OP["Contrast"](Image.fromarray(x[0].permute(1, 2, 0).numpy()), 1.9)
+    out = apply_op(x, "Contrast", torch.tensor([1.9], dtype=torch.float64), torch.zeros(3))
+    assert torch.equal(out[0], torch.from_numpy(np.array(ref)).permute(2, 0, 1))
+
+
 def test_rand_augment_batch_equals_image_by_image():
     """Each image of a batch gets exactly its own drawn ops: the batch equals the images augmented one at a time."""
     ra = BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN)

@@ -1,0 +1,206 @@
+"""Triton programs of :func:`lightvision.kernels.augment.augment_layer`: a statistics pass and an apply pass.
+
+Both cover BLOCK pixels (all three channels) of one image per program. The statistics program adds its block's
+per-channel value histograms (``tl.histogram``) and the sum of its PIL luma, (19595 r + 38470 g + 7471 b + 2^15)
+>> 16, into the image's row of a zeroed int32 buffer. The apply program reads its image's kind and writes the block
+through that one op:
+
+- resample: PyTorch's ``affine_grid`` + ``grid_sample`` (align_corners=False, zero padding) of (value - fill), then
+  + fill, rounded half to even, clipped. The output pixel (u, v) has normalised coordinates linspace(-1, 1, W)[u]
+  (W - 1) / W (and likewise v), sampled at theta [x, y, 1], unnormalised to ((x + 1) W - 1) / 2; bicubic is Keys'
+  cubic with a = -0.75 over 4 x 4 taps, bilinear 2 x 2, nearest the tap at the coordinates rounded half to even.
+- table: ``TABLE[n, c, value]``.
+- colour / sharpness: PIL's blend d + f (x - d) in float64 (what the reference computes), clipped and truncated,
+  with d the luma or PIL's SMOOTH filter (3 x 3, centre 5, others 1, (2 s + 13) // 26 = s / 13 rounded; the border
+  keeps its pixels).
+- copy otherwise.
+
+Launched with ``enable_fp_fusion=False``, so each product and sum is rounded as the reference's separate ops are.
+"""
+
+import triton
+import triton.language as tl
+
+# the kinds of op.py
+KIND_WARP = tl.constexpr(1)
+KIND_TABLE = tl.constexpr(2)
+KIND_COLOR = tl.constexpr(3)
+KIND_SHARPNESS = tl.constexpr(4)
+
+
+@triton.jit
+def _luma(r, g, b):
+    return (r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16
+
+
+@triton.jit
+def image_stats_kernel(X, STATS, HW, BLOCK: tl.constexpr):
+    """X uint8 [N, 3, H, W]; STATS int32 [N, 769] zeroed: 3 x 256 histogram bins, then the luma sum."""
+    n = tl.program_id(0).to(tl.int64)
+    p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = p < HW
+    src = X + n * 3 * HW + p
+    r = tl.load(src, mask=ok, other=0).to(tl.int32)
+    g = tl.load(src + HW, mask=ok, other=0).to(tl.int32)
+    b = tl.load(src + 2 * HW, mask=ok, other=0).to(tl.int32)
+    bins = STATS + n * 769 + tl.arange(0, 256)
+    tl.atomic_add(bins, tl.histogram(r, 256, mask=ok))
+    tl.atomic_add(bins + 256, tl.histogram(g, 256, mask=ok))
+    tl.atomic_add(bins + 512, tl.histogram(b, 256, mask=ok))
+    tl.atomic_add(STATS + n * 769 + 768, tl.sum(tl.where(ok, _luma(r, g, b), 0)))
+
+
+@triton.jit
+def _rint(v):
+    """Round half to even (torch.round) of float32 values below 2^22 in magnitude."""
+    r = tl.floor(v + 0.5)
+    odd = (r.to(tl.int32) & 1) == 1
+    return tl.where((r - v == 0.5) & odd, r - 1.0, r)
+
+
+@triton.jit
+def _normalised(i, size, step):
+    """affine_grid's base coordinate (align_corners=False) of pixel index i along an axis of ``size`` pixels."""
+    lin = tl.where(i < size // 2, -1.0 + step * i.to(tl.float32), 1.0 - step * (size - 1 - i).to(tl.float32))
+    return tl.where(size > 1, tl.div_rn(lin * (size - 1).to(tl.float32), size.to(tl.float32)), 0.0)
+
+
+@triton.jit
+def _cubic_near(x):  # Keys' cubic, a = -0.75, for |x| <= 1
+    return (1.25 * x - 2.25) * x * x + 1.0
+
+
+@triton.jit
+def _cubic_far(x):  # for 1 < |x| < 2
+    return ((-0.75 * x + 3.75) * x - 6.0) * x + 3.0
+
+
+@triton.jit
+def _cubic_weights(t):
+    """The four taps' weights at fraction t past the second tap, in grid_sample's arithmetic."""
+    s = 1.0 - t
+    return _cubic_far(t + 1.0), _cubic_near(t), _cubic_near(s), _cubic_far(s + 1.0)
+
+
+@triton.jit
+def _tap(src, xx, yy, H, W, ok, fill):
+    """(value - fill) at integer coordinates (xx, yy); 0 outside the image."""
+    inside = ok & (xx >= 0) & (xx < W) & (yy >= 0) & (yy < H)
+    v = tl.load(src + yy * W + xx, mask=inside, other=0).to(tl.float32)
+    return tl.where(inside, v - fill, 0.0)
+
+
+@triton.jit
+def _row(src, x0, yy, H, W, ok, fill, c0, c1, c2, c3):
+    """Four horizontal taps from x0 - 1, weighted and summed in grid_sample's order."""
+    v0 = _tap(src, x0 - 1, yy, H, W, ok, fill)
+    v1 = _tap(src, x0, yy, H, W, ok, fill)
+    v2 = _tap(src, x0 + 1, yy, H, W, ok, fill)
+    v3 = _tap(src, x0 + 2, yy, H, W, ok, fill)
+    return v0 * c0 + v1 * c1 + v2 * c2 + v3 * c3
+
+
+@triton.jit
+def _blend(d, x, f):
+    """PIL's blend of int32 degenerate d and value x by float64 factor f, clipped, truncated to uint8."""
+    d = d.to(tl.float64)
+    v = d + f * (x.to(tl.float64) - d)
+    return tl.minimum(tl.maximum(v, 0.0), 255.0).to(tl.int32).to(tl.uint8)
+
+
+@triton.jit(do_not_specialize=["H", "W"])  # used as float values (a size of 1 would become a constant)
+def augment_kernel(
+    X, OUT, KIND, FACTOR, THETA, TABLE, FILL, HW, H, W, STEP_X, STEP_Y,
+    MODE: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """X, OUT uint8 [N, 3, H, W]; KIND int32 [N]; FACTOR float64 [N]; THETA float32 [N, 2, 3]; TABLE uint8 [N, 3,
+    256]; FILL float32 [3]; HW = H W; STEP_X, STEP_Y: linspace's float32 step 2 / (W - 1), 2 / (H - 1) (0 for one
+    pixel); MODE 0 bilinear, 1 bicubic, 2 nearest."""
+    n = tl.program_id(0).to(tl.int64)
+    hw = HW
+    p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = p < hw
+    src = X + n * 3 * hw
+    dst = OUT + n * 3 * hw + p
+    kind = tl.load(KIND + n)
+    if kind == KIND_WARP:
+        oy = p // W
+        ox = p - oy * W
+        t = THETA + n * 6
+        xn = _normalised(ox, W, STEP_X)
+        yn = _normalised(oy, H, STEP_Y)
+        gx = xn * tl.load(t) + yn * tl.load(t + 1) + tl.load(t + 2)
+        gy = xn * tl.load(t + 3) + yn * tl.load(t + 4) + tl.load(t + 5)
+        ix = ((gx + 1.0) * W.to(tl.float32) - 1.0) * 0.5
+        iy = ((gy + 1.0) * H.to(tl.float32) - 1.0) * 0.5
+        x0f = tl.floor(ix)
+        y0f = tl.floor(iy)
+        x0 = x0f.to(tl.int32)
+        y0 = y0f.to(tl.int32)
+        tx = ix - x0f
+        ty = iy - y0f
+        if MODE == 1:
+            cx0, cx1, cx2, cx3 = _cubic_weights(tx)
+            cy0, cy1, cy2, cy3 = _cubic_weights(ty)
+        for c in tl.static_range(3):
+            fill = tl.load(FILL + c)
+            plane = src + c * hw
+            if MODE == 1:  # bicubic
+                cx0, cx1, cx2, cx3 = (
+                    _cubic_far(tx + 1.0),
+                    _cubic_near(tx),
+                    _cubic_near(1.0 - tx),
+                    _cubic_far((1.0 - tx) + 1.0),
+                )
+                cy0, cy1, cy2, cy3 = (
+                    _cubic_far(ty + 1.0),
+                    _cubic_near(ty),
+                    _cubic_near(1.0 - ty),
+                    _cubic_far((1.0 - ty) + 1.0),
+                )
+                r0 = _row(plane, x0, y0 - 1, H, W, ok, fill, cx0, cx1, cx2, cx3)
+                r1 = _row(plane, x0, y0, H, W, ok, fill, cx0, cx1, cx2, cx3)
+                r2 = _row(plane, x0, y0 + 1, H, W, ok, fill, cx0, cx1, cx2, cx3)
+                r3 = _row(plane, x0, y0 + 2, H, W, ok, fill, cx0, cx1, cx2, cx3)
+                acc = r0 * cy0 + r1 * cy1 + r2 * cy2 + r3 * cy3
+            elif MODE == 0:  # bilinear
+                x1f = x0f + 1.0
+                y1f = y0f + 1.0
+                acc = _tap(plane, x0, y0, H, W, ok, fill) * ((x1f - ix) * (y1f - iy))
+                acc += _tap(plane, x0 + 1, y0, H, W, ok, fill) * ((ix - x0f) * (y1f - iy))
+                acc += _tap(plane, x0, y0 + 1, H, W, ok, fill) * ((x1f - ix) * (iy - y0f))
+                acc += _tap(plane, x0 + 1, y0 + 1, H, W, ok, fill) * ((ix - x0f) * (iy - y0f))
+            else:  # nearest
+                acc = _tap(plane, _rint(ix).to(tl.int32), _rint(iy).to(tl.int32), H, W, ok, fill)
+            v = tl.minimum(tl.maximum(_rint(acc + fill), 0.0), 255.0)
+            tl.store(dst + c * hw, v.to(tl.int32).to(tl.uint8), mask=ok)
+    elif kind == KIND_TABLE:
+        for c in tl.static_range(3):
+            v = tl.load(src + c * hw + p, mask=ok, other=0).to(tl.int32)
+            tl.store(dst + c * hw, tl.load(TABLE + (n * 3 + c) * 256 + v, mask=ok), mask=ok)
+    elif kind == KIND_COLOR:
+        r = tl.load(src + p, mask=ok, other=0).to(tl.int32)
+        g = tl.load(src + hw + p, mask=ok, other=0).to(tl.int32)
+        b = tl.load(src + 2 * hw + p, mask=ok, other=0).to(tl.int32)
+        gray = _luma(r, g, b)
+        f = tl.load(FACTOR + n)
+        tl.store(dst, _blend(gray, r, f), mask=ok)
+        tl.store(dst + hw, _blend(gray, g, f), mask=ok)
+        tl.store(dst + 2 * hw, _blend(gray, b, f), mask=ok)
+    elif kind == KIND_SHARPNESS:
+        oy = p // W
+        ox = p - oy * W
+        inner = ok & (oy >= 1) & (oy < H - 1) & (ox >= 1) & (ox < W - 1)
+        f = tl.load(FACTOR + n)
+        for c in tl.static_range(3):
+            plane = src + c * hw
+            v = tl.load(plane + p, mask=ok, other=0).to(tl.int32)
+            s = 4 * v
+            for dy in tl.static_range(-1, 2):
+                for dx in tl.static_range(-1, 2):
+                    s += tl.load(plane + p + dy * W + dx, mask=inner, other=0).to(tl.int32)
+            smoothed = tl.where(inner, (2 * s + 13) // 26, v)
+            tl.store(dst + c * hw, _blend(smoothed, v, f), mask=ok)
+    else:
+        for c in tl.static_range(3):
+            tl.store(dst + c * hw, tl.load(src + c * hw + p, mask=ok, other=0), mask=ok)

@@ -1,0 +1,186 @@
+"""One RandAugment layer on a uint8 batch, each image through its own op: resample, value table, blend or copy.
+
+In a layer every image gets one op or none, so every op reads the layer's input: the statistics the value tables
+need (per-channel 256-bin histograms for equalize and autocontrast, the sum of PIL's luma for contrast) come from
+one pass over the input, and one more pass writes every image through its own op. The reference (the spec) runs
+each kind of op on the whole batch in PyTorch and keeps each image's own result (``torch.where``). On CUDA the two
+passes are two Triton programs (``_triton``): a fixed launch sequence with no host synchronisation, which a CUDA
+graph can replay. The ops follow PIL on uint8 values (what timm's RandAugment calls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .._launch import empty, interpreting
+
+# what an image goes through in a layer (``kind``)
+COPY, WARP, TABLE, COLOR, SHARPNESS = range(5)
+KINDS = (WARP, TABLE, COLOR, SHARPNESS)
+MODES = ("bilinear", "bicubic", "nearest")  # grid_sample interpolations; the program implements all three
+MAX_PIXELS = (2**31 - 1) // 255  # the program sums an image's luma in int32
+BLOCK = 512  # output pixels (all channels) per program of the apply pass: two a thread (112 registers on sm_90)
+STATS_BLOCK = 4096  # pixels per program of the statistics pass (769 atomic adds each)
+NUM_WARPS = 8
+
+Tables = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def luma(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ``convert("L")`` (ITU-R 601-2, fixed point): uint8 [N, 3, H, W] -> int32 [N, 1, H, W]."""
+    r, g, b = x.int().unbind(1)
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16)[:, None]
+
+
+def blend(degenerate: torch.Tensor, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """PIL ``Image.blend(degenerate, x, factor)``: interpolate or extrapolate, clip, truncate to uint8; factor [N]."""
+    d = degenerate.float()
+    return (d + factor.view(-1, 1, 1, 1) * (x.float() - d)).clamp(0, 255).to(torch.uint8)
+
+
+def smooth(x: torch.Tensor) -> torch.Tensor:
+    """PIL's ``ImageFilter.SMOOTH`` (3x3, centre 5, others 1, / 13, rounded); the border keeps its pixels."""
+    kernel = torch.ones(3, 1, 3, 3, device=x.device)
+    kernel[:, :, 1, 1] = 5.0
+    inner = (F.conv2d(x.float(), kernel, groups=3) / 13.0).round().to(torch.uint8)
+    out = x.clone()
+    out[..., 1:-1, 1:-1] = inner
+    return out
+
+
+def warp(x: torch.Tensor, theta: torch.Tensor, fill: torch.Tensor, mode: str) -> torch.Tensor:
+    """Each uint8 [N, 3, H, W] image resampled through its own ``theta`` float [N, 2, 3] (``F.affine_grid``'s map of
+    normalised output to input coordinates), outside the image filled with ``fill`` [3] (0..255); rounded to uint8."""
+    grid = F.affine_grid(theta.float(), list(x.shape), align_corners=False)
+    fill = fill.view(1, -1, 1, 1)
+    out = F.grid_sample(x.float() - fill, grid, mode=mode, padding_mode="zeros", align_corners=False) + fill
+    return out.round().clamp(0, 255).to(torch.uint8)
+
+
+def apply_table(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, C, H, W] through each image's value map uint8 [N, 1 or C, 256] (one gather)."""
+    table = table.expand(x.shape[0], x.shape[1], 256)
+    return table.gather(2, x.flatten(2).long()).view_as(x)
+
+
+def image_stats_reference(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel value histograms int32 [N, 3, 256] and the sum of PIL's luma int32 [N] of uint8 [N, 3, H, W]."""
+    flat = x.flatten(2).long()
+    hist = torch.zeros((*x.shape[:2], 256), dtype=torch.int32, device=x.device)
+    hist.scatter_add_(2, flat, torch.ones((), dtype=torch.int32, device=x.device).expand_as(flat))
+    return hist, luma(x).sum((1, 2, 3), dtype=torch.int32)
+
+
+def augment_layer_reference(
+    x: torch.Tensor,
+    kind: torch.Tensor,
+    factor: torch.Tensor,
+    theta: torch.Tensor,
+    tables: Tables,
+    fill: torch.Tensor,
+    mode: str = "bicubic",
+    kinds: tuple[int, ...] = KINDS,
+) -> torch.Tensor:
+    """Each image of a batch through its own op, in PyTorch.
+
+    Args:
+        x: uint8 [N, 3, H, W], the layer's input.
+        kind: int [N], per image ``COPY``, ``WARP`` (resample through ``theta``), ``TABLE`` (its value table),
+            ``COLOR`` (blend with its luma) or ``SHARPNESS`` (blend with its smoothed image).
+        factor: float [N], the blend factor of ``COLOR`` and ``SHARPNESS`` (applied in float64).
+        theta: float [N, 2, 3], the ``WARP`` map (:func:`warp`).
+        tables: ``tables(hist, luma_sum)`` -> uint8 [N, 3, 256], each image's value table from the statistics of
+            x (:func:`image_stats_reference`), read where ``kind`` is ``TABLE``.
+        fill: float [3], the colour outside the resampled image (0..255).
+        mode: interpolation of ``WARP`` ("bilinear", "bicubic" or "nearest").
+        kinds: the kinds ``kind`` may hold (the others are not computed).
+    Returns:
+        uint8 [N, 3, H, W], a new tensor.
+    """
+    kind, factor = kind.view(-1, 1, 1, 1), factor.double()
+    out = x
+    if WARP in kinds:
+        out = torch.where(kind == WARP, warp(x, theta, fill, mode), out)
+    if TABLE in kinds:
+        out = torch.where(kind == TABLE, apply_table(x, tables(*image_stats_reference(x))), out)
+    if COLOR in kinds:
+        out = torch.where(kind == COLOR, blend(luma(x), x, factor), out)
+    if SHARPNESS in kinds:
+        out = torch.where(kind == SHARPNESS, blend(smooth(x), x, factor), out)
+    return out.clone() if out is x else out
+
+
+def _step(size: int) -> float:
+    """``torch.linspace(-1, 1, size)``'s float32 step (0 for one pixel)."""
+    return float(np.float32(2.0) / np.float32(size - 1)) if size > 1 else 0.0
+
+
+def _check(x: torch.Tensor, mode: str, backend: str) -> bool:
+    """Whether the Triton programs run (raises on a bad ``mode`` / ``backend`` or a forced program that cannot)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    covered = x.dtype == torch.uint8 and x.dim() == 4 and x.shape[1] == 3 and x.shape[-2] * x.shape[-1] <= MAX_PIXELS
+    runnable = x.device.type == "cuda" or (backend == "triton" and interpreting())
+    if backend == "triton" and not (covered and runnable):
+        raise ValueError(
+            f"backend='triton' needs uint8 [N, 3, H, W] images of at most {MAX_PIXELS} pixels on CUDA (or under "
+            f"TRITON_INTERPRET=1); got {x.dtype} {list(x.shape)} on {x.device.type}"
+        )
+    return backend != "torch" and covered and runnable
+
+
+def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`image_stats_reference` in one Triton launch (after zeroing its output); ``backend`` as for
+    :func:`augment_layer`."""
+    if not _check(x, "bicubic", backend):
+        return image_stats_reference(x)
+    n, _, height, width = x.shape
+    stats = torch.zeros((n, 3 * 256 + 1), dtype=torch.int32, device=x.device)  # histograms, then the luma sum
+    from ._triton import image_stats_kernel  # Triton is imported when a kernel first runs
+
+    image_stats_kernel[(n, -(-height * width // STATS_BLOCK))](
+        X=x.contiguous(), STATS=stats, HW=height * width, BLOCK=STATS_BLOCK, num_warps=NUM_WARPS,
+    )  # fmt: skip
+    return stats[:, :-1].view(n, 3, 256), stats[:, -1]
+
+
+def augment_layer(
+    x: torch.Tensor,
+    kind: torch.Tensor,
+    factor: torch.Tensor,
+    theta: torch.Tensor,
+    tables: Tables,
+    fill: torch.Tensor,
+    mode: str = "bicubic",
+    kinds: tuple[int, ...] = KINDS,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """:func:`augment_layer_reference` (same arguments) as two Triton launches: the statistics pass
+    (:func:`image_stats`, skipped when ``TABLE`` is not in ``kinds``), ``tables`` (PyTorch ops on [N, 3, 256]
+    tensors), and one pass writing every image through its own op.
+
+    ``backend``: "auto" runs the programs on CUDA and the reference elsewhere; "triton" requires the programs (CUDA,
+    or Triton's interpreter); "torch" the reference. Resampling agrees with ``grid_sample`` up to float rounding (a
+    level on a few pixels, a neighbouring pixel for "nearest" exactly between two); the other ops exactly.
+    """
+    if not _check(x, mode, backend):
+        return augment_layer_reference(x, kind, factor, theta, tables, fill, mode, kinds)
+    n, _, height, width = x.shape
+    x = x.contiguous()
+    table = tables(*image_stats(x, backend)).expand(n, 3, 256).contiguous() if TABLE in kinds else x
+    out = empty(x.shape, torch.uint8, x.device)
+    from ._triton import augment_kernel
+
+    augment_kernel[(n, -(-height * width // BLOCK))](
+        X=x, OUT=out, KIND=kind.int().contiguous(), FACTOR=factor.double().contiguous(),
+        THETA=theta.float().contiguous(), TABLE=table, FILL=fill.float().contiguous(), HW=height * width, H=height,
+        W=width, STEP_X=_step(width), STEP_Y=_step(height), MODE=MODES.index(mode), BLOCK=BLOCK,
+        num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,185 @@
+"""The RandAugment layer programs (lightvision.kernels.augment) against their PyTorch reference: histograms and luma
+sums exactly, every kind of op forced in turn and mixed, each interpolation, NaN-poisoned outputs, and
+BatchRandAugment's kernel path against its PyTorch path op by op and with random draws. On CPU the programs run in
+the Triton interpreter, on tiny images."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lightvision.classify.rand_augment import GEOMETRIC_OPS, BatchRandAugment
+from lightvision.kernels import _launch
+from lightvision.kernels.augment import (
+    COLOR,
+    COPY,
+    MODES,
+    SHARPNESS,
+    TABLE,
+    WARP,
+    augment_layer,
+    augment_layer_reference,
+    image_stats,
+    image_stats_reference,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MEAN = (0.485, 0.456, 0.406)
+FILL = torch.tensor([124.0, 116.0, 104.0], device=DEVICE)
+# Resampling may round differently from grid_sample's float arithmetic: at most this fraction of the values may
+# differ, by one level (bilinear, bicubic) or by taking the neighbouring pixel ("nearest", exactly between two).
+RESAMPLING_MISMATCH = 0.005
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    monkeypatch.setattr(_launch, "POISON_OUTPUTS", True)  # unwritten output values are 255
+
+
+def _images(n: int = 5, height: int = 13, width: int = 17, seed: int = 0) -> torch.Tensor:
+    """uint8 [n, 3, height, width]: noise, then (where n allows) a gradient, a flat image and a narrow-range one."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (max(n, 4), 3, height, width), generator=g, dtype=torch.uint8)
+    x[1] = (torch.arange(width) * 9 + torch.arange(height)[:, None] * 5).clamp(max=255).to(torch.uint8)
+    x[2] = 77
+    x[3] = x[3] // 8 + 100
+    return x[:n].contiguous().to(DEVICE)
+
+
+def _draws(n: int, seed: int = 1):
+    """Per image a sampling map (rotation, shear, translation, in and out of the image) and a blend factor."""
+    g = torch.Generator().manual_seed(seed)
+    angle = (torch.rand(n, generator=g) - 0.5) * math.pi / 3
+    shear, shift = torch.rand(n, generator=g) - 0.5, (torch.rand(n, 2, generator=g) - 0.5) * 1.2
+    rows = [angle.cos(), -angle.sin() + shear, shift[:, 0], angle.sin(), angle.cos(), shift[:, 1]]
+    theta = torch.stack(rows, 1).view(n, 2, 3)
+    factor = torch.tensor([0.0, 0.3, 1.0, 1.7, 1.9, 0.1, 1.4])[torch.arange(n) % 7].double()
+    return theta.to(DEVICE), factor.to(DEVICE)
+
+
+def _tables(hist: torch.Tensor, luma_sum: torch.Tensor) -> torch.Tensor:
+    """A value table per image and channel that reads both statistics (as equalize and contrast do)."""
+    shift = (hist.argmax(2, keepdim=True) + luma_sum.view(-1, 1, 1)) % 256
+    return ((torch.arange(256, device=hist.device) * 7 + shift) % 256).to(torch.uint8)
+
+
+def _assert_layer_matches(out: torch.Tensor, ref: torch.Tensor, warped: torch.Tensor, one_level: bool) -> None:
+    """Exact outside the resampled images; within RESAMPLING_MISMATCH there, by at most one level where
+    ``one_level`` (not so for "nearest", or where a later layer's op may turn a level's difference into more)."""
+    assert out.shape == ref.shape and out.dtype == torch.uint8
+    assert torch.equal(out[~warped], ref[~warped])
+    diff = (out.int() - ref.int()).abs()
+    if warped.any():
+        wrong = diff[warped] > 0
+        assert wrong.float().mean() <= RESAMPLING_MISMATCH, f"{wrong.sum()} of {wrong.numel()} values differ"
+        if one_level:
+            assert diff[warped].max() <= 1
+
+
+@pytest.mark.parametrize("size", [(13, 17), (65, 70)], ids=["13x17", "65x70-two-blocks"])
+def test_statistics_exact(size):
+    x = _images(3, *size)
+    hist, luma_sum = image_stats(x, backend="triton")
+    ref_hist, ref_luma = image_stats_reference(x)
+    assert torch.equal(hist, ref_hist) and torch.equal(luma_sum, ref_luma)
+    assert (hist.sum(2) == size[0] * size[1]).all() and hist[2, :, 77].eq(size[0] * size[1]).all()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_kind_matches_reference(mode):
+    """Every image through one kind (each in turn), then every kind in one batch."""
+    x = _images()
+    n = len(x)
+    theta, factor = _draws(n)
+    mixed = torch.tensor([WARP, TABLE, COLOR, SHARPNESS, COPY], device=DEVICE)
+    for kind in [torch.full((n,), k, device=DEVICE) for k in (COPY, WARP, TABLE, COLOR, SHARPNESS)] + [mixed]:
+        out = augment_layer(x, kind, factor, theta, _tables, FILL, mode, backend="triton")
+        ref = augment_layer_reference(x, kind, factor, theta, _tables, FILL, mode)
+        warped = (kind == WARP).view(-1, 1, 1, 1).expand_as(x)
+        _assert_layer_matches(out, ref, warped, one_level=mode != "nearest")
+        assert not torch.equal(out, x) or (kind == COPY).all()
+
+
+def test_resampling_out_of_the_image_fills():
+    """A map that samples only outside the image gives the fill colour everywhere; the identity map the image."""
+    x = _images(2)
+    theta = torch.tensor([[[1.0, 0.0, 5.0], [0.0, 1.0, 0.0]], [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]], device=DEVICE)
+    kind = torch.full((2,), WARP, device=DEVICE)
+    out = augment_layer(x, kind, torch.zeros(2, device=DEVICE), theta, _tables, FILL, "bicubic", backend="triton")
+    assert torch.equal(out[0], FILL.to(torch.uint8).view(3, 1, 1).expand(3, 13, 17))
+    assert torch.equal(out[1], x[1])
+
+
+@pytest.mark.parametrize(
+    "config,forced",
+    [("rand-m9-n1-mstd0.5-inc1", True), ("rand-m9-mstd0.5-inc1", False), ("rand-m7-n2-mstd1.0", False)],
+    ids=["each-op-forced", "deit-random", "m7-random"],
+)
+def test_batch_rand_augment_kernel_equals_torch(config, forced):
+    """BatchRandAugment's two-launch layers against its PyTorch layers: image i forced to op i (one layer), or the
+    recipe's own random draws (two layers)."""
+    kernel = BatchRandAugment(config, 224, MEAN, backend="triton")
+    torch_ops = BatchRandAugment(config, 224, MEAN, backend="torch")
+    ops = len(kernel.names)
+    n = ops if forced else 6
+    x = _images(n, seed=2)
+    u = torch.rand((n, kernel.columns), generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    if forced:
+        u[:, 0] = (torch.arange(n) + 0.5) / ops
+        u[:, 1] = 0.0  # applied
+    u = u.to(DEVICE)
+    out, ref = kernel(x, u), torch_ops(x, u)
+    op, applied, _, _ = kernel.draw(u)
+    geometric = torch.tensor([name in GEOMETRIC_OPS for name in kernel.names])
+    warped = (applied & geometric.to(DEVICE)[op]).any(0).view(-1, 1, 1, 1).expand_as(x)
+    _assert_layer_matches(out, ref, warped, one_level=kernel.num_layers == 1)
+    assert not torch.equal(out, x)
+
+
+COMPILE_FOR_HOPPER = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from lightvision.kernels.augment._triton import augment_kernel, image_stats_kernel
+from lightvision.kernels.augment.op import BLOCK, NUM_WARPS, STATS_BLOCK
+
+options = {"enable_fp_fusion": False, "num_warps": NUM_WARPS}
+
+pointers = {"X": "*u8", "OUT": "*u8", "KIND": "*i32", "FACTOR": "*fp64", "THETA": "*fp32", "TABLE": "*u8"}
+scalars = {"FILL": "*fp32", "HW": "i32", "H": "i32", "W": "i32", "STEP_X": "fp32", "STEP_Y": "fp32"}
+for mode in (0, 1, 2):
+    signature = {**pointers, **scalars, "MODE": "constexpr", "BLOCK": "constexpr"}
+    source = ASTSource(augment_kernel, signature, constexprs={"MODE": mode, "BLOCK": BLOCK})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    assert "fma.rn.f" not in ptx  # each product rounded, as the reference's separate ops
+stats_signature = {"X": "*u8", "STATS": "*i32", "HW": "i32", "BLOCK": "constexpr"}
+source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": STATS_BLOCK})
+assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}).asm["ptx"]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the programs run")
+def test_programs_compile_for_hopper():
+    """The interpreter runs what the compiler may refuse (non-constexpr globals, op lowerings): both programs build
+    to sm_90 PTX (Triton's own compiler, no GPU), the apply program with no fused multiply-add."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_bad_arguments_named():
+    x = _images(2)
+    theta, factor = _draws(2)
+    kind = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        augment_layer(x, kind, factor, theta, _tables, FILL, "lanczos")
+    with pytest.raises(ValueError, match="backend must be"):
+        augment_layer(x, kind, factor, theta, _tables, FILL, backend="cuda")
+    with pytest.raises(ValueError, match="uint8 \\[N, 3, H, W\\]"):
+        augment_layer(x.float(), kind, factor, theta, _tables, FILL, backend="triton")
+    with pytest.raises(ValueError, match="RandAugment backend"):
+        BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN, backend="cuda")
