@@ -1,15 +1,20 @@
 """The `lightvision` command on bad input: one line naming the problem, a non-zero exit, no traceback unless
---debug or LIGHTVISION_DEBUG=1 asks for it; `--help` imports neither torch nor timm. Real subprocesses, all
-started at once (each pays the interpreter and torch start-up)."""
+--debug or LIGHTVISION_DEBUG=1 asks for it; `--help` imports neither torch nor timm. Real processes, all started at
+once: forks of one interpreter that imported the command's modules (cli_forks.py), so that the torch start-up is
+paid once, not per case; `--help` runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+FORKS = Path(__file__).with_name("cli_forks.py")
 
 CASES = {  # name: (arguments, extra environment, pattern the error line must match)
     "missing recipe": (["classify", "train", "--config", "{tmp}/nope.yaml"], {}, r"recipe .*nope\.yaml not found"),
@@ -92,18 +97,20 @@ CASES = {  # name: (arguments, extra environment, pattern the error line must ma
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "lightvision", *(a.format(tmp=tmp) for a in args)],
-            env={**env, **extra},
-            cwd=tmp,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+    cases = tmp_path_factory.mktemp("forks") / "cases.json"
+    cases.write_text(
+        json.dumps(
+            {
+                name: [[a.format(tmp=tmp) for a in args], {**env, **extra}, str(tmp)]
+                for name, (args, extra, _) in CASES.items()
+            }
         )
-        for name, (args, extra, _) in CASES.items()
-    }
-    results = {name: (p.communicate(timeout=300), p.returncode) for name, p in procs.items()}
+    )
+    forks = subprocess.run(
+        [sys.executable, str(FORKS), str(cases)], env=env, cwd=tmp, capture_output=True, text=True, timeout=300
+    )
+    assert forks.returncode == 0 and not forks.stderr, forks.stderr  # the imports print nothing
+    results = {name: ((out, err), code) for name, (code, out, err) in json.loads(forks.stdout).items()}
     return tmp, results
 
 
