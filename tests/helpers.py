@@ -1,10 +1,14 @@
 """The comparison helper of the whole suite: relative L2 error against a reference (docs/spec.md 2); tiny data and
-models for the training tests; :func:`load_script` for the tests of ``scripts/``.
+models for the training tests; :func:`load_script` for the tests of ``scripts/``; :class:`Forks` for command lines
+run as real processes without each paying the torch start-up.
 
 Tests import them as ``from helpers import TOL, assert_close, rel`` (pytest puts ``tests/`` on ``sys.path``
 through the root conftest)."""
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +99,36 @@ def load_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class Forks:
+    """``python`` command lines (``["-m", "lightvision", ...]`` or ``[script, ...]``) run as real processes, forks of
+    one interpreter that imported the lightvision command's modules once (tests/cli_forks.py): the torch start-up is
+    paid once, not per process. ``run`` takes a batch and returns when all of its processes have ended; ``close``
+    ends the server and asserts that its imports printed nothing."""
+
+    def __init__(self, out_dir: Path):
+        env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
+        self.server = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("cli_forks.py")), str(out_dir)],
+            env=env,
+            cwd=out_dir,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def run(self, cases: dict[str, tuple[list[str], dict[str, str], Path]]) -> dict[str, tuple[int, str, str]]:
+        """``{name: (argv, env, cwd)}``, started all at once -> ``{name: (exit code, stdout, stderr)}``; a process
+        ended by a signal has minus its number as exit code."""
+        batch = {name: [[str(a) for a in argv], env, str(cwd)] for name, (argv, env, cwd) in cases.items()}
+        self.server.stdin.write(json.dumps(batch) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        assert line, f"the fork server ended: {self.server.stderr.read()[-2000:]}"
+        return {name: tuple(result) for name, result in json.loads(line).items()}
+
+    def close(self) -> None:
+        _, err = self.server.communicate(timeout=60)
+        assert self.server.returncode == 0 and not err, err[-2000:]  # the imports print nothing

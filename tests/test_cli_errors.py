@@ -1,20 +1,18 @@
 """The `lightvision` command on bad input: one line naming the problem, a non-zero exit, no traceback unless
 --debug or LIGHTVISION_DEBUG=1 asks for it; `--help` imports neither torch nor timm. Real processes, all started at
 once: forks of one interpreter that imported the command's modules (cli_forks.py), so that the torch start-up is
-paid once, not per case; `--help` runs in a fresh interpreter."""
+paid once, not per case (helpers.Forks); `--help` runs in a fresh interpreter."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-FORKS = Path(__file__).with_name("cli_forks.py")
+from helpers import Forks
 
 CASES = {  # name: (arguments, extra environment, pattern the error line must match)
     "missing recipe": (["classify", "train", "--config", "{tmp}/nope.yaml"], {}, r"recipe .*nope\.yaml not found"),
@@ -97,20 +95,13 @@ CASES = {  # name: (arguments, extra environment, pattern the error line must ma
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
-    cases = tmp_path_factory.mktemp("forks") / "cases.json"
-    cases.write_text(
-        json.dumps(
-            {
-                name: [[a.format(tmp=tmp) for a in args], {**env, **extra}, str(tmp)]
-                for name, (args, extra, _) in CASES.items()
-            }
-        )
-    )
-    forks = subprocess.run(
-        [sys.executable, str(FORKS), str(cases)], env=env, cwd=tmp, capture_output=True, text=True, timeout=300
-    )
-    assert forks.returncode == 0 and not forks.stderr, forks.stderr  # the imports print nothing
-    results = {name: ((out, err), code) for name, (code, out, err) in json.loads(forks.stdout).items()}
+    forks = Forks(tmp_path_factory.mktemp("forks"))
+    cases = {
+        name: (["-m", "lightvision", *(a.format(tmp=tmp) for a in args)], {**env, **extra}, tmp)
+        for name, (args, extra, _) in CASES.items()
+    }
+    results = {name: ((out, err), code) for name, (code, out, err) in forks.run(cases).items()}
+    forks.close()
     return tmp, results
 
 
