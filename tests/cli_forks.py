@@ -1,9 +1,10 @@
 """``python cli_forks.py OUT_DIR``: runs batches of ``python`` command lines as forks of this one interpreter, which
 imported the lightvision command's modules (torch, timm, diffusers, scikit-learn, the train / eval / sample entry
-points) once. Each line on stdin is a batch ``{name: [argv, env, cwd]}``, ``argv`` as after ``python``
-(``["-m", "lightvision", ...]`` or ``["script.py", ...]``); its cases start all at once, each in its own process (its
-own working folder, environment, stdout, stderr, exit code and interpreter shutdown; its output files in OUT_DIR), and
-the answer is one line ``{name: [exit code, stdout, stderr]}`` of JSON (a signal's exit code is minus its number).
+points) once. Each line on stdin is a request, answered by one line of JSON: ``{"start": {name: [argv, env, cwd]}}``
+(``argv`` as after ``python``: ``["-m", "lightvision", ...]`` or ``["script.py", ...]``) starts its cases at once, each
+in its own process (its own working folder, environment, stdout, stderr, exit code and interpreter shutdown; its
+output files in OUT_DIR), answered ``{name: pid}``; ``{"wait": [name, ...]}`` waits for those to end, answered
+``{name: [exit code, stdout, stderr]}`` (a signal's exit code is minus its number).
 
 Whatever the imports print goes to this script's stderr (a fresh process would print it too), anything later to the
 case's. Used through ``helpers.Forks``."""
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import itertools
 import json
 import os
 import runpy
@@ -29,6 +31,7 @@ PRELOAD = (
     "sklearn.datasets",  # the digits default's data
     "sklearn.model_selection",
 )
+SERIAL = itertools.count()  # names the cases' output files
 
 
 def run_case(argv: list[str], env: dict[str, str], cwd: str, out: Path, err: Path) -> None:
@@ -56,19 +59,26 @@ def run_case(argv: list[str], env: dict[str, str], cwd: str, out: Path, err: Pat
     sys.exit(0)
 
 
-def run_batch(batch: dict[str, list], out_dir: Path, serial: int) -> dict[str, list]:
-    """Fork every case of ``batch``, wait for all; ``{name: [exit code, stdout, stderr]}``."""
+def start(batch: dict[str, list], out_dir: Path, children: dict) -> dict[str, int]:
+    """Fork every case ``{name: [argv, env, cwd]}`` of ``batch`` (into ``children``); ``{name: pid}``."""
     sys.stdout.flush()
     sys.stderr.flush()
-    children = {}
-    for i, (name, (argv, env, cwd)) in enumerate(batch.items()):
-        out, err = out_dir / f"{serial}-{i}.out", out_dir / f"{serial}-{i}.err"
+    for name, (argv, env, cwd) in batch.items():
+        assert name not in children, f"{name!r} is still running"
+        serial = next(SERIAL)
+        out, err = out_dir / f"{serial}.out", out_dir / f"{serial}.err"
         pid = os.fork()
         if pid == 0:
             run_case(argv, env, cwd, out, err)
         children[name] = (pid, out, err)
+    return {name: children[name][0] for name in batch}
+
+
+def wait(names: list[str], children: dict) -> dict[str, list]:
+    """Wait for the started cases ``names`` to end; ``{name: [exit code, stdout, stderr]}``."""
     results = {}
-    for name, (pid, out, err) in children.items():
+    for name in names:
+        pid, out, err = children.pop(name)
         code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         results[name] = [code, out.read_text(), err.read_text()]
     return results
@@ -79,8 +89,11 @@ def main() -> int:
     for name in PRELOAD:
         importlib.import_module(name)
     gc.freeze()  # the imported objects stay out of the children's collections: no copy-on-write of the whole heap
-    for serial, line in enumerate(sys.stdin):
-        print(json.dumps(run_batch(json.loads(line), out_dir, serial)), flush=True)
+    children: dict[str, tuple[int, Path, Path]] = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        answer = start(request["start"], out_dir, children) if "start" in request else wait(request["wait"], children)
+        print(json.dumps(answer), flush=True)
     return 0
 
 

@@ -104,8 +104,8 @@ def load_script(name: str):
 class Forks:
     """``python`` command lines (``["-m", "lightvision", ...]`` or ``[script, ...]``) run as real processes, forks of
     one interpreter that imported the lightvision command's modules once (tests/cli_forks.py): the torch start-up is
-    paid once, not per process. ``run`` takes a batch and returns when all of its processes have ended; ``close``
-    ends the server and asserts that its imports printed nothing."""
+    paid once, not per process. ``start`` a batch of them (their pids back), ``wait`` for them, or ``run`` (both);
+    ``close`` ends the server and asserts that its imports printed nothing."""
 
     def __init__(self, out_dir: Path):
         env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
@@ -119,15 +119,27 @@ class Forks:
             text=True,
         )
 
-    def run(self, cases: dict[str, tuple[list[str], dict[str, str], Path]]) -> dict[str, tuple[int, str, str]]:
-        """``{name: (argv, env, cwd)}``, started all at once -> ``{name: (exit code, stdout, stderr)}``; a process
-        ended by a signal has minus its number as exit code."""
-        batch = {name: [[str(a) for a in argv], env, str(cwd)] for name, (argv, env, cwd) in cases.items()}
-        self.server.stdin.write(json.dumps(batch) + "\n")
+    def _ask(self, request: dict) -> dict:
+        self.server.stdin.write(json.dumps(request) + "\n")
         self.server.stdin.flush()
         line = self.server.stdout.readline()
         assert line, f"the fork server ended: {self.server.stderr.read()[-2000:]}"
-        return {name: tuple(result) for name, result in json.loads(line).items()}
+        return json.loads(line)
+
+    def start(self, cases: dict[str, tuple[list, dict[str, str], Path]]) -> dict[str, int]:
+        """Start ``{name: (argv, env, cwd)}`` at once (``env`` the whole environment) -> ``{name: pid}``."""
+        return self._ask(
+            {"start": {name: [[str(a) for a in argv], env, str(cwd)] for name, (argv, env, cwd) in cases.items()}}
+        )
+
+    def wait(self, *names: str) -> dict[str, tuple[int, str, str]]:
+        """Wait for the started ``names`` -> ``{name: (exit code, stdout, stderr)}``; a process ended by a signal
+        has minus its number as exit code."""
+        return {name: tuple(result) for name, result in self._ask({"wait": list(names)}).items()}
+
+    def run(self, cases: dict[str, tuple[list, dict[str, str], Path]]) -> dict[str, tuple[int, str, str]]:
+        """:meth:`start` the cases, :meth:`wait` for all of them."""
+        return self.wait(*self.start(cases))
 
     def close(self) -> None:
         _, err = self.server.communicate(timeout=60)
