@@ -137,6 +137,14 @@ class Forks:
         has minus its number as exit code."""
         return {name: tuple(result) for name, result in self._ask({"wait": list(names)}).items()}
 
+    @staticmethod
+    def running(pid: int) -> bool:
+        """Whether the started process ``pid`` is still running (ended but not yet waited for counts as ended)."""
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        except FileNotFoundError:
+            return False
+
     def run(self, cases: dict[str, tuple[list, dict[str, str], Path]]) -> dict[str, tuple[int, str, str]]:
         """:meth:`start` the cases, :meth:`wait` for all of them."""
         return self.wait(*self.start(cases))

@@ -48,19 +48,11 @@ def run_script(forks: Forks, run_dir: Path, *extra: str, env: dict | None = None
     return forks.start({"train": (argv, {**os.environ, **(env or {})}, os.getcwd())})["train"]
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` (a child of the fork server) is still running (a zombie counts as ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def kill_when(forks: Forks, pid: int, ready, timeout: float = 120.0) -> None:
     """SIGKILL the training process ``pid`` as soon as ``ready()`` is true."""
     deadline = time.monotonic() + timeout
     while not ready():
-        if not alive(pid):
+        if not forks.running(pid):
             code, _, err = forks.wait("train")["train"]
             pytest.fail(f"training exited early ({code}): {err[-2000:]}")
         if time.monotonic() > deadline:

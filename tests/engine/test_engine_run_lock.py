@@ -29,18 +29,10 @@ def forks(tmp_path_factory):
     server.close()
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` (a child of the fork server) is still running (a zombie counts as ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def wait_for(pid: int, ready, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
-        assert alive(pid), "exited early"
+        assert Forks.running(pid), "exited early"
         assert time.monotonic() < deadline, "never got there"
         time.sleep(0.05)
 

@@ -355,6 +355,8 @@ if sys.argv[1] == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 import torch, timm
 import lightvision  # noqa: F401  (the models; no kernel family imported yet)
+import gc
+gc.freeze()  # the imported objects stay out of the children's collections
 failed = 0
 for mode in ("preload", "lazy"):  # each in a forked process: both start with no kernel family imported
     if os.fork():
