@@ -1,9 +1,14 @@
-"""Without a CUDA device, Triton kernels run in the Triton interpreter (CPU) throughout the suite.
+"""Without a CUDA device, Triton kernels run in the Triton interpreter (CPU) throughout the suite; nothing may reach
+the Hugging Face hub.
 
-TRITON_INTERPRET is read when a kernel is decorated (module import), so it is set here, at the root,
-before any test module (or the ops dispatch) imports a kernel family."""
+TRITON_INTERPRET is read when a kernel is decorated (module import), and the hub's offline switches when
+huggingface_hub is first imported (timm imports it), so both are set here, at the root, before any test module
+imports a kernel family or timm."""
 
 import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["DIFFUSERS_OFFLINE"] = "1"
 
 import pytest
 import torch

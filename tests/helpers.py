@@ -1,10 +1,14 @@
 """The comparison helper of the whole suite: relative L2 error against a reference (docs/spec.md 2); tiny data and
-models for the training tests; :func:`load_script` for the tests of ``scripts/``.
+models for the training tests; :func:`load_script` for the tests of ``scripts/``; :class:`Forks` for command lines
+run as real processes without each paying the torch start-up.
 
 Tests import them as ``from helpers import TOL, assert_close, rel`` (pytest puts ``tests/`` on ``sys.path``
 through the root conftest)."""
 
 import importlib.util
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +99,56 @@ def load_script(name: str):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+class Forks:
+    """``python`` command lines (``["-m", "lightvision", ...]`` or ``[script, ...]``) run as real processes, forks of
+    one interpreter that imported the lightvision command's modules once (tests/cli_forks.py): the torch start-up is
+    paid once, not per process. ``start`` a batch of them (their pids back), ``wait`` for them, or ``run`` (both);
+    ``close`` ends the server and asserts that its imports printed nothing."""
+
+    def __init__(self, out_dir: Path):
+        env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
+        self.server = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("cli_forks.py")), str(out_dir)],
+            env=env,
+            cwd=out_dir,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def _ask(self, request: dict) -> dict:
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        assert line, f"the fork server ended: {self.server.stderr.read()[-2000:]}"
+        return json.loads(line)
+
+    def start(self, cases: dict[str, tuple[list, dict[str, str], Path]]) -> dict[str, int]:
+        """Start ``{name: (argv, env, cwd)}`` at once (``env`` the whole environment) -> ``{name: pid}``."""
+        return self._ask(
+            {"start": {name: [[str(a) for a in argv], env, str(cwd)] for name, (argv, env, cwd) in cases.items()}}
+        )
+
+    def wait(self, *names: str) -> dict[str, tuple[int, str, str]]:
+        """Wait for the started ``names`` -> ``{name: (exit code, stdout, stderr)}``; a process ended by a signal
+        has minus its number as exit code."""
+        return {name: tuple(result) for name, result in self._ask({"wait": list(names)}).items()}
+
+    @staticmethod
+    def running(pid: int) -> bool:
+        """Whether the started process ``pid`` is still running (ended but not yet waited for counts as ended)."""
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    def run(self, cases: dict[str, tuple[list, dict[str, str], Path]]) -> dict[str, tuple[int, str, str]]:
+        """:meth:`start` the cases, :meth:`wait` for all of them."""
+        return self.wait(*self.start(cases))
+
+    def close(self) -> None:
+        _, err = self.server.communicate(timeout=60)
+        assert self.server.returncode == 0 and not err, err[-2000:]  # the imports print nothing

@@ -1,6 +1,7 @@
 """The `lightvision` command on bad input: one line naming the problem, a non-zero exit, no traceback unless
---debug or LIGHTVISION_DEBUG=1 asks for it; `--help` imports neither torch nor timm. Real subprocesses, all
-started at once (each pays the interpreter and torch start-up)."""
+--debug or LIGHTVISION_DEBUG=1 asks for it; `--help` imports neither torch nor timm. Real processes, all started at
+once: forks of one interpreter that imported the command's modules (cli_forks.py), so that the torch start-up is
+paid once, not per case (helpers.Forks); `--help` runs in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import sys
 
 import pytest
+
+from helpers import Forks
 
 CASES = {  # name: (arguments, extra environment, pattern the error line must match)
     "missing recipe": (["classify", "train", "--config", "{tmp}/nope.yaml"], {}, r"recipe .*nope\.yaml not found"),
@@ -92,18 +95,13 @@ CASES = {  # name: (arguments, extra environment, pattern the error line must ma
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cli")
     env = {k: v for k, v in os.environ.items() if k != "LIGHTVISION_DEBUG"}
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "lightvision", *(a.format(tmp=tmp) for a in args)],
-            env={**env, **extra},
-            cwd=tmp,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+    forks = Forks(tmp_path_factory.mktemp("forks"))
+    cases = {
+        name: (["-m", "lightvision", *(a.format(tmp=tmp) for a in args)], {**env, **extra}, tmp)
         for name, (args, extra, _) in CASES.items()
     }
-    results = {name: (p.communicate(timeout=300), p.returncode) for name, p in procs.items()}
+    results = {name: ((out, err), code) for name, (code, out, err) in forks.run(cases).items()}
+    forks.close()
     return tmp, results
 
 

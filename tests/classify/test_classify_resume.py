@@ -1,18 +1,20 @@
 """Exact classifier resume with real processes: a run killed at an epoch boundary (SIGKILL, resumed from the epoch's
 checkpoint) or stopped mid-epoch (SIGTERM) and resumed logs the uninterrupted run's losses and validation metrics,
 with the full DeiT augmentation (random resized crop, flip, RandAugment, random erasing, Mixup / CutMix) on both
-pipelines and from shards."""
+pipelines and from shards. The stopped and the resumed runs are real processes, forks of one interpreter that imported
+the command's modules once (helpers.Forks)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
-import subprocess
-import sys
+import os
+import time
 from pathlib import Path
 
 import pytest
 
-from helpers import tiny_classify_recipe, write_dark_light_folder
+from helpers import Forks, tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 
 DRIVER = Path(__file__).with_name("stop_at_step.py")
@@ -68,6 +70,30 @@ def reference(request, tmp_path_factory) -> tuple[list[str], tuple[list[dict], d
     return args, got
 
 
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    server = Forks(tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
+
+
+def wait_for_the_lock(run: Path, timeout: float = 60.0) -> None:
+    """Until the run folder's lock is free: a killed run's loader workers hold it until they see (within seconds)
+    that their parent is gone."""
+    fd = os.open(run / ".lock", os.O_RDWR)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the killed run's lock was never released"
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
+
+
 KILLED = ("KILL", EPOCH + 2, EPOCH)  # SIGKILL in step 6: resumed from the epoch-boundary checkpoint
 TERMINATED = ("TERM", 2, 2)  # SIGTERM mid-epoch: checkpoints step 2 and stops
 
@@ -78,16 +104,14 @@ TERMINATED = ("TERM", 2, 2)  # SIGTERM mid-epoch: checkpoints step 2 and stops
     [("cpu", *KILLED), ("cpu", *TERMINATED), ("gpu", *TERMINATED), ("shards", *KILLED)],
     indirect=["reference"],
 )
-def test_resume_repeats_the_run(tmp_path, reference, signal, at, resumes_from):
+def test_resume_repeats_the_run(tmp_path, forks, reference, signal, at, resumes_from):
     args, expected = reference
-    run = tmp_path / "run"
-    stopped = subprocess.run(
-        [sys.executable, str(DRIVER), signal, str(at), *args, "--out", str(run)], capture_output=True, text=True
-    )
-    assert stopped.returncode == (-9 if signal == "KILL" else 0), stopped.stderr[-2000:]
+    run, env = tmp_path / "run", dict(os.environ)
+    code, _, err = forks.run({"stopped": ([DRIVER, signal, at, *args, "--out", run], env, tmp_path)})["stopped"]
+    assert code == (-9 if signal == "KILL" else 0), err[-2000:]
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step_{resumes_from:07d}"
-    resumed = subprocess.run(
-        [sys.executable, "-m", "lightvision", *args, "--out", str(run), "--resume"], capture_output=True, text=True
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    wait_for_the_lock(run)
+    argv = ["-m", "lightvision", *args, "--out", run, "--resume"]
+    code, _, err = forks.run({"resumed": (argv, env, tmp_path)})["resumed"]
+    assert code == 0, err[-2000:]
     assert records(run) == expected

@@ -1,12 +1,7 @@
-"""Diffusion tests run offline: nothing may reach the hub. ``vae_dir``: a tiny autoencoder for the latent paths."""
-
-import os
+"""``vae_dir``: a tiny autoencoder for the latent paths (the root conftest keeps every test off the hub)."""
 
 import pytest
 import torch
-
-os.environ["HF_HUB_OFFLINE"] = "1"
-os.environ["DIFFUSERS_OFFLINE"] = "1"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """One writer per run folder, with real processes: a second `classify train` / `diffusion train` into a folder that
-another process trains into is refused in one line naming the holder; a killed holder does not block the folder."""
+another process trains into is refused in one line naming the holder; a killed holder does not block the folder. The
+`lightvision` processes are forks of one interpreter that imported the command's modules once (helpers.Forks)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import tiny_classify_recipe, write_dark_light_folder
+import pytest
+
+from helpers import Forks, tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
 from lightvision.engine.checkpoint import PAUSE_IN_SAVE_ENV
 from lightvision.engine.run_lock import LOCK_FILE
@@ -19,46 +22,44 @@ from lightvision.engine.run_lock import LOCK_FILE
 REPO = Path(__file__).resolve().parents[2]
 
 
-def lightvision(*args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "lightvision", *args],
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@pytest.fixture
+def forks(tmp_path_factory):
+    server = Forks(tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
 
 
-def wait_for(proc: subprocess.Popen, ready, timeout: float = 120.0) -> None:
+def wait_for(pid: int, ready, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
-        assert proc.poll() is None, f"exited early ({proc.returncode}): {proc.stderr.read()[-2000:]}"
+        assert Forks.running(pid), "exited early"
         assert time.monotonic() < deadline, "never got there"
         time.sleep(0.05)
 
 
-def test_second_classify_train_is_refused_and_a_killed_holder_does_not_block(tmp_path):
+def test_second_classify_train_is_refused_and_a_killed_holder_does_not_block(tmp_path, forks):
     data, run = tmp_path / "data", tmp_path / "run"
     write_dark_light_folder(data)
-    train = ["classify", "train", "--config", str(tiny_classify_recipe(tmp_path, data)), "--out", str(run)]
+    train = ["-m", "lightvision", "classify", "train", "--config", tiny_classify_recipe(tmp_path, data), "--out", run]
     train += ["--device", "cpu"]
-    first = lightvision(*train, env={PAUSE_IN_SAVE_ENV: "2"})  # holds the folder, paused writing step 2
+    env = dict(os.environ)
+    # holds the folder, paused writing step 2
+    first = forks.start({"first": (train, {**env, PAUSE_IN_SAVE_ENV: "2"}, tmp_path)})["first"]
     try:
         wait_for(first, lambda: any((run / "checkpoints").glob(".tmp-step_0000002-*.paused")))
-        second = lightvision(*train, "--resume")
-        out, err = second.communicate(timeout=120)
-        assert second.returncode == 1, err
+        code, _, err = forks.run({"second": ([*train, "--resume"], env, tmp_path)})["second"]
+        assert code == 1, err
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("lightvision: error: run folder"), err
-        assert str(run) in lines[0] and f"pid {first.pid}" in lines[0] and "another run folder" in lines[0]
+        assert str(run) in lines[0] and f"pid {first} " in lines[0] and "another run folder" in lines[0]
     finally:
-        first.send_signal(signal.SIGKILL)
-        first.communicate()
-    assert f"pid {first.pid}" in (run / LOCK_FILE).read_text()  # the dead holder's lock file stays
+        os.kill(first, signal.SIGKILL)
+        code, _, err = forks.wait("first")["first"]
+    assert code == -signal.SIGKILL, err[-2000:]
+    assert f"pid {first} " in (run / LOCK_FILE).read_text()  # the dead holder's lock file stays
 
-    resumed = lightvision(*train, "--resume")
-    _, err = resumed.communicate(timeout=180)
-    assert resumed.returncode == 0, err[-2000:]
+    code, _, err = forks.run({"resumed": ([*train, "--resume"], env, tmp_path)})["resumed"]
+    assert code == 0, err[-2000:]
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]  # one writer: every step once
 

@@ -351,45 +351,49 @@ def test_qkvpacked_custom_ops_and_compile():
 
 _KERNEL_PATH_GRAPHS = """
 import os, sys
-if sys.argv[2] == "cpu":
+if sys.argv[1] == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 import torch, timm
 import lightvision  # noqa: F401  (the models; no kernel family imported yet)
-from lightvision.ops import _dispatch, preload_kernels
-real = _dispatch.dispatch
-for mod in ("lightnet", "norm", "md_tpe", "lion"):
-    m = sys.modules.get("lightvision.ops." + mod)
-    if m is not None and hasattr(m, "dispatch"):
-        m.dispatch = lambda op, backend, *a: real(op, "triton" if backend == "auto" else backend, *a)
-if sys.argv[1] == "preload":
-    preload_kernels()
-model = timm.create_model("lightnet_deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
-                          num_heads=2, num_classes=7).eval().to(sys.argv[2])
-print(torch._dynamo.explain(model)(torch.randn(1, 3, 16, 16, device=sys.argv[2])).graph_break_count)
+import gc
+gc.freeze()  # the imported objects stay out of the children's collections
+failed = 0
+for mode in ("preload", "lazy"):  # each in a forked process: both start with no kernel family imported
+    if os.fork():
+        failed |= os.wait()[1]
+        continue
+    from lightvision.ops import _dispatch, preload_kernels
+    real = _dispatch.dispatch
+    for mod in ("lightnet", "norm", "md_tpe", "lion"):
+        m = sys.modules.get("lightvision.ops." + mod)
+        if m is not None and hasattr(m, "dispatch"):
+            m.dispatch = lambda op, backend, *a: real(op, "triton" if backend == "auto" else backend, *a)
+    if mode == "preload":
+        preload_kernels()
+    model = timm.create_model("lightnet_deit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=32, depth=2,
+                              num_heads=2, num_classes=7).eval().to(sys.argv[1])
+    x = torch.randn(1, 3, 16, 16, device=sys.argv[1])
+    print(mode, torch._dynamo.explain(model)(x).graph_break_count)
+    sys.exit(0)
+sys.exit(1 if failed else 0)
 """
 
 
 def test_model_kernel_path_traces_as_one_graph_after_preload(tmp_path):
-    # in a fresh process (no kernel family imported; the kernels forced, on CPU in the Triton interpreter):
-    # the lazy family import of a first call is not traceable (a graph break per op);
-    # lightvision.engine.compile_model calls preload_kernels first. The process runs in an empty folder, so the
-    # installed package is imported, not a checkout's lightvision/ folder
+    # in a fresh process (no kernel family imported; the kernels forced, on CPU in the Triton interpreter), forked
+    # once per mode after the imports: the lazy family import of a first call is not traceable (a graph break per
+    # op); lightvision.engine.compile_model calls preload_kernels first. The process runs in an empty folder, so
+    # the installed package is imported, not a checkout's lightvision/ folder
     import subprocess
     import sys
 
-    def breaks(mode):
-        run = subprocess.run(
-            [sys.executable, "-c", _KERNEL_PATH_GRAPHS, mode, DEV],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            cwd=tmp_path,
-        )
-        assert run.returncode == 0, run.stderr[-2000:]
-        return int(run.stdout.strip().splitlines()[-1])
-
-    assert breaks("preload") == 0
-    assert breaks("lazy") > 0
+    run = subprocess.run(
+        [sys.executable, "-c", _KERNEL_PATH_GRAPHS, DEV], capture_output=True, text=True, timeout=600, cwd=tmp_path
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    breaks = dict(line.split() for line in run.stdout.strip().splitlines()[-2:])
+    assert int(breaks["preload"]) == 0
+    assert int(breaks["lazy"]) > 0
 
 
 def test_tables_cached_in_inference_mode_serve_a_training_step():
