@@ -44,8 +44,8 @@
 #                input for 4 / 8 / 16 loader cores,
 #                folder / shards / shards --max-size 256, gpu (graph-replayed augmentation) / cpu pipelines
 #                (scripts/bench_input.py; needs the webdataset and braceexpand wheels; no new setting starts after
-#                7.5 min), then where one batch's decode and augmentation time goes (scripts/profile_input.py); about
-#                10 min in all
+#                10 min), then where one batch's decode and augmentation time goes (scripts/profile_input.py); about
+#                12 min in all (run it detached past one call's limit)
 #   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
 #                narrows them with -k)
 #   dit_curves   FID / precision / recall (yardstick features) and test bits/dim against training steps (LightNet
@@ -186,7 +186,7 @@ SUMMARY
       python3 "$repo/scripts/make_imagenet_like.py" --cifar "$repo/.carry" --out /tmp/imagenet_like --count 12000 \
         > "$out/make_imagenet_like.log" 2>&1; stamp "imagenet-like folder done rc=$?"
       python3 "$repo/scripts/bench_input.py" --data /tmp/imagenet_like --out "$out/input.json" --cores 4 8 16 \
-        --max-size 256 --budget-s 450 > "$out/input.log" 2>&1
+        --max-size 256 --budget-s 600 > "$out/input.log" 2>&1
       stamp "input done rc=$?"
       python3 "$repo/scripts/profile_input.py" --data /tmp/imagenet_like --out "$out/input_profile.json" \
         > "$out/input_profile.log" 2>&1; stamp "input profile done rc=$?"
