@@ -127,6 +127,24 @@ def make_lightnet_packed(B, H, N, d, dtype, device):
     return fn, [torch.randn(B, N, 3 * H * d, device=device, dtype=dtype)]
 
 
+def make_lightnet_value_halves(B, H, N, d, dtype, device):
+    """LightNet with the value columns in two halves, q and k shared: two kernel calls whose states are [2d, d / 2]
+    (with MD-LRPE) instead of one [2d, d], outputs concatenated; the same values (each column of o reads only its own
+    column of v). For wide heads (d = 128), whose one-call state is 128 KB of fp32 a program."""
+    from lightvision.ops.lightnet import lightnet_attention
+
+    grid = _grid(N)
+
+    def fn(q, k, v):
+        half = v.shape[-1] // 2
+        parts = [
+            lightnet_attention(q, k, v[..., s], grid=grid, backend="triton") for s in (slice(half), slice(half, None))
+        ]
+        return torch.cat(parts, -1)
+
+    return fn, _qkv(B, H, N, d, dtype, device)
+
+
 def make_normalized(B, H, N, d, dtype, device):
     """Normalized attention's fast form, q (K^T V) / eta (two batched matmuls), with a fp32 log-normaliser input."""
     from lightvision.ops.normalized import normalized_attention
@@ -142,6 +160,7 @@ add("softmax", "sdpa", make_sdpa)
 add("lightnet", "torch", _make_lightnet("torch"))
 add("lightnet", "triton", _make_lightnet("triton"))
 add("lightnet", "triton_packed", make_lightnet_packed)
+add("lightnet", "triton_value_halves", make_lightnet_value_halves)
 add("normalized", "torch", make_normalized)
 
 
