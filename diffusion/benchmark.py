@@ -130,10 +130,19 @@ def eval_curve(run: str | Path) -> list[dict]:
 
 
 def run_record(
-    cfg: dict, args: argparse.Namespace, variant_set: list[str], model: torch.nn.Module, result: dict, seconds: float
+    cfg: dict,
+    args: argparse.Namespace,
+    name: str,
+    variant_set: list[str],
+    model: torch.nn.Module,
+    result: dict,
+    seconds: float,
 ) -> dict:
-    """What every run reports: model, parameters, steps, batch, training time, optimiser and the evaluations during
-    training (``curve``)."""
+    """What every run reports: model, parameters, steps, batch, training time and rate, final loss, optimiser, the
+    evaluations during training (``curve``) and its EMA sample grid (copied to ``--out`` as ``grid_<name>.png``)."""
+    grid_out = Path(args.out) / f"grid_{name}.png"
+    grid_out.write_bytes((Path(cfg["run"]["dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
+    last = result["last_record"]
     record = {
         "model": cfg["model"]["name"],
         "variant_set": variant_set,
@@ -142,10 +151,18 @@ def run_record(
         "steps": result["step"],
         "batch_size": args.batch_size,
         "train_seconds": round(seconds, 1),
+        "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
+        "final_loss": last.get("loss"),
         "recipe": {k: cfg[k] for k in ("optim", "sched")},
+        "grid": grid_out.name,
     }
     curve = eval_curve(cfg["run"]["dir"])
     return {**record, "curve": curve} if curve else record
+
+
+def last_evaluation(curve: list[dict], keys: tuple[str, ...]) -> dict:
+    """``keys`` of the curve's last evaluation (rounded) and its feature space."""
+    return {**{k: round(curve[-1][k], 4) for k in keys if k in curve[-1]}, "feature_space": curve[-1]["feature_space"]}
 
 
 def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
@@ -186,19 +203,13 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     if world > 1:  # data parallel: the evaluation during training at the last step gives the final numbers
         if not trainer.accelerator.is_main_process:
             return {}
-        record = run_record(cfg, args, variant_set, trainer.ema.module, result, train_seconds)
+        record = run_record(cfg, args, name, variant_set, trainer.ema.module, result, train_seconds)
         last = record["curve"][-1]
-        grid_out = out / f"grid_{name}.png"
-        grid_out.write_bytes((Path(cfg["run"]["dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
         return {
             **record,
-            **{k: round(last[k], 4) for k in ("fid", "precision", "recall", "test_bits_per_dim") if k in last},
-            "feature_space": last.get("feature_space"),
+            **last_evaluation(record["curve"], ("fid", "precision", "recall", "test_bits_per_dim")),
             **({"test_bits_per_dim_t": last["test_bits_per_dim_t"]} if "test_bits_per_dim_t" in last else {}),
             "processes": world,
-            "train_steps_per_s": round(result["last_record"].get("steps_per_s", float("nan")), 2),
-            "final_loss": result["last_record"].get("loss"),
-            "grid": grid_out.name,
         }
     model, device = trainer.ema.module.eval(), trainer.accelerator.device
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -224,11 +235,10 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         batch_file.parent.mkdir(parents=True, exist_ok=True)
         np.savez(batch_file, arr_0=samples)  # the ADM batch layout: uint8 [N, H, W, 3] as arr_0
         sample_seconds = time.time() - start
-    record = run_record(cfg, args, variant_set, model, result, train_seconds)
+    record = run_record(cfg, args, name, variant_set, model, result, train_seconds)
     curve = record.get("curve")
     if curve and curve[-1]["step"] == result["step"]:  # the last evaluation scored the final weights already
-        record.update({k: round(curve[-1][k], 4) for k in ("fid", "precision", "recall")})
-        record["feature_space"] = curve[-1]["feature_space"]
+        record.update(last_evaluation(curve, ("fid", "precision", "recall")))
     elif not args.no_fid:
         try:  # the run's other numbers stand without them
             fid = compute_fid(
@@ -247,13 +257,8 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
     if args.sample_sizes:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             record["sizes"] = sample_sizes(model, diffusion, codec, name, args, device)
-    grid_out = out / f"grid_{name}.png"
-    grid_out.write_bytes((Path(cfg["run"]["dir"]) / "samples" / f"step_{args.steps:07d}.png").read_bytes())
-    last = result["last_record"]
     return {
         **record,
-        "train_steps_per_s": round(last.get("steps_per_s", float("nan")), 2),
-        "final_loss": last.get("loss"),
         "test_bits_per_dim": round(bpd["test_bits_per_dim"], 4),
         **({"test_bits_per_dim_t": bpd["test_bits_per_dim_t"]} if args.bpd_buckets else {}),
         "bpd_images": bpd["bpd_images"],
@@ -262,7 +267,6 @@ def run_kind(name: str, args: argparse.Namespace, reference: str) -> dict:
         "samples": args.samples,
         "sample_steps": args.sample_steps,
         "sample_seconds": round(sample_seconds, 1),
-        "grid": grid_out.name,
     }
 
 

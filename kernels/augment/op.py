@@ -119,9 +119,9 @@ def _step(size: int) -> float:
     return float(np.float32(2.0) / np.float32(size - 1)) if size > 1 else 0.0
 
 
-def _check(x: torch.Tensor, mode: str, backend: str) -> bool:
+def _check(x: torch.Tensor, backend: str, mode: str | None = None) -> bool:
     """Whether the Triton programs run (raises on a bad ``mode`` / ``backend`` or a forced program that cannot)."""
-    if mode not in MODES:
+    if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
@@ -138,7 +138,7 @@ def _check(x: torch.Tensor, mode: str, backend: str) -> bool:
 def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`image_stats_reference` in one Triton launch (after zeroing its output); ``backend`` as for
     :func:`augment_layer`."""
-    if not _check(x, "bicubic", backend):
+    if not _check(x, backend):
         return image_stats_reference(x)
     n, _, height, width = x.shape
     stats = torch.zeros((n, 3 * 256 + 1), dtype=torch.int32, device=x.device)  # histograms, then the luma sum
@@ -169,7 +169,7 @@ def augment_layer(
     or Triton's interpreter); "torch" the reference. Resampling agrees with ``grid_sample`` up to float rounding (a
     level on a few pixels, a neighbouring pixel for "nearest" exactly between two); the other ops exactly.
     """
-    if not _check(x, mode, backend):
+    if not _check(x, backend, mode):
         return augment_layer_reference(x, kind, factor, theta, tables, fill, mode, kinds)
     n, _, height, width = x.shape
     x = x.contiguous()
