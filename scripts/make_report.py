@@ -415,6 +415,18 @@ def render_diffusion_cifar10(files: list[str], **_) -> str:
     )
 
 
+def render_dit_curves(files: list[str], **_) -> str:
+    """FID and test bits/dim of each run at each evaluation step (``scripts/plot_dit_curves.py`` files, runs side by
+    side), then each run's logged steps/s; "-" where a run had stopped before that step."""
+    runs = {name: run for f in files for name, run in load(f)["runs"].items()}
+    at = {name: {c["step"]: c for c in run["curve"]} for name, run in runs.items()}
+    steps = sorted({step for curve in at.values() for step in curve})
+    cell = lambda c: "-" if c is None else f"{c['fid']:.1f} / {c['test_bits_per_dim']:.3f}"  # noqa: E731
+    rows = [[f"{step:,}", *(cell(at[name].get(step)) for name in runs)] for step in steps]
+    rows.append(["steps/s", *(f"{run['train_steps_per_s']}" for run in runs.values())])
+    return table(["step", *(f"{name}: FID / bits/dim" for name in runs)], rows)
+
+
 def render_multi_gpu(files: list[str], **_) -> str:
     """1 vs 2 GPUs at the same global batch: first loss, loss differences, images/s, and 2 GPUs at twice the batch."""
     d = load(files[0])

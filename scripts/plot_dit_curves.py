@@ -6,7 +6,9 @@ against steps, one line per run.
         --out OUT/dit_curves_b
 
 Each run's curve is its report's ``curve``; a run without a finished report (paused, stopped or failed) is read from
-its run folder under ``--work`` (``metrics.jsonl``), so a partial curve is kept and marked ``finished: false``.
+its run folder under ``--work`` (``metrics.jsonl``, with the median of its logged rates), so a partial curve is kept,
+marked ``finished: false`` and labelled with the step it reached; without the report (a call that ended before
+run_variants did) every run folder under ``--work`` is read.
 Writes ``--out``.json ({"source", "runs": {name: {"model", "params", "finished", "train_steps_per_s", "curve":
 [{"step", "fid", "precision", "recall", "test_bits_per_dim", ...}]}}}) and ``--out``.png.
 """
@@ -25,22 +27,39 @@ def curves(report: dict, work: Path | None) -> dict:
     """{name: run summary with its curve} for every name of a run_variants report (see the module docstring)."""
     from lightvision.diffusion.benchmark import eval_curve
 
-    names = report.get("settings", {}).get("kinds") or list(report["results"])
+    names = report.get("settings", {}).get("kinds") or list(report.get("results", {}))
+    if not names and work is not None and work.is_dir():  # no report: every run folder under work
+        names = sorted(p.name for p in work.iterdir() if (p / "runs" / p.name).is_dir())
     runs = {}
     for name in names:
-        r = report["results"].get(name, {})
-        curve = r.get("curve")
-        if curve is None and work is not None and (work / name / "runs" / name).is_dir():
-            curve = eval_curve(work / name / "runs" / name)
+        r = report.get("results", {}).get(name, {})
+        curve, rate = r.get("curve"), r.get("train_steps_per_s")
+        folder = None if work is None else work / name / "runs" / name
+        if curve is None and folder is not None and folder.is_dir():
+            curve, rate = eval_curve(folder), logged_rate(folder)
         if curve:
             runs[name] = {
                 "model": r.get("model"),
                 "params": r.get("params"),
                 "finished": "error" not in r and bool(r),
-                "train_steps_per_s": r.get("train_steps_per_s"),
+                "train_steps_per_s": rate,
                 "curve": curve,
             }
     return runs
+
+
+def logged_rate(run: Path) -> float | None:
+    """Median of the ``steps_per_s`` a run folder's ``metrics.jsonl`` logged (the rate of a run without a report;
+    the windows holding an evaluation are the slow outliers the median leaves out)."""
+    from lightvision.engine import MetricsLogger
+
+    rates = sorted(r["steps_per_s"] for r in MetricsLogger(run).records() if "steps_per_s" in r)
+    return round(rates[len(rates) // 2], 2) if rates else None
+
+
+def label(name: str, run: dict) -> str:
+    """The legend's name of a run: an unfinished run says the step its curve reached."""
+    return name if run["finished"] else f"{name} (to step {run['curve'][-1]['step']:,})"
 
 
 def plot(runs: dict, path: Path) -> None:
@@ -52,11 +71,10 @@ def plot(runs: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(PANELS), figsize=(16, 4.2))
     for i, (name, run) in enumerate(runs.items()):
-        label = name if run["finished"] else f"{name} (unfinished)"
         for ax, (key, _) in zip(axes, PANELS):
             points = [(c["step"], c[key]) for c in run["curve"] if key in c]
             if points:
-                ax.plot(*zip(*points), marker=".", color=f"C{i}", label=label)
+                ax.plot(*zip(*points), marker=".", color=f"C{i}", label=label(name, run))
             if key == "precision":
                 points = [(c["step"], c["recall"]) for c in run["curve"] if "recall" in c]
                 if points:
@@ -72,11 +90,14 @@ def plot(runs: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", help="diffusion_cifar10_TAG.json of scripts/run_variants.py")
+    p.add_argument("results", help="diffusion_cifar10_TAG.json of scripts/run_variants.py (may not exist with --work)")
     p.add_argument("--work", help="run_variants' --work: curves of runs without a finished report")
     p.add_argument("--out", required=True, help="path stem of the JSON and PNG to write")
     args = p.parse_args(argv)
-    report = json.loads(Path(args.results).read_text())
+    source = Path(args.results)
+    if not source.is_file() and not args.work:
+        sys.exit(f"plot_dit_curves: {source} does not exist; give --work to read the run folders instead")
+    report = json.loads(source.read_text()) if source.is_file() else {}
     runs = curves(report, Path(args.work) if args.work else None)
     if not runs:
         sys.exit(f"plot_dit_curves: no run in {args.results} (or under --work) has an evaluation during training")

@@ -145,3 +145,18 @@ def test_a_name_off_the_rule_is_refused(report, tmp_path, monkeypatch, name):
 
 def test_no_work_bookkeeping_in_the_report(report):
     assert not re.search(r"(?i)session ?\d+|issue #\d+|target", report.OUT.read_text())
+
+
+def test_curve_table_is_the_files_curves(report, spec):
+    """Each cell of the B/2 curve table is that run's evaluation at that step; a run that stopped earlier shows "-"."""
+    section = next(s for s in spec["sections"] if s.get("table") == "dit_curves")
+    runs = report.load(section["files"][0])["runs"]
+    lines = report.render_dit_curves(section["files"]).splitlines()
+    last = {name: run["curve"][-1]["step"] for name, run in runs.items()}
+    step = min(last.values())
+    cells = next(line for line in lines if line.startswith(f"| {step:,} |")).strip("| ").split(" | ")
+    for cell, run in zip(cells[1:], runs.values()):
+        point = next(c for c in run["curve"] if c["step"] == step)
+        assert cell == f"{point['fid']:.1f} / {point['test_bits_per_dim']:.3f}"
+    later = next(line for line in lines if line.startswith(f"| {max(last.values()):,} |")).strip("| ").split(" | ")
+    assert [c == "-" for c in later[1:]] == [s < max(last.values()) for s in last.values()]

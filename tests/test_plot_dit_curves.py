@@ -43,3 +43,24 @@ def test_refuses_a_report_without_curves(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps({"results": {"softmax": {"error": "x"}}}))
     with pytest.raises(SystemExit, match="has an evaluation during training"):
         load_script("plot_dit_curves").main([str(tmp_path / "r.json"), "--out", str(tmp_path / "c")])
+
+
+def test_run_folders_without_a_report(tmp_path):
+    """A call that ended before run_variants did leaves no report: every run folder is read, its logged median rate
+    kept and its legend saying the step it reached."""
+    for name, steps in (("softmax", (2, 4)), ("lightnet", (2,))):
+        run = tmp_path / "work" / name / "runs" / name
+        run.mkdir(parents=True)
+        records = [{"step": 1, "steps_per_s": 3.0}, {"step": 2, "steps_per_s": 9.0}, {"step": 3, "steps_per_s": 10.0}]
+        records += [_point(s, 8.0 - s, 3.9) for s in steps]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    module = load_script("plot_dit_curves")
+    out = tmp_path / "c"
+    assert module.main([str(tmp_path / "missing.json"), "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
+    runs = json.loads((tmp_path / "c.json").read_text())["runs"]
+    assert list(runs) == ["lightnet", "softmax"]
+    assert runs["softmax"]["train_steps_per_s"] == 9.0 and not runs["softmax"]["finished"]
+    assert [c["step"] for c in runs["softmax"]["curve"]] == [2, 4]
+    assert module.label("lightnet", runs["lightnet"]) == "lightnet (to step 2)"
+    with pytest.raises(SystemExit, match="does not exist; give --work"):
+        module.main([str(tmp_path / "missing.json"), "--out", str(out)])
