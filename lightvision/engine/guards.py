@@ -32,12 +32,26 @@ def nonfinite_grads(model: nn.Module) -> list[str]:
     return [n for (n, _), b in zip(named, bad) if b]
 
 
+def nonfinite_error(step: int, loss: float, bad: list[str]) -> NonFiniteError:
+    """The error for a non-finite training state at ``step``: the loss, the parameters (and their module groups)
+    whose gradients are not finite, and what to do."""
+    parts = [f"non-finite training state at step {step}: loss={loss}"]
+    if bad:
+        groups = sorted({_group(n) for n in bad})
+        shown = ", ".join(bad[:10]) + (f", ... ({len(bad) - 10} more)" if len(bad) > 10 else "")
+        parts.append(f"non-finite gradients in {len(bad)} parameter(s) of group(s) {', '.join(groups)}: {shown}")
+    parts.append(
+        "this state was not saved; resume from the last checkpoint with a lower learning rate or clip_grad, "
+        "check the input data, or set nan_policy=skip"
+    )
+    return NonFiniteError("; ".join(parts))
+
+
 def check_finite(loss: torch.Tensor | float, model: nn.Module | None, step: int, policy: str = "stop") -> bool:
-    """True when ``loss`` and every gradient of ``model`` are finite.
+    """True when ``loss`` and every gradient of ``model`` are finite (the host waits for the device).
 
     Otherwise ``policy="skip"`` returns False (the caller skips the optimizer step) and ``policy="stop"``
-    raises :class:`NonFiniteError` naming the step and the parameters (and their module groups) with
-    non-finite gradients. Pass ``model=None`` to check the loss only (fp16 with a grad scaler, whose
+    raises :func:`nonfinite_error`. Pass ``model=None`` to check the loss only (fp16 with a grad scaler, whose
     overflowing gradients are expected and handled by the scaler).
     """
     if policy not in NAN_POLICIES:
@@ -48,13 +62,52 @@ def check_finite(loss: torch.Tensor | float, model: nn.Module | None, step: int,
         return True
     if policy == "skip":
         return False
-    parts = [f"non-finite training state at step {step}: loss={value}"]
-    if bad:
-        groups = sorted({_group(n) for n in bad})
-        shown = ", ".join(bad[:10]) + (f", ... ({len(bad) - 10} more)" if len(bad) > 10 else "")
-        parts.append(f"non-finite gradients in {len(bad)} parameter(s) of group(s) {', '.join(groups)}: {shown}")
-    parts.append(
-        "this state was not saved; resume from the last checkpoint with a lower learning rate or clip_grad, "
-        "check the input data, or set nan_policy=skip"
-    )
-    raise NonFiniteError("; ".join(parts))
+    raise nonfinite_error(step, value, bad)
+
+
+class FiniteWatch:
+    """The first step whose loss or gradients are not finite, kept on the device, so that a training loop need not
+    wait for the device at every step.
+
+    :meth:`note` after each backward (a few device operations, no host synchronisation); :meth:`first` reads what
+    was noted (one synchronisation): None, or (step, its loss, the parameters whose gradients were not finite).
+    ``model`` None watches the loss only (fp16 with a grad scaler).
+    """
+
+    def __init__(self, model: nn.Module | None):
+        params = [] if model is None else unwrap_model(model).named_parameters()
+        self._params = [(n, p) for n, p in params if p.requires_grad]
+        self._index: tuple[tuple[int, ...], torch.Tensor] | None = None  # positions of the present gradients
+        self._first: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # step (-1: none), loss, flags
+
+    def note(self, loss: torch.Tensor, step: int) -> None:
+        loss = loss.detach().float().reshape(())
+        flags = torch.zeros(len(self._params), dtype=torch.bool, device=loss.device)
+        present = [(i, p.grad) for i, (_, p) in enumerate(self._params) if p.grad is not None and p.grad.numel()]
+        if present:
+            norms = torch.stack(torch._foreach_norm([g.detach() for _, g in present], ord=math.inf))
+            if len(present) == len(self._params):
+                flags = ~torch.isfinite(norms)
+            else:
+                key = tuple(i for i, _ in present)
+                if self._index is None or self._index[0] != key:
+                    self._index = (key, torch.tensor(key, device=loss.device))
+                flags[self._index[1]] = ~torch.isfinite(norms)
+        bad = ~torch.isfinite(loss) | flags.any()
+        if self._first is None:
+            self._first = (torch.full((), -1, device=loss.device), torch.zeros((), device=loss.device), flags)
+        first_step, first_loss, first_flags = self._first
+        new = bad & (first_step < 0)
+        self._first = (
+            torch.where(new, step, first_step),
+            torch.where(new, loss, first_loss),
+            torch.where(new, flags, first_flags),
+        )
+
+    def first(self) -> tuple[int, float, list[str]] | None:
+        if self._first is None:
+            return None
+        step, loss, flags = self._first
+        if int(step) < 0:
+            return None
+        return int(step), float(loss), [n for (n, _), bad in zip(self._params, flags.tolist()) if bad]

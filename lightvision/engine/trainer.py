@@ -54,10 +54,11 @@ from lightvision.engine.checkpoint import (
 from lightvision.engine.compiled import compile_model
 from lightvision.engine.config import save_config
 from lightvision.engine.ema import ModelEma
-from lightvision.engine.guards import NAN_POLICIES, NonFiniteError, check_finite
+from lightvision.engine.guards import NAN_POLICIES, FiniteWatch, NonFiniteError, check_finite, nonfinite_error
 from lightvision.engine.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
+READ_EVERY = 10  # steps between the host's reads of the device state (nan_policy stop, stop agreement)
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 Hook = Callable[["Trainer"], "dict[str, Any] | None"]
@@ -126,7 +127,10 @@ class Trainer:
         model_config: architecture description, stored with checkpoints and checked on resume.
         clip_grad: max gradient norm (None: no clipping; the norm is logged when set).
         ema_decay: keep an fp32 EMA of the weights (None: no EMA), with the warm-up of ``ModelEma``.
-        nan_policy: "stop" raises :class:`NonFiniteError` (nothing saved); "skip" drops the update and goes on.
+        nan_policy: "stop" raises :class:`NonFiniteError` (nothing saved): the device notes the first non-finite
+            step and the host reads it every ``READ_EVERY`` steps and before every log, hook and checkpoint, so
+            steps run without waiting for the device; "skip" drops the update and goes on (the host waits for the
+            device at every step to decide).
         metric_mode: "max" or "min": which hook metric is better (best checkpoint).
         hooks: ``(every, fn)``: ``fn(trainer)`` runs every ``every`` steps on every process and may return
             metrics to log; a ``"metric"`` entry (same value on every process) tracks the best checkpoint,
@@ -212,12 +216,14 @@ class Trainer:
         self.batch_in_epoch = 0
         self.skipped_steps = 0
         self.best_metric: float | None = None
-        self._window: dict[str, float] = {}
+        self._window: dict[str, float | torch.Tensor] = {}  # per-process sums (fp64 on the device between reads)
         self._window_steps = 0
         self._window_start = (self.step, time.monotonic())
         self._last_lr = math.nan
         self._stop_requested = False
         self._stop_agreed = False
+        stop_watch = nan_policy == "stop"
+        self._watch = FiniteWatch(None if accelerator.scaler is not None else self.model) if stop_watch else None
 
     @property
     def unwrapped_model(self) -> nn.Module:
@@ -233,7 +239,7 @@ class Trainer:
         """What the meaning of a saved data position depends on."""
         return [self.seed, len(self.train_loader), self.accelerator.num_processes, self.grad_accum_steps]
 
-    def _train_state(self) -> dict:
+    def _train_state(self, window: dict[str, float]) -> dict:
         scaler = self.accelerator.scaler
         return {
             "step": self.step,
@@ -241,7 +247,7 @@ class Trainer:
             "batch_in_epoch": self.batch_in_epoch,
             "skipped_steps": self.skipped_steps,
             "best_metric": self.best_metric,
-            "window": {"steps": self._window_steps, "sums": dict(self._window)},
+            "window": {"steps": self._window_steps, "sums": window},
             "data_signature": self._data_signature(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
@@ -398,28 +404,22 @@ class Trainer:
             for key, value in losses.items():
                 value = torch.as_tensor(value, device=acc.device).detach().float().mean() / self.grad_accum_steps
                 totals[key] = totals[key] + value if key in totals else value
-        keys = list(totals)
-        stop = torch.tensor(float(self._stop_requested), device=acc.device)
-        *means, any_stop = acc.reduce(torch.stack([totals[k] for k in keys] + [stop]), reduction="mean").tolist()
-        values = dict(zip(keys, means))
-        self._stop_agreed = any_stop > 0
         step = self.step + 1
-        check_grads = None if acc.scaler is not None else self.model
-        try:
-            finite = check_finite(values["loss"], check_grads, step, self.nan_policy)
-        except NonFiniteError as e:
-            self.metrics.log(step, {"event": "non_finite", "error": str(e)})
-            log.error("%s", e)
-            raise
+        if self._watch is not None:  # read at the next boundary (_read_device_state)
+            self._watch.note(totals["loss"], step)
+            finite = True
+        else:  # nan_policy skip: every process decides from the mean loss and its (all-reduced) gradients
+            loss = acc.reduce(totals["loss"].detach().reshape(1), reduction="mean")[0]
+            finite = check_finite(loss, None if acc.scaler is not None else self.model, step, "skip")
         lr = self.optimizer.param_groups[0]["lr"]
         if finite:
             if self.clip_grad is not None:
-                values["grad_norm"] = float(acc.clip_grad_norm_(self.model.parameters(), self.clip_grad))
+                totals["grad_norm"] = acc.clip_grad_norm_(self.model.parameters(), self.clip_grad).detach().float()
             self.optimizer.step()
             if self.ema is not None and not acc.optimizer_step_was_skipped:
                 self.ema.update(self.model, self.step)
-            for key, value in values.items():
-                self._window[key] = self._window.get(key, 0.0) + value
+            for key, value in totals.items():
+                self._window[key] = self._window.get(key, 0.0) + value.detach().double()
             self._window_steps += 1
         else:
             self.skipped_steps += 1
@@ -427,7 +427,7 @@ class Trainer:
                 "step %d: non-finite loss or gradients (loss=%s); skipping the update (nan_policy=skip, "
                 "%d skipped so far)",
                 step,
-                values["loss"],
+                float(loss),
                 self.skipped_steps,
             )
         self.optimizer.zero_grad(set_to_none=True)
@@ -436,11 +436,57 @@ class Trainer:
         self.step = step
         self._last_lr = lr
 
+    def _window_sums(self) -> dict[str, float]:
+        """The logged values' sums since the last record, each the mean over the processes (one device read)."""
+        if not self._window:
+            return {}
+        keys, device = list(self._window), self.accelerator.device
+        sums = torch.stack([torch.as_tensor(self._window[k], dtype=torch.float64, device=device) for k in keys])
+        return dict(zip(keys, self.accelerator.reduce(sums, reduction="mean").tolist()))
+
+    def _read_device_state(self) -> None:
+        """The host's read of what the steps since the last one left on the device, at a boundary every process
+        reaches at the same step: the first non-finite step (policy stop: logged and raised, nothing saved) and
+        whether any process asked to stop."""
+        acc = self.accelerator
+        first = self._watch.first() if self._watch is not None else None
+        self._stop_agreed = self._stop_requested
+        if acc.num_processes > 1:
+            flags = torch.tensor([float(self._stop_requested), float(first is not None)], device=acc.device)
+            any_stop, any_bad = acc.reduce(flags, reduction="sum").tolist()
+            self._stop_agreed = any_stop > 0
+            if any_bad and first is None:
+                error = NonFiniteError(
+                    f"non-finite training state on another process by step {self.step}; this state was not saved"
+                )
+                log.error("%s", error)
+                raise error
+        if first is not None:
+            error = nonfinite_error(*first)
+            self.metrics.log(first[0], {"event": "non_finite", "error": str(error)})
+            log.error("%s", error)
+            raise error
+
+    def _at_boundary(self) -> bool:
+        """Whether the host reads the device state after this step: every ``READ_EVERY`` steps, before a log, hook
+        or checkpoint, at the last step, and (one process) when a stop was asked for."""
+        s = self.step
+        return (
+            s % READ_EVERY == 0
+            or s % self.log_every == 0
+            or s % self.ckpt_every == 0
+            or s == self.max_steps
+            or any(s % every == 0 for every, _ in self.hooks)
+            or (self.accelerator.num_processes == 1 and self._stop_requested)
+        )
+
     def _flush_window(self) -> dict[str, Any]:
         """Mean of the logged values since the last record."""
         now = time.monotonic()
         start_step, start_time = self._window_start
-        record = {key: total / self._window_steps for key, total in self._window.items()} if self._window_steps else {}
+        record = (
+            {k: total / self._window_steps for k, total in self._window_sums().items()} if self._window_steps else {}
+        )
         record.update(
             epoch=self.epoch,
             lr=self._last_lr,
@@ -453,12 +499,13 @@ class Trainer:
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:
         acc = self.accelerator
         acc.wait_for_everyone()
+        window = self._window_sums()
         if acc.is_main_process:
             path = self.checkpoints.save(
                 self.step,
                 models=self._models(),
                 model_config=self.model_config,
-                train_state=self._train_state(),
+                train_state=self._train_state(window),
                 metric=metric,
                 is_best=is_best,
                 config=self.config,
@@ -513,6 +560,8 @@ class Trainer:
             while self.step < self.max_steps:
                 self._train_step(batches)
                 progress.update(1)
+                if self._at_boundary():
+                    self._read_device_state()
                 if self.step % self.log_every == 0 or self.step == self.max_steps:
                     record = self._flush_window()
                     self.metrics.log(self.step, record)

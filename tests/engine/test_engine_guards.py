@@ -1,4 +1,4 @@
-"""check_finite and the Trainer's NaN/inf policies."""
+"""check_finite, FiniteWatch and the Trainer's NaN/inf policies."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import torch
 from torch import nn
 
 from lightvision.engine import CheckpointManager, MetricsLogger, NonFiniteError, check_finite, unwrap_model
+from lightvision.engine.guards import FiniteWatch
+from lightvision.engine.trainer import READ_EVERY
 from train_tiny import TinyNet, build, tiny_loss
 
 
@@ -84,3 +86,54 @@ def test_trainer_skip_continues(tmp_path):
     assert any(not torch.equal(before[k], v) for k, v in trainer.unwrapped_model.state_dict().items())
     records = {r["step"]: r for r in MetricsLogger(tmp_path).records()}
     assert "loss" not in records[3] and records[3]["skipped_steps"] == 1 and math.isfinite(records[4]["loss"])
+
+
+def test_finite_watch_keeps_the_first_bad_step():
+    """The device-side record: nothing before a bad step; then that step's loss and parameters, however many finite
+    or bad steps follow; partial gradients (a parameter without one) keep their names' places."""
+    model = model_with_grads()
+    watch = FiniteWatch(model)
+    watch.note(torch.tensor(0.5), step=1)
+    assert watch.first() is None
+    dict(model.named_parameters())["head.weight"].grad[0, 0] = math.inf
+    watch.note(torch.tensor(0.25), step=2)
+    dict(model.named_parameters())["head.weight"].grad.zero_()
+    watch.note(torch.tensor(math.nan), step=3)
+    assert watch.first() == (2, 0.25, ["head.weight"])
+    partial = model_with_grads()
+    first_name, first = next(iter(partial.named_parameters()))
+    first.grad = None
+    dict(partial.named_parameters())["head.bias"].grad[0] = math.nan
+    watch = FiniteWatch(partial)
+    watch.note(torch.tensor(1.0), step=4)
+    assert watch.first() == (4, 1.0, ["head.bias"]) and first_name != "head.bias"
+    loss_only = FiniteWatch(None)
+    loss_only.note(torch.tensor(math.inf), step=9)
+    assert loss_only.first() == (9, math.inf, [])
+
+
+def test_trainer_reads_the_device_only_at_boundaries(tmp_path, monkeypatch):
+    """nan_policy stop: the host reads the device state every READ_EVERY steps and before logs, checkpoints and the
+    last step, not every step; a bad step is still reported as itself, with nothing saved past it."""
+    loss_fn, holder = poisoned_loss(3, "grad")
+    trainer = build(tmp_path, 25, loss_fn=loss_fn, log_every=50, ckpt_every=100)
+    holder.append(trainer)
+    reads = []
+    read = trainer._read_device_state
+    monkeypatch.setattr(trainer, "_read_device_state", lambda: (reads.append(trainer.step), read())[1])
+    with pytest.raises(NonFiniteError, match=r"step 3.*group\(s\) body.0: body.0.weight"):
+        trainer.fit()
+    assert reads == [READ_EVERY] and trainer.step == READ_EVERY
+    assert CheckpointManager(tmp_path).checkpoints() == []
+    assert MetricsLogger(tmp_path).records()[-1]["step"] == 3
+
+
+def test_stop_and_skip_policies_log_the_same_clean_run(tmp_path):
+    """Without a bad step the watched run (host reads at boundaries) logs what the per-step checked run logs."""
+    runs = {}
+    for policy in ("stop", "skip"):
+        build(tmp_path / policy, 9, nan_policy=policy, log_every=4, ckpt_every=100).fit()
+        runs[policy] = [
+            {k: v for k, v in r.items() if k != "steps_per_s"} for r in MetricsLogger(tmp_path / policy).records()
+        ]
+    assert runs["stop"] == runs["skip"] and [r["step"] for r in runs["stop"]] == [4, 8, 9]
