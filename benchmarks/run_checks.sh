@@ -61,8 +61,9 @@
 #                LV_WORK (default /tmp/lightvision_dit_curves_<size>; reports and logs too). After LV_STOP_AFTER
 #                seconds (default 400; 0: never) every run checkpoints and stops: the same command resumes them
 #                (finished runs are kept). Then OUT/dit_curves_<size>/dit_curves_<size>.{json,png}
-#                (scripts/plot_dit_curves.py; unfinished runs included from their run folders) beside the report and
-#                logs; LV_SET adds recipe overrides for all
+#                (scripts/plot_dit_curves.py; unfinished runs included from their run folders; LV_PREVIOUS: curve
+#                files under benchmarks/results/ whose runs join the plot, e.g. a softmax curve of an earlier call)
+#                beside the report and logs; LV_SET adds recipe overrides for all
 #   variants     LightNet-DiT-S/2 variants (configs/variants/diffusion_cifar10.yaml) and attention kinds trained side by
 #                side on one GPU (scripts/run_variants.py, CUDA MPS when its daemon starts): LV_NAMES in priority
 #                order, LV_STEPS, LV_DEADLINE (seconds; the last-listed runs are stopped to meet it), LV_TAG,
@@ -238,7 +239,7 @@ SUMMARY
         > "$out/$tag/run_variants.log" 2>&1; stamp "dit curves rc=$? (paused runs continue with the same command)"
       cp "$work/report"/*.json "$work/report"/log_*.txt "$work/report"/parts/grid_*.png "$out/$tag/" 2> /dev/null
       python3 "$repo/scripts/plot_dit_curves.py" "$work/report/diffusion_cifar10_$tag.json" --work "$work" \
-        --out "$out/$tag/$tag"
+        --out "$out/$tag/$tag" ${LV_PREVIOUS:+--previous $(printf "$repo/%s " $LV_PREVIOUS)}
       tail -n 12 "$out/$tag/run_variants.log"
       ;;
     variants)

@@ -8,7 +8,8 @@ against steps, one line per run.
 Each run's curve is its report's ``curve``; a run without a finished report (paused, stopped or failed) is read from
 its run folder under ``--work`` (``metrics.jsonl``, with the median of its logged rates), so a partial curve is kept,
 marked ``finished: false`` and labelled with the step it reached; without the report (a call that ended before
-run_variants did) every run folder under ``--work`` is read.
+run_variants did) every run folder under ``--work`` is read. ``--previous`` adds the runs of curve JSONs written
+before (a run measured in an earlier call) for names the report and ``--work`` lack.
 Writes ``--out``.json ({"source", "runs": {name: {"model", "params", "finished", "train_steps_per_s", "curve":
 [{"step", "fid", "precision", "recall", "test_bits_per_dim", ...}]}}}) and ``--out``.png.
 """
@@ -93,12 +94,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("results", help="diffusion_cifar10_TAG.json of scripts/run_variants.py (may not exist with --work)")
     p.add_argument("--work", help="run_variants' --work: curves of runs without a finished report")
     p.add_argument("--out", required=True, help="path stem of the JSON and PNG to write")
+    p.add_argument(
+        "--previous",
+        nargs="*",
+        default=[],
+        help="curve JSONs this script wrote before (same recipe and seed): their runs join the plot where this "
+        "report and --work have no run of that name",
+    )
     args = p.parse_args(argv)
     source = Path(args.results)
     if not source.is_file() and not args.work:
         sys.exit(f"plot_dit_curves: {source} does not exist; give --work to read the run folders instead")
     report = json.loads(source.read_text()) if source.is_file() else {}
     runs = curves(report, Path(args.work) if args.work else None)
+    for previous in args.previous:
+        earlier = json.loads(Path(previous).read_text())["runs"]
+        runs = {**{name: run for name, run in earlier.items() if name not in runs}, **runs}
     if not runs:
         sys.exit(f"plot_dit_curves: no run in {args.results} (or under --work) has an evaluation during training")
     out = Path(args.out)

@@ -64,3 +64,23 @@ def test_run_folders_without_a_report(tmp_path):
     assert module.label("lightnet", runs["lightnet"]) == "lightnet (to step 2)"
     with pytest.raises(SystemExit, match="does not exist; give --work"):
         module.main([str(tmp_path / "missing.json"), "--out", str(out)])
+
+
+def test_previous_curves_join_where_the_run_is_missing(tmp_path):
+    """--previous: an earlier file's runs are plotted beside this report's, and a run of the same name here wins."""
+    earlier = {
+        "runs": {
+            "softmax": {"finished": True, "curve": [_point(2, 9.0, 4.0)], "train_steps_per_s": 5.0},
+            "lightnet": {"finished": False, "curve": [_point(2, 1.0, 1.0)], "train_steps_per_s": 1.0},
+        }
+    }
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    report = {"results": {"lightnet": {"model": "m", "params": 1, "curve": [_point(2, 8.0, 3.9), _point(4, 7.0, 3.8)]}}}
+    (tmp_path / "r.json").write_text(json.dumps(report))
+    module = load_script("plot_dit_curves")
+    argv = [str(tmp_path / "r.json"), "--out", str(tmp_path / "c"), "--previous", str(tmp_path / "earlier.json")]
+    assert module.main(argv) == 0
+    runs = json.loads((tmp_path / "c.json").read_text())["runs"]
+    assert list(runs) == ["softmax", "lightnet"]
+    assert runs["softmax"]["curve"] == earlier["runs"]["softmax"]["curve"]
+    assert [c["fid"] for c in runs["lightnet"]["curve"]] == [8.0, 7.0]
