@@ -47,7 +47,8 @@
 #                10 min), then where one batch's decode and augmentation time goes (scripts/profile_input.py); about
 #                12 min in all (run it detached past one call's limit)
 #   tests        the kernel, op and layer tests on the GPU (pytest tests/kernels tests/ops tests/layers; LV_TESTS_K
-#                narrows them with -k)
+#                narrows them with -k), and the host-synchronisation checks of the training step and the diffusion
+#                loss and samplers (tests/engine/test_engine_guards.py, tests/diffusion/test_gaussian.py)
 #   dit_curves   FID / precision / recall (yardstick features) and test bits/dim against training steps (LightNet
 #                Table 10 / Figure 4 in miniature): LV_NAMES (default softmax lightnet lion_s; names of
 #                configs/variants/diffusion_cifar10.yaml too) at size LV_SIZE (default b; s) trained LV_STEPS (default
@@ -194,7 +195,8 @@ SUMMARY
       tail -n 23 "$out/input.log"; tail -n 1 "$out/input_profile.log"
       ;;
     tests)
-      (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels tests/ops tests/layers ${LV_TESTS_K:+-k "$LV_TESTS_K"} \
+      (cd "$repo" && pytest -q -p no:cacheprovider tests/kernels tests/ops tests/layers tests/engine/test_engine_guards.py \
+        tests/diffusion/test_gaussian.py ${LV_TESTS_K:+-k "$LV_TESTS_K"} \
         > "$out/tests.log" 2>&1); stamp "tests done rc=$?"; tail -n 15 "$out/tests.log"
       ;;
     resolution)

@@ -137,3 +137,24 @@ def test_stop_and_skip_policies_log_the_same_clean_run(tmp_path):
             {k: v for k, v in r.items() if k != "steps_per_s"} for r in MetricsLogger(tmp_path / policy).records()
         ]
     assert runs["stop"] == runs["skip"] and [r["step"] for r in runs["stop"]] == [4, 8, 9]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host-sync check needs a CUDA device")
+def test_trainer_steps_between_boundaries_do_not_wait_for_the_gpu(tmp_path, monkeypatch):
+    """With the data on the GPU, the steps between the host's reads queue their work without one synchronisation
+    (``set_sync_debug_mode("error")`` raises on a sync): loss, backward, the watch, clipping, AdamW, EMA."""
+    trainer = build(tmp_path, 8, data_device="cuda", log_every=100, ckpt_every=100)
+    step = trainer._train_step
+
+    def watched(batches):
+        if trainer.step == 0:  # the first step allocates the optimizer's and the watch's state
+            return step(batches)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            step(batches)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    monkeypatch.setattr(trainer, "_train_step", watched)
+    assert trainer.fit()["step"] == 8
+    assert [r["step"] for r in MetricsLogger(tmp_path).records()] == [8]

@@ -39,14 +39,18 @@ def tiny_loss(model: nn.Module, batch) -> dict[str, torch.Tensor]:
     return {"loss": mse, "rmse": mse.detach().sqrt()}
 
 
-def build(run_dir: str | os.PathLike, max_steps: int, loss_fn=tiny_loss, **trainer_kwargs) -> Trainer:
-    """A Trainer on 52 synthetic samples (batch 8: 7 batches per epoch, the last one short)."""
+def build(
+    run_dir: str | os.PathLike, max_steps: int, loss_fn=tiny_loss, data_device: str = "cpu", **trainer_kwargs
+) -> Trainer:
+    """A Trainer on 52 synthetic samples (batch 8: 7 batches per epoch, the last one short), kept on
+    ``data_device``."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = TinyNet(**MODEL_CONFIG)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.05)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     x = torch.randn(52, 8, generator=torch.Generator().manual_seed(1))
+    x = x.to(data_device)
     loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=True)
     kwargs = dict(
         max_steps=max_steps,
