@@ -85,6 +85,7 @@ def run_default(out_dir: str, device: str = "auto", overrides: Sequence[str] = (
         "sample_grid": str(run_dir / "samples" / f"step_{result['step']:07d}.png"),
         "last_train_record": result["last_record"],
     }
+    out.mkdir(parents=True, exist_ok=True)  # a run.dir= override trains elsewhere: the job's folder may not exist
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if result["steps_run"]:
         trained = f"{result['steps_run']} steps in {summary['train_seconds']} s"

@@ -312,6 +312,11 @@ def test_default_job_takes_overrides_and_reports_a_reused_run(tmp_path, monkeypa
     assert (summary["steps"], summary["steps_run"]) == (3, 1)
     assert (tmp_path / "e" / "run" / "checkpoints" / "latest").is_file()
 
+    # a run.dir= override trains there; the job's own folder (its summary) is made for it
+    assert cli.run([*args[:3], str(tmp_path / "f"), *args[4:], f"run.dir={tmp_path / 'elsewhere'}"]) == 0
+    assert json.loads((tmp_path / "f" / "summary.json").read_text())["steps_run"] == 2
+    assert (tmp_path / "elsewhere" / "checkpoints" / "latest").is_file()
+
 
 def test_recipe_run_folder_from_out(tmp_path, monkeypatch):
     """`diffusion train --config R --out D` trains into D, as `classify train` does; overrides may follow options."""
