@@ -52,11 +52,14 @@ def _eval(args: argparse.Namespace) -> int:
     from lightvision.classify.evaluate import evaluate_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.run and args.checkpoint and args.run != args.checkpoint:
+        raise ValueError(f"classify eval: two runs given ({args.run} and --checkpoint {args.checkpoint}): give one")
+    args.checkpoint = args.checkpoint or args.run
     if args.pretrained:
         report = _eval_pretrained(args)
     else:
         if not args.checkpoint:
-            raise ValueError("classify eval: give --checkpoint RUN, or --pretrained FILE --model NAME")
+            raise ValueError("classify eval: give a RUN folder, or --pretrained FILE --model NAME")
         report = evaluate_checkpoint(
             args.checkpoint,
             args.img_size,
@@ -174,7 +177,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ys.set_defaults(func=_train_yardstick)
 
     ev = sub.add_parser("eval", help="top-1/top-5, images/s and peak GPU memory at several resolutions")
-    ev.add_argument("--checkpoint", help="run folder (its latest checkpoint) or a checkpoint folder")
+    ev.add_argument("run", nargs="?", help="run folder (its latest checkpoint) or a checkpoint folder")
+    ev.add_argument("--checkpoint", help="the same as RUN")
     ev.add_argument(
         "--pretrained",
         help="external weights instead of --checkpoint: timm / DeiT authors' .pth, the "

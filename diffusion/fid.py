@@ -271,18 +271,24 @@ def load_statistics(path: str | Path, feature_space: str | None = None) -> dict[
     return stats
 
 
-def reference_statistics(
-    reference: str | Path, net: FeatureNet, cache_dir: str | Path | None = None, batch_size: int = 64
-) -> dict[str, np.ndarray]:
-    """Statistics of ``reference`` in ``net``'s space: a statistics file as is, images through the cache
-    (``cache_dir``/ref-<images hash>-<network id>.npz; None: :func:`default_cache_dir`), with the Gaussians an ADM
-    reference batch stores (:func:`with_stored_gaussians`)."""
+def check_reference(reference: str | Path) -> Path:
+    """``reference`` as a Path; FileNotFoundError saying what it may be when it does not exist."""
     reference = Path(reference)
     if not reference.exists():
         raise FileNotFoundError(
             f"reference {str(reference)!r} does not exist (an image folder, an .npz image batch "
             "or statistics from `lightvision diffusion fid-ref`)"
         )
+    return reference
+
+
+def reference_statistics(
+    reference: str | Path, net: FeatureNet, cache_dir: str | Path | None = None, batch_size: int = 64
+) -> dict[str, np.ndarray]:
+    """Statistics of ``reference`` in ``net``'s space: a statistics file as is, images through the cache
+    (``cache_dir``/ref-<images hash>-<network id>.npz; None: :func:`default_cache_dir`), with the Gaussians an ADM
+    reference batch stores (:func:`with_stored_gaussians`)."""
+    reference = check_reference(reference)
     if is_statistics(reference):
         return load_statistics(reference, net.id)
     images = ImageSet(reference)
@@ -391,6 +397,7 @@ def compute_fid(
     check_counts(num_samples=num_samples, batch_size=batch_size)
     device = resolve_device(device)
     images = ImageSet(samples, num_samples)
+    check_reference(reference)  # before the feature network, which may try to download Inception's weights
     net = feature_network(
         feature_extractor=feature_extractor, inception_weights=inception_weights, image_size=images.size, device=device
     )

@@ -148,7 +148,7 @@ def test_train_options_leave_the_overrides_alone(family):
     with pytest.raises(SystemExit):  # an unknown option is still refused
         parse_args([family, "train", "x=1", "--outt", "Y"])
     with pytest.raises(SystemExit):  # and a stray word where no overrides are taken
-        parse_args(["classify", "eval", "--img-size", "16", "--device", "cpu", "24"])
+        parse_args(["classify", "eval", "runs/a", "--img-size", "16", "--device", "cpu", "24"])
 
 
 def test_help_imports_no_torch():

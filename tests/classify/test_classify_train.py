@@ -78,6 +78,10 @@ def test_train_then_eval_imagefolder(tmp_path, capsys):
     argv = ["classify", "eval", "--checkpoint", str(run), "--img-size", "24", "--device", "cpu", "--num-workers", "0"]
     assert cli.run([*argv, "--data", str(data / "val"), "--pos-unit", "token", "--out", str(tmp_path / "t")]) == 0
     assert json.loads((tmp_path / "t" / "eval.json").read_text())["model_args"] == {"pos_unit": "token"}
+    positional = ["classify", "eval", str(run), *argv[4:], "--out", str(tmp_path / "p")]  # the run as RUN, as `sample`
+    assert cli.run(positional) == 0 and json.loads((tmp_path / "p" / "eval.json").read_text())["results"]
+    with pytest.raises(ValueError, match="two runs given"):
+        cli.run([*positional, "--checkpoint", str(tmp_path)])
 
     # a validation folder with other classes than the training data
     other = tmp_path / "other"

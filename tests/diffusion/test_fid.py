@@ -332,6 +332,9 @@ def test_offline_without_inception_weights_is_one_line(tmp_path, no_hub_weights,
     with mock.patch.object(fe_mod, "load_state_dict_from_url", side_effect=offline):
         message = cli_error(["diffusion", "fid", str(ref), "--reference", str(ref), "--cache-dir", str(tmp_path / "c")])
     assert "--inception-weights FILE" in message and "URLError" in message
+    with mock.patch.object(fe_mod, "load_state_dict_from_url", side_effect=offline):  # a wrong reference comes first
+        message = cli_error(["diffusion", "fid", str(ref), "--reference", str(tmp_path / "nowhere")])
+    assert "reference" in message and "nowhere' does not exist" in message
     assert re.search(
         "Inception weights '.*missing.pth' not found",
         cli_error(
