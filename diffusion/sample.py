@@ -111,6 +111,12 @@ def load_for_sampling(checkpoint: str | Path, device: str | torch.device, which:
     from lightvision.engine.checkpoint import load_model_weights, read_checkpoint_config
 
     info = read_checkpoint_config(checkpoint)
+    name = info["model_config"].get("name", "")
+    if "_dit_" not in name:
+        raise ValueError(
+            f"{checkpoint} holds a {name!r}, not a DiT (a classifier run?): sample from a `lightvision diffusion "
+            "train` run"
+        )
     model = build_model(info["model_config"])
     load_model_weights(checkpoint, model, which=which)
     return model.to(device).eval(), info["config"]

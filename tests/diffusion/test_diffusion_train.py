@@ -396,3 +396,14 @@ def test_checkpoint_with_a_config_of_the_old_layout_samples(tmp_path):
     assert saved == {**cfg, "run": {"dir": str(tmp_path / "run")}}
     sample_main(str(tmp_path / "run"), str(tmp_path / "out"), num_samples=2, batch_size=2, steps=2)
     assert np.load(tmp_path / "out" / "samples.npz")["arr_0"].shape == (2, 16, 16, 3)
+
+
+def test_sampling_a_classifier_run_is_named(monkeypatch):
+    """`diffusion sample` on a classifier's run folder says what the folder holds instead of "unknown model"."""
+    from lightvision.diffusion import sample
+    from lightvision.engine import checkpoint
+
+    info = {"model_config": {"name": "lightnet_deit_tiny_patch16_224"}, "config": {}}
+    monkeypatch.setattr(checkpoint, "read_checkpoint_config", lambda _: info)
+    with pytest.raises(ValueError, match=r"runs/c holds a 'lightnet_deit_tiny_patch16_224', not a DiT"):
+        sample.load_for_sampling("runs/c", "cpu")
