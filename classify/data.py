@@ -46,7 +46,7 @@ from lightvision.classify.device_mixup import DeviceMixup
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
-from lightvision.engine.data import SafeImageFolder
+from lightvision.engine.data import SafeImageFolder, unpack_hint
 from lightvision.engine.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataset
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
@@ -97,7 +97,7 @@ def image_folder(root: str | Path, split: str, transform: Any, loader: Any = Non
     if not Path(root).is_dir():
         raise FileNotFoundError(f"data folder {root} does not exist: pass data.root=PATH ({layout})")
     if not folder.is_dir():
-        raise FileNotFoundError(f"no '{split}' folder in {root}: {layout}")
+        raise FileNotFoundError(f"no '{split}' folder in {root}: {layout}{unpack_hint(folder)}")
     classes = [d for d in os.scandir(folder) if d.is_dir()]
     if not classes:
         raise FileNotFoundError(f"{folder} has no class sub-folders: {layout}")

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from lightvision.diffusion.autoencoder import Codec
 from lightvision.engine.batch_random import batch_random
-from lightvision.engine.data import SafeImageFolder, loader_workers
+from lightvision.engine.data import SafeImageFolder, loader_workers, unpack_hint
 
 
 def image_transform(image_size: int, flip: bool):
@@ -39,7 +39,7 @@ def image_folder(root: str | Path, image_size: int, flip: bool):
     :class:`~lightvision.engine.data.SafeImageFolder`: an unreadable image is skipped with a warning naming it."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"image folder {str(root)!r} does not exist")
+        raise FileNotFoundError(f"image folder {str(root)!r} does not exist{unpack_hint(root)}")
     return SafeImageFolder(root, transform=image_transform(image_size, flip))
 
 

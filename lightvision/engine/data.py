@@ -69,6 +69,14 @@ class SafeImageFolder(ImageFolder):
         )
 
 
+def unpack_hint(folder: str | Path) -> str:
+    """For a missing ``folder``: "; unpack ARCHIVE there first (tar -xf)" when a tar archive named like it lies
+    beside it (e.g. cifar10-train-jpg.tar.gz for .../train), else ""."""
+    folder = Path(folder)
+    archives = sorted(a.name for a in folder.parent.glob(f"*{folder.name}*.tar*")) if folder.parent.is_dir() else []
+    return f"; unpack {archives[0]} there first (tar -xf)" if archives else ""
+
+
 def available_cpus() -> int:
     """CPU cores this process may run on (its affinity mask where the OS has one, else ``os.cpu_count()``)."""
     if hasattr(os, "sched_getaffinity"):

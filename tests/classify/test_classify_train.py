@@ -196,6 +196,9 @@ def test_data_folder_errors(tmp_path):
         image_folder(tmp_path / "nope", "train", None)
     with pytest.raises(FileNotFoundError, match="no 'val' folder"):
         image_folder(tmp_path, "val", None)
+    (tmp_path / "cifar10-train-jpg.tar.gz").write_bytes(b"")  # the archive beside the missing folder is named
+    with pytest.raises(FileNotFoundError, match=r"no 'train' folder .*; unpack cifar10-train-jpg\.tar\.gz there first"):
+        image_folder(tmp_path, "train", None)
     (tmp_path / "val").mkdir()
     with pytest.raises(FileNotFoundError, match="has no class sub-folders"):
         image_folder(tmp_path, "val", None)

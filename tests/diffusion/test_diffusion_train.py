@@ -135,6 +135,16 @@ def test_missing_autoencoder_is_a_clear_error(tmp_path):
         load_codec("kl", "nobody-here/no-such-vae")
 
 
+def test_missing_image_folder_names_the_archive_beside_it(tmp_path):
+    from lightvision.diffusion.latents import image_folder
+
+    with pytest.raises(FileNotFoundError, match=r"'.*train' does not exist$"):
+        image_folder(tmp_path / "train", 32, flip=False)
+    (tmp_path / "cifar10-train-jpg.tar.gz").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"does not exist; unpack cifar10-train-jpg\.tar\.gz there first"):
+        image_folder(tmp_path / "train", 32, flip=False)
+
+
 def test_every_recipe_resolves_to_a_registered_model():
     from pathlib import Path
 
