@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from lightvision.engine.compiled import compile_model
 from lightvision.tools.results import results_env
-from lightvision.tools.speed_tables import ratio_table, ratios
+from lightvision.tools.speed_tables import md_table, ratio_table, ratios
 
 DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
 DIT_BATCH = {"b": {256: 256, 512: 64, 1024: 16}, "xl": {256: 64, 512: 16, 1024: 4}}
@@ -271,16 +271,14 @@ def memory_growth(records: list[dict]) -> list[dict]:
 
 def memory_growth_table(rows: list[dict]) -> str:
     """Markdown: activation GB per size and the growth exponents of ``memory_growth``."""
-    lines = [
-        "| model | attention | batch | px (tokens): forward activation GB | growth exponents | max |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
+    cells = []
     for r in rows:
         sizes = ", ".join(f"{px} ({n}): {gb:.3f}" for px, n, gb in zip(r["img_size"], r["tokens"], r["activation_gb"]))
         exps = ", ".join("-" if e is None else f"{e:.2f}" for e in r["exponents"]) or "-"
         worst = "-" if r["max_exponent"] is None else f"{r['max_exponent']:.2f}"
-        lines.append(f"| {r['model']} | {r['attention']} | {r['batch']} | {sizes} | {exps} | {worst} |")
-    return "\n".join(lines)
+        cells.append([r["model"], r["attention"], r["batch"], sizes, exps, worst])
+    header = ["model", "attention", "batch", "px (tokens): forward activation GB", "growth exponents", "max"]
+    return md_table(header, cells)
 
 
 def markdown_table(records: list[dict]) -> str:
@@ -295,17 +293,10 @@ def markdown_table(records: list[dict]) -> str:
             cell = f"{r['img_per_s']:.1f} / {r['peak_mem_gb']:.2f}"
         row_key = (r["model"], r["attention"], r["img_size"], r.get("compile") or "eager")
         rows.setdefault(row_key, {"batch": r["batch"]})[r["mode"]] = cell
-    lines = [
-        "| model | attention | px | compile | batch | train img/s / peak GB | infer img/s / peak GB |"
-        " infer peak GB / forward's own GB, fixed batch |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for (model, attention, px, mode), cells in rows.items():
-        lines.append(
-            f"| {model} | {attention} | {px} | {mode} | {cells['batch']} | {cells.get('train', '-')} | "
-            f"{cells.get('infer', '-')} | {cells.get('infer_memory', '-')} |"
-        )
-    return "\n".join(lines)
+    header = ["model", "attention", "px", "compile", "batch", "train img/s / peak GB", "infer img/s / peak GB"]
+    header.append("infer peak GB / forward's own GB, fixed batch")
+    modes = ("train", "infer", "infer_memory")
+    return md_table(header, [[*key, c["batch"], *(c.get(m, "-") for m in modes)] for key, c in rows.items()])
 
 
 def plot(records: list[dict], path: Path) -> None:

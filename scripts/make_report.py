@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from lightvision.tools.speed_tables import ratio_table, ratios, split_table, train_table
+from lightvision.tools.speed_tables import md_table, ratio_table, ratios, split_table, train_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "benchmarks" / "report.yaml"
@@ -37,13 +37,6 @@ def load(name: str) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path.relative_to(ROOT)} (named in {SPEC.relative_to(ROOT)}) does not exist")
     return json.loads(path.read_text())
-
-
-def table(header: list[str], rows: list[list]) -> str:
-    """A markdown table of ``rows`` (cells turned into strings) under ``header``."""
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def provenance(files: list[str], softmax: str | None) -> str:
@@ -90,7 +83,7 @@ def render_attention(files: list[str], **_) -> str:
                 fmt(get("lion_s", "torch_mask")),
             ]
         )
-    return table(
+    return md_table(
         [
             "N / B",
             "SDPA",
@@ -122,7 +115,7 @@ def render_lightnet_vs_sdpa(files: list[str], **_) -> str:
                 f"{sdpa / both['ms_graph']:.1f}x",
             ]
         )
-    return table(["N / B", "fwd", "fwd+bwd", "x memory floor", "SDPA fwd+bwd", "SDPA / LightNet"], rows)
+    return md_table(["N / B", "fwd", "fwd+bwd", "x memory floor", "SDPA fwd+bwd", "SDPA / LightNet"], rows)
 
 
 def render_checks(files: list[str], **_) -> str:
@@ -145,7 +138,7 @@ def render_checks(files: list[str], **_) -> str:
                 f"{max(errors):.1e}" if errors else "-",
             ]
         )
-    return table(["file", "GPU", "checks passed", "largest fp32 relative error"], rows)
+    return md_table(["file", "GPU", "checks passed", "largest fp32 relative error"], rows)
 
 
 def render_models(files: list[str], attentions: list[str] | None = None, **_) -> str:
@@ -163,7 +156,7 @@ def render_models(files: list[str], attentions: list[str] | None = None, **_) ->
                     continue
                 run = name if rnd is None else f"{name} (round {rnd})"
                 rows.append([model, px, batch, att, f"{v:.0f}", f"{base:.0f}", f"{v / base:.3f}x", run])
-    return table(["model", "px", "batch", "attention", "images/s", "softmax images/s", "ratio", "file"], rows)
+    return md_table(["model", "px", "batch", "attention", "images/s", "softmax images/s", "ratio", "file"], rows)
 
 
 def render_block_speed(files: list[str], **_) -> str:
@@ -185,7 +178,7 @@ def render_gpu_tests(files: list[str], **_) -> str:
         for name in files
         for s in load(name)["suites"]
     ]
-    return table(["stage", "suite", "passed", "failed", "seconds", "file"], rows)
+    return md_table(["stage", "suite", "passed", "failed", "seconds", "file"], rows)
 
 
 def render_memory(files: list[str], **_) -> str:
@@ -203,7 +196,7 @@ def render_memory(files: list[str], **_) -> str:
                     f"{g['max_exponent']:.2f}",
                 ]
             )
-    return table(["model", "attention", "batch", "tokens", "activation GB", "largest growth exponent"], rows)
+    return md_table(["model", "attention", "batch", "tokens", "activation GB", "largest growth exponent"], rows)
 
 
 def render_classify_cifar10(files: list[str], **_) -> str:
@@ -218,7 +211,7 @@ def render_classify_cifar10(files: list[str], **_) -> str:
                 top1[32] = f"{last:.1f} at epoch {epoch:g} (stopped)"
             cells = [top1.get(size, "-") for size in (32, 48, 64)]
             rows.append([kind, f"{r['params'] / 1e6:.2f}M", *cells, name])
-    return table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
+    return md_table(["attention", "params", "top-1 32 px", "48 px", "64 px", "file"], rows)
 
 
 # The training switches of the resolution screen: the name suffix of each variant and what it sets.
@@ -275,7 +268,7 @@ def render_resolution(files: list[str], lion_power: str = "1", **_) -> str:
             pool = head_of(r)
             for unit, acc in unit_curves(r, lion_power):
                 rows.append([kind, pool, unit, *[f"{acc[s]:.1f}" for s in sizes], f"{acc[32] - acc[64]:.1f}"])
-    return table(["attention", "head", "position unit", *[f"{s} px" for s in sizes], "lost 32 -> 64"], rows)
+    return md_table(["attention", "head", "position unit", *[f"{s} px" for s in sizes], "lost 32 -> 64"], rows)
 
 
 def render_resolution_settings(files: list[str], **_) -> str:
@@ -290,7 +283,7 @@ def render_resolution_settings(files: list[str], **_) -> str:
                 acc = top1(r, pos)
                 lost = [f"{acc[32] - acc[s]:.1f}" for s in (48, 64)]
                 rows.append([kind, head_of(r), pos, *[f"{acc[s]:.1f}" for s in sizes], *lost])
-    return table(
+    return md_table(
         ["attention", "head", "--eval-pos", *[f"{s} px" for s in sizes], "lost 32 -> 48", "lost 32 -> 64"], rows
     )
 
@@ -304,7 +297,7 @@ def render_resolution_screen(files: list[str], **_) -> str:
             for suffix, label in SCREEN_SWITCHES:
                 acc = top1(results.get(kind + suffix, {}), "image")
                 rows.append([kind, label, *[f"{acc[s]:.1f}" if s in acc else "-" for s in (32, 48, 64, 96)]])
-    return table(["attention", "training", "32 px", "48 px", "64 px", "96 px"], rows)
+    return md_table(["attention", "training", "32 px", "48 px", "64 px", "96 px"], rows)
 
 
 def render_resolution_samples(files: list[str], **_) -> str:
@@ -319,7 +312,7 @@ def render_resolution_samples(files: list[str], **_) -> str:
                 share = {(x["img_size"], x["pos_unit"]): x["streak_share"]["mean"] for x in r["sizes"]}
                 row = [f"{kind} ({r['test_bits_per_dim']:.2f} bits/dim)", *[f"{share[c]:.2f}" for c in columns]]
                 rows.append(row)
-    return table(["run", *[f"{size} px {unit}" for size, unit in columns]], rows)
+    return md_table(["run", *[f"{size} px {unit}" for size, unit in columns]], rows)
 
 
 def render_training_rate(files: list[str], **_) -> str:
@@ -331,7 +324,7 @@ def render_training_rate(files: list[str], **_) -> str:
         rates = s["images_per_s"]
         cells = [f"{statistics.median(rates[k]):,.0f}" if k in rates else "-" for k in kinds]
         rows.append([s["setting"], s["batch"], s["compile_mode"], *cells])
-    return table(["setting", "batch", "compile mode", *kinds], rows)
+    return md_table(["setting", "batch", "compile mode", *kinds], rows)
 
 
 def render_yardstick(files: list[str], **_) -> str:
@@ -349,7 +342,7 @@ def render_yardstick(files: list[str], **_) -> str:
         for r in load(files[0])["results"]
     ]
     head = ["widths", "residual stages", "cutout", "epochs", "test top-1, one view", "flip-averaged", "where"]
-    return table(head, rows)
+    return md_table(head, rows)
 
 
 def render_input_pipeline(files: list[str], **_) -> str:
@@ -370,7 +363,7 @@ def render_input_pipeline(files: list[str], **_) -> str:
                 [setting, cores, f"{r['images_per_s']:.0f}", f"{r['images_per_s'] / ceiling:.0%}", *stages, name]
             )
     header = ["input", "loader cores", "images/s", "of synthetic", "decode ms", "augment ms", "step ms", "file"]
-    return table(header, rows)
+    return md_table(header, rows)
 
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:
@@ -399,7 +392,7 @@ def render_diffusion_cifar10(files: list[str], **_) -> str:
                     r["train_steps_per_s"],
                 ]
             )
-    return table(
+    return md_table(
         [
             "run",
             "params",
@@ -424,7 +417,7 @@ def render_dit_curves(files: list[str], **_) -> str:
     cell = lambda c: "-" if c is None else f"{c['fid']:.1f} / {c['test_bits_per_dim']:.3f}"  # noqa: E731
     rows = [[f"{step:,}", *(cell(at[name].get(step)) for name in runs)] for step in steps]
     rows.append(["steps/s", *(f"{run['train_steps_per_s']}" for run in runs.values())])
-    return table(["step", *(f"{name}: FID / bits/dim" for name in runs)], rows)
+    return md_table(["step", *(f"{name}: FID / bits/dim" for name in runs)], rows)
 
 
 def render_multi_gpu(files: list[str], **_) -> str:
@@ -445,7 +438,7 @@ def render_multi_gpu(files: list[str], **_) -> str:
                 f"{speed('run_2_weak'):.0f} (x{speed('run_2_weak') / speed('run_1'):.2f})",
             ]
         )
-    return table(
+    return md_table(
         [
             "job",
             "loss step 1 (1 / 2 GPUs)",

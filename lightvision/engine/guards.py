@@ -82,13 +82,13 @@ class FiniteWatch:
 
     def note(self, loss: torch.Tensor, step: int) -> None:
         loss = loss.detach().float().reshape(())
-        flags = torch.zeros(len(self._params), dtype=torch.bool, device=loss.device)
         present = [(i, p.grad) for i, (_, p) in enumerate(self._params) if p.grad is not None and p.grad.numel()]
-        if present:
-            norms = torch.stack(torch._foreach_norm([g.detach() for _, g in present], ord=math.inf))
-            if len(present) == len(self._params):
-                flags = ~torch.isfinite(norms)
-            else:
+        norms = torch.stack(torch._foreach_norm([g.detach() for _, g in present], ord=math.inf)) if present else None
+        if present and len(present) == len(self._params):  # the usual step: every parameter has its gradient
+            flags = ~torch.isfinite(norms)
+        else:
+            flags = torch.zeros(len(self._params), dtype=torch.bool, device=loss.device)
+            if present:
                 key = tuple(i for i, _ in present)
                 if self._index is None or self._index[0] != key:
                     self._index = (key, torch.tensor(key, device=loss.device))

@@ -3,24 +3,31 @@ those scripts, ``benchmarks/run_checks.sh`` and the report (``scripts/make_repor
 
 from __future__ import annotations
 
-__all__ = ["ratio_table", "ratios", "split_table", "train_table"]
+__all__ = ["md_table", "ratio_table", "ratios", "split_table", "train_table"]
+
+
+def md_table(header: list[str], rows: list[list]) -> str:
+    """A markdown table of ``rows`` (cells turned into strings) under ``header``."""
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def train_table(records: list[dict]) -> str:
     """Markdown: one row per training record (model, attention, px, compile mode, batch), images/s and peak GB."""
-    lines = [
-        "| model | attention | px | compile | batch | train img/s | peak GB |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+    rows = [
+        [
+            r["model"],
+            r["attention"],
+            r["img_size"],
+            r.get("compile") or "eager",
+            r["batch"],
+            *(("OOM", "OOM") if r.get("oom") else (f"{r['img_per_s']:.1f}", f"{r['peak_mem_gb']:.2f}")),
+        ]
+        for r in records
+        if r["mode"] == "train"
     ]
-    for r in records:
-        if r["mode"] != "train":
-            continue
-        cells = "OOM | OOM" if r.get("oom") else f"{r['img_per_s']:.1f} | {r['peak_mem_gb']:.2f}"
-        lines.append(
-            f"| {r['model']} | {r['attention']} | {r['img_size']} | {r.get('compile') or 'eager'} | {r['batch']} "
-            f"| {cells} |"
-        )
-    return "\n".join(lines)
+    return md_table(["model", "attention", "px", "compile", "batch", "train img/s", "peak GB"], rows)
 
 
 def ratios(records: list[dict]) -> list[dict]:
@@ -48,31 +55,30 @@ def ratios(records: list[dict]) -> list[dict]:
 
 def ratio_table(rows: list[dict]) -> str:
     """Markdown of :func:`ratios`."""
-    lines = [
-        "| model | attention | px | mode | compile | images/s vs softmax | peak memory vs softmax |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['attention']} | {r['img_size']} | {r['mode']} | {r['compile']} | "
-            f"{r['speed_vs_softmax']:.2f}x | {r['memory_vs_softmax']:.2f}x |"
-        )
-    return "\n".join(lines)
+    header = ["model", "attention", "px", "mode", "compile", "images/s vs softmax", "peak memory vs softmax"]
+    keys = ("model", "attention", "img_size", "mode", "compile")
+    cells = [[*(r[k] for k in keys), f"{r['speed_vs_softmax']:.2f}x", f"{r['memory_vs_softmax']:.2f}x"] for r in rows]
+    return md_table(header, cells)
 
 
 def split_table(results: list[dict]) -> str:
     """Markdown: per profile the step's GPU ms, matrix / attention core / rest ms (share) and the rest's top three."""
-    lines = [
-        "| model | px | batch | attention | compile | step ms | matrix ms | attention core ms | rest ms | largest rest"
-        " |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    rows = []
     for r in results:
         s, total = r["split"], r["cuda_ms_per_step"]
         parts = [f"{s[k + '_ms']:.1f} ({100 * s[k + '_ms'] / total:.0f}%)" for k in ("matrix", "attention", "rest")]
         rest = ", ".join(f"{t['name'][:40]} {t['ms']:.1f}" for t in s["rest_top"][:3])
-        lines.append(
-            f"| {r['model']} | {r['img_size']} | {r['batch']} | {r['attention']} | {r['compile'] or 'eager'} | "
-            f"{total:.1f} | {' | '.join(parts)} | {rest} |"
+        rows.append(
+            [
+                r["model"],
+                r["img_size"],
+                r["batch"],
+                r["attention"],
+                r["compile"] or "eager",
+                f"{total:.1f}",
+                *parts,
+                rest,
+            ]
         )
-    return "\n".join(lines)
+    header = ["model", "px", "batch", "attention", "compile", "step ms", "matrix ms", "attention core ms", "rest ms"]
+    return md_table([*header, "largest rest"], rows)
