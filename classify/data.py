@@ -272,7 +272,7 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
         sampler=sampler,
         drop_last=True,
         num_workers=workers,
-        pin_memory=pin_memory and not gpu,
+        pin_memory=pin_memory,
         persistent_workers=workers > 0 and not iterable,  # shard workers start each epoch with its number
         collate_fn=collate_encoded if gpu else None,
     )
@@ -295,7 +295,7 @@ def make_val_loader(
         batch_size=batch_size,
         shuffle=False,
         num_workers=workers,
-        pin_memory=pin_memory and not gpu,
+        pin_memory=pin_memory,
         collate_fn=collate_encoded if gpu else None,
     )
     if accelerator is not None:

@@ -3,8 +3,9 @@
 Workers return each image's bytes (checked cheaply: a known image signature, and a JPEG must end with its
 end-of-image marker, so truncated files are skipped there like :class:`~lightvision.engine.data.SafeImageFolder`
 skips them); ``collate_encoded`` packs a batch into one flat uint8 tensor (one shared-memory transfer per batch)
-as :class:`EncodedImages`, which accelerate leaves on the CPU (no ``.to``) while it moves the labels; a batch is
-the mapping ``{"labels": labels, "images": EncodedImages}`` (labels first: accelerate reads the batch size there).
+as :class:`EncodedImages` (page-locked by the loader's ``pin_memory`` on CUDA), which accelerate leaves on the
+CPU (no ``.to``) while it moves the labels; a batch is the mapping ``{"labels": labels, "images": EncodedImages}``
+(labels first: accelerate reads the batch size there).
 :func:`decode_batch` then decodes the JPEGs of the batch in one ``torchvision.io.decode_jpeg`` call on the labels'
 device (nvjpeg on CUDA, libjpeg on CPU). When that call fails, each JPEG is decoded alone on the device, and
 what still fails (CMYK JPEGs nvjpeg declines), like other formats (PNG, ...), by ``torchvision.io.decode_image``
@@ -60,6 +61,11 @@ class EncodedImages:
     def tensors(self) -> list[torch.Tensor]:
         """Each image's bytes, uint8 [len] views (CPU)."""
         return list(self.data.split(self.lengths))
+
+    def pin_memory(self) -> EncodedImages:
+        """The batch in page-locked memory (the DataLoader's ``pin_memory`` calls this): nvjpeg then copies each
+        image's bytes to the GPU without staging them through a pageable buffer first."""
+        return EncodedImages(self.data.pin_memory(), self.lengths, self.names)
 
 
 def collate_encoded(items: Sequence[tuple[tuple[torch.Tensor, str], int]]) -> dict[str, Any]:

@@ -2,14 +2,14 @@
 
     python scripts/profile_input.py --data data/imagenet_like --out input_profile.json
 
-Median milliseconds of each stage (decode; draws + crop + flip + resize; RandAugment, as two Triton launches per
-layer on CUDA and as PyTorch ops; the whole augmentation after the crop, op by op; the whole transform op by op and
-with the augmentation replayed as a CUDA graph) with the device synchronised after each, over ``--repeats`` batches
-after ``--warmup``, and how many RandAugment values the two ways give differently (resampling rounding); then the
-operations of one decode + transform: on CUDA the kernel launches and the host and device time in torch.profiler
-(the top entries by each), with the graph replayed, and RandAugment's device time both ways; on the CPU the
-operations dispatched, in all and by RandAugment alone (on a GPU most are one kernel launch each). The JSON holds
-the environment and the command.
+Median milliseconds of each stage (decode, from pageable memory and from page-locked memory as the training loader
+gives it; draws + crop + flip + resize; RandAugment, as two Triton launches per layer on CUDA and as PyTorch ops; the
+whole augmentation after the crop, op by op; the whole transform op by op and with the augmentation replayed as a CUDA
+graph) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``, and how many
+RandAugment values the two ways give differently (resampling rounding); then the operations of one decode + transform:
+on CUDA the kernel launches and the host and device time in torch.profiler (the top entries by each), with the graph
+replayed, and RandAugment's device time both ways; on the CPU the operations dispatched, in all and by RandAugment
+alone (on a GPU most are one kernel launch each). The JSON holds the environment and the command.
 """
 
 from __future__ import annotations
@@ -33,7 +33,16 @@ from lightvision.classify.train import load_recipe
 from lightvision.engine.batch_random import BatchRandom, use_batch_random
 from lightvision.tools.results import results_env
 
-STAGES = ("decode", "crop_flip", "rand_augment", "rand_augment_torch", "augment", "whole_eager", "whole")
+STAGES = (
+    "decode",
+    "decode_pinned",
+    "crop_flip",
+    "rand_augment",
+    "rand_augment_torch",
+    "augment",
+    "whole_eager",
+    "whole",
+)
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
 
 
@@ -76,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         rand_augment_torch = BatchRandAugment(cfg["aug"]["auto_augment"], args.img_size, mean, interpolation, "torch")
     labels = torch.zeros(len(raw), dtype=torch.long, device=args.device)
     cuda = args.device.startswith("cuda")
+    pinned = encoded.pin_memory() if cuda else encoded
 
     def timed(fn, *inputs):
         if cuda:
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(args.warmup + args.repeats):
         with use_batch_random(BatchRandom(i)):
             images, t_decode = timed(lambda: decode_batch(encoded, labels)[0])
+            _, t_pinned = timed(lambda: decode_batch(pinned, labels)[0])
             (x, u, noise), t_crop = timed(crop, images)
             drawn = transform.split(u).get("rand_augment")
             out_kernel, t_rand = timed(rand_augment, x, drawn)
@@ -103,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             _, t_eager = timed(eager, images)
             _, t_whole = timed(transform, images)
         if i >= args.warmup:
-            times = (t_decode, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole)
+            times = (t_decode, t_pinned, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole)
             differ = (out_kernel.int() - out_torch.int()).abs()
             mismatch["values"] += int((differ > 0).sum())
             mismatch["of"] += differ.numel()

@@ -21,7 +21,7 @@ from torchvision.io import ImageReadMode, decode_jpeg
 
 from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
-from lightvision.classify.data import build_mixup, eval_transform, image_folder, train_transform
+from lightvision.classify.data import build_mixup, eval_transform, image_folder, make_train_loader, train_transform
 from lightvision.classify.device_transforms import (
     CROP_COLUMNS,
     ERASE_COLUMNS,
@@ -30,7 +30,7 @@ from lightvision.classify.device_transforms import (
     erase_boxes,
     resized_crop_params,
 )
-from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
+from lightvision.classify.encoded import EncodedImages, collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.rand_augment import BatchRandAugment, apply_op, level_to_arg
 from lightvision.classify.train import DEFAULTS, make_loss_fn
 from lightvision.engine import BatchRandom, use_batch_random
@@ -314,6 +314,23 @@ def test_unreadable_images_are_skipped_and_counted(tmp_path):
     assert folder.skipped_images() == 6 and len(images) == len(folder) == len(labels)
     for img, label in zip(images, labels.tolist()):  # every slot holds a decoded image of its label's class
         assert img.shape[0] == 3 and (img.float().mean() > 128) == (label == folder.class_to_idx["light"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_training_loader_pins_encoded_batches_and_they_decode_alike(tmp_path):
+    """The gpu pipeline's training loader hands over page-locked bytes (nvjpeg copies them without staging), and
+    they decode to what pageable bytes give."""
+    write_jpeg_folder(tmp_path, corrupt=False)
+    folder = image_folder(tmp_path, "train", None, loader=read_image_bytes)
+    cfg = {**DEFAULTS, "data": {**DEFAULTS["data"], "pipeline": "gpu"}}
+    cfg = {**cfg, "train": {**cfg["train"], "batch_size": 4}, "aug": {**cfg["aug"], "repeated_aug": 1}}
+    batch = next(iter(make_train_loader(cfg, folder, workers=0, pin_memory=True)))
+    pinned = batch["images"]
+    assert pinned.data.is_pinned() and all(t.is_pinned() for t in pinned.tensors())
+    pageable = EncodedImages(pinned.data.clone(), pinned.lengths, pinned.names)
+    labels = batch["labels"].cuda()
+    for a, b in zip(decode_batch(pinned, labels)[0], decode_batch(pageable, labels)[0], strict=True):
+        assert torch.equal(a, b)
 
 
 def recipe(tmp_path: Path, data: Path, **data_keys: str) -> Path:
