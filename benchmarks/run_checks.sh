@@ -81,6 +81,9 @@ if [ -d "$repo/.carry" ] && [ ! -d /tmp/cifar/test ]; then
 fi
 cd /tmp  # not the checkout root: its lightvision/ would shadow the package tree of device_env.sh
 stamp() { echo "[$(date -u +%H:%M:%S)] $*"; }
+# One CUDA MPS daemon for the whole machine: started outside this stage's CUDA_VISIBLE_DEVICES, since clients number
+# their GPUs within the daemon's, and a daemon started with one GPU visible fails every client of another GPU
+start_mps() { env -u CUDA_VISIBLE_DEVICES nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"; }
 
 for stage in "$@"; do
   stamp "stage $stage"
@@ -96,7 +99,7 @@ for stage in "$@"; do
       grep -E '"(test_bits_per_dim|fid|precision|recall|train_steps_per_s|error)"' "$out/diffusion.log"
       ;;
     classify_table)
-      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      start_mps
       tag="${LV_TAG:-deit_t_patch4_${LV_EPOCHS:-200}epochs}"
       python3 "$repo/scripts/run_variants.py" --family classify ${LV_NAMES:-softmax lightnet lion_d lion_s lion_s_snake} \
         --data /tmp/cifar --out "$out" --work /tmp/lightvision_classify_table --tag "$tag" --workers 5 \
@@ -200,7 +203,7 @@ SUMMARY
         > "$out/tests.log" 2>&1); stamp "tests done rc=$?"; tail -n 15 "$out/tests.log"
       ;;
     resolution)
-      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      start_mps
       fast="train.compile=true train.compile_mode=reduce-overhead data.pipeline=gpu data.cache=device"
       sizes="--img-size 16 24 32 48 64 96"
       classify() {  # GPUS TAG EPOCHS NAMES... -- BENCHMARK ARGS
@@ -225,7 +228,7 @@ SUMMARY
       wait
       ;;
     dit_curves)
-      [ "${LV_MPS:-1}" = 1 ] && nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      [ "${LV_MPS:-1}" = 1 ] && start_mps
       size="${LV_SIZE:-b}"; tag="dit_curves_$size"; work="${LV_WORK:-/tmp/lightvision_$tag}"
       stop="${LV_STOP_AFTER:-400}"; [ "$stop" = 0 ] && stop=""
       mkdir -p "$out/$tag"  # reports and logs live in $work/report (kept across calls), copied to OUT
@@ -245,7 +248,7 @@ SUMMARY
       tail -n 12 "$out/$tag/run_variants.log"
       ;;
     variants)
-      nvidia-cuda-mps-control -d > /dev/null 2>&1 && stamp "CUDA MPS daemon started"
+      start_mps
       python3 "$repo/scripts/run_variants.py" ${LV_NAMES:?} --steps "${LV_STEPS:-4000}" --deadline "${LV_DEADLINE:-540}" \
         --eval-seconds "${LV_EVAL_SECONDS:-150}" \
         --data /tmp/cifar --out "$out" --variants "$repo/configs/variants/diffusion_cifar10.yaml" \
