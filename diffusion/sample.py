@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lightvision.diffusion.autoencoder import Codec
-from lightvision.diffusion.dit import DiT
+from lightvision.diffusion.dit import DiT, model_names
 from lightvision.diffusion.fid import SAMPLE_IMAGES, SAMPLE_SUMMARY, check_counts
 from lightvision.diffusion.gaussian import GaussianDiffusion, SampleNoise, guided
 from lightvision.engine.outdir import output_folder
@@ -112,7 +112,7 @@ def load_for_sampling(checkpoint: str | Path, device: str | torch.device, which:
 
     info = read_checkpoint_config(checkpoint)
     name = info["model_config"].get("name", "")
-    if "_dit_" not in name:
+    if name not in model_names():
         raise ValueError(
             f"{checkpoint} holds a {name!r}, not a DiT (a classifier run?): sample from a `lightvision diffusion "
             "train` run"
