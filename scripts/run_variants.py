@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         procs[name] = (proc, time.time())
     stopped, paused, seen = [], [], {name: [] for name in args.names}  # seen: (time, step) observations per run
-    pause = []  # set on SIGTERM to this driver: pause every run
-    signal.signal(signal.SIGTERM, lambda *_: pause.append(True))
+    pause = []  # set on SIGTERM to this driver while it watches the runs: pause every run
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: pause.append(True))
 
     def pause_due() -> bool:
         return not paused and bool(pause or (args.stop_after is not None and time.time() >= start + args.stop_after))
@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             f"[{now - start:.0f}s] " + ", ".join(f"{n} {seen[n][-1][1] if seen[n] else '-'}" for n in running),
             flush=True,
         )
+    # the caller's handler back: a process that calls main() (a test) and forks later must stay killable by SIGTERM
+    signal.signal(signal.SIGTERM, previous_handler)
     merged = {
         "env": results_env("python scripts/run_variants.py " + " ".join(argv)),
         "results": {},

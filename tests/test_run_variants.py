@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 
@@ -77,3 +78,17 @@ def test_data_parallel_names_take_their_own_gpus():
     for bad in (["lightnet"], ["lightnet=0"], ["other=2"]):
         with pytest.raises(ValueError, match="give NAME=K"):
             module.parse_procs(bad, names)
+
+
+def test_main_gives_the_callers_sigterm_handler_back(tmp_path):
+    """main() pauses its runs on SIGTERM only while it watches them: a caller's process keeps its own handler after
+    (a process forked later by the caller, e.g. a multiprocessing pool, must stay killable by SIGTERM)."""
+    module = load_script("run_variants")
+    parts = tmp_path / "out" / "parts"
+    parts.mkdir(parents=True)
+    done = {"params": 1e6, "steps": 4, "test_bits_per_dim": 3.0, "streak_share": {"mean": 0.1}, "train_steps_per_s": 2}
+    report = {"settings": {"steps": 4}, "results": {"softmax": done}}
+    (parts / "diffusion_cifar10_softmax.json").write_text(json.dumps(report))
+    before = signal.getsignal(signal.SIGTERM)
+    module.main(["softmax", "--resume", "--data", "unused", "--out", str(tmp_path / "out"), "--tag", "t"])
+    assert signal.getsignal(signal.SIGTERM) is before
