@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def table(report: dict) -> str:
-    """Diffusion runs as markdown: name, parameters, steps, bits/dim, FID, precision, recall, streak share, steps/s."""
+    """Diffusion runs as markdown: name, parameters, steps, bits/dim, FID, precision, recall, streak share, steps/s. A
+    data-parallel run takes its numbers from the evaluation during training, which measures no streak share ("-")."""
     real, nan = report.get("real_streak_share") or {}, float("nan")
     lines = [
         "| name | params (M) | steps | test bits/dim | FID | precision | recall | streak share | steps/s (shared) |",
@@ -247,10 +248,10 @@ def table(report: dict) -> str:
         if "error" in r:
             lines.append(f"| {name} | error: {r['error'][:80]} | | | | | | | |")
             continue
+        streaks = f"{r['streak_share']['mean']:.3f}" if "streak_share" in r else "-"
         lines.append(
             f"| {name} | {r['params'] / 1e6:.1f} | {r['steps']} | {r['test_bits_per_dim']:.3f} | "
-            f"{r.get('fid', nan):.2f} | {r.get('precision', nan):.3f} | {r.get('recall', nan):.3f} | "
-            f"{r['streak_share']['mean']:.3f} | "
+            f"{r.get('fid', nan):.2f} | {r.get('precision', nan):.3f} | {r.get('recall', nan):.3f} | {streaks} | "
             f"{r['train_steps_per_s']:.2f} |"
         )
     return "\n".join(lines)

@@ -62,6 +62,17 @@ def test_resume_keeps_finished_reports_without_running_them(tmp_path):
     assert not (tmp_path / "out" / "log_softmax.txt").exists()
 
 
+def test_table_takes_a_data_parallel_record_without_streak_share():
+    """A data-parallel run reports the evaluation during training (no samples after it, so no streak share)."""
+    module = load_script("run_variants")
+    single = {"params": 1e6, "steps": 4, "test_bits_per_dim": 3.0, "train_steps_per_s": 2}
+    single["streak_share"] = {"mean": 0.1}
+    parallel = {"params": 2e6, "steps": 4, "test_bits_per_dim": 2.5, "train_steps_per_s": 3, "fid": 500.0}
+    rows = module.table({"results": {"softmax": single, "lightnet": parallel}}).splitlines()
+    assert rows[3].startswith("| softmax | 1.0 | 4 | 3.000 |") and "| 0.100 | 2.00 |" in rows[3]
+    assert rows[4] == "| lightnet | 2.0 | 4 | 2.500 | 500.00 | nan | nan | - | 3.00 |"
+
+
 def test_data_parallel_names_take_their_own_gpus():
     module = load_script("run_variants")
     names = ["softmax", "lion_s", "lightnet"]
