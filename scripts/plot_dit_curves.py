@@ -7,7 +7,8 @@ against steps, one line per run.
 
 Each run's curve is its report's ``curve``; a run without a finished report (paused, stopped or failed) is read from
 its run folder under ``--work`` (``metrics.jsonl``, with the median of its logged rates), so a partial curve is kept,
-marked ``finished: false`` and labelled with the step it reached; without the report (a call that ended before
+marked ``finished: false`` and labelled with the step it reached (``finished: true`` where its last evaluation is at
+the ``train.max_steps`` of the folder's ``config.json``); without the report (a call that ended before
 run_variants did) every run folder under ``--work`` is read. ``--previous`` adds the runs of curve JSONs written
 before (a run measured in an earlier call) for names the report and ``--work`` lack.
 Writes ``--out``.json ({"source", "runs": {name: {"model", "params", "finished", "train_steps_per_s", "curve":
@@ -36,17 +37,27 @@ def curves(report: dict, work: Path | None) -> dict:
         r = report.get("results", {}).get(name, {})
         curve, rate = r.get("curve"), r.get("train_steps_per_s")
         folder = None if work is None else work / name / "runs" / name
+        finished = "error" not in r and bool(r)
         if curve is None and folder is not None and folder.is_dir():
             curve, rate = eval_curve(folder), logged_rate(folder)
+            finished = bool(curve) and curve[-1]["step"] >= planned_steps(folder)
         if curve:
             runs[name] = {
                 "model": r.get("model"),
                 "params": r.get("params"),
-                "finished": "error" not in r and bool(r),
+                "finished": finished,
                 "train_steps_per_s": rate,
                 "curve": curve,
             }
     return runs
+
+
+def planned_steps(run: Path) -> float:
+    """``train.max_steps`` of a run folder's ``config.json`` (inf without one): a run whose last evaluation is at that
+    step finished training, even where the call ended before its report was written."""
+    config = run / "config.json"
+    steps = json.loads(config.read_text()).get("train", {}).get("max_steps") if config.is_file() else None
+    return float(steps) if steps else float("inf")
 
 
 def logged_rate(run: Path) -> float | None:

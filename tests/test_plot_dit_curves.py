@@ -51,6 +51,7 @@ def test_run_folders_without_a_report(tmp_path):
     for name, steps in (("softmax", (2, 4)), ("lightnet", (2,))):
         run = tmp_path / "work" / name / "runs" / name
         run.mkdir(parents=True)
+        (run / "config.json").write_text(json.dumps({"train": {"max_steps": 4}}))
         records = [{"step": 1, "steps_per_s": 3.0}, {"step": 2, "steps_per_s": 9.0}, {"step": 3, "steps_per_s": 10.0}]
         records += [_point(s, 8.0 - s, 3.9) for s in steps]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -59,7 +60,8 @@ def test_run_folders_without_a_report(tmp_path):
     assert module.main([str(tmp_path / "missing.json"), "--work", str(tmp_path / "work"), "--out", str(out)]) == 0
     runs = json.loads((tmp_path / "c.json").read_text())["runs"]
     assert list(runs) == ["lightnet", "softmax"]
-    assert runs["softmax"]["train_steps_per_s"] == 9.0 and not runs["softmax"]["finished"]
+    assert runs["softmax"]["train_steps_per_s"] == 9.0 and runs["softmax"]["finished"]  # evaluated at max_steps
+    assert not runs["lightnet"]["finished"]
     assert [c["step"] for c in runs["softmax"]["curve"]] == [2, 4]
     assert module.label("lightnet", runs["lightnet"]) == "lightnet (to step 2)"
     with pytest.raises(SystemExit, match="does not exist; give --work"):
