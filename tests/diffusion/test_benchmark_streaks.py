@@ -165,8 +165,9 @@ def test_every_shipped_variant_builds_the_model_it_describes():
 
 
 def test_ablation_variants_keep_the_parameters_and_place_the_tpe():
-    """lightnet_s_head128: 3 heads of 128 at S/2 with exactly the parameters of the 6-head default;
-    lightnet_block_tpe_pair: a one-sided MD-TPE pair at the start of every block and none after the embedding."""
+    """lightnet_s_head128: 3 heads of 128 at S/2 with exactly the parameters of the 6-head default (lightnet_b_head64:
+    12 heads of 64 at B/2, likewise); lightnet_block_tpe_pair: a one-sided MD-TPE pair at the start of every block and
+    none after the embedding."""
     from pathlib import Path
 
     from lightvision.diffusion import benchmark
@@ -176,9 +177,9 @@ def test_ablation_variants_keep_the_parameters_and_place_the_tpe():
     root = Path(__file__).parents[2] / "configs"
     path = root / "variants" / "diffusion_cifar10.yaml"
 
-    def build(name):
+    def build(name, size="s"):
         kind, overrides = benchmark.resolve_variant(name, path, ATTENTION_KINDS)
-        cfg = load_recipe(root / "diffusion" / "cifar10.yaml", [f"model.name={kind}_dit_s_2", *overrides])
+        cfg = load_recipe(root / "diffusion" / "cifar10.yaml", [f"model.name={kind}_dit_{size}_2", *overrides])
         with torch.device("meta"):
             return build_model(model_config(cfg, 3, 32))
 
@@ -187,6 +188,11 @@ def test_ablation_variants_keep_the_parameters_and_place_the_tpe():
     assert (wide.blocks[0].attn.num_heads, wide.blocks[0].attn.head_dim) == (3, 128)
     assert wide.blocks[0].attn.gate[0].out_features == default.blocks[0].attn.gate[0].out_features == 64
     assert sum(p.numel() for p in wide.parameters()) == sum(p.numel() for p in default.parameters())
+    base, narrow = build("lightnet", "b"), build("lightnet_b_head64", "b")
+    heads = (base.blocks[0].attn.num_heads, narrow.blocks[0].attn.num_heads, narrow.blocks[0].attn.head_dim)
+    assert heads == (6, 12, 64)
+    assert narrow.blocks[0].attn.gate[0].out_features == base.blocks[0].attn.gate[0].out_features == 128
+    assert sum(p.numel() for p in narrow.parameters()) == sum(p.numel() for p in base.parameters())
     block = build("lightnet_block_tpe_pair")
     assert block.tpe is None and all(b.tpe is not None and b.tpe.form == "pair" for b in block.blocks)
     assert default.tpe is not None and all(b.tpe is None for b in default.blocks)
