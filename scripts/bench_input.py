@@ -19,10 +19,12 @@ Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetc
 
 named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation
 op by op) unless ``--no-eager``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps after
-``--warmup``, ``vs_synthetic`` its share of the ceiling. Settings run most cores first; past ``--budget-s`` seconds
-no new one starts (recorded as skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``,
-``folder_gpu``, ``shards_gpu``: per-stage milliseconds per batch, synchronised after each stage: ``read``,
-``decode``, ``augment``, ``step``; and ``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware,
+``--warmup``, ``vs_synthetic`` its share of the ceiling, ``input_wait_share`` the share of that time the training
+loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in it).
+Settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
+``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
+milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
+``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware,
 versions, command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``,
 and a short table printed last.
 """
@@ -285,6 +287,7 @@ def measure_trainer(
         "img_size": args.img_size,
         "steps": len(records) * window,
         "images_per_s": len(records) * window * batch / seconds,
+        "input_wait_share": sum(r.get("input_wait_share", 0.0) * window / r["steps_per_s"] for r in records) / seconds,
     }
 
 
@@ -313,15 +316,17 @@ def write_shards(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    """The short table: images/s and share of the synthetic ceiling per setting."""
+    """The short table: images/s, share of the synthetic ceiling and (``classify train`` settings) the share of the
+    time its loop waited for the next batch, per setting."""
     ceiling = results.get("synthetic", {}).get("images_per_s")
-    lines = ["| setting | images/s | vs synthetic |", "|---|---|---|"]
+    lines = ["| setting | images/s | vs synthetic | input wait |", "|---|---|---|---|"]
     for name, r in results.items():
         if "images_per_s" not in r:
-            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - |")
+            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - | - |")
             continue
         share = f"{100 * r['images_per_s'] / ceiling:.0f}%" if ceiling else "-"
-        lines.append(f"| {name} | {r['images_per_s']:.0f} | {share} |")
+        wait = f"{100 * r['input_wait_share']:.0f}%" if "input_wait_share" in r else "-"
+        lines.append(f"| {name} | {r['images_per_s']:.0f} | {share} | {wait} |")
     return "\n".join(lines)
 
 

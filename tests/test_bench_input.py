@@ -101,6 +101,8 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert results["folder_gpu"]["decode_ms"] > 0 and results["folder_gpu"]["step_ms"] > 0
     assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in [*skipped, eager])
     assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
+    assert all(0.0 <= results[n]["input_wait_share"] <= 1.0 for n in trained)
+    assert "input_wait_share" not in results["synthetic"]
     assert (imagenet_like / "work" / "run_train_folder_gpu_1c" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-13].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")

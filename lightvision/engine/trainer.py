@@ -219,6 +219,7 @@ class Trainer:
         self._window: dict[str, float | torch.Tensor] = {}  # per-process sums (fp64 on the device between reads)
         self._window_steps = 0
         self._window_start = (self.step, time.monotonic())
+        self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
         self._last_lr = math.nan
         self._stop_requested = False
         self._stop_agreed = False
@@ -393,7 +394,9 @@ class Trainer:
         self.model.train()
         totals: dict[str, torch.Tensor] = {}
         for micro in range(self.grad_accum_steps):
+            waited = time.perf_counter()
             batch, (self.epoch, self.batch_in_epoch) = next(batches)
+            self._input_wait += time.perf_counter() - waited
             self._seed_micro_batch(micro)
             with acc.accumulate(self.model), use_batch_random(self._draws(self.step, micro)):
                 out = self.loss_fn(self.model, batch)
@@ -481,9 +484,12 @@ class Trainer:
         )
 
     def _flush_window(self) -> dict[str, Any]:
-        """Mean of the logged values since the last record."""
+        """Mean of the logged values since the last record, the rate and ``input_wait_share``: the share of the
+        window's wall time this process's loop spent waiting for its next batch (the loader's, and the batch's
+        preparation where it is not prefetched): near 0 the model sets the rate, near 1 the input does."""
         now = time.monotonic()
         start_step, start_time = self._window_start
+        elapsed = max(now - start_time, 1e-9)
         record = (
             {k: total / self._window_steps for k, total in self._window_sums().items()} if self._window_steps else {}
         )
@@ -491,9 +497,11 @@ class Trainer:
             epoch=self.epoch,
             lr=self._last_lr,
             skipped_steps=self.skipped_steps,
-            steps_per_s=(self.step - start_step) / max(now - start_time, 1e-9),
+            steps_per_s=(self.step - start_step) / elapsed,
+            input_wait_share=round(min(self._input_wait / elapsed, 1.0), 4),
         )
         self._window, self._window_steps, self._window_start = {}, 0, (self.step, now)
+        self._input_wait = 0.0
         return record
 
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:
@@ -546,7 +554,7 @@ class Trainer:
         remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
         record: dict[str, Any] = {}
         first_step = self.step
-        self._window_start = (self.step, time.monotonic())
+        self._window_start, self._input_wait = (self.step, time.monotonic()), 0.0
         with (
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
             tqdm(

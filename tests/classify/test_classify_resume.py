@@ -34,7 +34,7 @@ def records(run: Path) -> tuple[list[dict], dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     results = json.loads((run / "results.json").read_text())
     results.pop("steps_run")
-    timeless = [{k: v for k, v in r.items() if k not in ("steps_per_s", "time")} for r in rows]
+    timeless = [{k: v for k, v in r.items() if k not in ("steps_per_s", "input_wait_share", "time")} for r in rows]
     return [r for r in timeless if "steps_run" not in r], results
 
 

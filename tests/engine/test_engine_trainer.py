@@ -84,6 +84,30 @@ def test_eval_hook_metric_saves_best(tmp_path):
     assert [r["metric"] for r in MetricsLogger(tmp_path).records() if "metric" in r] == [0.5, 0.9, 0.7]
 
 
+def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
+    """input_wait_share: the share of a log window's wall time spent getting the next batch - most of it when the
+    batch's preparation is slower than the step (prefetched or not), little when the step is the slow part."""
+    import time
+
+    from train_tiny import tiny_loss
+
+    def slow_input(batch):
+        time.sleep(0.03)
+        return batch
+
+    def slow_step(model, batch):
+        time.sleep(0.03)
+        return tiny_loss(model, batch)
+
+    shares = {}
+    for name, kwargs in (("input", {"prepare_batch": slow_input}), ("step", {"loss_fn": slow_step})):
+        build(tmp_path / name, 4, log_every=2, ckpt_every=100, **kwargs).fit()
+        records = [r for r in MetricsLogger(tmp_path / name).records() if "loss" in r]
+        shares[name] = [r["input_wait_share"] for r in records]
+        assert [r["step"] for r in records] == [2, 4] and all(0.0 <= s <= 1.0 for s in shares[name])
+    assert min(shares["input"]) > 0.6 and max(shares["step"]) < 0.4
+
+
 def test_model_ema_update():
     model = nn.Linear(3, 2)
     ema = ModelEma(model, decay=0.75, warmup=False)
