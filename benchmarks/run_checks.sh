@@ -42,7 +42,8 @@
 #                JPEG folder (scripts/make_imagenet_like.py, 12,000 images from the CIFAR-10 archives in .carry/) and
 #                DeiT-S training images/s through `classify train` (one pinned process per setting) against synthetic
 #                input for 4 / 8 / 16 loader cores,
-#                folder / shards / shards --max-size 256, gpu (graph-replayed augmentation) / cpu pipelines
+#                folder / shards / shards --max-size 256, gpu (graph-replayed augmentation) / cpu pipelines, and the
+#                folder decoded once into device memory (the Trainer's own ceiling with the augmentation)
 #                (scripts/bench_input.py; needs the webdataset and braceexpand wheels; no new setting starts after
 #                10 min), then where one batch's decode and augmentation time goes (scripts/profile_input.py); about
 #                12 min in all (run it detached past one call's limit)

@@ -18,15 +18,16 @@ Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetc
   replayed as CUDA graphs, ``data.augment_graph``) and ``cpu`` (PIL decode + timm transforms in the workers);
 
 named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation
-op by op) unless ``--no-eager``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps after
-``--warmup``, ``vs_synthetic`` its share of the ceiling, ``input_wait_share`` the share of that time the training
-loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in it).
-Settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
+op by op) unless ``--no-eager`` and ``train_folder_gpu_cached`` (the folder decoded once into device memory,
+``data.cache=device``: the Trainer and the augmentation without the loader and the decode; fewest cores, as it reads
+no files while it trains) unless ``--no-cached``. Their ``images_per_s`` is the training log's rate over ``--steps``
+steps after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``input_wait_share`` the share of that time the
+training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show
+in it). Settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
 ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
-``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware,
-versions, command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``,
-and a short table printed last.
+``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware, versions, command; ``shards``: how long
+each was written in, its image count and size; ``results``) at ``--out``, and a short table printed last.
 """
 
 from __future__ import annotations
@@ -214,25 +215,34 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
     return out
 
 
-def trainer_settings(args: argparse.Namespace) -> list[tuple[str, str, str, int, bool]]:
-    """(name, source, pipeline, cores, graph) of each ``classify train`` measurement, most cores first."""
+def trainer_settings(args: argparse.Namespace) -> list[tuple[str, str, str, int, bool, bool]]:
+    """(name, source, pipeline, cores, graph, cached) of each ``classify train`` measurement, most cores first."""
     cores = sorted(set(args.cores), reverse=True)
     out = [
-        (f"train_{source}_{pipeline}_{n}c", source, pipeline, n, True)
+        (f"train_{source}_{pipeline}_{n}c", source, pipeline, n, True, False)
         for n in cores
         for source in args.sources
         for pipeline in args.pipelines
     ]
-    if not args.no_eager and "gpu" in args.pipelines and "folder" in args.sources:
-        out.insert(
-            len(args.sources) * len(args.pipelines),
-            (f"train_folder_gpu_eager_{cores[0]}c", "folder", "gpu", cores[0], False),
-        )
-    return out
+    extras = []
+    if "gpu" in args.pipelines and "folder" in args.sources:
+        if not args.no_eager:
+            extras.append((f"train_folder_gpu_eager_{cores[0]}c", "folder", "gpu", cores[0], False, False))
+        if not args.no_cached:
+            extras.append(("train_folder_gpu_cached", "folder", "gpu", cores[-1], True, True))  # no loader workers
+    at = len(args.sources) * len(args.pipelines)
+    return out[:at] + extras + out[at:]
 
 
 def measure_trainer(
-    name: str, source: str, pipeline: str, cores: int, graph: bool, args: argparse.Namespace, device: torch.device
+    name: str,
+    source: str,
+    pipeline: str,
+    cores: int,
+    graph: bool,
+    cached: bool,
+    args: argparse.Namespace,
+    device: torch.device,
 ) -> dict[str, Any]:
     """images/s of ``lightvision classify train`` run as its own process pinned to ``cores`` cores (its loader
     workers inherit the mask): the training log's rate after the warm-up. A setting that fails or outlasts
@@ -252,6 +262,7 @@ def measure_trainer(
         f"data.format={'folder' if source == 'folder' else 'shards'}",
         f"data.num_workers={cores}",
         f"data.augment_graph={'true' if graph else 'false'}",
+        *(["data.cache=device"] if cached else []),
         "data.prefetch=true",
         f"train.max_steps={window + steps}",
         f"train.log_every={window}",
@@ -283,6 +294,7 @@ def measure_trainer(
         "source": source,
         "cores": cores,
         "augment_graph": graph,
+        "cache": "device" if cached else None,
         "batch_size": batch,
         "img_size": args.img_size,
         "steps": len(records) * window,
@@ -341,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipelines", nargs="*", choices=PIPELINES, default=list(PIPELINES))
     p.add_argument("--max-size", type=int, default=256, help="shorter side of the shards_max images")
     p.add_argument("--no-eager", action="store_true", help="leave out the run with the augmentation op by op")
+    p.add_argument("--no-cached", action="store_true", help="leave out the run from images decoded into device memory")
     p.add_argument("--budget-s", type=float, default=0, help="start no setting after this many seconds (0: no limit)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)

@@ -67,8 +67,8 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     """Synthetic, a stage-timed loop, and classify train (each its own process) for both pipelines on the folder and
-    the shards shrunk by --max-size on one pinned core, plus the op-by-op run; more cores than the machine has are
-    skipped."""
+    the shards shrunk by --max-size on one pinned core, plus the op-by-op run and the run from images decoded into
+    device memory; more cores than the machine has are skipped."""
     import os
 
     out = imagenet_like / "bench.json"
@@ -93,16 +93,19 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     trained = [f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
     eager = f"train_folder_gpu_eager_{too_many}c"
     skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
-    assert list(results) == ["synthetic", "folder_gpu", *skipped, eager, *trained]
-    for name in ["synthetic", "folder_gpu", *trained]:
+    cached = "train_folder_gpu_cached"
+    assert list(results) == ["synthetic", "folder_gpu", *skipped, eager, cached, *trained]
+    for name in ["synthetic", "folder_gpu", cached, *trained]:
         r = results[name]
         assert "error" not in r, (name, r)
         assert r["images_per_s"] > 0 and r["img_size"] == 16 and r["vs_synthetic"] > 0
     assert results["folder_gpu"]["decode_ms"] > 0 and results["folder_gpu"]["step_ms"] > 0
     assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in [*skipped, eager])
     assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
-    assert all(0.0 <= results[n]["input_wait_share"] <= 1.0 for n in trained)
+    assert all(0.0 <= results[n]["input_wait_share"] <= 1.0 for n in [cached, *trained])
+    assert results[cached]["cache"] == "device" and results[cached]["cores"] == 1
+    assert results["train_folder_gpu_1c"]["cache"] is None
     assert "input_wait_share" not in results["synthetic"]
     assert (imagenet_like / "work" / "run_train_folder_gpu_1c" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-13].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
+    assert printed[-14].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
