@@ -486,7 +486,7 @@ class Trainer:
     def _flush_window(self) -> dict[str, Any]:
         """Mean of the logged values since the last record, the rate and ``input_wait_share``: the share of the
         window's wall time this process's loop spent waiting for its next batch (the loader's, and the batch's
-        preparation where it is not prefetched): near 0 the model sets the rate, near 1 the input does."""
+        preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
