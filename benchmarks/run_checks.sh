@@ -28,7 +28,8 @@
 #                of what the blocks rebuild in the backward (tests/kernels/test_fused_kernel.py -k of the kernels the
 #                blocks use, tests/ops/test_ops_recompute.py, the DiT kernel, rebuild and dtype tests), then
 #                bench_models.py side by side in one process per group, training images/s and peak memory with their
-#                ratio to softmax: DiT-B/2 at 256 / 512 px (softmax, lightnet, lion_s) eager; DeiT-S compiled
+#                ratio to softmax: DiT-B/2 at 256 / 512 px (softmax, lightnet, lion_s, lightnet_b_head64: 12 heads of
+#                64) eager; DeiT-S compiled
 #                (reduce-overhead) at 224 (softmax, lightnet, lion_s) and 1024 (softmax, lightnet); then
 #                profile_model.py's split of a step (matrix work, attention core, the rest by op) for DiT-B/2 at 256 /
 #                512 and DeiT-S at 224, eager, and DeiT-S at 224 compiled. LV_BLOCK_FULL=1 adds DiT-B/2 compiled
@@ -154,10 +155,10 @@ MERGE
         or keeps or plain or matches or residual_stream" > "$out/block_speed_tests.log" 2>&1); stamp "block tests done rc=$?"
       tail -n 3 "$out/block_speed_tests.log"
       bench() { python3 "$repo/scripts/bench_models.py" --warmup 3 --steps 8 "$@"; }
-      bench --family dit --dit-sizes b --sizes 256 512 --attentions softmax lightnet lion_s \
+      bench --family dit --dit-sizes b --sizes 256 512 --attentions softmax lightnet lion_s lightnet_b_head64 \
         --out "$out/block_models_dit_eager.json" > "$out/block_models_dit_eager.log" 2>&1; stamp "DiT eager done rc=$?"
       if [ -n "${LV_BLOCK_FULL:-}" ]; then
-        bench --family dit --dit-sizes b --sizes 256 512 --attentions softmax lightnet lion_s --train-only \
+        bench --family dit --dit-sizes b --sizes 256 512 --attentions softmax lightnet lion_s lightnet_b_head64 --train-only \
           --compile reduce-overhead --out "$out/block_models_dit_compiled.json" > "$out/block_models_dit_compiled.log" 2>&1
         stamp "DiT compiled done rc=$?"
       fi

@@ -8,7 +8,8 @@ Families and the batch used at each resolution (stated in every record):
   lightnet, lion_d, lion_s, lion_s_snake and ``lion_s_mask`` (the published LION style: mask
   materialised in PyTorch) at 224 / 384 / 512 / 768 / 1024 px, batches of docs/spec.md 4.
 - DiT-B/2 and DiT-XL/2 (``{attention}_dit_{b|xl}_2``, latent = px / 8, 4 channels) with softmax,
-  lightnet and lion_s at 256 / 512 / 1024 px; DiT-B/2 batches 256 / 64 / 16 (the same latent tokens per step,
+  lightnet and lion_s (or a named variant of ``configs/variants/diffusion_cifar10.yaml``, e.g. ``lightnet_b_head64``)
+  at 256 / 512 / 1024 px; DiT-B/2 batches 256 / 64 / 16 (the same latent tokens per step,
   about a quarter of an H100's memory; at a quarter of that, 64 / 16 / 4, an eager step was host-bound on an
   H100: 31.6 ms of GPU time in 47 ms for softmax at 512 px), DiT-XL/2 64 / 16 / 4.
 
@@ -50,6 +51,7 @@ DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
 DIT_BATCH = {"b": {256: 256, 512: 64, 1024: 16}, "xl": {256: 64, 512: 16, 1024: 4}}
 DEIT_ATTENTIONS = ("softmax", "lightnet", "lion_d", "lion_s", "lion_s_snake", "lion_s_mask")
 DIT_ATTENTIONS = ("softmax", "lightnet", "lion_s")
+DIT_VARIANTS = Path(__file__).resolve().parents[1] / "configs" / "variants" / "diffusion_cifar10.yaml"
 
 
 def build_deit(attention: str, img_size: int) -> torch.nn.Module:
@@ -66,10 +68,16 @@ def build_deit(attention: str, img_size: int) -> torch.nn.Module:
 
 
 def build_dit(attention: str, size: str, img_size: int) -> torch.nn.Module:
-    """DiT-{size}/2 on the latent of an ``img_size`` image (downsampling 8, 4 channels, 1000 classes)."""
-    from lightvision.diffusion import create_model
+    """DiT-{size}/2 on the latent of an ``img_size`` image (downsampling 8, 4 channels, 1000 classes).
+    ``attention``: a kind, or a variant of ``configs/variants/diffusion_cifar10.yaml`` (e.g. ``lightnet_b_head64``),
+    built with the model overrides the variant gives a recipe."""
+    from lightvision.diffusion.dit import ATTENTION_KINDS
+    from lightvision.diffusion.train import build_model, load_recipe, model_config
+    from lightvision.tools.results import resolve_variant
 
-    return create_model(f"{attention}_dit_{size}_2", input_size=img_size // 8, in_channels=4, num_classes=1000)
+    kind, overrides = resolve_variant(attention, DIT_VARIANTS, ATTENTION_KINDS)
+    cfg = load_recipe(None, [f"model.name={kind}_dit_{size}_2", *overrides])
+    return build_model(model_config(cfg, 4, img_size // 8))
 
 
 def _median_ms(fn, warmup: int, steps: int) -> float:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from helpers import load_script
 
@@ -134,3 +135,19 @@ def test_negative_memory_batch_is_refused(bench, capsys):
         bench.main(["--memory-only", "--memory-batch", "-1", "--out", "/nonexistent/never_written.json"])
     assert exit_info.value.code == 2
     assert "--memory-batch must be >= 0" in capsys.readouterr().err
+
+
+def test_dit_variants_build_their_model(bench):
+    """A DiT entry is a kind (the registry's model with the latent's geometry) or a named variant with its model
+    overrides."""
+    from lightvision.diffusion import create_model
+
+    with torch.device("meta"):
+        plain, narrow = bench.build_dit("lightnet", "b", 256), bench.build_dit("lightnet_b_head64", "b", 256)
+        registry = create_model("lightnet_dit_b_2", input_size=32, in_channels=4, num_classes=1000)
+    public = lambda config: {k: v for k, v in config.items() if not k.startswith("_")}  # noqa: E731
+    assert public(plain.config) == public(registry.config)
+    assert plain.blocks[0].attn.num_heads == 6 and narrow.blocks[0].attn.num_heads == 12
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in narrow.parameters())
+    with pytest.raises(ValueError, match="unknown attention kind or variant 'lightnet_b_head65'"):
+        bench.build_dit("lightnet_b_head65", "b", 256)
