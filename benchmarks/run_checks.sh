@@ -66,7 +66,9 @@
 #                (finished runs are kept). Then OUT/dit_curves_<size>/dit_curves_<size>.{json,png}
 #                (scripts/plot_dit_curves.py; unfinished runs included from their run folders; LV_PREVIOUS: curve
 #                files under benchmarks/results/ whose runs join the plot, e.g. a softmax curve of an earlier call)
-#                beside the report and logs; LV_SET adds recipe overrides for all
+#                beside the report and logs; LV_SET adds recipe overrides for all (LV_SET='train.compile=true
+#                train.compile_mode=reduce-overhead': CUDA graphs, 2.4x the steps/s of compile's default mode for
+#                LightNet-DiT-B/2 data-parallel on two GPUs)
 #   variants     LightNet-DiT-S/2 variants (configs/variants/diffusion_cifar10.yaml) and attention kinds trained side by
 #                side on one GPU (scripts/run_variants.py, CUDA MPS when its daemon starts): LV_NAMES in priority
 #                order, LV_STEPS, LV_DEADLINE (seconds; the last-listed runs are stopped to meet it), LV_TAG,
