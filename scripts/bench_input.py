@@ -287,7 +287,8 @@ def measure_trainer(
         lines = (done.stderr or done.stdout).strip().splitlines()
         return {"error": lines[-1] if lines else f"exit code {done.returncode}"}
     records = [r for r in MetricsLogger(run).records() if "steps_per_s" in r and r["step"] > window]
-    seconds = sum(window / r["steps_per_s"] for r in records)
+    durations = [window / r["steps_per_s"] for r in records]  # seconds of each logged window
+    seconds = sum(durations)
     batch = args.batch_size
     return {
         "pipeline": pipeline,
@@ -299,7 +300,7 @@ def measure_trainer(
         "img_size": args.img_size,
         "steps": len(records) * window,
         "images_per_s": len(records) * window * batch / seconds,
-        "input_wait_share": sum(r.get("input_wait_share", 0.0) * window / r["steps_per_s"] for r in records) / seconds,
+        "input_wait_share": sum(r["input_wait_share"] * t for r, t in zip(records, durations)) / seconds,
     }
 
 

@@ -51,7 +51,6 @@ DEIT_BATCH = {224: 256, 384: 96, 512: 48, 768: 16, 1024: 8}
 DIT_BATCH = {"b": {256: 256, 512: 64, 1024: 16}, "xl": {256: 64, 512: 16, 1024: 4}}
 DEIT_ATTENTIONS = ("softmax", "lightnet", "lion_d", "lion_s", "lion_s_snake", "lion_s_mask")
 DIT_ATTENTIONS = ("softmax", "lightnet", "lion_s")
-DIT_VARIANTS = Path(__file__).resolve().parents[1] / "configs" / "variants" / "diffusion_cifar10.yaml"
 
 
 def build_deit(attention: str, img_size: int) -> torch.nn.Module:
@@ -71,11 +70,12 @@ def build_dit(attention: str, size: str, img_size: int) -> torch.nn.Module:
     """DiT-{size}/2 on the latent of an ``img_size`` image (downsampling 8, 4 channels, 1000 classes).
     ``attention``: a kind, or a variant of ``configs/variants/diffusion_cifar10.yaml`` (e.g. ``lightnet_b_head64``),
     built with the model overrides the variant gives a recipe."""
+    from lightvision.diffusion.benchmark import CONFIGS
     from lightvision.diffusion.dit import ATTENTION_KINDS
     from lightvision.diffusion.train import build_model, load_recipe, model_config
     from lightvision.tools.results import resolve_variant
 
-    kind, overrides = resolve_variant(attention, DIT_VARIANTS, ATTENTION_KINDS)
+    kind, overrides = resolve_variant(attention, CONFIGS / "variants" / "diffusion_cifar10.yaml", ATTENTION_KINDS)
     cfg = load_recipe(None, [f"model.name={kind}_dit_{size}_2", *overrides])
     return build_model(model_config(cfg, 4, img_size // 8))
 
