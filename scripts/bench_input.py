@@ -7,7 +7,8 @@ Each measurement trains the DeiT recipe (``configs/classify/deit_imagenet.yaml``
 rand-m9-mstd0.5-inc1, random erasing 0.25, Mixup / CutMix, repeated augmentation x3, AdamW, bf16 autocast; ``--set``
 overrides any key) on one device.
 
-``synthetic``: random images already on the device (the model step alone: the ceiling), in this script's own loop.
+``synthetic``: random images already on the device (the model step alone: the ceiling), in this script's own loop
+(compiled as the Trainer compiles it when ``--set train.compile=true``).
 Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetch`` on) for every combination of
 
 - loader cores (``--cores``): the process and its loader workers are pinned to that many cores, one worker per core;
@@ -97,6 +98,8 @@ class Loop:
         torch.manual_seed(0)
         self.cfg, self.batches, self.device = cfg, batches, device
         self.model = create_from_config(model_config(cfg, NUM_CLASSES), cfg["model"]["drop_path"]).to(device)
+        if cfg["train"]["compile"]:  # as the Trainer compiles it (``--set train.compile=true``)
+            self.model = torch.compile(self.model, mode=cfg["train"]["compile_mode"])
         o = cfg["optim"]
         self.optimizer = create_optimizer_v2(self.model, opt=o["opt"], lr=o["lr"], weight_decay=o["weight_decay"])
         on_device = dataset is not None and cfg["data"]["pipeline"] == "gpu"
@@ -274,8 +277,9 @@ def measure_trainer(
     command += ["--device", device.type, *overrides]
     pinned = set(allowed[:cores])
     try:
-        done = subprocess.run(
+        done = subprocess.run(  # in --work: `-m lightvision` must not find a checkout's unmapped lightvision/ first
             command,
+            cwd=args.work,
             preexec_fn=lambda: os.sched_setaffinity(0, pinned),
             capture_output=True,
             text=True,
@@ -371,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     add_set_argument(p, "recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224")
     args = p.parse_args(argv)
     start = time.perf_counter()
+    args.data, args.work = args.data.resolve(), args.work.resolve()
+    args.work.mkdir(parents=True, exist_ok=True)
     device = torch.device(resolve_device(args.device))
     if "shards_gpu" in args.loop_settings and "shards" not in args.sources:
         args.sources.append("shards")

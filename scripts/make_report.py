@@ -346,24 +346,23 @@ def render_yardstick(files: list[str], **_) -> str:
 
 
 def render_input_pipeline(files: list[str], **_) -> str:
-    """DeiT training images/s per input setting against the synthetic input of the same run: loader cores, source
-    and pipeline of the ``classify train`` runs, per-stage ms per batch of the stage-timed loops; settings that did
-    not run say why."""
+    """DeiT training images/s per input setting against the synthetic input of the same run (a setting's own
+    ``vs_synthetic`` where the file records one), the share of the time the training loop waited for its next batch,
+    loader cores, per-stage ms per batch of the stage-timed loops; settings that did not run say why."""
     rows = []
     for name in files:
         results = load(name)["results"]
         ceiling = results["synthetic"]["images_per_s"]
         for setting, r in results.items():
             if "images_per_s" not in r:
-                rows.append([setting, "-", r.get("error") or r.get("skipped", ""), "-", "-", "-", "-", name])
+                rows.append([setting, "-", r.get("error") or r.get("skipped", ""), "-", "-", "-", "-", "-", name])
                 continue
             stages = [f"{r[k]:.1f}" if k in r else "-" for k in ("decode_ms", "augment_ms", "step_ms")]
-            cores = r.get("cores", "-")
-            rows.append(
-                [setting, cores, f"{r['images_per_s']:.0f}", f"{r['images_per_s'] / ceiling:.0%}", *stages, name]
-            )
-    header = ["input", "loader cores", "images/s", "of synthetic", "decode ms", "augment ms", "step ms", "file"]
-    return md_table(header, rows)
+            share = r.get("vs_synthetic", r["images_per_s"] / ceiling)
+            wait = f"{r['input_wait_share']:.0%}" if "input_wait_share" in r else "-"
+            rows.append([setting, r.get("cores", "-"), f"{r['images_per_s']:.0f}", f"{share:.0%}", wait, *stages, name])
+    header = ["input", "loader cores", "images/s", "of synthetic", "input wait", "decode ms", "augment ms", "step ms"]
+    return md_table([*header, "file"], rows)
 
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:
