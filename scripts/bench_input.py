@@ -18,17 +18,19 @@ Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetc
 - pipeline (``--pipelines``): ``gpu`` (workers read bytes; nvjpeg decode, then the augmentation and Mixup / CutMix
   replayed as CUDA graphs, ``data.augment_graph``) and ``cpu`` (PIL decode + timm transforms in the workers);
 
-named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation
-op by op) unless ``--no-eager`` and ``train_folder_gpu_cached`` (the folder decoded once into device memory,
-``data.cache=device``: the Trainer and the augmentation without the loader and the decode; fewest cores, as it reads
-no files while it trains) unless ``--no-cached``. Their ``images_per_s`` is the training log's rate over ``--steps``
-steps after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``input_wait_share`` the share of that time the
-training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show
-in it). Settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
-``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
-milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
-``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware, versions, command; ``shards``: how long
-each was written in, its image count and size; ``results``) at ``--out``, and a short table printed last.
+named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation op
+by op) unless ``--no-eager`` and ``train_folder_gpu_cached`` (the folder decoded once into device memory,
+``data.cache=device``: the Trainer and the augmentation without the loader and the decode; fewest cores, as it reads no
+files while it trains) unless ``--no-cached``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps
+after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``input_wait_share`` the share of that time the training
+loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in it),
+``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation (decode
+and augmentation) on the thread that runs it. Settings run most cores first; past ``--budget-s`` seconds no new one
+starts (recorded as skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``,
+``shards_gpu``: per-stage milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``,
+``step``; and ``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware, versions, command;
+``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a short table printed
+last.
 """
 
 from __future__ import annotations
@@ -305,6 +307,11 @@ def measure_trainer(
         "steps": len(records) * window,
         "images_per_s": len(records) * window * batch / seconds,
         "input_wait_share": sum(r["input_wait_share"] * t for r, t in zip(records, durations)) / seconds,
+        **{  # prepare_batch's time per batch on its thread, over the same windows (logged where it runs)
+            key: sum(r[key] for r in records) / len(records)
+            for key in ("input_prepare_ms", "input_prepare_cpu_ms")
+            if all(key in r for r in records)
+        },
     }
 
 
@@ -334,16 +341,17 @@ def write_shards(args: argparse.Namespace) -> dict[str, Any]:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """The short table: images/s, share of the synthetic ceiling and (``classify train`` settings) the share of the
-    time its loop waited for the next batch, per setting."""
+    time its loop waited for the next batch and the batch preparation's wall / CPU ms on its thread, per setting."""
     ceiling = results.get("synthetic", {}).get("images_per_s")
-    lines = ["| setting | images/s | vs synthetic | input wait |", "|---|---|---|---|"]
+    lines = ["| setting | images/s | vs synthetic | input wait | prepare ms (CPU) |", "|---|---|---|---|---|"]
     for name, r in results.items():
         if "images_per_s" not in r:
-            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - | - |")
+            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - | - | - |")
             continue
         share = f"{100 * r['images_per_s'] / ceiling:.0f}%" if ceiling else "-"
         wait = f"{100 * r['input_wait_share']:.0f}%" if "input_wait_share" in r else "-"
-        lines.append(f"| {name} | {r['images_per_s']:.0f} | {share} | {wait} |")
+        prepare = f"{r['input_prepare_ms']:.1f} ({r['input_prepare_cpu_ms']:.1f})" if "input_prepare_ms" in r else "-"
+        lines.append(f"| {name} | {r['images_per_s']:.0f} | {share} | {wait} | {prepare} |")
     return "\n".join(lines)
 
 

@@ -103,6 +103,9 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in [*skipped, eager])
     assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
     assert all(0.0 <= results[n]["input_wait_share"] <= 1.0 for n in [cached, *trained])
+    gpu_path = [cached, "train_folder_gpu_1c", "train_shards_max_gpu_1c"]  # the Trainer prepares these batches
+    assert all(results[n]["input_prepare_ms"] >= results[n]["input_prepare_cpu_ms"] * 0.5 > 0 for n in gpu_path)
+    assert "input_prepare_ms" not in results["train_folder_cpu_1c"]  # augmented in the loader: nothing to prepare
     assert results[cached]["cache"] == "device" and results[cached]["cores"] == 1
     assert results["train_folder_gpu_1c"]["cache"] is None
     assert "input_wait_share" not in results["synthetic"]

@@ -59,6 +59,7 @@ from lightvision.engine.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
 READ_EVERY = 10  # steps between the host's reads of the device state (nan_policy stop, stop agreement)
+TIMING_KEYS = ("steps_per_s", "input_wait_share", "input_prepare_ms", "input_prepare_cpu_ms")  # vary run to run
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 Hook = Callable[["Trainer"], "dict[str, Any] | None"]
@@ -220,6 +221,7 @@ class Trainer:
         self._window_steps = 0
         self._window_start = (self.step, time.monotonic())
         self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
+        self._prepare_times = [0.0, 0.0, 0]  # prepare_batch's wall and thread CPU seconds, and calls, of the window
         self._last_lr = math.nan
         self._stop_requested = False
         self._stop_agreed = False
@@ -339,30 +341,37 @@ class Trainer:
         this thread only (its iteration may synchronise processes); the thread runs ``prepare_batch`` alone."""
         first, accum = self.step, self.grad_accum_steps
 
-        def prepare(j: int, batch: Any) -> Any:
-            if self.prepare_batch is None:
-                return batch
+        def prepare(j: int, batch: Any) -> tuple[Any, tuple[float, float]]:
+            """``prepare_batch(batch)`` and its wall and CPU seconds on the calling thread."""
+            wall, cpu = time.perf_counter(), time.thread_time()
             with use_batch_random(self._draws(first + j // accum, j % accum)):
-                return self.prepare_batch(batch)
+                out = self.prepare_batch(batch)
+            return out, (time.perf_counter() - wall, time.thread_time() - cpu)
 
-        if not (self.prefetch and self.prepare_batch is not None):
+        if self.prepare_batch is None:
+            for _ in range(count):
+                yield next(batches)
+            return
+        if not self.prefetch:
             for j in range(count):
                 batch, position = next(batches)
-                yield prepare(j, batch), position
+                out, seconds = prepare(j, batch)
+                self._note_prepare(seconds)
+                yield out, position
             return
         device = self.accelerator.device
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-        def prepare_on_stream(j: int, batch: Any, loaded: Any) -> tuple[Any, Any]:
+        def prepare_on_stream(j: int, batch: Any, loaded: Any) -> tuple[Any, Any, tuple[float, float]]:
             if stream is None:
-                return prepare(j, batch), None
+                return *prepare(j, batch), None
             with torch.cuda.stream(stream):
                 stream.wait_event(loaded)  # the loader's copies to the device, made on the step's stream
                 _record_stream(batch, stream)
-                out = prepare(j, batch)
+                out, seconds = prepare(j, batch)
                 ready = torch.cuda.Event()
                 ready.record(stream)
-            return out, ready
+            return out, seconds, ready
 
         def submit(pool: ThreadPoolExecutor, j: int) -> tuple[Any, Any]:
             batch, position = next(batches)
@@ -376,7 +385,8 @@ class Trainer:
             pending = submit(pool, 0) if count > 0 else None
             for j in range(count):
                 future, position = pending
-                batch, ready = future.result()
+                batch, seconds, ready = future.result()
+                self._note_prepare(seconds)
                 if j + 1 < count:
                     pending = submit(pool, j + 1)
                 if ready is not None:  # the step's stream waits for the batch and keeps its memory while in use
@@ -384,6 +394,11 @@ class Trainer:
                     current.wait_event(ready)
                     _record_stream(batch, current)
                 yield batch, position
+
+    def _note_prepare(self, seconds: tuple[float, float]) -> None:
+        """Add one ``prepare_batch`` call's (wall, thread CPU) seconds to the log window."""
+        wall, cpu, calls = self._prepare_times
+        self._prepare_times = [wall + seconds[0], cpu + seconds[1], calls + 1]
 
     def _seed_micro_batch(self, micro: int) -> None:
         set_seed(hashed_seed(self.seed, self.step, micro, self.accelerator.process_index, nbytes=4))
@@ -486,7 +501,10 @@ class Trainer:
     def _flush_window(self) -> dict[str, Any]:
         """Mean of the logged values since the last record, the rate and ``input_wait_share``: the share of the
         window's wall time this process's loop spent waiting for its next batch (the loader's, and the batch's
-        preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does."""
+        preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does. With a
+        ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the thread that runs it, and
+        ``input_prepare_cpu_ms``, that thread's CPU time in it (the rest it waited: for the GIL, or for the device
+        where it synchronises)."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
@@ -500,8 +518,13 @@ class Trainer:
             steps_per_s=(self.step - start_step) / elapsed,
             input_wait_share=round(min(self._input_wait / elapsed, 1.0), 4),
         )
+        wall, cpu, calls = self._prepare_times
+        if calls:
+            record.update(
+                input_prepare_ms=round(1000 * wall / calls, 3), input_prepare_cpu_ms=round(1000 * cpu / calls, 3)
+            )
         self._window, self._window_steps, self._window_start = {}, 0, (self.step, now)
-        self._input_wait = 0.0
+        self._input_wait, self._prepare_times = 0.0, [0.0, 0.0, 0]
         return record
 
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:
@@ -554,7 +577,7 @@ class Trainer:
         remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
         record: dict[str, Any] = {}
         first_step = self.step
-        self._window_start, self._input_wait = (self.step, time.monotonic()), 0.0
+        self._window_start, self._input_wait, self._prepare_times = (self.step, time.monotonic()), 0.0, [0.0, 0.0, 0]
         with (
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
             tqdm(

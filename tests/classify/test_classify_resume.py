@@ -16,6 +16,7 @@ import pytest
 
 from helpers import Forks, tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
+from lightvision.engine.trainer import TIMING_KEYS
 
 DRIVER = Path(__file__).with_name("stop_at_step.py")
 # data section and repeated augmentation: cpu augments in 2 loader workers, with RepeatAugSampler (16 x 3 / 3 per
@@ -34,7 +35,7 @@ def records(run: Path) -> tuple[list[dict], dict]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     results = json.loads((run / "results.json").read_text())
     results.pop("steps_run")
-    timeless = [{k: v for k, v in r.items() if k not in ("steps_per_s", "input_wait_share", "time")} for r in rows]
+    timeless = [{k: v for k, v in r.items() if k not in (*TIMING_KEYS, "time")} for r in rows]
     return [r for r in timeless if "steps_run" not in r], results
 
 

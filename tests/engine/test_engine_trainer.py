@@ -86,7 +86,9 @@ def test_eval_hook_metric_saves_best(tmp_path):
 
 def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
     """input_wait_share: the share of a log window's wall time spent getting the next batch - most of it when the
-    batch's preparation is slower than the step (prefetched or not), little when the step is the slow part."""
+    batch's preparation is slower than the step (prefetched or not), little when the step is the slow part.
+    input_prepare_ms / input_prepare_cpu_ms: prepare_batch's wall and CPU time per batch on its thread - a
+    preparation that waits (sleeps) shows wall time without CPU time, one that computes shows both."""
     import time
 
     from train_tiny import tiny_loss
@@ -95,17 +97,32 @@ def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
         time.sleep(0.03)
         return batch
 
+    def busy_input(batch):
+        end = time.perf_counter() + 0.03
+        while time.perf_counter() < end:
+            pass
+        return batch
+
     def slow_step(model, batch):
         time.sleep(0.03)
         return tiny_loss(model, batch)
 
-    shares = {}
-    for name, kwargs in (("input", {"prepare_batch": slow_input}), ("step", {"loss_fn": slow_step})):
+    runs = {}
+    cases = (
+        ("input", {"prepare_batch": slow_input}),
+        ("busy", {"prepare_batch": busy_input, "prefetch": False}),
+        ("step", {"loss_fn": slow_step}),
+    )
+    for name, kwargs in cases:
         build(tmp_path / name, 4, log_every=2, ckpt_every=100, **kwargs).fit()
-        records = [r for r in MetricsLogger(tmp_path / name).records() if "loss" in r]
-        shares[name] = [r["input_wait_share"] for r in records]
-        assert [r["step"] for r in records] == [2, 4] and all(0.0 <= s <= 1.0 for s in shares[name])
-    assert min(shares["input"]) > 0.6 and max(shares["step"]) < 0.4
+        runs[name] = [r for r in MetricsLogger(tmp_path / name).records() if "loss" in r]
+        shares = [r["input_wait_share"] for r in runs[name]]
+        assert [r["step"] for r in runs[name]] == [2, 4] and all(0.0 <= s <= 1.0 for s in shares)
+    assert min(r["input_wait_share"] for r in runs["input"]) > 0.6
+    assert max(r["input_wait_share"] for r in runs["step"]) < 0.4
+    assert all(r["input_prepare_ms"] >= 29 and r["input_prepare_cpu_ms"] < 15 for r in runs["input"])
+    assert all(r["input_prepare_ms"] >= 29 and r["input_prepare_cpu_ms"] > 20 for r in runs["busy"])
+    assert all("input_prepare_ms" not in r for r in runs["step"])  # no prepare_batch: nothing to time
 
 
 def test_model_ema_update():
