@@ -273,7 +273,7 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
         drop_last=True,
         num_workers=workers,
         pin_memory=pin_memory,
-        persistent_workers=workers > 0 and not iterable,  # shard workers start each epoch with its number
+        persistent_workers=workers > 0,  # kept between epochs (shard workers read the epoch from shared memory)
         collate_fn=collate_encoded if gpu else None,
     )
 

@@ -14,7 +14,8 @@ Reading (:class:`ShardDataset`): every loader worker reads its own shards; train
 buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
 stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
 ``RepeatAugSampler`` gives. The shuffles and the transform's draws are seeded by (seed, epoch, worker, place), so an
-epoch read again (a resumed run) is the same stream. Items are what the folder datasets give: (transformed image,
+epoch read again (a resumed run) is the same stream. The epoch lives in memory shared with the loader workers, which
+are therefore kept between epochs. Items are what the folder datasets give: (transformed image,
 label) for ``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning
 and counted.
 """
@@ -194,15 +195,22 @@ class ShardDataset(IterableDataset):
         self.classes, self.count = index["classes"], index["count"]
         self.urls = [str(Path(root) / name) for name in index["shards"]]
         self.decode, self.transform, self.train, self.repeats = decode, transform, train, max(1, repeats)
-        self.seed, self.epoch = seed, 0
+        self.seed = seed
+        self._epoch = multiprocessing.Value("i", 0, lock=False)  # shared: persistent loader workers see set_epoch
         self._skipped = multiprocessing.Value("i", 0)
 
     def __len__(self) -> int:
         return self.count
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads."""
+        return self._epoch.value
+
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration reads (loader workers that are not persistent see it)."""
-        self.epoch = epoch
+        """Set the epoch the next iteration reads, in this process and in the loader workers (persistent or not,
+        they share it with this process)."""
+        self._epoch.value = epoch
 
     def skipped_images(self) -> int:
         """How many unreadable images were skipped so far (all workers, and the device decoder)."""

@@ -125,3 +125,29 @@ def test_make_shards_max_size_shrinks_only_larger_images(tmp_path, capsys):
     assert len(list(ShardDataset(out, "train", decode_pil, train=False))) == 8
     assert cli.main([*args[:-4], "--max-size", "0"]) == 1
     assert capsys.readouterr().err.startswith("lightvision: error: --max-size must be at least 1 pixel, got 0")
+
+
+def test_persistent_loader_workers_read_each_epoch_as_fresh_workers_do(shards):
+    """Loader workers kept between epochs see set_epoch (shared memory): every epoch's stream is the one fresh
+    workers read for that epoch, and the epochs differ (a new shuffle each)."""
+    from torch.utils.data import DataLoader
+
+    _, out = shards
+
+    def keys(loader):
+        return [key for batch in loader for key in batch]
+
+    def loader(dataset, persistent):
+        names = lambda items: [name for (_, name), _ in items]  # noqa: E731
+        return DataLoader(dataset, batch_size=2, num_workers=2, persistent_workers=persistent, collate_fn=names)
+
+    kept = ShardDataset(out, "train", checked_bytes, train=True, repeats=1)
+    persistent = loader(kept, True)
+    epochs = []
+    for epoch in range(3):
+        kept.set_epoch(epoch)
+        fresh = ShardDataset(out, "train", checked_bytes, train=True, repeats=1)
+        fresh.set_epoch(epoch)
+        epochs.append(keys(persistent))
+        assert epochs[-1] == keys(loader(fresh, False)) and sorted(epochs[-1]) == sorted(epochs[0])
+    assert len({tuple(e) for e in epochs}) == 3
