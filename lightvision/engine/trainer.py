@@ -122,8 +122,8 @@ class Trainer:
         prepare_batch: ``prepare_batch(batch)`` -> what ``loss_fn`` receives, run on each loader batch under that
             micro-batch's :func:`~lightvision.engine.batch_random.batch_random` draws (e.g. decoding and augmenting
             on the GPU); it must draw from ``batch_random()`` only, not from the global generators.
-        prefetch: run ``prepare_batch`` one micro-batch ahead in a background thread (on its own CUDA stream on a
-            GPU), so its host work overlaps the running step; the results are the same as without.
+        prefetch: run ``prepare_batch`` one micro-batch ahead in a background thread (on its own CUDA stream of
+            high priority on a GPU), so its host work overlaps the running step; the results are the same as without.
         max_steps: optimizer steps to train for; each consumes ``grad_accum_steps`` batches per process.
         model_config: architecture description, stored with checkpoints and checked on resume.
         clip_grad: max gradient norm (None: no clipping; the norm is logged when set).
@@ -360,7 +360,9 @@ class Trainer:
                 yield out, position
             return
         device = self.accelerator.device
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # high priority: the input's many small dependent kernels take SMs as the step's blocks retire, rather than
+        # each waiting behind a whole kernel of the step
+        stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
 
         def prepare_on_stream(j: int, batch: Any, loaded: Any) -> tuple[Any, Any, tuple[float, float]]:
             if stream is None:
