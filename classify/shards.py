@@ -15,9 +15,8 @@ buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one 
 stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
 ``RepeatAugSampler`` gives. The shuffles and the transform's draws are seeded by (seed, epoch, worker, place), so an
 epoch read again (a resumed run) is the same stream. The epoch lives in memory shared with the loader workers, which
-are therefore kept between epochs. Items are what the folder datasets give: (transformed image,
-label) for ``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning
-and counted.
+are therefore kept between epochs. Items are what the folder datasets give: (transformed image, label) for
+``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
 """
 
 from __future__ import annotations
