@@ -120,8 +120,12 @@ def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
         assert [r["step"] for r in runs[name]] == [2, 4] and all(0.0 <= s <= 1.0 for s in shares)
     assert min(r["input_wait_share"] for r in runs["input"]) > 0.6
     assert max(r["input_wait_share"] for r in runs["step"]) < 0.4
-    assert all(r["input_prepare_ms"] >= 29 and r["input_prepare_cpu_ms"] < 15 for r in runs["input"])
-    assert all(r["input_prepare_ms"] >= 29 and r["input_prepare_cpu_ms"] > 20 for r in runs["busy"])
+    # CPU time: near none while sleeping; while spinning, the thread's share of a busy test machine's cores
+    prepared = {
+        name: [(r["input_prepare_ms"], r["input_prepare_cpu_ms"]) for r in runs[name]] for name in ("input", "busy")
+    }
+    assert all(wall >= 29 and cpu < 5 for wall, cpu in prepared["input"]), prepared
+    assert all(wall >= 29 and cpu > 8 for wall, cpu in prepared["busy"]), prepared
     assert all("input_prepare_ms" not in r for r in runs["step"])  # no prepare_batch: nothing to time
 
 
