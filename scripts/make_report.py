@@ -362,7 +362,7 @@ def render_input_pipeline(files: list[str], **_) -> str:
             wait = f"{r['input_wait_share']:.0%}" if "input_wait_share" in r else "-"
             rows.append([setting, r.get("cores", "-"), f"{r['images_per_s']:.0f}", f"{share:.0%}", wait, *stages, name])
     header = ["input", "loader cores", "images/s", "of synthetic", "input wait", "decode ms", "augment ms", "step ms"]
-    return md_table([*header, "file"], rows)
+    return md_table(header + ["file"], rows)
 
 
 def render_diffusion_cifar10(files: list[str], **_) -> str:

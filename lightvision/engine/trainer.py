@@ -219,9 +219,7 @@ class Trainer:
         self.best_metric: float | None = None
         self._window: dict[str, float | torch.Tensor] = {}  # per-process sums (fp64 on the device between reads)
         self._window_steps = 0
-        self._window_start = (self.step, time.monotonic())
-        self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
-        self._prepare_times = [0.0, 0.0, 0]  # prepare_batch's wall and thread CPU seconds, and calls, of the window
+        self._start_timing(time.monotonic())
         self._last_lr = math.nan
         self._stop_requested = False
         self._stop_agreed = False
@@ -525,9 +523,15 @@ class Trainer:
             record.update(
                 input_prepare_ms=round(1000 * wall / calls, 3), input_prepare_cpu_ms=round(1000 * cpu / calls, 3)
             )
-        self._window, self._window_steps, self._window_start = {}, 0, (self.step, now)
-        self._input_wait, self._prepare_times = 0.0, [0.0, 0.0, 0]
+        self._window, self._window_steps = {}, 0
+        self._start_timing(now)
         return record
+
+    def _start_timing(self, now: float) -> None:
+        """Start the timed part of a log window at ``now`` (``time.monotonic()``) and the current step."""
+        self._window_start = (self.step, now)
+        self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
+        self._prepare_times = [0.0, 0.0, 0]  # prepare_batch's wall and thread CPU seconds, and calls, of the window
 
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:
         acc = self.accelerator
@@ -579,7 +583,7 @@ class Trainer:
         remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
         record: dict[str, Any] = {}
         first_step = self.step
-        self._window_start, self._input_wait, self._prepare_times = (self.step, time.monotonic()), 0.0, [0.0, 0.0, 0]
+        self._start_timing(time.monotonic())
         with (
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
             tqdm(
