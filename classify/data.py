@@ -1,6 +1,7 @@
-"""Classification data: ImageFolder with the DeiT augmentation pipeline (timm), and the bundled digits set.
+"""Classification data: ImageFolder with the DeiT augmentation pipeline (timm), the bundled digits set, and
+synthetic images.
 
-Two sources, chosen by ``data.source`` in the recipe:
+Three sources, chosen by ``data.source`` in the recipe:
 
 * ``imagefolder``: ``root/train/<class>/*.jpg`` and ``root/val/<class>/*.jpg`` (torchvision layout).
   Training images go through timm's ``create_transform`` (random resized crop, flip, RandAugment,
@@ -19,6 +20,11 @@ Two sources, chosen by ``data.source`` in the recipe:
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
   bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images
   (:class:`lightvision.engine.digits.DigitsDataset`, shared with the diffusion models).
+* ``synthetic``: no files; random images already in the model's normalised form, made once on the training device
+  (:mod:`lightvision.classify.synthetic`), ``data.synthetic_images`` per epoch and ``data.synthetic_val_images`` to
+  validate on, labels in [0, ``data.synthetic_classes``): the run without its input's cost, to compare a real run
+  with. As with ``data.cache: device`` the loader yields (index, label) batches that :func:`device_batches` gathers
+  on the device, with either ``data.pipeline``; no augmentation but Mixup / CutMix (on the device, as with ``gpu``).
 
 Batches are (images [B, C, H, W] float, labels [B] int64); with ``data.pipeline: gpu`` the loader's batches are
 encoded (``{"labels", "images"}``) and :func:`device_batches` makes them that on the device.
@@ -40,12 +46,14 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from lightvision.classify.decoded import CachedBatches, DecodedImages
+from lightvision.classify.decoded import CachedBatches, DecodedImages, DeviceImages
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_mixup import DeviceMixup
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
+from lightvision.classify.synthetic import POOL_BATCHES, SyntheticImages
+from lightvision.engine.config import check_number
 from lightvision.engine.data import SafeImageFolder, unpack_hint
 from lightvision.engine.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataset
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
@@ -57,6 +65,7 @@ __all__ = [
     "DeviceBatches",
     "FORMATS",
     "PIPELINES",
+    "SOURCES",
     "SafeImageFolder",
     "build_mixup",
     "check_data_options",
@@ -70,16 +79,27 @@ __all__ = [
     "train_transform",
 ]
 
+SOURCES = ("imagefolder", "digits", "synthetic")
 PIPELINES = ("cpu", "gpu")
 FORMATS = ("folder", "shards")
 CACHES = (None, "device")
 
 
 def check_data_options(d: dict[str, Any]) -> None:
-    """``data.pipeline``, ``data.format`` and ``data.cache`` are known values (and usable together)."""
+    """``data.source``, ``data.pipeline``, ``data.format`` and ``data.cache`` are known values (and usable together);
+    a synthetic source's counts are whole numbers from 1."""
+    check_choice(d["source"], SOURCES, "data.source")
     check_choice(d["pipeline"], PIPELINES, "data.pipeline")
     check_choice(d["format"], FORMATS, "data.format")
     check_choice(d.get("cache"), CACHES, "data.cache")
+    if d["source"] == "synthetic":
+        if d["format"] == "shards" or d.get("cache") == "device":
+            raise ValueError(
+                "data.source=synthetic reads no files (its images are made on the training device): "
+                "data.format=shards and data.cache=device do not apply to it, leave them unset"
+            )
+        for key in ("synthetic_images", "synthetic_val_images", "synthetic_classes"):
+            check_number(d[key], f"data.{key}", 1, integer=True)
     if d.get("cache") == "device" and (d["source"], d["pipeline"], d["format"]) != ("imagefolder", "gpu", "folder"):
         raise ValueError(
             "data.cache=device keeps the gpu pipeline's decoded images of an image folder: it needs "
@@ -128,14 +148,23 @@ def norm_stats(cfg: dict) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return mean, std
 
 
-def train_dataset(cfg: dict) -> Dataset:
-    """Training set of a train recipe (``classify.train.DEFAULTS`` keys) at ``data.image_size``, augmented."""
+def _synthetic(cfg: dict, length: int, img_size: int, device: torch.device | str, seed: int) -> SyntheticImages:
+    """A synthetic set of ``length`` items at ``img_size`` on ``device`` over a pool of ``POOL_BATCHES`` training
+    batches of images."""
+    d = cfg["data"]
+    pool = POOL_BATCHES * cfg["train"]["batch_size"]
+    return SyntheticImages(length, pool, img_size, d["in_chans"], d["synthetic_classes"], device, seed)
+
+
+def train_dataset(cfg: dict, device: torch.device | str = "cpu") -> Dataset:
+    """Training set of a train recipe (``classify.train.DEFAULTS`` keys) at ``data.image_size``, augmented
+    (``device``: where ``data.source: synthetic`` makes its images, the training device)."""
     d = cfg["data"]
     check_data_options(d)
     if d["source"] == "digits":
         return DigitsDataset("train", d["image_size"], d["in_chans"])
-    if d["source"] != "imagefolder":
-        raise ValueError(f"data.source must be 'imagefolder' or 'digits', got {d['source']!r}")
+    if d["source"] == "synthetic":
+        return _synthetic(cfg, d["synthetic_images"], d["image_size"], device, cfg["train"]["seed"])
     if d["root"] is None:
         raise ValueError(
             "data.root is not set: pass data.root=PATH (a folder with train/ and val/ ImageFolder splits), "
@@ -150,16 +179,32 @@ def train_dataset(cfg: dict) -> Dataset:
     return image_folder(d["root"], d["train_split"], tf, loader=read_image_bytes if gpu else None)
 
 
-def val_dataset(cfg: dict, img_size: int, folder: str | Path | None = None, pipeline: str | None = None) -> Dataset:
+def val_dataset(
+    cfg: dict,
+    img_size: int,
+    folder: str | Path | None = None,
+    pipeline: str | None = None,
+    device: torch.device | str | None = None,
+) -> Dataset:
     """Validation set of a train recipe at ``img_size``.
 
     folder: evaluate another folder than ``data.root``: a root holding the val split, or the split folder
     itself (class sub-folders directly inside).
     pipeline: "cpu" (transformed images) or "gpu" (encoded images, see :func:`device_batches`); None: the recipe's
-    ``data.pipeline``."""
+    ``data.pipeline``.
+    device: the training device, where ``data.source: synthetic`` makes its images (None: a synthetic recipe needs
+    ``folder``)."""
     d = {"pipeline": "cpu", "format": "folder", **cfg["data"]}  # a run's saved config may predate these keys
     check_data_options(d)
     gpu = (pipeline or d["pipeline"]) == "gpu"
+    if d["source"] == "synthetic" and folder is None:
+        if device is None:
+            raise ValueError(
+                "this run was trained on synthetic images (data.source=synthetic), which have no validation set "
+                "to evaluate on: pass --data PATH (a folder of class sub-folders)"
+            )
+        seed = cfg["train"]["seed"] + 1  # another pool than the training set's
+        return _synthetic(cfg, d["synthetic_val_images"], img_size, device, seed)
     if d["source"] == "digits":
         if folder is not None:
             raise ValueError(
@@ -222,8 +267,12 @@ def device_batches(
     transform (``train``) or the eval transform at ``img_size`` (default ``data.image_size``); ``dataset`` counts
     the images that do not decode (``data.augment_graph``: the train augmentation replayed as a CUDA graph on CUDA).
     A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
-    (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform."""
+    (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform; a
+    :class:`~lightvision.classify.synthetic.SyntheticImages` one (either pipeline) gets one without a transform, its
+    images being the model's input already."""
     d = cfg["data"]
+    if isinstance(dataset, SyntheticImages):
+        return CachedBatches(None, dataset)
     if d["pipeline"] != "gpu":
         return None
     size = img_size or cfg["data"]["image_size"]
@@ -253,16 +302,17 @@ class _MappedLoader:
 def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: bool) -> DataLoader:
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
-    for ``data.pipeline: gpu``, (index, label) batches read in this process for decoded images
-    (:class:`~lightvision.classify.decoded.DecodedImages`). ``data.pipeline: cpu`` augments each sample with draws
-    keyed by (``train.seed``, epoch, position) (:mod:`lightvision.engine.sample_draws`), so a resume replays them."""
+    for ``data.pipeline: gpu``, (index, label) batches read in this process for images held on the device
+    (:class:`~lightvision.classify.decoded.DeviceImages`: decoded or synthetic). ``data.pipeline: cpu`` augments each
+    sample with draws keyed by (``train.seed``, epoch, position) (:mod:`lightvision.engine.sample_draws`), so a
+    resume replays them."""
     repeats = cfg["aug"]["repeated_aug"]
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
-    decoded = isinstance(dataset, DecodedImages)
-    gpu = cfg["data"]["pipeline"] == "gpu" and not decoded
-    workers = 0 if decoded else workers
-    if cfg["data"]["pipeline"] == "cpu" and not iterable:
+    held = isinstance(dataset, DeviceImages)
+    gpu = cfg["data"]["pipeline"] == "gpu" and not held
+    workers = 0 if held else workers
+    if cfg["data"]["pipeline"] == "cpu" and not (iterable or held):
         sampler = KeyedSampler(len(dataset), cfg["train"]["seed"], sampler)
         dataset = KeyedDraws(dataset)
     return DataLoader(
@@ -288,19 +338,20 @@ def make_val_loader(
     accelerator: Any = None,
 ) -> Any:
     """The validation loader (prepared by ``accelerator`` when given); with ``prepare`` (:func:`device_batches`)
-    its batches are decoded and transformed on the device."""
-    gpu = prepare is not None
+    its batches are made on the device: decoded and transformed, or gathered from images held there (read in this
+    process)."""
+    held = isinstance(dataset, DeviceImages)
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
         shuffle=False,
-        num_workers=workers,
+        num_workers=0 if held else workers,
         pin_memory=pin_memory,
-        collate_fn=collate_encoded if gpu else None,
+        collate_fn=collate_encoded if prepare is not None and not held else None,
     )
     if accelerator is not None:
         loader = accelerator.prepare(loader)
-    return _MappedLoader(loader, prepare) if gpu else loader
+    return _MappedLoader(loader, prepare) if prepare is not None else loader
 
 
 def train_transform(aug: dict[str, Any], img_size: int, mean: tuple[float, ...], std: tuple[float, ...]) -> Any:

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from lightvision.classify.encoded import collate_encoded, decode_batch
 
-__all__ = ["CachedBatches", "DecodedImages", "MEMORY_SHARE", "memory_limit"]
+__all__ = ["CachedBatches", "DecodedImages", "DeviceImages", "MEMORY_SHARE", "memory_limit"]
 
 MEMORY_SHARE = 0.4  # the decoded images may take at most this share of a CUDA device's memory
 
@@ -31,7 +31,30 @@ def memory_limit(device: torch.device) -> float | None:
     return MEMORY_SHARE * torch.cuda.get_device_properties(device).total_memory
 
 
-class DecodedImages(Dataset):
+class DeviceImages(Dataset):
+    """Images held in the training device's memory, for a loader of (index [B], label [B]) batches that
+    :class:`CachedBatches` turns into images: item i is (i, label i). Subclasses set ``images`` (a tensor [N, ...] or a
+    list of N tensors), ``labels`` int64 [N] on the device, ``targets`` (the labels as a host list) and ``classes``."""
+
+    images: torch.Tensor | list[torch.Tensor]
+    labels: torch.Tensor
+    targets: list[int]
+    classes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return index, self.targets[index]
+
+    def gather(self, index: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+        """The images at ``index`` [B]: a tensor [B, ...], or a list of B tensors when ``images`` is a list."""
+        if isinstance(self.images, torch.Tensor):
+            return self.images[index.to(self.images.device)]
+        return [self.images[i] for i in index.tolist()]
+
+
+class DecodedImages(DeviceImages):
     """An image folder decoded on ``device``; item i is (i, label i).
 
     Args:
@@ -68,12 +91,6 @@ class DecodedImages(Dataset):
         one_size = len({img.shape for img in images}) == 1
         self.images: torch.Tensor | list[torch.Tensor] = torch.stack(images) if one_size else images
 
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, index: int) -> tuple[int, int]:
-        return index, self.targets[index]
-
     def describe(self) -> str:
         """Shape and size of the decoded images, for the log."""
         if isinstance(self.images, torch.Tensor):
@@ -86,20 +103,18 @@ class DecodedImages(Dataset):
         """Unreadable images skipped while decoding (counted once: the set is decoded once)."""
         return self.folder.skipped_images()
 
-    def gather(self, index: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
-        """The images at ``index`` [B]: uint8 [B, 3, H, W] (one size) or a list of uint8 [3, H_i, W_i]."""
-        if isinstance(self.images, torch.Tensor):
-            return self.images[index.to(self.images.device)]
-        return [self.images[i] for i in index.tolist()]
-
 
 class CachedBatches:
-    """(images float [B, C, S, S], labels [B]) on the device from a loader batch (index [B], label [B]) of a
-    :class:`DecodedImages`: the images at ``index`` through ``transform`` (a ``DeviceTrainTransform``)."""
+    """(images [B, ...], labels [B]) on the device from a loader batch (index [B], label [B]) of a
+    :class:`DeviceImages`: the images at ``index``, through ``transform`` when one is given (a
+    ``DeviceTrainTransform`` for decoded images; None: as they are, for images already in the model's form)."""
 
-    def __init__(self, transform: Any, decoded: DecodedImages):
-        self.transform, self.decoded = transform, decoded
+    def __init__(self, transform: Any | None, images: DeviceImages):
+        self.transform, self.images = transform, images
 
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         index, labels = batch
-        return self.transform(self.decoded.gather(index)), labels.to(self.decoded.labels.device)
+        images = self.images.gather(index)
+        if self.transform is not None:
+            images = self.transform(images)
+        return images, labels.to(self.images.labels.device)

@@ -71,7 +71,9 @@ DEFAULTS: dict[str, Any] = {
         "init_from": None,
     },
     "data": {
-        "source": "imagefolder",  # "imagefolder" (root/train, root/val) or "digits" (bundled, no download)
+        # "imagefolder" (root/train, root/val), "digits" (bundled, no download) or "synthetic" (random images made
+        # on the training device, no files: the same run without its input's cost, to measure that cost against)
+        "source": "imagefolder",
         "root": None,
         "image_size": 224,  # the model's input size: training crops and validation images
         "train_split": "train",
@@ -86,6 +88,12 @@ DEFAULTS: dict[str, Any] = {
         "prefetch": True,  # pipeline gpu: decode + augment the next batch in a background thread during the step
         "augment_graph": False,  # pipeline gpu on CUDA: replay the augmentation and Mixup / CutMix as CUDA graphs
         "cache": None,  # "device" (pipeline gpu, folder): decode the training images once into device memory
+        # source synthetic (a pool of 4 training batches of random images on the device): images per training epoch
+        # and validation images (ImageNet-1k's splits: an ImageNet run's epochs and schedule; set a real run's counts
+        # to match it) and labels in [0, synthetic_classes)
+        "synthetic_images": 1281167,
+        "synthetic_val_images": 50000,
+        "synthetic_classes": 1000,
     },
     "aug": {
         "no_aug": False,  # true: resize + center crop only (timm no_aug: no random crop/flip/RandAugment/erasing)
@@ -272,7 +280,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         )
     run_dir = Path(cfg["run"]["dir"])
 
-    train_set = train_dataset(cfg)
+    train_set = train_dataset(cfg, accelerator.device)
     num_classes = len(train_set.classes)
     mcfg = model_config(cfg, num_classes)
     torch.manual_seed(t["seed"])  # every process (and a 1-process run) starts from the same weights
@@ -285,7 +293,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         init_report = record_init(init_from(model, source), source, run_dir, accelerator.is_main_process)
     if t["grad_checkpointing"]:
         model.set_grad_checkpointing(True)
-    val_set = val_dataset(cfg, cfg["data"]["image_size"])
+    val_set = val_dataset(cfg, cfg["data"]["image_size"], device=accelerator.device)
     if val_set.classes != train_set.classes:
         raise ValueError(
             f"train and val class folders differ ({len(train_set.classes)} vs {len(val_set.classes)} classes): "
@@ -294,7 +302,8 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
 
     _check_sizes(a["sizes"], model)
     gpu_graph = cfg["data"].get("augment_graph", False)
-    mixup = build_mixup(a, num_classes, on_device=cfg["data"]["pipeline"] == "gpu", graph=gpu_graph)
+    on_device = cfg["data"]["pipeline"] == "gpu" or cfg["data"]["source"] == "synthetic"  # images made on the device
+    mixup = build_mixup(a, num_classes, on_device=on_device, graph=gpu_graph)
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
     workers = loader_workers(cfg["data"]["num_workers"])

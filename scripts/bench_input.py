@@ -9,7 +9,10 @@ overrides any key) on one device.
 
 ``synthetic``: random images already on the device (the model step alone: the ceiling), in this script's own loop
 (compiled as the Trainer compiles it when ``--set train.compile=true``).
-Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetch`` on) for every combination of
+Then ``lightvision classify train`` itself (the engine's Trainer, ``data.prefetch`` on): first ``train_synthetic``
+(``data.source=synthetic``: random images gathered on the device with the folder's image and class counts, Mixup /
+CutMix on the device; the same run as the others without reading, decoding or augmenting an image; fewest cores), then
+for every combination of
 
 - loader cores (``--cores``): the process and its loader workers are pinned to that many cores, one worker per core;
 - source (``--sources``): ``folder`` (the JPEG folder), ``shards`` (its train split as webdataset shards, written once
@@ -22,11 +25,13 @@ named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cor
 by op) unless ``--no-eager`` and ``train_folder_gpu_cached`` (the folder decoded once into device memory,
 ``data.cache=device``: the Trainer and the augmentation without the loader and the decode; fewest cores, as it reads no
 files while it trains) unless ``--no-cached``. Their ``images_per_s`` is the training log's rate over ``--steps`` steps
-after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``input_wait_share`` the share of that time the training
-loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in it),
-``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation (decode
-and augmentation) on the thread that runs it. Settings run most cores first; past ``--budget-s`` seconds no new one
-starts (recorded as skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``,
+after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``vs_train_synthetic`` its share of ``train_synthetic``'s
+rate (the Trainer's run without its input: what the input costs), ``input_wait_share`` the share of that time the
+training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in
+it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
+(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it. After
+``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as
+skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``,
 ``shards_gpu``: per-stage milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``,
 ``step``; and ``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware, versions, command;
 ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a short table printed
@@ -221,8 +226,10 @@ def measure(name: str, args: argparse.Namespace, device: torch.device) -> dict[s
 
 
 def trainer_settings(args: argparse.Namespace) -> list[tuple[str, str, str, int, bool, bool]]:
-    """(name, source, pipeline, cores, graph, cached) of each ``classify train`` measurement, most cores first."""
+    """(name, source, pipeline, cores, graph, cached) of each ``classify train`` measurement: ``train_synthetic`` (no
+    loader workers: fewest cores), then most cores first."""
     cores = sorted(set(args.cores), reverse=True)
+    synthetic = ("train_synthetic", "synthetic", "gpu", cores[-1], True, False)
     out = [
         (f"train_{source}_{pipeline}_{n}c", source, pipeline, n, True, False)
         for n in cores
@@ -236,7 +243,7 @@ def trainer_settings(args: argparse.Namespace) -> list[tuple[str, str, str, int,
         if not args.no_cached:
             extras.append(("train_folder_gpu_cached", "folder", "gpu", cores[-1], True, True))  # no loader workers
     at = len(args.sources) * len(args.pipelines)
-    return out[:at] + extras + out[at:]
+    return [synthetic, *out[:at], *extras, *out[at:]]
 
 
 def measure_trainer(
@@ -259,12 +266,13 @@ def measure_trainer(
     shutil.rmtree(run, ignore_errors=True)
     window = max(1, args.warmup)
     steps = max(window, args.steps // window * window)
-    root = args.data if source == "folder" else args.work / source
+    shards = source.startswith("shards")
     overrides = _overrides(
         args,
-        root,
+        args.work / source if shards else args.data,
         pipeline,
-        f"data.format={'folder' if source == 'folder' else 'shards'}",
+        f"data.format={'shards' if shards else 'folder'}",
+        *(synthetic_overrides(args.data) if source == "synthetic" else []),
         f"data.num_workers={cores}",
         f"data.augment_graph={'true' if graph else 'false'}",
         *(["data.cache=device"] if cached else []),
@@ -315,6 +323,18 @@ def measure_trainer(
     }
 
 
+def synthetic_overrides(data: Path) -> list[str]:
+    """``data.source=synthetic`` with the image counts of the folder's train and val splits and its class count: the
+    folder runs' epochs, head and validation, without an image read."""
+    train, val = (image_folder(data, split, None) for split in ("train", "val"))
+    return [
+        "data.source=synthetic",
+        f"data.synthetic_images={len(train)}",
+        f"data.synthetic_val_images={len(val)}",
+        f"data.synthetic_classes={len(train.classes)}",
+    ]
+
+
 def write_shards(args: argparse.Namespace) -> dict[str, Any]:
     """The folder's train and val splits as shards under ``--work``: ``shards`` (the files' bytes) and ``shards_max``
     (``--max-size``), each written once; seconds, train images, shrunk train images and MiB of the train split."""
@@ -340,18 +360,21 @@ def write_shards(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    """The short table: images/s, share of the synthetic ceiling and (``classify train`` settings) the share of the
-    time its loop waited for the next batch and the batch preparation's wall / CPU ms on its thread, per setting."""
-    ceiling = results.get("synthetic", {}).get("images_per_s")
-    lines = ["| setting | images/s | vs synthetic | input wait | prepare ms (CPU) |", "|---|---|---|---|---|"]
+    """The short table: images/s, its shares of the synthetic ceiling and of ``train_synthetic`` and (``classify
+    train`` settings) the share of the time its loop waited for the next batch and the batch preparation's wall / CPU
+    ms on its thread, per setting."""
+    lines = [
+        "| setting | images/s | vs synthetic | vs train_synthetic | input wait | prepare ms (CPU) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         if "images_per_s" not in r:
-            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - | - | - |")
+            lines.append(f"| {name} | {(r.get('error') or r.get('skipped', ''))[:60]} | - | - | - | - |")
             continue
-        share = f"{100 * r['images_per_s'] / ceiling:.0f}%" if ceiling else "-"
+        shares = [f"{100 * r[key]:.0f}%" if key in r else "-" for key in ("vs_synthetic", "vs_train_synthetic")]
         wait = f"{100 * r['input_wait_share']:.0f}%" if "input_wait_share" in r else "-"
         prepare = f"{r['input_prepare_ms']:.1f} ({r['input_prepare_cpu_ms']:.1f})" if "input_prepare_ms" in r else "-"
-        lines.append(f"| {name} | {r['images_per_s']:.0f} | {share} | {wait} | {prepare} |")
+        lines.append(f"| {name} | {r['images_per_s']:.0f} | {' | '.join(shares)} | {wait} | {prepare} |")
     return "\n".join(lines)
 
 
@@ -410,10 +433,12 @@ def main(argv: list[str] | None = None) -> int:
             report["results"][name] = run()
         except Exception as err:  # noqa: BLE001 - recorded; the other settings still run
             report["results"][name] = {"error": f"{type(err).__name__}: {err}"}
-        ceiling = report["results"].get("synthetic", {}).get("images_per_s")
-        if ceiling and "images_per_s" in report["results"][name]:
-            report["results"][name]["vs_synthetic"] = report["results"][name]["images_per_s"] / ceiling
-        print(json.dumps({name: report["results"][name]}), flush=True)
+        result = report["results"][name]
+        for base in ("synthetic", "train_synthetic"):
+            rate = report["results"].get(base, {}).get("images_per_s")
+            if rate and "images_per_s" in result and (base == "synthetic" or name.startswith("train_")):
+                result[f"vs_{base}"] = result["images_per_s"] / rate
+        print(json.dumps({name: result}), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))
     report["seconds"] = time.perf_counter() - start

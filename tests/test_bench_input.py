@@ -66,9 +66,9 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 
 
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
-    """Synthetic, a stage-timed loop, and classify train (each its own process) for both pipelines on the folder and
-    the shards shrunk by --max-size on one pinned core, plus the op-by-op run and the run from images decoded into
-    device memory; more cores than the machine has are skipped."""
+    """Synthetic, a stage-timed loop, and classify train (each its own process): first from synthetic images, then for
+    both pipelines on the folder and the shards shrunk by --max-size on one pinned core, plus the op-by-op run and the
+    run from images decoded into device memory; more cores than the machine has are skipped."""
     import os
 
     out = imagenet_like / "bench.json"
@@ -94,11 +94,21 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     eager = f"train_folder_gpu_eager_{too_many}c"
     skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
     cached = "train_folder_gpu_cached"
-    assert list(results) == ["synthetic", "folder_gpu", *skipped, eager, cached, *trained]
-    for name in ["synthetic", "folder_gpu", cached, *trained]:
+    assert list(results) == ["synthetic", "folder_gpu", "train_synthetic", *skipped, eager, cached, *trained]
+    for name in ["synthetic", "folder_gpu", "train_synthetic", cached, *trained]:
         r = results[name]
         assert "error" not in r, (name, r)
         assert r["images_per_s"] > 0 and r["img_size"] == 16 and r["vs_synthetic"] > 0
+    train_synthetic = results["train_synthetic"]
+    assert train_synthetic["source"] == "synthetic" and train_synthetic["cores"] == 1
+    assert train_synthetic["vs_train_synthetic"] == 1.0 and train_synthetic["input_prepare_ms"] > 0  # gathers on device
+    for name in [cached, *trained]:  # every train setting against the Trainer run without input
+        rate = results[name]["images_per_s"] / train_synthetic["images_per_s"]
+        assert results[name]["vs_train_synthetic"] == pytest.approx(rate)
+    assert not any("vs_train_synthetic" in results[n] for n in ("synthetic", "folder_gpu"))  # loops, not the Trainer
+    config = json.loads((imagenet_like / "work" / "run_train_synthetic" / "config.json").read_text())
+    assert config["data"]["source"] == "synthetic" and config["data"]["synthetic_images"] == 12  # the folder's counts
+    assert (config["data"]["synthetic_val_images"], config["data"]["synthetic_classes"]) == (6, 2)
     assert results["folder_gpu"]["decode_ms"] > 0 and results["folder_gpu"]["step_ms"] > 0
     assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in [*skipped, eager])
     assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
@@ -111,4 +121,5 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert "input_wait_share" not in results["synthetic"]
     assert (imagenet_like / "work" / "run_train_folder_gpu_1c" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-14].startswith("| setting |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
+    assert printed[-15].startswith("| setting |") and "| vs train_synthetic |" in printed[-15]
+    assert printed[-11].startswith("| train_synthetic |") and printed[-1].startswith("| train_shards_max_cpu_1c |")

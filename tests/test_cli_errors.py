@@ -72,6 +72,11 @@ CASES = {  # name: (arguments, extra environment, pattern the error line must ma
         {},
         r"no shard index .*train\.json: make the shards with",
     ),
+    "synthetic shards": (
+        ["classify", "train", "--device", "cpu", "--out", "{tmp}/y", "data.source=synthetic", "data.format=shards"],
+        {},
+        r"data\.source=synthetic reads no files .*data\.format=shards and data\.cache=device do not apply to it",
+    ),
     "sampler typo": (
         ["diffusion", "train", "--device", "cpu", "--out", "{tmp}/t", "sample.sampler=ddimm"],
         {},

@@ -1,8 +1,8 @@
 """Exact classifier resume with real processes: a run killed at an epoch boundary (SIGKILL, resumed from the epoch's
 checkpoint) or stopped mid-epoch (SIGTERM) and resumed logs the uninterrupted run's losses and validation metrics,
 with the full DeiT augmentation (random resized crop, flip, RandAugment, random erasing, Mixup / CutMix) on both
-pipelines and from shards. The stopped and the resumed runs are real processes, forks of one interpreter that imported
-the command's modules once (helpers.Forks)."""
+pipelines and from shards, and from synthetic images. The stopped and the resumed runs are real processes, forks of one
+interpreter that imported the command's modules once (helpers.Forks)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ from lightvision.engine.trainer import TIMING_KEYS
 
 DRIVER = Path(__file__).with_name("stop_at_step.py")
 # data section and repeated augmentation: cpu augments in 2 loader workers, with RepeatAugSampler (16 x 3 / 3 per
-# epoch); gpu on the device from a shuffled folder; shards in 2 workers, 2 shards of 4 images each
+# epoch); gpu on the device from a shuffled folder; shards in 2 workers, 2 shards of 4 images each; synthetic: 16
+# random images per epoch, Mixup / CutMix on the device
 PIPELINES = {
     "cpu": ({"num_workers": "2"}, 3),
     "gpu": ({"pipeline": "gpu"}, 1),
     "shards": ({"num_workers": "2", "format": "shards"}, 1),
+    "synthetic": ({"source": "synthetic", "synthetic_images": "16", "synthetic_val_images": "4"}, 1),
 }
 EPOCH = 4  # 16 images, batch 4
 STEPS = 2 * EPOCH
@@ -99,10 +101,10 @@ KILLED = ("KILL", EPOCH + 2, EPOCH)  # SIGKILL in step 6: resumed from the epoch
 TERMINATED = ("TERM", 2, 2)  # SIGTERM mid-epoch: checkpoints step 2 and stops
 
 
-# both stops on the cpu pipeline, one each on the gpu pipeline and on shards
+# both stops on the cpu pipeline, one each on the gpu pipeline, on shards and on synthetic images
 @pytest.mark.parametrize(
     ("reference", "signal", "at", "resumes_from"),
-    [("cpu", *KILLED), ("cpu", *TERMINATED), ("gpu", *TERMINATED), ("shards", *KILLED)],
+    [("cpu", *KILLED), ("cpu", *TERMINATED), ("gpu", *TERMINATED), ("shards", *KILLED), ("synthetic", *TERMINATED)],
     indirect=["reference"],
 )
 def test_resume_repeats_the_run(tmp_path, forks, reference, signal, at, resumes_from):

@@ -1,5 +1,6 @@
 """data.cache=device: the training images decoded once give the gpu pipeline's batches exactly, unreadable files are
-skipped and counted, `classify train` runs with it, and unusable combinations are refused in one line."""
+skipped and counted, `classify train` runs with it, and unusable combinations (with data.source=synthetic too) are
+refused in one line."""
 
 from __future__ import annotations
 
@@ -93,9 +94,13 @@ def test_a_set_too_large_for_the_device_is_one_clear_error(tmp_path, monkeypatch
         ({"cache": "host"}, "data.cache"),
         ({"cache": "device"}, "needs data.pipeline=gpu and data.format=folder"),
         ({"cache": "device", "pipeline": "gpu", "format": "shards"}, "needs data.pipeline=gpu"),
+        ({"source": "synthetic", "pipeline": "gpu", "cache": "device"}, "data.source=synthetic reads no files"),
+        ({"source": "synthetic", "format": "shards"}, "shards and data.cache=device do not apply to it"),
+        ({"source": "synthetic", "synthetic_images": 0}, "data.synthetic_images must be a whole number at least 1"),
+        ({"source": "webdataset"}, "unknown data.source 'webdataset'; valid: 'imagefolder', 'digits', 'synthetic'"),
     ],
 )
-def test_unusable_cache_settings_are_refused(keys, message):
+def test_unusable_data_settings_are_refused(keys, message):
     with pytest.raises(ValueError, match=message) as err:
         check_data_options({**DEFAULTS["data"], **keys})
     assert "\n" not in str(err.value)
