@@ -14,9 +14,11 @@ Three sources, chosen by ``data.source`` in the recipe:
   ``data.pipeline: cpu`` decodes (PIL) and augments each image in the DataLoader workers. ``data.pipeline: gpu``:
   the workers only read the files' bytes (:mod:`lightvision.classify.encoded`); the batch is decoded on the
   training device and augmented there with the same steps (:mod:`lightvision.classify.device_transforms`):
-  :func:`device_batches` turns a loader batch into (images, labels) on the device. ``data.cache: device`` (with
-  ``gpu``, on a folder) decodes the training images once into device memory (:mod:`lightvision.classify.decoded`)
-  and augments batches from there.
+  :func:`device_batches` turns a loader batch into (images, labels) on the device. ``data.pipeline: hybrid``: the
+  workers decode (PIL) and run timm's random resized crop and flip (:mod:`lightvision.classify.cropped`), a batch
+  travels as uint8 [B, 3, S, S], and the device runs the rest (RandAugment, normalisation, erasing, Mixup / CutMix).
+  ``data.cache: device`` (with ``gpu``, on a folder) decodes the training images once into device memory
+  (:mod:`lightvision.classify.decoded`) and augments batches from there.
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
   bilinearly upsampled to the requested size; a fixed stratified split gives 1437 train / 360 val images
   (:class:`lightvision.engine.digits.DigitsDataset`, shared with the diffusion models).
@@ -46,6 +48,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
+from lightvision.classify.cropped import CroppedBatches, collate_cropped, crop_transform
 from lightvision.classify.decoded import CachedBatches, DecodedImages, DeviceImages
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_mixup import DeviceMixup
@@ -80,7 +83,7 @@ __all__ = [
 ]
 
 SOURCES = ("imagefolder", "digits", "synthetic")
-PIPELINES = ("cpu", "gpu")
+PIPELINES = ("cpu", "gpu", "hybrid")
 FORMATS = ("folder", "shards")
 CACHES = (None, "device")
 
@@ -171,7 +174,10 @@ def train_dataset(cfg: dict, device: torch.device | str = "cpu") -> Dataset:
             "or run `lightvision classify train` without --config for the built-in digits default"
         )
     gpu = d["pipeline"] == "gpu"
-    tf = None if gpu else train_transform(cfg["aug"], cfg["data"]["image_size"], *norm_stats(cfg))
+    if d["pipeline"] == "cpu":
+        tf = train_transform(cfg["aug"], d["image_size"], *norm_stats(cfg))
+    else:
+        tf = crop_transform(cfg["aug"], d["image_size"]) if d["pipeline"] == "hybrid" else None
     if d["format"] == "shards":
         decode = checked_bytes if gpu else decode_pil
         repeats, seed = cfg["aug"]["repeated_aug"], cfg["train"]["seed"]
@@ -190,8 +196,8 @@ def val_dataset(
 
     folder: evaluate another folder than ``data.root``: a root holding the val split, or the split folder
     itself (class sub-folders directly inside).
-    pipeline: "cpu" (transformed images) or "gpu" (encoded images, see :func:`device_batches`); None: the recipe's
-    ``data.pipeline``.
+    pipeline: "cpu" or "hybrid" (transformed images) or "gpu" (encoded images, see :func:`device_batches`); None:
+    the recipe's ``data.pipeline``.
     device: the training device, where ``data.source: synthetic`` makes its images (None: a synthetic recipe needs
     ``folder``)."""
     d = {"pipeline": "cpu", "format": "folder", **cfg["data"]}  # a run's saved config may predate these keys
@@ -261,11 +267,12 @@ class DeviceBatches:
 
 def device_batches(
     cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None
-) -> DeviceBatches | CachedBatches | None:
+) -> DeviceBatches | CachedBatches | CroppedBatches | None:
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
-    ``data.pipeline: cpu`` (the batch already is that); for ``gpu`` a :class:`DeviceBatches` with the DeiT train
-    transform (``train``) or the eval transform at ``img_size`` (default ``data.image_size``); ``dataset`` counts
-    the images that do not decode (``data.augment_graph``: the train augmentation replayed as a CUDA graph on CUDA).
+    ``data.pipeline: cpu`` and for ``hybrid``'s evaluation (the batch already is that); for ``gpu`` a
+    :class:`DeviceBatches` with the DeiT train transform (``train``) or the eval transform at ``img_size`` (default
+    ``data.image_size``); ``dataset`` counts the images that do not decode (``data.augment_graph``: the train
+    augmentation replayed as a CUDA graph on CUDA); for ``hybrid`` training a :class:`CroppedBatches`.
     A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
     (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform; a
     :class:`~lightvision.classify.synthetic.SyntheticImages` one (either pipeline) gets one without a transform, its
@@ -273,12 +280,16 @@ def device_batches(
     d = cfg["data"]
     if isinstance(dataset, SyntheticImages):
         return CachedBatches(None, dataset)
-    if d["pipeline"] != "gpu":
+    hybrid = d["pipeline"] == "hybrid" and train
+    if d["pipeline"] != "gpu" and not hybrid:
         return None
     size = img_size or cfg["data"]["image_size"]
     mean, std = norm_stats(cfg)
     if train:
-        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=d.get("augment_graph", False))
+        graph = d.get("augment_graph", False)
+        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=graph, cropped=hybrid)
+        if hybrid:
+            return CroppedBatches(transform)
         if isinstance(dataset, DecodedImages):
             return CachedBatches(transform, dataset)
         return DeviceBatches(transform, dataset)
@@ -302,7 +313,8 @@ class _MappedLoader:
 def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: bool) -> DataLoader:
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
-    for ``data.pipeline: gpu``, (index, label) batches read in this process for images held on the device
+    for ``data.pipeline: gpu``, cropped uint8 batches for ``hybrid``, (index, label) batches read in this process for
+    images held on the device
     (:class:`~lightvision.classify.decoded.DeviceImages`: decoded or synthetic). ``data.pipeline: cpu`` augments each
     sample with draws keyed by (``train.seed``, epoch, position) (:mod:`lightvision.engine.sample_draws`), so a
     resume replays them."""
@@ -310,9 +322,9 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
     held = isinstance(dataset, DeviceImages)
-    gpu = cfg["data"]["pipeline"] == "gpu" and not held
+    collate = {"gpu": collate_encoded, "hybrid": collate_cropped}.get(cfg["data"]["pipeline"]) if not held else None
     workers = 0 if held else workers
-    if cfg["data"]["pipeline"] == "cpu" and not (iterable or held):
+    if cfg["data"]["pipeline"] in ("cpu", "hybrid") and not (iterable or held):
         sampler = KeyedSampler(len(dataset), cfg["train"]["seed"], sampler)
         dataset = KeyedDraws(dataset)
     return DataLoader(
@@ -324,7 +336,7 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
         num_workers=workers,
         pin_memory=pin_memory,
         persistent_workers=workers > 0,  # kept between epochs (shard workers read the epoch from shared memory)
-        collate_fn=collate_encoded if gpu else None,
+        collate_fn=collate,
     )
 
 

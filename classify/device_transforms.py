@@ -175,12 +175,21 @@ class DeviceTrainTransform:
         img_size: output size S; mean, std: per-channel normalisation (0..1 scale).
         graph: on CUDA, capture :meth:`augment` once per batch shape as a CUDA graph and replay it
             (:class:`~lightvision.classify.graphed.GraphedCall`); False runs it op by op.
+        cropped: the images come cropped and flipped (``data.pipeline: hybrid``: the loader workers ran timm's
+            random resized crop and flip, see :func:`~lightvision.classify.data.crop_transform`), as one uint8
+            [N, 3, S, S] batch; the transform draws and runs only what follows (``aug.no_aug``: normalisation).
     """
 
     def __init__(
-        self, aug: dict[str, Any], img_size: int, mean: Sequence[float], std: Sequence[float], graph: bool = True
+        self,
+        aug: dict[str, Any],
+        img_size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        graph: bool = True,
+        cropped: bool = False,
     ):
-        self.img_size = img_size
+        self.img_size, self.cropped = img_size, cropped
         self.interpolation = aug.get("interpolation", "bicubic")
         check_choice(self.interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
         check_choice(aug.get("remode", "pixel"), ("pixel", "rand", "const"), "aug.remode")
@@ -202,8 +211,8 @@ class DeviceTrainTransform:
         self.reprob, self.remode = float(aug.get("reprob", 0.0)), aug.get("remode", "pixel")
         self.recount = int(aug.get("recount", 1))
         widths = {
-            "crop": CROP_COLUMNS,
-            "flip": 1,
+            "crop": 0 if cropped else CROP_COLUMNS,
+            "flip": 0 if cropped else 1,
             "rand_augment": self.rand_augment.columns if self.rand_augment else 0,
             "jitter": 2 * len(JITTER_OPS) if self.jitter else 0,
             "erase": 2 + self.recount * ERASE_COLUMNS if self.reprob > 0 else 0,
@@ -285,9 +294,10 @@ class DeviceTrainTransform:
         return self.erase(x, named["erase"], noise) if self.reprob > 0 else x
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
-        """uint8 [3, H_i, W_i] per image -> float [N, 3, S, S] augmented and normalised, on the images' device."""
+        """uint8 [3, H_i, W_i] per image (``cropped``: uint8 [N, 3, S, S]) -> float [N, 3, S, S] augmented and
+        normalised, on the images' device."""
         if self.no_aug:
-            return self.eval(images)
+            return _normalize(images, *self.placed.get(images.device)) if self.cropped else self.eval(images)
         u, noise = self.draw(len(images), images[0].device)
-        x = self.crop_flip(images, u)
+        x = images if self.cropped else self.crop_flip(images, u)
         return self.run_augment(x, u, noise)

@@ -83,10 +83,12 @@ DEFAULTS: dict[str, Any] = {
         "std": None,
         "crop_pct": None,  # eval resize = size / crop_pct; None: the model's pretrained_cfg (0.875)
         "num_workers": 8,
-        "pipeline": "cpu",  # "cpu": decode + augment in loader workers; "gpu": workers read bytes, the device decodes
+        # "cpu": decode + augment in loader workers; "gpu": workers read bytes, the device decodes and augments;
+        # "hybrid": workers decode, crop and flip, the device runs RandAugment, erasing and Mixup / CutMix
+        "pipeline": "cpu",
         "format": "folder",  # "folder": root/<split>/<class>/*; "shards": root/<split>-*.tar (classify make-shards)
-        "prefetch": True,  # pipeline gpu: decode + augment the next batch in a background thread during the step
-        "augment_graph": False,  # pipeline gpu on CUDA: replay the augmentation and Mixup / CutMix as CUDA graphs
+        "prefetch": True,  # pipeline gpu / hybrid: prepare the next batch in a background thread during the step
+        "augment_graph": False,  # pipeline gpu / hybrid on CUDA: replay the augmentation and Mixup / CutMix as graphs
         "cache": None,  # "device" (pipeline gpu, folder): decode the training images once into device memory
         # source synthetic (a pool of 4 training batches of random images on the device): images per training epoch
         # and validation images (ImageNet-1k's splits: an ImageNet run's epochs and schedule; set a real run's counts
@@ -302,7 +304,8 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
 
     _check_sizes(a["sizes"], model)
     gpu_graph = cfg["data"].get("augment_graph", False)
-    on_device = cfg["data"]["pipeline"] == "gpu" or cfg["data"]["source"] == "synthetic"  # images made on the device
+    # Mixup / CutMix where the batch is made: on the device unless the cpu pipeline's workers made it
+    on_device = cfg["data"]["pipeline"] in ("gpu", "hybrid") or cfg["data"]["source"] == "synthetic"
     mixup = build_mixup(a, num_classes, on_device=on_device, graph=gpu_graph)
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")

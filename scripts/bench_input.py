@@ -19,7 +19,8 @@ for every combination of
   into ``--work``) and ``shards_max`` (the same written with ``make-shards --max-size`` ``--max-size``: images
   shrunk to that shorter side);
 - pipeline (``--pipelines``): ``gpu`` (workers read bytes; nvjpeg decode, then the augmentation and Mixup / CutMix
-  replayed as CUDA graphs, ``data.augment_graph``) and ``cpu`` (PIL decode + timm transforms in the workers);
+  replayed as CUDA graphs, ``data.augment_graph``), ``hybrid`` (PIL decode, timm's crop and flip in the workers; the
+  rest replayed on the device as with ``gpu``) and ``cpu`` (PIL decode + timm transforms in the workers);
 
 named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation op
 by op) unless ``--no-eager`` and ``train_folder_gpu_cached`` (the folder decoded once into device memory,
@@ -33,7 +34,9 @@ it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds
 ``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as
 skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``,
 ``shards_gpu``: per-stage milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``,
-``step``; and ``loader_images_per_s``, the loader alone). Output: JSON (``env``: hardware, versions, command;
+``step``; and ``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``,
+the training loader alone (no model, nothing on the device: what the workers supply) for every combination, and
+``--no-train`` leaves the ``classify train`` settings out. Output: JSON (``env``: hardware, versions, command;
 ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a short table printed
 last.
 """
@@ -41,6 +44,7 @@ last.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -49,6 +53,7 @@ import shutil
 import subprocess
 import sys
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +81,7 @@ from lightvision.tools.results import add_set_argument, results_env
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
 LOOP_SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu")
 SOURCES = ("folder", "shards", "shards_max")
-PIPELINES = ("gpu", "cpu")
+PIPELINES = ("gpu", "hybrid", "cpu")
 STAGES = ("read", "decode", "augment", "step")
 NUM_CLASSES = 1000  # ImageNet's head; the folder's labels are a subset
 
@@ -323,6 +328,35 @@ def measure_trainer(
     }
 
 
+def measure_loader(source: str, pipeline: str, cores: int, args: argparse.Namespace, device: torch.device) -> dict:
+    """The training loader alone (no model, no device work): images/s of ``cores`` workers (``--set
+    data.num_workers=...`` overrides) pinned to ``cores`` cores, timed over six batches a worker after two a worker
+    (what the workers had buffered) were taken."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if cores > len(allowed):
+        return {"skipped": f"needs {cores} cores, {len(allowed)} available"}
+    shards = source.startswith("shards")
+    fmt = f"data.format={'shards' if shards else 'folder'}"
+    cfg = _recipe(args, args.work / source if shards else args.data, pipeline, fmt, f"data.num_workers={cores}")
+    os.sched_setaffinity(0, allowed[:cores])  # the workers inherit the mask
+    try:
+        workers = loader_workers(cfg["data"]["num_workers"])
+        loader = make_train_loader(cfg, train_dataset(cfg), workers, pin_memory=device.type == "cuda")
+        batches = _endless(loader)
+        for _ in range(2 * max(1, workers)):
+            next(batches)
+        timed = 6 * max(1, workers)
+        start = time.perf_counter()
+        for _ in range(timed):
+            next(batches)
+        seconds = time.perf_counter() - start
+        del batches, loader  # the workers stop before the next setting starts
+    finally:
+        os.sched_setaffinity(0, allowed)
+    batch = cfg["train"]["batch_size"]
+    return {"pipeline": pipeline, "source": source, "cores": cores, "images_per_s": timed * batch / seconds}
+
+
 def synthetic_overrides(data: Path) -> list[str]:
     """``data.source=synthetic`` with the image counts of the folder's train and val splits and its class count: the
     folder runs' epochs, head and validation, without an image read."""
@@ -390,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-size", type=int, default=256, help="shorter side of the shards_max images")
     p.add_argument("--no-eager", action="store_true", help="leave out the run with the augmentation op by op")
     p.add_argument("--no-cached", action="store_true", help="leave out the run from images decoded into device memory")
+    p.add_argument("--loaders", action="store_true", help="time the training loader alone per cores, source, pipeline")
+    p.add_argument("--no-train", action="store_true", help="leave out the classify-train settings")
     p.add_argument("--budget-s", type=float, default=0, help="start no setting after this many seconds (0: no limit)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
@@ -423,7 +459,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
     report["shards"] = write_shards(args)
     runs = [(name, lambda name=name: measure(name, args, device)) for name in args.loop_settings]
-    for name, *setting in trainer_settings(args):
+    if args.loaders:
+        for n, source, pipeline in product(sorted(set(args.cores), reverse=True), args.sources, args.pipelines):
+            measure_one = functools.partial(measure_loader, source, pipeline, n, args, device)
+            runs.append((f"loader_{source}_{pipeline}_{n}c", measure_one))
+    for name, *setting in [] if args.no_train else trainer_settings(args):
         runs.append((name, lambda name=name, setting=setting: measure_trainer(name, *setting, args, device)))
     for name, run in runs:
         if args.budget_s and time.perf_counter() - start > args.budget_s:

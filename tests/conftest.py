@@ -62,6 +62,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps one device state per process; every test leaves none behind, so a run on the CPU may follow
+    a run on a GPU in one test process (as two commands of a user would run)."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture
 def cli_error(capsys):
     """Run the ``lightvision`` command on bad input: it must return 1 and end its stderr with one error line (warnings

@@ -66,9 +66,10 @@ def test_imagenet_like_folder_is_seeded_and_imagenet_sized(imagenet_like):
 
 
 def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
-    """Synthetic, a stage-timed loop, and classify train (each its own process): first from synthetic images, then for
-    both pipelines on the folder and the shards shrunk by --max-size on one pinned core, plus the op-by-op run and the
-    run from images decoded into device memory; more cores than the machine has are skipped."""
+    """Synthetic, a stage-timed loop, the loaders alone, and classify train (each its own process): first from
+    synthetic images, then for the three pipelines on the folder and the shards shrunk by --max-size on one pinned
+    core, plus the op-by-op run and the run from images decoded into device memory; more cores than the machine has
+    are skipped."""
     import os
 
     out = imagenet_like / "bench.json"
@@ -80,7 +81,7 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     args += ["--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5", "--max-size", "300"]
     too_many = len(os.sched_getaffinity(0)) + 1
     args += ["--loop-settings", "synthetic", "folder_gpu", "--sources", "folder", "shards_max"]
-    args += ["--cores", "1", str(too_many), *tiny]
+    args += ["--cores", "1", str(too_many), "--loaders", *tiny]
     assert load_script("bench_input").main(args) == 0
     report = json.loads(out.read_text())
     env = report["env"]
@@ -90,11 +91,16 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     folder_mib = sum(f.stat().st_size for f in (imagenet_like / "a" / "train").rglob("*.jpg")) / 2**20
     assert shards["shards_max"]["mib"] < folder_mib  # 400..600 px images shrunk to a 300 px side
     results = report["results"]
-    trained = [f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
+    pipelines = ("gpu", "hybrid", "cpu")
+    trained = [f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in pipelines]
     eager = f"train_folder_gpu_eager_{too_many}c"
-    skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards_max") for p in ("gpu", "cpu")]
+    skipped = [f"train_{s}_{p}_{too_many}c" for s in ("folder", "shards_max") for p in pipelines]
     cached = "train_folder_gpu_cached"
-    assert list(results) == ["synthetic", "folder_gpu", "train_synthetic", *skipped, eager, cached, *trained]
+    loaders = [f"loader_{s}_{p}_{n}c" for n in (too_many, 1) for s in ("folder", "shards_max") for p in pipelines]
+    assert list(results) == ["synthetic", "folder_gpu", *loaders, "train_synthetic", *skipped, eager, cached, *trained]
+    for name in loaders[6:]:  # the loader alone: what its workers supply
+        assert results[name]["images_per_s"] > 0 and results[name]["cores"] == 1 and "vs_synthetic" in results[name]
+    assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in loaders[:6])
     for name in ["synthetic", "folder_gpu", "train_synthetic", cached, *trained]:
         r = results[name]
         assert "error" not in r, (name, r)
@@ -113,7 +119,8 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert all(results[n]["skipped"].startswith(f"needs {too_many} cores") for n in [*skipped, eager])
     assert results["train_shards_max_cpu_1c"]["cores"] == 1 and results["train_folder_gpu_1c"]["augment_graph"]
     assert all(0.0 <= results[n]["input_wait_share"] <= 1.0 for n in [cached, *trained])
-    gpu_path = [cached, "train_folder_gpu_1c", "train_shards_max_gpu_1c"]  # the Trainer prepares these batches
+    # the Trainer prepares these batches
+    gpu_path = [cached, *(f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "hybrid"))]
     assert all(results[n]["input_prepare_ms"] >= results[n]["input_prepare_cpu_ms"] * 0.5 > 0 for n in gpu_path)
     assert "input_prepare_ms" not in results["train_folder_cpu_1c"]  # augmented in the loader: nothing to prepare
     assert results[cached]["cache"] == "device" and results[cached]["cores"] == 1
@@ -121,5 +128,5 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert "input_wait_share" not in results["synthetic"]
     assert (imagenet_like / "work" / "run_train_folder_gpu_1c" / "metrics.jsonl").is_file()
     printed = capsys.readouterr().out.strip().splitlines()
-    assert printed[-15].startswith("| setting |") and "| vs train_synthetic |" in printed[-15]
-    assert printed[-11].startswith("| train_synthetic |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
+    assert printed[-31].startswith("| setting |") and "| vs train_synthetic |" in printed[-31]
+    assert printed[-15].startswith("| train_synthetic |") and printed[-1].startswith("| train_shards_max_cpu_1c |")

@@ -99,12 +99,14 @@ def _positive(name: str, value: int) -> None:
 def make_accelerator(
     mixed_precision: str = "no", grad_accum_steps: int = 1, seed: int = 0, cpu: bool = False
 ) -> Accelerator:
-    """The ``Accelerator`` a :class:`Trainer` needs: accumulation without data-loader sync and a sampler seeded
-    with ``seed``, so data order is a function of (seed, epoch) and resume is exact."""
+    """The ``Accelerator`` a :class:`Trainer` needs: accumulation without data-loader sync, a sampler seeded with
+    ``seed``, so data order is a function of (seed, epoch) and resume is exact, and batches moved to the device
+    without waiting for it (from the loaders' page-locked memory: a blocking copy would wait for every step queued
+    on the device before the host could queue the next)."""
     return Accelerator(
         mixed_precision=mixed_precision,
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=grad_accum_steps, sync_with_dataloader=False),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=seed, non_blocking=True),
         cpu=cpu,
     )
 
