@@ -84,6 +84,39 @@ def test_eval_hook_metric_saves_best(tmp_path):
     assert [r["metric"] for r in MetricsLogger(tmp_path).records() if "metric" in r] == [0.5, 0.9, 0.7]
 
 
+def test_each_micro_batch_seeds_what_accelerate_set_seed_seeds(tmp_path):
+    """The Trainer's own per-step seeding leaves python's, numpy's and torch's generators as accelerate's ``set_seed``
+    of the same hashed seed does (dropout draws as before), and a step after an evaluation trains in train mode."""
+    import random
+
+    import numpy as np
+    from accelerate.utils import set_seed
+
+    from lightvision.engine.batch_random import hashed_seed
+
+    trainer = build(tmp_path, 4)
+    trainer.step = 3
+    states = []
+    same = hashed_seed(trainer.seed, 3, 1, trainer.accelerator.process_index, nbytes=4)
+    for seed in (lambda: trainer._seed_micro_batch(1), lambda: set_seed(same)):
+        random.seed(99)  # other states first
+        np.random.seed(99)
+        torch.manual_seed(99)
+        seed()
+        states.append((random.random(), np.random.rand(), torch.rand(3)))
+    (a, b, c), (x, y, z) = states
+    assert (a, b) == (x, y) and torch.equal(c, z)
+    trainer._seed_micro_batch(0)
+    assert torch.rand(3).tolist() != c.tolist()  # another micro-batch, other draws
+
+    modes = []
+    hooked = build(tmp_path / "hooked", 4, hooks=[(2, lambda tr: tr.model.eval() and None)])
+    inner = hooked.loss_fn
+    hooked.loss_fn = lambda model, batch: modes.append(model.training) or inner(model, batch)
+    hooked.fit()
+    assert len(modes) >= 4 and all(modes) and not hooked.model.training  # train mode again after each hook
+
+
 def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
     """input_wait_share: the share of a log window's wall time spent getting the next batch - most of it when the
     batch's preparation is slower than the step (prefetched or not), little when the step is the slow part.
