@@ -9,8 +9,8 @@ step runs. There :class:`CroppedBatches` runs the rest of the DeiT transform
 jitter where timm applies it, normalisation, random erasing; Mixup / CutMix follow on the device as with ``gpu``).
 
 The decode and the crop, the host work of the gpu pipeline's nvjpeg call and its crop stage, run in parallel worker
-processes; the device is left a batch of S x S images (a fifth of the pixels of a 500 x 375 ImageNet photo) and the
-augmentation that follows the crop. Evaluation runs the cpu pipeline's transform in the workers.
+processes; the device is left a batch of S x S images (about a quarter of the pixels of a 500 x 375 ImageNet photo)
+and the augmentation that follows the crop. Evaluation runs the cpu pipeline's transform in the workers.
 """
 
 from __future__ import annotations

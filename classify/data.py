@@ -314,10 +314,9 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
     for ``data.pipeline: gpu``, cropped uint8 batches for ``hybrid``, (index, label) batches read in this process for
-    images held on the device
-    (:class:`~lightvision.classify.decoded.DeviceImages`: decoded or synthetic). ``data.pipeline: cpu`` augments each
-    sample with draws keyed by (``train.seed``, epoch, position) (:mod:`lightvision.engine.sample_draws`), so a
-    resume replays them."""
+    images held on the device (:class:`~lightvision.classify.decoded.DeviceImages`: decoded or synthetic). The
+    ``cpu`` and ``hybrid`` pipelines transform each sample with draws keyed by (``train.seed``, epoch, position)
+    (:mod:`lightvision.engine.sample_draws`), so a resume replays them."""
     repeats = cfg["aug"]["repeated_aug"]
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
