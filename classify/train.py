@@ -135,6 +135,7 @@ DEFAULTS: dict[str, Any] = {
         "grad_checkpointing": False,
         "compile": False,  # torch.compile the model (lightvision kernels stay in the graph as custom ops)
         "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
+        "profile_steps": None,  # [first, count]: profile those optimizer steps into RUN/profile (trace, summary)
         "eval_every_epochs": 1,
         "eval_batch_size": 256,
         "log_every": 50,
@@ -380,6 +381,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         hooks=[(eval_every, lambda tr: None if tr.step == max_steps else validate(tr))],
         accelerator=accelerator,
         torch_compile=compile_setting(t["compile"], t["compile_mode"]),
+        profile_steps=t["profile_steps"],
     )
     if accelerator.is_main_process:
         log.info(

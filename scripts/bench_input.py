@@ -31,14 +31,15 @@ rate (the Trainer's run without its input: what the input costs), ``input_wait_s
 training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
 (decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it. After
-``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as
-skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``,
-``shards_gpu``: per-stage milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``,
-``step``; and ``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``,
-the training loader alone (no model, nothing on the device: what the workers supply) for every combination, and
-``--no-train`` leaves the ``classify train`` settings out. Output: JSON (``env``: hardware, versions, command;
-``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a short table printed
-last.
+``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
+``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
+milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
+``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``, the training
+loader alone (no model, nothing on the device: what the workers supply) for every combination, and ``--no-train`` leaves
+the ``classify train`` settings out. With ``--set train.profile_steps=[first,count]`` each ``classify train`` setting's
+profile summary (:mod:`lightvision.engine.profiling`) joins its result as ``profile``. Output: JSON (``env``: hardware,
+versions, command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a
+short table printed last.
 """
 
 from __future__ import annotations
@@ -306,6 +307,7 @@ def measure_trainer(
         lines = (done.stderr or done.stdout).strip().splitlines()
         return {"error": lines[-1] if lines else f"exit code {done.returncode}"}
     records = [r for r in MetricsLogger(run).records() if "steps_per_s" in r and r["step"] > window]
+    profiled = run / "profile" / "summary_0.json"  # with --set train.profile_steps=[first,count]
     durations = [window / r["steps_per_s"] for r in records]  # seconds of each logged window
     seconds = sum(durations)
     batch = args.batch_size
@@ -325,6 +327,7 @@ def measure_trainer(
             for key in ("input_prepare_ms", "input_prepare_cpu_ms")
             if all(key in r for r in records)
         },
+        **({"profile": json.loads(profiled.read_text())} if profiled.is_file() else {}),
     }
 
 

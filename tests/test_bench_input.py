@@ -75,7 +75,7 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     out = imagenet_like / "bench.json"
     # no loader processes: a loader worker forked from this many-threaded test process can hang on a lock
     tiny = ["--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no"]
-    tiny += ["data.num_workers=0"]
+    tiny += ["data.num_workers=0", "train.profile_steps=[2,1]"]  # the last step of each classify-train run
     args = ["--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work")]
     args += ["--device", "cpu", "--batch-size", "2", "--img-size", "16", "--workers", "0", "--warmup", "1"]
     args += ["--steps", "1", "--stage-steps", "1", "--loader-steps", "1", "--shard-size", "5", "--max-size", "300"]
@@ -123,6 +123,8 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     gpu_path = [cached, *(f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "hybrid"))]
     assert all(results[n]["input_prepare_ms"] >= results[n]["input_prepare_cpu_ms"] * 0.5 > 0 for n in gpu_path)
     assert "input_prepare_ms" not in results["train_folder_cpu_1c"]  # augmented in the loader: nothing to prepare
+    for name in [cached, *trained]:  # each run's profile summary (train.profile_steps) joined its result
+        assert results[name]["profile"]["steps"] == [2, 2] and results[name]["profile"]["loop"]["host_ms_per_step"] > 0
     assert results[cached]["cache"] == "device" and results[cached]["cores"] == 1
     assert results["train_folder_gpu_1c"]["cache"] is None
     assert "input_wait_share" not in results["synthetic"]

@@ -42,6 +42,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, GradientAccumulationPlugin
 from torch import nn
+from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from lightvision.engine.batch_random import BatchRandom, batch_seed, hashed_seed, use_batch_random
@@ -56,6 +57,7 @@ from lightvision.engine.config import save_config
 from lightvision.engine.ema import ModelEma
 from lightvision.engine.guards import NAN_POLICIES, FiniteWatch, NonFiniteError, check_finite, nonfinite_error
 from lightvision.engine.metrics import MetricsLogger
+from lightvision.engine.profiling import PREPARE, check_profile_steps, step_profiler
 from lightvision.engine.sample_draws import seed_generators
 
 log = logging.getLogger(__name__)
@@ -145,6 +147,8 @@ class Trainer:
         torch_compile: run the prepared model through :func:`~lightvision.engine.compiled.compile_model`
             (checkpoints, EMA and ``unwrapped_model`` see the plain module); a string is the compile mode, e.g.
             "reduce-overhead" (CUDA graphs: one launch per forward / backward for host-bound steps).
+        profile_steps: ``(first, count)``: profile optimizer steps first .. first + count - 1 into ``run_dir/profile``
+            (a Chrome trace and a summary per process: :mod:`lightvision.engine.profiling`); None: no profile.
     """
 
     def __init__(
@@ -174,6 +178,7 @@ class Trainer:
         hooks: Sequence[tuple[int, Hook]] = (),
         accelerator: Accelerator | None = None,
         torch_compile: bool | str = False,
+        profile_steps: Sequence[int] | None = None,
     ):
         for name, value in [
             ("max_steps", max_steps),
@@ -186,6 +191,12 @@ class Trainer:
             _positive("hook interval", every)
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+        self.profile_steps = check_profile_steps(profile_steps)
+        if self.profile_steps is not None and sum(self.profile_steps) - 1 > max_steps:
+            raise ValueError(
+                f"train.profile_steps {list(self.profile_steps)} ends after the run's last step ({max_steps}): "
+                "profile earlier steps"
+            )
         if accelerator is None:
             accelerator = make_accelerator(mixed_precision, grad_accum_steps, seed, cpu=not torch.cuda.is_available())
         elif (
@@ -345,7 +356,7 @@ class Trainer:
         def prepare(j: int, batch: Any) -> tuple[Any, tuple[float, float]]:
             """``prepare_batch(batch)`` and its wall and CPU seconds on the calling thread."""
             wall, cpu = time.perf_counter(), time.thread_time()
-            with use_batch_random(self._draws(first + j // accum, j % accum)):
+            with use_batch_random(self._draws(first + j // accum, j % accum)), record_function(PREPARE):
                 out = self.prepare_batch(batch)
             return out, (time.perf_counter() - wall, time.thread_time() - cpu)
 
@@ -594,7 +605,11 @@ class Trainer:
         record: dict[str, Any] = {}
         first_step = self.step
         self._start_timing(time.monotonic())
+        profiler = None
+        if self.profile_steps is not None:
+            profiler = step_profiler(*self.profile_steps, self.step, self.run_dir / "profile", acc.process_index)
         with (
+            profiler if profiler is not None else contextlib.nullcontext(),
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
             tqdm(
                 total=self.max_steps,
@@ -606,6 +621,8 @@ class Trainer:
         ):
             while self.step < self.max_steps:
                 self._train_step(batches)
+                if profiler is not None:
+                    profiler.step()
                 progress.update(1)
                 if self._at_boundary():
                     self._read_device_state()

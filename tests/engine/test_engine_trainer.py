@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -287,3 +288,47 @@ def test_prepare_batch_errors_reach_the_training_loop(tmp_path):
 
     with pytest.raises(ValueError, match="could be decoded"):
         build(tmp_path, 4, prepare_batch=broken).fit()
+
+
+def test_profile_steps_write_a_trace_and_a_summary_per_step(tmp_path, caplog):
+    """train.profile_steps: the window's trace and summary; the prepare thread's time is its own group (where this
+    torch profiles every thread); a window past the run is refused, a resumed run past its start is not profiled."""
+    slow = noisy_inputs([])
+
+    def prepare(batch):
+        time.sleep(0.004)  # host time on the prepare thread, not in the loop's ops
+        return slow(batch)
+
+    trainer = build(tmp_path, 6, prepare_batch=prepare, prefetch=True, profile_steps=[3, 2])
+    trainer.fit()
+    out = tmp_path / "profile"
+    trace = json.loads((out / "trace_0.json").read_text())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert any(str(n).startswith("ProfilerStep#") for n in names)
+    summary = json.loads((out / "summary_0.json").read_text())
+    assert summary["steps"] == [3, 4]
+    loop, prepared = summary["loop"], summary["prepare_batch"]
+    assert loop["host_ms_per_step"] > 0 and loop["top_host_ops"] and loop["device_ms_per_step"] == 0  # CPU run
+    ops = [name for name, _ in loop["top_host_ops"]]
+    assert "aten::addmm" in ops and "prepare_batch" not in ops
+    if summary["all_threads"]:  # two micro-batches a step, each prepared after a 4 ms sleep (some cut by the window)
+        assert prepared["host_ms_per_step"] >= 4 and prepared["top_host_ops"]
+    with pytest.raises(ValueError, match=r"profile_steps \[5, 3\] ends after the run's last step \(6\)"):
+        build(tmp_path / "late", 6, profile_steps=[5, 3])
+    with pytest.raises(ValueError, match="must be \\[first, count\\], two whole numbers from 1"):
+        build(tmp_path / "bad", 6, profile_steps=[0, 2])
+    resumed = build(tmp_path, 8, profile_steps=[2, 2])
+    with caplog.at_level("WARNING"):
+        resumed.fit(resume=True)
+    assert "resumes after step 6: not profiled" in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_profile_summary_splits_device_time_between_the_loop_and_prepare_batch(tmp_path):
+    build(tmp_path, 6, prepare_batch=noisy_inputs([]), profile_steps=[3, 2], data_device="cuda").fit()
+    summary = json.loads((tmp_path / "profile" / "summary_0.json").read_text())
+    loop, prepared = summary["loop"], summary["prepare_batch"]
+    assert loop["device_ms_per_step"] > 0 and loop["top_kernels"]
+    assert summary["device_ms_per_step"] >= loop["device_ms_per_step"] + prepared["device_ms_per_step"] - 1e-3
+    if summary["all_threads"]:  # the noise of the prepared batches is drawn on the device
+        assert prepared["device_ms_per_step"] > 0 and prepared["top_kernels"]
