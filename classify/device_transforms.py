@@ -176,7 +176,7 @@ class DeviceTrainTransform:
         graph: on CUDA, capture :meth:`augment` once per batch shape as a CUDA graph and replay it
             (:class:`~lightvision.classify.graphed.GraphedCall`); False runs it op by op.
         cropped: the images come cropped and flipped (``data.pipeline: hybrid``: the loader workers ran timm's
-            random resized crop and flip, see :func:`~lightvision.classify.data.crop_transform`), as one uint8
+            random resized crop and flip, see :func:`~lightvision.classify.cropped.crop_transform`), as one uint8
             [N, 3, S, S] batch; the transform draws and runs only what follows (``aug.no_aug``: normalisation).
     """
 

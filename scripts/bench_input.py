@@ -174,6 +174,13 @@ def _endless(loader: Any) -> Any:
         yield from loader
 
 
+def _source(args: argparse.Namespace, source: str) -> tuple[Path, str]:
+    """The data root of a ``--sources`` name (shards under ``--work``) and its ``data.format`` override."""
+    if source.startswith("shards"):
+        return args.work / source, "data.format=shards"
+    return args.data, "data.format=folder"
+
+
 def _overrides(args: argparse.Namespace, root: Path, pipeline: str, *overrides: str) -> list[str]:
     """Recipe overrides of one setting: data root and pipeline, the command's sizes and workers, ``overrides``, then
     the command's ``--set``."""
@@ -272,12 +279,12 @@ def measure_trainer(
     shutil.rmtree(run, ignore_errors=True)
     window = max(1, args.warmup)
     steps = max(window, args.steps // window * window)
-    shards = source.startswith("shards")
+    root, fmt = _source(args, source)
     overrides = _overrides(
         args,
-        args.work / source if shards else args.data,
+        root,
         pipeline,
-        f"data.format={'shards' if shards else 'folder'}",
+        fmt,
         *(synthetic_overrides(args.data) if source == "synthetic" else []),
         f"data.num_workers={cores}",
         f"data.augment_graph={'true' if graph else 'false'}",
@@ -338,9 +345,8 @@ def measure_loader(source: str, pipeline: str, cores: int, args: argparse.Namesp
     allowed = sorted(os.sched_getaffinity(0))
     if cores > len(allowed):
         return {"skipped": f"needs {cores} cores, {len(allowed)} available"}
-    shards = source.startswith("shards")
-    fmt = f"data.format={'shards' if shards else 'folder'}"
-    cfg = _recipe(args, args.work / source if shards else args.data, pipeline, fmt, f"data.num_workers={cores}")
+    root, fmt = _source(args, source)
+    cfg = _recipe(args, root, pipeline, fmt, f"data.num_workers={cores}")
     os.sched_setaffinity(0, allowed[:cores])  # the workers inherit the mask
     try:
         workers = loader_workers(cfg["data"]["num_workers"])

@@ -28,14 +28,20 @@ LOOP = "loop"  # everything else: the training loop's own thread (and the autogr
 TOP = 12  # ops and kernels listed per group
 
 
-def check_profile_steps(value: Any) -> tuple[int, int] | None:
-    """``[first, count]`` (whole numbers from 1) as a tuple, or None; ValueError naming what is wrong otherwise."""
+def check_profile_steps(value: Any, last_step: int) -> tuple[int, int] | None:
+    """``[first, count]`` (whole numbers from 1, the window ending by ``last_step``) as a tuple, or None; ValueError
+    naming what is wrong otherwise."""
     if value is None:
         return None
     ok = isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) and v >= 1 for v in value)
     if not ok:
         raise ValueError(f"train.profile_steps must be [first, count], two whole numbers from 1, got {value!r}")
-    return int(value[0]), int(value[1])
+    first, count = int(value[0]), int(value[1])
+    if first + count - 1 > last_step:
+        raise ValueError(
+            f"train.profile_steps {[first, count]} ends after the run's last step ({last_step}): profile earlier steps"
+        )
+    return first, count
 
 
 def _all_threads() -> dict[str, Any]:

@@ -191,12 +191,7 @@ class Trainer:
             _positive("hook interval", every)
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
-        self.profile_steps = check_profile_steps(profile_steps)
-        if self.profile_steps is not None and sum(self.profile_steps) - 1 > max_steps:
-            raise ValueError(
-                f"train.profile_steps {list(self.profile_steps)} ends after the run's last step ({max_steps}): "
-                "profile earlier steps"
-            )
+        self.profile_steps = check_profile_steps(profile_steps, max_steps)
         if accelerator is None:
             accelerator = make_accelerator(mixed_precision, grad_accum_steps, seed, cpu=not torch.cuda.is_available())
         elif (
