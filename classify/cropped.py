@@ -4,7 +4,7 @@ The workers decode each image (PIL) and run timm's random resized crop and horiz
 with the cpu pipeline's per-sample draws keyed by seed, epoch and position, so a resume replays them); a batch
 travels as one uint8 [B, 3, S, S] tensor, page-locked by the loader and kept on the host through accelerate's move
 (:class:`HostImages`), so the thread that prepares the batch copies it to the device on its own stream while the
-step runs. There :class:`CroppedBatches` runs the rest of the DeiT transform
+step runs. There :class:`HostBatches` runs the rest of the DeiT transform
 (:class:`~lightvision.classify.device_transforms.DeviceTrainTransform` with ``cropped=True``: RandAugment, colour
 jitter where timm applies it, normalisation, random erasing; Mixup / CutMix follow on the device as with ``gpu``).
 
@@ -25,7 +25,7 @@ from torchvision import transforms
 
 from lightvision.classify.device_transforms import DeviceTrainTransform
 
-__all__ = ["CroppedBatches", "HostImages", "collate_cropped", "crop_transform"]
+__all__ = ["HostBatches", "HostImages", "collate_cropped", "crop_transform"]
 
 
 def crop_transform(aug: dict[str, Any], img_size: int) -> Any:
@@ -53,6 +53,10 @@ class HostImages:
     def pin_memory(self) -> HostImages:
         return HostImages(self.data.pin_memory())
 
+    def on(self, device: torch.device) -> torch.Tensor:
+        """The images on ``device``: one copy, asynchronous from page-locked memory on the current stream."""
+        return self.data.to(device, non_blocking=True)
+
 
 def collate_cropped(items: Sequence[tuple[torch.Tensor, int]]) -> dict[str, Any]:
     """DataLoader ``collate_fn`` of (uint8 [3, S, S], label) items -> ``{"labels": int64 [B], "images": HostImages}``
@@ -61,15 +65,15 @@ def collate_cropped(items: Sequence[tuple[torch.Tensor, int]]) -> dict[str, Any]
     return {"labels": labels, "images": HostImages(torch.stack([torch.as_tensor(img) for img, _ in items]))}
 
 
-class CroppedBatches:
-    """(images float [B, C, S, S], labels [B]) on the labels' device from a :func:`collate_cropped` batch: the images
-    copied there (asynchronously from page-locked memory, on the calling thread's stream), then ``transform``, a
-    ``DeviceTrainTransform`` made with ``cropped=True``."""
+class HostBatches:
+    """(images float [B, C, S, S], labels [B]) on the labels' device from a batch of images kept on the host (a
+    :func:`collate_cropped` batch's :class:`HostImages`, or the packed images of ``data.decode: workers``): the
+    images copied there (``images.on``: asynchronously from page-locked memory, on the calling thread's stream), then
+    ``transform``, a ``DeviceTrainTransform`` (made with ``cropped=True`` for cropped images)."""
 
     def __init__(self, transform: DeviceTrainTransform):
         self.transform = transform
 
     def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         labels = batch["labels"]
-        images = batch["images"].data.to(labels.device, non_blocking=True)
-        return self.transform(images), labels
+        return self.transform(batch["images"].on(labels.device)), labels

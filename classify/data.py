@@ -17,6 +17,8 @@ Three sources, chosen by ``data.source`` in the recipe:
   :func:`device_batches` turns a loader batch into (images, labels) on the device. ``data.pipeline: hybrid``: the
   workers decode (PIL) and run timm's random resized crop and flip (:mod:`lightvision.classify.cropped`), a batch
   travels as uint8 [B, 3, S, S], and the device runs the rest (RandAugment, normalisation, erasing, Mixup / CutMix).
+  ``data.decode: workers`` (with ``gpu``): the workers decode (torchvision, CPU) and the device crops and augments
+  (:mod:`lightvision.classify.host_decoded`).
   ``data.cache: device`` (with ``gpu``, on a folder) decodes the training images once into device memory
   (:mod:`lightvision.classify.decoded`) and augments batches from there.
 * ``digits``: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes, no download),
@@ -48,12 +50,13 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from lightvision.classify.cropped import CroppedBatches, collate_cropped, crop_transform
+from lightvision.classify.cropped import HostBatches, collate_cropped, crop_transform
 from lightvision.classify.decoded import CachedBatches, DecodedImages, DeviceImages
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_mixup import DeviceMixup
 from lightvision.classify.device_transforms import DeviceEvalTransform, DeviceTrainTransform
 from lightvision.classify.encoded import collate_encoded, decode_batch, read_image_bytes
+from lightvision.classify.host_decoded import collate_decoded, decoded_shard_image, read_decoded
 from lightvision.classify.shards import ShardDataset, checked_bytes, decode_pil
 from lightvision.classify.synthetic import POOL_BATCHES, SyntheticImages
 from lightvision.engine.config import check_number
@@ -84,6 +87,7 @@ __all__ = [
 
 SOURCES = ("imagefolder", "digits", "synthetic")
 PIPELINES = ("cpu", "gpu", "hybrid")
+DECODES = ("device", "workers")  # where data.pipeline=gpu decodes its training images
 FORMATS = ("folder", "shards")
 CACHES = (None, "device")
 
@@ -95,6 +99,12 @@ def check_data_options(d: dict[str, Any]) -> None:
     check_choice(d["pipeline"], PIPELINES, "data.pipeline")
     check_choice(d["format"], FORMATS, "data.format")
     check_choice(d.get("cache"), CACHES, "data.cache")
+    check_choice(d.get("decode", "device"), DECODES, "data.decode")
+    if d.get("decode", "device") == "workers" and (d["pipeline"] != "gpu" or d.get("cache") == "device"):
+        raise ValueError(
+            "data.decode=workers says where the gpu pipeline decodes its training images: it needs data.pipeline=gpu "
+            "and no data.cache (or leave data.decode unset)"
+        )
     if d["source"] == "synthetic":
         if d["format"] == "shards" or d.get("cache") == "device":
             raise ValueError(
@@ -174,15 +184,17 @@ def train_dataset(cfg: dict, device: torch.device | str = "cpu") -> Dataset:
             "or run `lightvision classify train` without --config for the built-in digits default"
         )
     gpu = d["pipeline"] == "gpu"
+    in_workers = gpu and d.get("decode", "device") == "workers"
     if d["pipeline"] == "cpu":
         tf = train_transform(cfg["aug"], d["image_size"], *norm_stats(cfg))
     else:
         tf = crop_transform(cfg["aug"], d["image_size"]) if d["pipeline"] == "hybrid" else None
     if d["format"] == "shards":
-        decode = checked_bytes if gpu else decode_pil
+        decode = (decoded_shard_image if in_workers else checked_bytes) if gpu else decode_pil
         repeats, seed = cfg["aug"]["repeated_aug"], cfg["train"]["seed"]
         return ShardDataset(d["root"], d["train_split"], decode, train=True, repeats=repeats, transform=tf, seed=seed)
-    return image_folder(d["root"], d["train_split"], tf, loader=read_image_bytes if gpu else None)
+    loader = (read_decoded if in_workers else read_image_bytes) if gpu else None
+    return image_folder(d["root"], d["train_split"], tf, loader=loader)
 
 
 def val_dataset(
@@ -246,7 +258,8 @@ def val_dataset(
 
 class DeviceBatches:
     """(images float [B, C, S, S], labels [B]) on the labels' device from an encoded loader batch
-    (:func:`~lightvision.classify.encoded.collate_encoded`): :meth:`decode`, then ``transform``.
+    (:func:`~lightvision.classify.encoded.collate_encoded`): :meth:`decode`, then :meth:`augment`; the Trainer's
+    prefetch runs the two ``stages`` on two threads, decoding one batch while the previous one is augmented.
 
     Args:
         transform: a :mod:`~lightvision.classify.device_transforms` transform (decoded images -> batch).
@@ -260,19 +273,28 @@ class DeviceBatches:
         """uint8 [3, H_i, W_i] per image and labels [B], on the labels' device."""
         return decode_batch(batch["images"], batch["labels"], skips=self.skips)
 
-    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        images, labels = self.decode(batch)
+    def augment(self, decoded: tuple[list[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`decode`'s (images, labels) -> (``transform(images)``, labels)."""
+        images, labels = decoded
         return self.transform(images), labels
+
+    @property
+    def stages(self) -> tuple[Any, Any]:
+        return self.decode, self.augment
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.augment(self.decode(batch))
 
 
 def device_batches(
     cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None
-) -> DeviceBatches | CachedBatches | CroppedBatches | None:
+) -> DeviceBatches | CachedBatches | HostBatches | None:
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
     ``data.pipeline: cpu`` and for ``hybrid``'s evaluation (the batch already is that); for ``gpu`` a
     :class:`DeviceBatches` with the DeiT train transform (``train``) or the eval transform at ``img_size`` (default
     ``data.image_size``); ``dataset`` counts the images that do not decode (``data.augment_graph``: the train
-    augmentation replayed as a CUDA graph on CUDA); for ``hybrid`` training a :class:`CroppedBatches`.
+    augmentation replayed as a CUDA graph on CUDA); for ``hybrid`` training, and ``gpu`` training with
+    ``data.decode: workers``, a :class:`~lightvision.classify.cropped.HostBatches`.
     A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
     (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform; a
     :class:`~lightvision.classify.synthetic.SyntheticImages` one (either pipeline) gets one without a transform, its
@@ -288,8 +310,8 @@ def device_batches(
     if train:
         graph = d.get("augment_graph", False)
         transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=graph, cropped=hybrid)
-        if hybrid:
-            return CroppedBatches(transform)
+        if hybrid or d.get("decode", "device") == "workers":
+            return HostBatches(transform)
         if isinstance(dataset, DecodedImages):
             return CachedBatches(transform, dataset)
         return DeviceBatches(transform, dataset)
@@ -313,7 +335,8 @@ class _MappedLoader:
 def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: bool) -> DataLoader:
     """The training DataLoader of a recipe: batches of ``train.batch_size`` (last one dropped), repeated
     augmentation through ``RepeatAugSampler`` for a folder (the shard reader repeats by itself), encoded batches
-    for ``data.pipeline: gpu``, cropped uint8 batches for ``hybrid``, (index, label) batches read in this process for
+    for ``data.pipeline: gpu`` (packed decoded images with ``data.decode: workers``), cropped uint8 batches for
+    ``hybrid``, (index, label) batches read in this process for
     images held on the device (:class:`~lightvision.classify.decoded.DeviceImages`: decoded or synthetic). The
     ``cpu`` and ``hybrid`` pipelines transform each sample with draws keyed by (``train.seed``, epoch, position)
     (:mod:`lightvision.engine.sample_draws`), so a resume replays them."""
@@ -321,7 +344,8 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
     held = isinstance(dataset, DeviceImages)
-    collate = {"gpu": collate_encoded, "hybrid": collate_cropped}.get(cfg["data"]["pipeline"]) if not held else None
+    gpu_collate = collate_decoded if cfg["data"].get("decode", "device") == "workers" else collate_encoded
+    collate = {"gpu": gpu_collate, "hybrid": collate_cropped}.get(cfg["data"]["pipeline"]) if not held else None
     workers = 0 if held else workers
     if cfg["data"]["pipeline"] in ("cpu", "hybrid") and not (iterable or held):
         sampler = KeyedSampler(len(dataset), cfg["train"]["seed"], sampler)

@@ -16,8 +16,9 @@ tensor of uniforms (and the erasing noise) drawn on the batch's device from :fun
 (keyed by seed, step and micro-batch, so a resumed run draws the same); every per-image parameter is computed from
 them on the device, and every step issues the same operations with no host synchronisation. On CUDA the crops'
 boxes are read by the resize program on the device (bicubic and bilinear; "nearest" crops image by image, reading
-the boxes back), and the rest (:meth:`DeviceTrainTransform.augment`) is replayed as a CUDA graph captured once per
-batch shape (:class:`~lightvision.classify.graphed.GraphedCall`).
+the boxes back); the boxes' draw (:meth:`DeviceTrainTransform.boxes`) and the rest
+(:meth:`DeviceTrainTransform.augment`) are replayed as CUDA graphs captured once per batch shape
+(:class:`~lightvision.classify.graphed.GraphedCall`).
 """
 
 from __future__ import annotations
@@ -173,8 +174,8 @@ class DeviceTrainTransform:
         aug: the recipe's ``aug`` section (scale, auto_augment, color_jitter, interpolation, reprob, remode, recount,
             no_aug).
         img_size: output size S; mean, std: per-channel normalisation (0..1 scale).
-        graph: on CUDA, capture :meth:`augment` once per batch shape as a CUDA graph and replay it
-            (:class:`~lightvision.classify.graphed.GraphedCall`); False runs it op by op.
+        graph: on CUDA, capture :meth:`augment` and the crops' draw (:meth:`boxes`) once per batch shape as CUDA
+            graphs and replay them (:class:`~lightvision.classify.graphed.GraphedCall`); False runs them op by op.
         cropped: the images come cropped and flipped (``data.pipeline: hybrid``: the loader workers ran timm's
             random resized crop and flip, see :func:`~lightvision.classify.cropped.crop_transform`), as one uint8
             [N, 3, S, S] batch; the transform draws and runs only what follows (``aug.no_aug``: normalisation).
@@ -220,6 +221,7 @@ class DeviceTrainTransform:
         self.columns = {name: width for name, width in widths.items() if width}
         self.placed = _placed_stats(mean, std)
         self.run_augment = GraphedCall(self.augment) if graph else self.augment
+        self.run_boxes = GraphedCall(self.boxes) if graph else self.boxes
 
     def draw(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Every draw of a batch of ``n`` on ``device``, from the current
@@ -250,8 +252,12 @@ class DeviceTrainTransform:
     def crop_boxes(self, images: Sequence[torch.Tensor], u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The crops (int64 [N, 4]: top, left, height, width) and flips (bool [N]) of :meth:`crop_flip`, on u's
         device."""
+        return self.run_boxes(image_sizes(images).to(u.device, non_blocking=True), u)
+
+    def boxes(self, sizes: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`crop_boxes` of images of ``sizes`` (int64 [N, 2], on u's device): the same launches whatever the
+        draws, so it is replayed as a CUDA graph with ``graph``."""
         u = self.split(u)
-        sizes = image_sizes(images).to(u["crop"].device, non_blocking=True)
         return resized_crop_params(sizes, self.scale, u["crop"]), u["flip"][:, 0] < 0.5
 
     def color_jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -87,7 +87,9 @@ DEFAULTS: dict[str, Any] = {
         # "hybrid": workers decode, crop and flip, the device runs RandAugment, erasing and Mixup / CutMix
         "pipeline": "cpu",
         "format": "folder",  # "folder": root/<split>/<class>/*; "shards": root/<split>-*.tar (classify make-shards)
+        "decode": "device",  # pipeline gpu: "device" (nvjpeg) or "workers" (the loader workers, torchvision on CPU)
         "prefetch": True,  # pipeline gpu / hybrid: prepare the next batch in a background thread during the step
+        "thread_switch_ms": 0.2,  # with prefetch: Python's thread switch interval (ms) while training; null: its 5
         "augment_graph": False,  # pipeline gpu / hybrid on CUDA: replay the augmentation and Mixup / CutMix as graphs
         "cache": None,  # "device" (pipeline gpu, folder): decode the training images once into device memory
         # source synthetic (a pool of 4 training batches of random images on the device): images per training epoch
@@ -369,6 +371,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         max_steps=max_steps,
         prepare_batch=device_batches(cfg, train_set, train=True),
         prefetch=cfg["data"]["prefetch"],
+        switch_interval_ms=cfg["data"]["thread_switch_ms"],
         model_config=mcfg,
         grad_accum_steps=t["grad_accum_steps"],
         clip_grad=o["clip_grad"],

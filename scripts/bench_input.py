@@ -20,7 +20,9 @@ for every combination of
   shrunk to that shorter side);
 - pipeline (``--pipelines``): ``gpu`` (workers read bytes; nvjpeg decode, then the augmentation and Mixup / CutMix
   replayed as CUDA graphs, ``data.augment_graph``), ``hybrid`` (PIL decode, timm's crop and flip in the workers; the
-  rest replayed on the device as with ``gpu``) and ``cpu`` (PIL decode + timm transforms in the workers);
+  rest replayed on the device as with ``gpu``) and ``cpu`` (PIL decode + timm transforms in the workers); on request
+  ``gpu_workers`` (``data.pipeline=gpu data.decode=workers``: torchvision's CPU decode in the workers, crop and
+  augmentation on the device);
 
 named ``train_<source>_<pipeline>_<cores>c``, plus ``train_folder_gpu_eager_<cores>c`` (most cores, the augmentation op
 by op) unless ``--no-eager`` and ``train_folder_gpu_cached`` (the folder decoded once into device memory,
@@ -36,15 +38,18 @@ it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
 ``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``, the training
 loader alone (no model, nothing on the device: what the workers supply) for every combination, and ``--no-train`` leaves
-the ``classify train`` settings out. With ``--set train.profile_steps=[first,count]`` each ``classify train`` setting's
-profile summary (:mod:`lightvision.engine.profiling`) joins its result as ``profile``. Output: JSON (``env``: hardware,
-versions, command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a
+the ``classify train`` settings out. ``--overlap [MS ...]`` adds ``overlap_<work>[_switch<MS>ms]``: the bare
+compiled or eager step alone and beside a thread preparing one batch per step (:func:`measure_overlap`). With
+``--set train.profile_steps=[first,count]`` each ``classify train`` setting's profile summary
+(:mod:`lightvision.engine.profiling`) joins its result as ``profile``. Output: JSON (``env``: hardware, versions,
+command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a
 short table printed last.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -53,6 +58,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from itertools import product
 from pathlib import Path
@@ -82,7 +88,8 @@ from lightvision.tools.results import add_set_argument, results_env
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
 LOOP_SETTINGS = ("synthetic", "folder_cpu", "folder_gpu", "shards_gpu")
 SOURCES = ("folder", "shards", "shards_max")
-PIPELINES = ("gpu", "hybrid", "cpu")
+PIPELINES = ("gpu", "hybrid", "cpu")  # the default --pipelines; gpu_workers too on request
+PIPELINE_KEYS = {"gpu_workers": ("data.pipeline=gpu", "data.decode=workers")}  # else data.pipeline=<name>
 STAGES = ("read", "decode", "augment", "step")
 NUM_CLASSES = 1000  # ImageNet's head; the folder's labels are a subset
 
@@ -169,6 +176,95 @@ class Loop:
         return totals
 
 
+OVERLAP_WORK = ("none", "decode", "augment", "decode_augment", "host_decoded")
+
+
+def _overlap_context(args: argparse.Namespace, device: torch.device) -> tuple[Loop, dict[str, Any]]:
+    """This script's loop on synthetic input (compiled as ``--set`` says, warmed up) and, per ``OVERLAP_WORK``, the
+    gpu pipeline's work on one of a few folder batches read once: encoded (``decode``, ``decode_augment``), decoded
+    on the device (``augment``), or decoded by the loader workers (``host_decoded``: ``data.decode=workers``'s copy,
+    crop and augmentation); built on the first call."""
+    if "context" in args.overlap_state:
+        return args.overlap_state["context"]
+
+    def first_batches(decode: str) -> tuple[Any, list[Any]]:
+        cfg = _recipe(args, args.data, "gpu", "data.format=folder", f"data.decode={decode}")
+        dataset = train_dataset(cfg)
+        workers = loader_workers(cfg["data"]["num_workers"])
+        loader = make_train_loader(cfg, dataset, workers, pin_memory=device.type == "cuda")
+        batches = [_to_device(batch, device) for _, batch in zip(range(4), loader)]
+        return device_batches(cfg, dataset, train=True), batches
+
+    (prepare, batches), (from_host, host_batches) = first_batches("device"), first_batches("workers")
+    decoded = [prepare.decode(batch) for batch in batches]
+    work = {
+        "none": None,
+        "decode": lambda i: prepare.decode(batches[i]),
+        "augment": lambda i: prepare.augment(decoded[i]),
+        "decode_augment": lambda i: prepare(batches[i]),
+        "host_decoded": lambda i: from_host(host_batches[i]),
+    }
+    for name in OVERLAP_WORK[1:]:  # first calls: lazy initialisation and the augmentation's graph captures
+        with use_batch_random(BatchRandom(0)):
+            work[name](0)
+    loop = Loop(_recipe(args, args.data, "gpu", "data.format=folder"), None, None, device)
+    loop.run(args.warmup)
+    args.overlap_state["context"] = loop, work
+    return loop, work
+
+
+def measure_overlap(work_name: str, switch_ms: float | None, args: argparse.Namespace, device: torch.device) -> dict:
+    """The model's step on synthetic input beside a thread that prepares one batch per step (``work_name`` of the
+    gpu pipeline on its own high-priority stream, as the Trainer's prefetch; it falls behind when slower than the
+    step), with Python's thread switch interval at ``switch_ms`` (None: its default): what that work costs the step
+    running beside it, with no loader and no waiting for the input."""
+    loop, work = _overlap_context(args, device)
+    prepare, tokens, stop, done = work[work_name], threading.Semaphore(0), threading.Event(), []
+
+    def background() -> None:
+        stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            while not stop.is_set():
+                if not tokens.acquire(timeout=0.05):
+                    continue
+                start = time.perf_counter()
+                with use_batch_random(BatchRandom(len(done))):
+                    prepare(len(done) % 4)
+                if stream is not None:
+                    stream.synchronize()
+                done.append(time.perf_counter() - start)
+
+    default = sys.getswitchinterval()
+    thread = threading.Thread(target=background, daemon=True) if prepare is not None else None
+    try:
+        if switch_ms is not None:
+            sys.setswitchinterval(switch_ms / 1000)
+        if thread is not None:
+            thread.start()
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(args.steps):
+            tokens.release()
+            with use_batch_random(BatchRandom(batch_seed(0, loop.step_index, 0))):
+                loop.step(loop.augment(loop.read()))
+            loop.step_index += 1
+        _sync(device)
+        seconds = time.perf_counter() - start
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join()
+        sys.setswitchinterval(default)
+    batch = loop.cfg["train"]["batch_size"]
+    return {
+        "work": work_name,
+        "switch_ms": switch_ms if switch_ms is not None else 1000 * default,
+        "images_per_s": args.steps * batch / seconds,
+        "prepared_per_step": len(done) / args.steps,
+        "prepare_ms": 1000 * sum(done) / len(done) if done else None,
+    }
+
+
 def _endless(loader: Any) -> Any:
     while True:
         yield from loader
@@ -186,7 +282,7 @@ def _overrides(args: argparse.Namespace, root: Path, pipeline: str, *overrides: 
     the command's ``--set``."""
     return [
         f"data.root={root}",
-        f"data.pipeline={pipeline}",
+        *PIPELINE_KEYS.get(pipeline, (f"data.pipeline={pipeline}",)),
         f"data.num_workers={args.workers}",
         f"train.batch_size={args.batch_size}",
         f"data.image_size={args.img_size}",
@@ -429,12 +525,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop-settings", nargs="*", choices=LOOP_SETTINGS, default=["synthetic"])
     p.add_argument("--cores", nargs="*", type=int, default=[4, 8, 16], help="loader cores of the classify-train runs")
     p.add_argument("--sources", nargs="*", choices=SOURCES, default=list(SOURCES))
-    p.add_argument("--pipelines", nargs="*", choices=PIPELINES, default=list(PIPELINES))
+    p.add_argument("--pipelines", nargs="*", choices=[*PIPELINES, *PIPELINE_KEYS], default=list(PIPELINES))
     p.add_argument("--max-size", type=int, default=256, help="shorter side of the shards_max images")
     p.add_argument("--no-eager", action="store_true", help="leave out the run with the augmentation op by op")
     p.add_argument("--no-cached", action="store_true", help="leave out the run from images decoded into device memory")
     p.add_argument("--loaders", action="store_true", help="time the training loader alone per cores, source, pipeline")
     p.add_argument("--no-train", action="store_true", help="leave out the classify-train settings")
+    p.add_argument(
+        "--overlap",
+        nargs="*",
+        type=float,
+        default=None,
+        help="the step beside the gpu pipeline's decode / augmentation on a thread (measure_overlap), with Python's "
+        "switch interval and each of these (ms)",
+    )
     p.add_argument("--budget-s", type=float, default=0, help="start no setting after this many seconds (0: no limit)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--img-size", type=int, default=224)
@@ -468,6 +572,11 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
     report["shards"] = write_shards(args)
     runs = [(name, lambda name=name: measure(name, args, device)) for name in args.loop_settings]
+    if args.overlap is not None:
+        args.overlap_state = {}
+        for switch, work in product([None, *args.overlap], OVERLAP_WORK):
+            measure_one = functools.partial(measure_overlap, work, switch, args, device)
+            runs.append((f"overlap_{work}" + (f"_switch{switch:g}ms" if switch is not None else ""), measure_one))
     if args.loaders:
         for n, source, pipeline in product(sorted(set(args.cores), reverse=True), args.sources, args.pipelines):
             measure_one = functools.partial(measure_loader, source, pipeline, n, args, device)
@@ -487,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = report["results"].get(base, {}).get("images_per_s")
             if rate and "images_per_s" in result and (base == "synthetic" or name.startswith("train_")):
                 result[f"vs_{base}"] = result["images_per_s"] / rate
+        alone = report["results"].get(name.replace(result.get("work", ""), "none"), {}).get("images_per_s")
+        if name.startswith("overlap_") and alone and "images_per_s" in result:
+            result["vs_alone"] = result["images_per_s"] / alone
         print(json.dumps({name: result}), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))

@@ -373,6 +373,29 @@ def render_input_pipeline(files: list[str], **_) -> str:
     return md_table(header + ["file"], rows)
 
 
+def render_input_overlap(files: list[str], **_) -> str:
+    """``bench_input.py --overlap``: the step's images/s beside a thread preparing one batch a step (decode,
+    augmentation, both) per switch interval, as a share of the step alone, the batches that thread finished per step and
+    its milliseconds per batch."""
+    rows = []
+    for name in files:
+        for r in load(name)["results"].values():
+            done = f"{r['prepare_ms']:.0f}" if r.get("prepare_ms") is not None else "-"
+            rows.append(
+                [
+                    r["work"],
+                    f"{r['switch_ms']:g}",
+                    f"{r['images_per_s']:.0f}",
+                    f"{r['vs_alone']:.0%}",
+                    f"{r['prepared_per_step']:.2f}",
+                    done,
+                    name,
+                ]
+            )
+    head = ["work beside the step", "switch ms", "step images/s", "of the step alone", "batches prepared a step"]
+    return md_table(head + ["ms per batch prepared", "file"], rows)
+
+
 def render_diffusion_cifar10(files: list[str], **_) -> str:
     """Per DiT run of ``scripts/run_variants.py`` reports: params, steps, test bits/dim, FID / precision / recall in
     the report's feature network ("-" for runs without them), streak share (the real test images' first) and the

@@ -132,3 +132,48 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[-31].startswith("| setting |") and "| vs train_synthetic |" in printed[-31]
     assert printed[-15].startswith("| train_synthetic |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
+
+
+def test_bench_input_overlap_on_cpu(imagenet_like):
+    """--overlap: the step alone and beside a thread preparing one batch a step (decode, augmentation, both), with
+    Python's switch interval and a given one, each against the step alone at the same interval; the interval is
+    restored."""
+    import sys
+
+    out = imagenet_like / "overlap.json"
+    tiny = ["--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no"]
+    args = ["--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work_overlap")]
+    args += ["--device", "cpu", "--batch-size", "2", "--img-size", "16", "--warmup", "1", "--steps", "3"]
+    args += ["--loop-settings", "--no-train", "--sources", "folder", "--overlap", "0.5", *tiny, "data.num_workers=0"]
+    before = sys.getswitchinterval()
+    assert load_script("bench_input").main(args) == 0
+    assert sys.getswitchinterval() == before
+    results = json.loads(out.read_text())["results"]
+    work = ("none", "decode", "augment", "decode_augment", "host_decoded")
+    names = [f"overlap_{w}" for w in work] + [f"overlap_{w}_switch0.5ms" for w in work]
+    assert list(results) == names
+    for name in names:
+        r = results[name]
+        assert "error" not in r, (name, r)
+        assert r["images_per_s"] > 0 and r["vs_alone"] > 0 and r["switch_ms"] == (0.5 if "switch" in name else 5.0)
+    assert results["overlap_none"]["vs_alone"] == 1.0 and results["overlap_none"]["prepare_ms"] is None
+    assert all(results[n]["prepared_per_step"] > 0 and results[n]["prepare_ms"] > 0 for n in names if "none" not in n)
+
+
+def test_bench_input_workers_decode_on_cpu(imagenet_like):
+    """--pipelines gpu_workers: classify train with data.pipeline=gpu data.decode=workers, named as a pipeline."""
+    out = imagenet_like / "workers.json"
+    tiny = ["--set", "model.args={patch_size: 8, embed_dim: 16, depth: 1, num_heads: 2}", "train.mixed_precision=no"]
+    args = ["--data", str(imagenet_like / "a"), "--out", str(out), "--work", str(imagenet_like / "work_workers")]
+    args += ["--device", "cpu", "--batch-size", "2", "--img-size", "16", "--warmup", "1", "--steps", "1"]
+    args += ["--loop-settings", "--sources", "folder", "--pipelines", "gpu_workers", "--cores", "1", "--no-eager"]
+    args += ["--no-cached", *tiny, "data.num_workers=0"]
+    assert load_script("bench_input").main(args) == 0
+    results = json.loads(out.read_text())["results"]
+    assert list(results) == ["train_synthetic", "train_folder_gpu_workers_1c"]
+    r = results["train_folder_gpu_workers_1c"]
+    assert "error" not in r, r
+    assert r["images_per_s"] > 0 and r["pipeline"] == "gpu_workers" and r["input_prepare_ms"] > 0
+    run = imagenet_like / "work_workers" / "run_train_folder_gpu_workers_1c"
+    config = json.loads((run / "config.json").read_text())
+    assert (config["data"]["pipeline"], config["data"]["decode"]) == ("gpu", "workers")

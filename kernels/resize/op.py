@@ -4,13 +4,15 @@ The reference (the spec) resizes each crop with ``F.interpolate(mode, antialias=
 antialiased filters) and mirrors the flipped ones. On CUDA, bicubic and bilinear crops run as one Triton program
 over the whole batch (``_triton.resized_crops_kernel``, same equation) after one copy that packs the images into a
 single buffer: two launches for the batch instead of two per image, since the per-image launches, not the
-arithmetic, set the time of this stage (docs/classify_input.md). Boxes and flips may be drawn on the device: the
-program reads them there, so nothing waits for the host.
+arithmetic, set the time of this stage (docs/classify_input.md); images that arrive packed already
+(:class:`PackedImages`) are read in place. Boxes and flips may be drawn on the device: the program reads them there,
+so nothing waits for the host.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +24,49 @@ KERNEL_MODES = {"bicubic": 2, "bilinear": 1}  # filter radius of the antialiased
 BY, BX = 16, 64
 
 
+@dataclass
+class PackedImages:
+    """Images of several sizes back to back in one buffer: ``data`` uint8 [sum of C * H_i * W_i] (on any device),
+    ``sizes`` int64 [N, 2] (H_i, W_i, on the host), ``channels`` C; indexing gives image i as a [C, H_i, W_i] view.
+    Having no ``.to``, a batch holding it stays on the host when accelerate moves the rest (:meth:`on` copies it);
+    not a ``Sequence`` subclass, so the DataLoader page-locks it through :meth:`pin_memory` whole."""
+
+    data: torch.Tensor
+    sizes: torch.Tensor
+    channels: int = 3
+    offsets: torch.Tensor = field(init=False, repr=False)  # int64 [N]: where each image starts in ``data``
+
+    def __post_init__(self) -> None:
+        areas = self.channels * self.sizes[:, 0] * self.sizes[:, 1]
+        self.offsets = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
+        if int(areas.sum()) != self.data.numel():
+            raise ValueError(f"PackedImages: {self.data.numel()} values for images of {int(areas.sum())}")
+
+    @classmethod
+    def pack(cls, images: Sequence[torch.Tensor]) -> PackedImages:
+        """uint8 [C, H_i, W_i] per image (one C) -> one buffer."""
+        sizes = torch.tensor([img.shape[-2:] for img in images], dtype=torch.int64).view(-1, 2)
+        return cls(torch.cat([img.reshape(-1) for img in images]), sizes, images[0].shape[0])
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"image {i} of {len(self)}")
+        height, width = self.sizes[i].tolist()
+        start = int(self.offsets[i])
+        return self.data[start : start + self.channels * height * width].view(self.channels, height, width)
+
+    def pin_memory(self) -> PackedImages:
+        """The buffer page-locked (the DataLoader's ``pin_memory`` calls this)."""
+        return PackedImages(self.data.pin_memory(), self.sizes, self.channels)
+
+    def on(self, device: torch.device) -> PackedImages:
+        """The buffer on ``device``: one copy, asynchronous from page-locked memory on the current stream."""
+        return PackedImages(self.data.to(device, non_blocking=True), self.sizes, self.channels)
+
+
 def resize(x: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
     """float [B, C, h, w] -> [B, C, *size] by ``F.interpolate``, antialiased when shrinking (as PIL resamples)."""
     kwargs = {} if mode == "nearest" else {"align_corners": False, "antialias": True}
@@ -29,7 +74,10 @@ def resize(x: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
 
 
 def image_sizes(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """int64 [N, 2] (H_i, W_i) of uint8 [C, H_i, W_i] images, or of one [N, C, H, W] tensor (no per-image work)."""
+    """int64 [N, 2] (H_i, W_i) of uint8 [C, H_i, W_i] images, of one [N, C, H, W] tensor or of :class:`PackedImages`
+    (no per-image work for those two)."""
+    if isinstance(images, PackedImages):
+        return images.sizes
     if isinstance(images, torch.Tensor):
         return torch.tensor(images.shape[-2:]).expand(len(images), 2)
     return torch.tensor([img.shape[-2:] for img in images])
@@ -68,14 +116,16 @@ def resized_crops(
 
     ``backend``: "auto" runs the program on CUDA for bicubic / bilinear crops of images with one channel count and
     the reference otherwise; "triton" requires the program (CUDA, or Triton's interpreter); "torch" the reference.
-    ``images`` as one [N, C, H, W] tensor (images of one size) is read in place, without a per-image packing step.
+    ``images`` as one [N, C, H, W] tensor (images of one size) or as :class:`PackedImages` is read in place, without a
+    per-image packing step.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     device = images[0].device
-    covered = mode in KERNEL_MODES and (isinstance(images, torch.Tensor) or len({img.shape[0] for img in images}) == 1)
+    one_layout = isinstance(images, (torch.Tensor, PackedImages)) or len({img.shape[0] for img in images}) == 1
+    covered = mode in KERNEL_MODES and one_layout
     runnable = device.type == "cuda" or (backend == "triton" and interpreting())
     if backend == "triton" and not (covered and runnable):
         raise ValueError(
@@ -89,10 +139,9 @@ def resized_crops(
         packed = images.contiguous().reshape(-1)
         offsets = torch.arange(n) * (channels * height * width)
     else:
-        channels = images[0].shape[0]
-        flat = [img.contiguous().reshape(-1) for img in images]
-        packed = torch.cat(flat)
-        offsets = torch.tensor([0] + [f.numel() for f in flat[:-1]]).cumsum(0)
+        if not isinstance(images, PackedImages):
+            images = PackedImages.pack(images)
+        packed, offsets, channels = images.data, images.offsets, images.channels
     placed = torch.cat([offsets[:, None], image_sizes(images)], 1).to(device, non_blocking=True)
     params = torch.cat([placed, boxes.to(device).long(), flip.to(device).long()[:, None]], 1)  # no host round trip
     out = empty((len(images), channels, size, size), torch.float32, device)

@@ -26,11 +26,13 @@ pipeline does); the order of samples always is.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -126,9 +128,14 @@ class Trainer:
         loss_fn: ``loss_fn(model, batch)`` -> loss tensor, or dict with ``"loss"`` plus other scalars to log.
         prepare_batch: ``prepare_batch(batch)`` -> what ``loss_fn`` receives, run on each loader batch under that
             micro-batch's :func:`~lightvision.engine.batch_random.batch_random` draws (e.g. decoding and augmenting
-            on the GPU); it must draw from ``batch_random()`` only, not from the global generators.
-        prefetch: run ``prepare_batch`` one micro-batch ahead in a background thread (on its own CUDA stream of
-            high priority on a GPU), so its host work overlaps the running step; the results are the same as without.
+            on the GPU); it must draw from ``batch_random()`` only, not from the global generators. A ``stages``
+            attribute (callables applied in turn, e.g. decode then augment) lets ``prefetch`` run them side by side.
+        prefetch: run ``prepare_batch`` ahead in background threads (each on its own CUDA stream of high priority on
+            a GPU), so its host work overlaps the running step: one thread per stage, the first stage as many
+            micro-batches ahead as there are stages; the results are the same as without.
+        switch_interval_ms: Python's thread switch interval (``sys.setswitchinterval``) while ``fit`` trains with
+            ``prefetch`` threads, restored after; how long the loop's thread may wait for the interpreter lock
+            while a prefetch thread holds it. None leaves Python's (5 ms).
         max_steps: optimizer steps to train for; each consumes ``grad_accum_steps`` batches per process.
         model_config: architecture description, stored with checkpoints and checked on resume.
         clip_grad: max gradient norm (None: no clipping; the norm is logged when set).
@@ -164,6 +171,7 @@ class Trainer:
         max_steps: int,
         prepare_batch: Callable[[Any], Any] | None = None,
         prefetch: bool = True,
+        switch_interval_ms: float | None = None,
         model_config: dict,
         grad_accum_steps: int = 1,
         clip_grad: float | None = None,
@@ -215,6 +223,9 @@ class Trainer:
             self.model = compile_model(self.model, None if torch_compile is True else torch_compile)
         self.scheduler = scheduler
         self.loss_fn, self.prepare_batch, self.prefetch = loss_fn, prepare_batch, prefetch
+        if switch_interval_ms is not None and not switch_interval_ms > 0:
+            raise ValueError(f"switch_interval_ms must be a positive number of milliseconds, got {switch_interval_ms}")
+        self.switch_interval_ms = switch_interval_ms
         self.ema = ModelEma(self.unwrapped_model, ema_decay) if ema_decay is not None else None
         self.max_steps, self.grad_accum_steps, self.clip_grad = max_steps, grad_accum_steps, clip_grad
         self.log_every, self.ckpt_every, self.nan_policy = log_every, ckpt_every, nan_policy
@@ -343,66 +354,99 @@ class Trainer:
         return BatchRandom(batch_seed(self.seed, step, micro), acc.process_index, acc.num_processes)
 
     def _prepared(self, batches: Iterator[tuple[Any, tuple[int, int]]], count: int) -> Iterator[tuple[Any, Any]]:
-        """The next ``count`` micro-batches of ``batches`` through ``prepare_batch`` (each under the draws of the
-        (step, micro-batch) it will train), one ahead in a background thread when ``prefetch``. The loader is read on
-        this thread only (its iteration may synchronise processes); the thread runs ``prepare_batch`` alone."""
-        first, accum = self.step, self.grad_accum_steps
+        """The next ``count`` micro-batches of ``batches`` through ``prepare_batch``, each under the draws of the
+        (step, micro-batch) it will train (:meth:`_stages` in turn, sharing those draws).
 
-        def prepare(j: int, batch: Any) -> tuple[Any, tuple[float, float]]:
-            """``prepare_batch(batch)`` and its wall and CPU seconds on the calling thread."""
-            wall, cpu = time.perf_counter(), time.thread_time()
-            with use_batch_random(self._draws(first + j // accum, j % accum)), record_function(PREPARE):
-                out = self.prepare_batch(batch)
-            return out, (time.perf_counter() - wall, time.thread_time() - cpu)
-
+        With ``prefetch`` each stage runs on a background thread of its own (and a CUDA stream of high priority on a
+        GPU): a batch's stages follow one another, consecutive batches' stages overlap (stage 1 of batch j + 1
+        beside stage 2 of batch j), and the first stage runs as many batches ahead as there are stages. The loader is
+        read on this thread only (its iteration may synchronise processes)."""
         if self.prepare_batch is None:
             for _ in range(count):
                 yield next(batches)
             return
+        first, accum, stages = self.step, self.grad_accum_steps, self._stages()
+
+        def run(i: int, value: Any, draws: BatchRandom) -> tuple[Any, tuple[float, float]]:
+            """Stage i of a batch and its wall and CPU seconds on the calling thread."""
+            wall, cpu = time.perf_counter(), time.thread_time()
+            with use_batch_random(draws), record_function(PREPARE):
+                out = stages[i](value)
+            return out, (time.perf_counter() - wall, time.thread_time() - cpu)
+
+        def draws(j: int) -> BatchRandom:
+            return self._draws(first + j // accum, j % accum)
+
         if not self.prefetch:
             for j in range(count):
-                batch, position = next(batches)
-                out, seconds = prepare(j, batch)
-                self._note_prepare(seconds)
-                yield out, position
+                value, position = next(batches)
+                drawn, wall, cpu = draws(j), 0.0, 0.0
+                for i in range(len(stages)):
+                    value, seconds = run(i, value, drawn)
+                    wall, cpu = wall + seconds[0], cpu + seconds[1]
+                self._note_prepare((wall, cpu))
+                yield value, position
             return
         device = self.accelerator.device
         # high priority: the input's many small dependent kernels take SMs as the step's blocks retire, rather than
         # each waiting behind a whole kernel of the step
-        stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        streams = [torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None for _ in stages]
 
-        def prepare_on_stream(j: int, batch: Any, loaded: Any) -> tuple[Any, Any, tuple[float, float]]:
+        def on_stream(i: int, value: Any, after: Any, drawn: BatchRandom, spent: tuple[float, float]) -> tuple:
+            """Stage i on its stream once ``after`` (the previous stage's event, or the loader's copies) is reached
+            -> (output, seconds so far, its own event)."""
+            stream = streams[i]
             if stream is None:
-                return *prepare(j, batch), None
+                out, seconds = run(i, value, drawn)
+                return out, (spent[0] + seconds[0], spent[1] + seconds[1]), None
             with torch.cuda.stream(stream):
-                stream.wait_event(loaded)  # the loader's copies to the device, made on the step's stream
-                _record_stream(batch, stream)
-                out, seconds = prepare(j, batch)
-                ready = torch.cuda.Event()
-                ready.record(stream)
-            return out, seconds, ready
+                stream.wait_event(after)
+                _record_stream(value, stream)
+                out, seconds = run(i, value, drawn)
+                done = torch.cuda.Event()
+                done.record(stream)
+            return out, (spent[0] + seconds[0], spent[1] + seconds[1]), done
 
-        def submit(pool: ThreadPoolExecutor, j: int) -> tuple[Any, Any]:
+        def after_previous(i: int, previous: Any, drawn: BatchRandom) -> tuple:
+            value, spent, after = previous.result()  # the same batch's stage i - 1, on its thread
+            return on_stream(i, value, after, drawn, spent)
+
+        def submit(pools: list[ThreadPoolExecutor], j: int) -> tuple[Any, Any]:
             batch, position = next(batches)
             loaded = None
-            if stream is not None:
+            if streams[0] is not None:
                 loaded = torch.cuda.Event()
                 loaded.record(torch.cuda.current_stream(device))
-            return pool.submit(prepare_on_stream, j, batch, loaded), position
+            drawn = draws(j)
+            future = pools[0].submit(on_stream, 0, batch, loaded, drawn, (0.0, 0.0))
+            for i in range(1, len(stages)):
+                future = pools[i].submit(after_previous, i, future, drawn)
+            return future, position
 
-        with ThreadPoolExecutor(1, thread_name_prefix="prepare_batch") as pool:
-            pending = submit(pool, 0) if count > 0 else None
+        with contextlib.ExitStack() as stack:
+            pools = [
+                stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix=f"prepare_batch_{i}"))
+                for i in range(len(stages))
+            ]
+            pending = collections.deque(submit(pools, j) for j in range(min(len(stages), count)))
             for j in range(count):
-                future, position = pending
+                future, position = pending.popleft()
                 batch, seconds, ready = future.result()
                 self._note_prepare(seconds)
-                if j + 1 < count:
-                    pending = submit(pool, j + 1)
+                if j + len(stages) < count:
+                    pending.append(submit(pools, j + len(stages)))
                 if ready is not None:  # the step's stream waits for the batch and keeps its memory while in use
                     current = torch.cuda.current_stream(device)
                     current.wait_event(ready)
                     _record_stream(batch, current)
                 yield batch, position
+
+    def _stages(self) -> tuple[Callable[[Any], Any], ...]:
+        """``prepare_batch.stages`` (callables applied in turn, together equal to the call) or the one call."""
+        stages = tuple(getattr(self.prepare_batch, "stages", ()) or (self.prepare_batch,))
+        if not all(callable(stage) for stage in stages):
+            raise TypeError(f"prepare_batch.stages must be callables, got {stages!r}")
+        return stages
 
     def _note_prepare(self, seconds: tuple[float, float]) -> None:
         """Add one ``prepare_batch`` call's (wall, thread CPU) seconds to the log window."""
@@ -518,9 +562,9 @@ class Trainer:
         """Mean of the logged values since the last record, the rate and ``input_wait_share``: the share of the
         window's wall time this process's loop spent waiting for its next batch (the loader's, and the batch's
         preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does. With a
-        ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the thread that runs it, and
-        ``input_prepare_cpu_ms``, that thread's CPU time in it (the rest it waited: for the GIL, or for the device
-        where it synchronises)."""
+        ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the threads that run it (its
+        stages summed), and ``input_prepare_cpu_ms``, those threads' CPU time in it (the rest they waited: for the
+        GIL, or for the device where they synchronise)."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
@@ -594,6 +638,19 @@ class Trainer:
         self._stop_requested = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
+    @contextlib.contextmanager
+    def _switch_interval(self) -> Iterator[None]:
+        """``switch_interval_ms`` in force while prefetch threads run, Python's own restored after."""
+        if self.switch_interval_ms is None or not (self.prefetch and self.prepare_batch is not None):
+            yield
+            return
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(self.switch_interval_ms / 1000)
+        try:
+            yield
+        finally:
+            sys.setswitchinterval(previous)
+
     def _fit(self) -> dict[str, Any]:
         acc = self.accelerator
         remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
@@ -604,6 +661,7 @@ class Trainer:
         if self.profile_steps is not None:
             profiler = step_profiler(*self.profile_steps, self.step, self.run_dir / "profile", acc.process_index)
         with (
+            self._switch_interval(),
             profiler if profiler is not None else contextlib.nullcontext(),
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
             tqdm(

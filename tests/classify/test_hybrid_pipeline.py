@@ -14,7 +14,7 @@ from timm.data import create_transform
 
 from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
-from lightvision.classify.cropped import CroppedBatches, HostImages, collate_cropped, crop_transform
+from lightvision.classify.cropped import HostBatches, HostImages, collate_cropped, crop_transform
 from lightvision.classify.data import device_batches, make_train_loader, train_dataset
 from lightvision.classify.device_transforms import DeviceTrainTransform
 from lightvision.classify.train import DEFAULTS
@@ -94,7 +94,7 @@ def test_loader_batches_are_cropped_uint8_and_replay_by_epoch(tmp_path):
     loader.sampler.set_epoch(4)
     assert not all(torch.equal(a["images"].data, b["images"].data) for a, b in zip(runs[0], loader))
     prepare = device_batches(cfg, train_dataset(cfg), train=True)
-    assert isinstance(prepare, CroppedBatches) and prepare.transform.cropped
+    assert isinstance(prepare, HostBatches) and prepare.transform.cropped
     with use_batch_random(BatchRandom(0)):
         images, labels = prepare(first)
     assert images.dtype == torch.float32 and images.shape == (4, 3, 16, 16) and torch.equal(labels, first["labels"])

@@ -261,13 +261,43 @@ def noisy_inputs(threads: list[str]):
     return prepare
 
 
+class StagedNoise:
+    """A two-stage ``prepare_batch`` (noise, then scaled noise, from the same draws) recording each stage's thread;
+    calling it runs both stages in turn."""
+
+    def __init__(self, threads: list[str]):
+        self.noise, self.threads, self.scaled_on = noisy_inputs(threads), threads, set()
+
+    def scaled(self, batch):
+        import threading
+
+        from lightvision.engine import batch_random
+
+        self.threads.append(threading.current_thread().name)
+        self.scaled_on.add(threading.current_thread().name)
+        inputs, target = batch
+        return inputs * (1 + 0.1 * batch_random().rand_like(inputs)), target
+
+    @property
+    def stages(self):
+        return self.noise, self.scaled
+
+    def __call__(self, batch):
+        return self.scaled(self.noise(batch))
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["one_call", "two_stages"])
 @pytest.mark.parametrize("prefetch", [True, False], ids=["prefetch", "inline"])
-def test_prepare_batch_ahead_trains_and_resumes_like_inline(tmp_path, prefetch):
+def test_prepare_batch_ahead_trains_and_resumes_like_inline(tmp_path, prefetch, staged):
+    """Prefetched batches (each stage of a staged prepare_batch on its own thread, its stages sharing the
+    micro-batch's draws) train and resume exactly as the same preparation called inline on the loop's thread."""
     threads: list[str] = []
-    reference = build(tmp_path / "ref", 10, log_every=2, prepare_batch=noisy_inputs([]), prefetch=False)
+    prepared = StagedNoise if staged else noisy_inputs
+    reference = build(tmp_path / "ref", 10, log_every=2, prepare_batch=prepared([]).__call__, prefetch=False)
     reference.fit()
-    build(tmp_path / "run", 6, log_every=2, prepare_batch=noisy_inputs(threads), prefetch=prefetch).fit()
-    resumed = build(tmp_path / "run", 10, log_every=2, prepare_batch=noisy_inputs(threads), prefetch=prefetch)
+    first = prepared(threads)
+    build(tmp_path / "run", 6, log_every=2, prepare_batch=first, prefetch=prefetch).fit()
+    resumed = build(tmp_path / "run", 10, log_every=2, prepare_batch=prepared(threads), prefetch=prefetch)
     resumed.fit(resume=True)  # from step 6: mid-epoch (7 batches per epoch, 2 per step)
     assert losses(tmp_path / "run") == losses(tmp_path / "ref")
     assert (resumed.epoch, resumed.batch_in_epoch) == (reference.epoch, reference.batch_in_epoch)
@@ -275,8 +305,11 @@ def test_prepare_batch_ahead_trains_and_resumes_like_inline(tmp_path, prefetch):
         torch.equal(a, b)
         for a, b in zip(reference.unwrapped_model.state_dict().values(), resumed.unwrapped_model.state_dict().values())
     )
-    assert len(threads) == 20  # one call per micro-batch trained, none beyond the last step
+    assert len(threads) == (40 if staged else 20)  # one call per stage and micro-batch trained, none beyond
     assert all(name.startswith("prepare_batch") for name in threads) == prefetch
+    if prefetch and staged:  # stage i on thread i
+        assert {name.rsplit("_", 1)[0] for name in first.scaled_on} == {"prepare_batch_1"}
+        assert {name.rsplit("_", 1)[0] for name in threads} == {"prepare_batch_0", "prepare_batch_1"}
     plain = build(tmp_path / "plain", 10, log_every=2)
     plain.fit()
     assert losses(tmp_path / "plain") != losses(tmp_path / "ref")  # the prepared inputs were what trained
@@ -308,7 +341,9 @@ def test_profile_steps_write_a_trace_and_a_summary_per_step(tmp_path, caplog):
     summary = json.loads((out / "summary_0.json").read_text())
     assert summary["steps"] == [3, 4]
     loop, prepared = summary["loop"], summary["prepare_batch"]
-    assert loop["host_ms_per_step"] > 0 and loop["top_host_ops"] and loop["device_ms_per_step"] == 0  # CPU run
+    assert loop["host_ms_per_step"] > 0 and loop["top_host_ops"]
+    if trainer.accelerator.device.type == "cpu":
+        assert loop["device_ms_per_step"] == 0
     ops = [name for name, _ in loop["top_host_ops"]]
     assert "aten::addmm" in ops and "prepare_batch" not in ops
     if summary["all_threads"]:  # two micro-batches a step, each prepared after a 4 ms sleep (some cut by the window)
@@ -332,3 +367,23 @@ def test_profile_summary_splits_device_time_between_the_loop_and_prepare_batch(t
     assert summary["device_ms_per_step"] >= loop["device_ms_per_step"] + prepared["device_ms_per_step"] - 1e-3
     if summary["all_threads"]:  # the noise of the prepared batches is drawn on the device
         assert prepared["device_ms_per_step"] > 0 and prepared["top_kernels"]
+
+
+def test_switch_interval_holds_while_prefetching_and_is_restored(tmp_path):
+    import sys
+
+    seen: list[float] = []
+    noisy = noisy_inputs([])
+
+    def prepare(batch):
+        seen.append(sys.getswitchinterval())
+        return noisy(batch)
+
+    before = sys.getswitchinterval()
+    build(tmp_path / "a", 3, prepare_batch=prepare, prefetch=True, switch_interval_ms=0.25).fit()
+    assert seen and all(s == pytest.approx(0.00025) for s in seen) and sys.getswitchinterval() == before
+    seen.clear()
+    build(tmp_path / "b", 3, prepare_batch=prepare, prefetch=False, switch_interval_ms=0.25).fit()
+    assert seen and all(s == before for s in seen)  # no prefetch threads: Python's own
+    with pytest.raises(ValueError, match="switch_interval_ms must be a positive number of milliseconds, got 0"):
+        build(tmp_path / "c", 3, prepare_batch=prepare, switch_interval_ms=0)

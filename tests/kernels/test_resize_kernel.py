@@ -73,3 +73,25 @@ def test_bad_arguments_named():
         resized_crops(images, boxes, flip, 16, backend="cuda")
     with pytest.raises(ValueError, match="bicubic / bilinear"):
         resized_crops(images, boxes, flip, 16, "nearest", backend="triton")
+
+
+def test_packed_images_are_read_in_place_like_the_list():
+    """PackedImages (the workers' decoded batch): views per image, the same crops as the list (program and
+    reference), page-locked whole, a buffer of the wrong length refused."""
+    from lightvision.kernels.resize import PackedImages, image_sizes
+
+    images, boxes, flip = _batch(3, seed=2)
+    packed = PackedImages.pack(images)
+    assert len(packed) == len(images) and all(torch.equal(a, b) for a, b in zip(packed, images, strict=True))
+    assert torch.equal(image_sizes(packed), image_sizes(images)) and packed[-1].shape == images[-1].shape
+    out = resized_crops(packed, boxes, flip, 15, backend="triton")
+    assert not out.isnan().any() and torch.equal(out, resized_crops(images, boxes, flip, 15, backend="triton"))
+    ref = resized_crops(packed, boxes, flip, 15, backend="torch")
+    assert torch.equal(ref, resized_crops_reference(images, boxes, flip, 15))
+    if torch.cuda.is_available():
+        host = PackedImages.pack([img.cpu() for img in images]).pin_memory()
+        assert host.data.is_pinned() and torch.equal(host.on(torch.device(DEVICE)).data, packed.data)
+    with pytest.raises(ValueError, match="PackedImages: 10 values for images of"):
+        PackedImages(torch.zeros(10, dtype=torch.uint8), packed.sizes)
+    with pytest.raises(IndexError):
+        packed[len(images)]
