@@ -12,11 +12,15 @@ per-pixel ops (autocontrast, equalize, invert, posterize, solarize, contrast, br
 256-entry table per image and channel. The draws are read from uniforms the caller draws on the device
 (:class:`~lightvision.classify.device_transforms.DeviceTrainTransform`), so nothing waits for the host. Each image
 gets one op per layer, so a layer is a statistics pass over its input and one pass writing every image through its
-own op (:func:`~lightvision.kernels.augment.augment_layer`: two Triton launches on CUDA, PyTorch ops elsewhere).
+own op (:func:`~lightvision.kernels.augment.augment_layer`: two Triton launches on CUDA, PyTorch ops elsewhere). On
+CUDA the layer's per-image parameters (argument, sampling map, blend factor, value tables) come from two more
+programs that read each op's formula as a code (:data:`ARG_FORMULAS`, :data:`MAPS`, :data:`TABLES`); elsewhere, and
+as the spec, from :func:`level_to_arg`, :func:`pil_affine`, :func:`normalised_theta` and :func:`op_lut`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -24,8 +28,35 @@ from timm.data.auto_augment import rand_augment_transform
 
 from lightvision.classify.graphed import DeviceConstants
 from lightvision.kernels.augment import (
+    ARG_ENHANCE,
+    ARG_ENHANCE_INCREASING,
+    ARG_NONE,
+    ARG_POSTERIZE,
+    ARG_POSTERIZE_INCREASING,
+    ARG_POSTERIZE_ORIGINAL,
+    ARG_ROTATE,
+    ARG_SHEAR,
+    ARG_SOLARIZE,
+    ARG_SOLARIZE_ADD,
+    ARG_SOLARIZE_INCREASING,
+    ARG_TRANSLATE,
     COLOR,
     COPY,
+    GEO_NONE,
+    GEO_ROTATE,
+    GEO_SHEAR_X,
+    GEO_SHEAR_Y,
+    GEO_TRANSLATE_X,
+    GEO_TRANSLATE_Y,
+    LUT_AUTOCONTRAST,
+    LUT_BRIGHTNESS,
+    LUT_CONTRAST,
+    LUT_EQUALIZE,
+    LUT_INVERT,
+    LUT_NONE,
+    LUT_POSTERIZE,
+    LUT_SOLARIZE,
+    LUT_SOLARIZE_ADD,
     SHARPNESS,
     TABLE,
     WARP,
@@ -33,7 +64,10 @@ from lightvision.kernels.augment import (
     augment_layer,
     blend,
     image_stats_reference,
+    layer_params,
+    layer_tables,
     luma,
+    runs_programs,
     smooth,
     warp,
 )
@@ -53,6 +87,10 @@ __all__ = [
 ]
 
 LEVEL_DENOM = 10.0
+# timm's argument scales: degrees, shear, enhancer slope (increasing) / slope and offset, posterize bits, solarize
+# levels and solarize-add offset (at the largest level)
+ROTATE_DEGREES, SHEAR, ENHANCE_INCREASING, ENHANCE, ENHANCE_OFFSET = 30.0, 0.3, 0.9, 1.8, 0.1
+POSTERIZE_BITS, SOLARIZE_LEVELS, SOLARIZE_ADD = 4, 256, 110
 GEOMETRIC_OPS = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
 GRID_MODES = ("bilinear", "bicubic", "nearest")
 OPS = (
@@ -90,28 +128,72 @@ def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate
     x = level / LEVEL_DENOM
     sign = torch.where(negate, -1.0, 1.0)
     if name == "Rotate":
-        return x * 30.0 * sign
+        return x * ROTATE_DEGREES * sign
     if name in ("ShearX", "ShearY"):
-        return x * 0.3 * sign
+        return x * SHEAR * sign
     if name in ("TranslateXRel", "TranslateYRel"):
         return x * translate_pct * sign
     if name.endswith("Increasing") and name[: -len("Increasing")] in ("Color", "Contrast", "Brightness", "Sharpness"):
-        return (1.0 + x * 0.9 * sign).clamp(min=0.1)
+        return (1.0 + x * ENHANCE_INCREASING * sign).clamp(min=ENHANCE_OFFSET)
     if name in ("Color", "Contrast", "Brightness", "Sharpness"):
-        return x * 1.8 + 0.1
+        return x * ENHANCE + ENHANCE_OFFSET
     if name == "Posterize":
-        return (x * 4).floor()
+        return (x * POSTERIZE_BITS).floor()
     if name == "PosterizeIncreasing":
-        return 4 - (x * 4).floor()
+        return POSTERIZE_BITS - (x * POSTERIZE_BITS).floor()
     if name == "PosterizeOriginal":
-        return (x * 4).floor() + 4
+        return (x * POSTERIZE_BITS).floor() + POSTERIZE_BITS
     if name == "Solarize":
-        return (x * 256).floor().clamp(max=256)
+        return (x * SOLARIZE_LEVELS).floor().clamp(max=SOLARIZE_LEVELS)
     if name == "SolarizeIncreasing":
-        return 256 - (x * 256).floor().clamp(max=256)
+        return SOLARIZE_LEVELS - (x * SOLARIZE_LEVELS).floor().clamp(max=SOLARIZE_LEVELS)
     if name == "SolarizeAdd":
-        return (x * 110).floor().clamp(max=128)
+        return (x * SOLARIZE_ADD).floor().clamp(max=SOLARIZE_LEVELS // 2)
     return torch.zeros_like(level)
+
+
+# each op's formulas as codes of the layer programs (lightvision.kernels.augment.layer_params / layer_tables): the
+# argument (level_to_arg's cases), the sampling map (pil_affine's) and the value table (op_lut's, by base name)
+ARG_FORMULAS = {
+    "Rotate": ARG_ROTATE,
+    "ShearX": ARG_SHEAR,
+    "ShearY": ARG_SHEAR,
+    "TranslateXRel": ARG_TRANSLATE,
+    "TranslateYRel": ARG_TRANSLATE,
+    **dict.fromkeys(("Color", "Contrast", "Brightness", "Sharpness"), ARG_ENHANCE),
+    **{f"{name}Increasing": ARG_ENHANCE_INCREASING for name in ("Color", "Contrast", "Brightness", "Sharpness")},
+    "Posterize": ARG_POSTERIZE,
+    "PosterizeIncreasing": ARG_POSTERIZE_INCREASING,
+    "PosterizeOriginal": ARG_POSTERIZE_ORIGINAL,
+    "Solarize": ARG_SOLARIZE,
+    "SolarizeIncreasing": ARG_SOLARIZE_INCREASING,
+    "SolarizeAdd": ARG_SOLARIZE_ADD,
+}
+MAPS = {
+    "Rotate": GEO_ROTATE,
+    "ShearX": GEO_SHEAR_X,
+    "ShearY": GEO_SHEAR_Y,
+    "TranslateXRel": GEO_TRANSLATE_X,
+    "TranslateYRel": GEO_TRANSLATE_Y,
+}
+TABLES = {
+    "AutoContrast": LUT_AUTOCONTRAST,
+    "Equalize": LUT_EQUALIZE,
+    "Invert": LUT_INVERT,
+    "Posterize": LUT_POSTERIZE,
+    "PosterizeOriginal": LUT_POSTERIZE,
+    "Solarize": LUT_SOLARIZE,
+    "SolarizeAdd": LUT_SOLARIZE_ADD,
+    "Contrast": LUT_CONTRAST,
+    "Brightness": LUT_BRIGHTNESS,
+}
+
+
+def layer_constants(translate_pct: float, height: int, width: int) -> torch.Tensor:
+    """The float64 constants of :func:`~lightvision.kernels.augment.layer_params`, in its order (host tensor)."""
+    values = (LEVEL_DENOM, ROTATE_DEGREES, SHEAR, translate_pct, ENHANCE_INCREASING, ENHANCE, ENHANCE_OFFSET)
+    values += (POSTERIZE_BITS, SOLARIZE_LEVELS, SOLARIZE_ADD, math.pi, 180.0, float(height), float(width))
+    return torch.tensor(values, dtype=torch.float64)
 
 
 def pil_affine(name: str, arg: torch.Tensor, height: int, width: int) -> torch.Tensor:
@@ -262,9 +344,9 @@ class BatchRandAugment:
         img_size: training image size (timm's ``translate_const``).
         mean: per-channel normalisation mean (0..1); its 0..255 colour fills the geometric ops.
         interpolation: "bicubic", "bilinear" or "nearest" for the geometric ops.
-        backend: how a layer runs (:func:`~lightvision.kernels.augment.augment_layer`): "auto" two Triton launches
-            on CUDA and PyTorch ops elsewhere, "triton" the launches (CUDA or Triton's interpreter), "torch" the
-            PyTorch ops.
+        backend: how a layer runs (:func:`~lightvision.kernels.augment.augment_layer`): "auto" four Triton launches
+            on CUDA (parameters, statistics, tables, apply) and PyTorch ops elsewhere, "triton" the launches (CUDA or
+            Triton's interpreter), "torch" the PyTorch ops (the spec).
     """
 
     COLUMNS = 5  # uniforms per layer and image: op, applied, magnitude (two, for a normal draw), sign
@@ -317,6 +399,12 @@ class BatchRandAugment:
         self.warped = [k for k, kind in enumerate(kinds) if kind == WARP]
         self.mapped = [k for k, kind in enumerate(kinds) if kind == TABLE]
         self.blended = [k for k, kind in enumerate(kinds) if kind in (COLOR, SHARPNESS)]
+        codes = [
+            (ARG_FORMULAS.get(name, ARG_NONE), MAPS.get(name, GEO_NONE), TABLES.get(_base(name), LUT_NONE), kind)
+            for name, kind in zip(self.names, kinds, strict=True)
+        ]
+        self.codes = DeviceConstants(torch.tensor(codes, dtype=torch.int32))
+        self.constants: dict[tuple, DeviceConstants] = {}  # layer_constants per image size
 
     def draw(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per layer and image: op index, applied, magnitude, negated; [num_layers, N] each, from uniforms
@@ -337,12 +425,27 @@ class BatchRandAugment:
         Every layer runs the same launches whatever was drawn (:func:`~lightvision.kernels.augment.augment_layer`):
         each image's op kind, blend factor, sampling map (identity where no geometric op was chosen) and value table
         (from the layer input's histograms and luma sums; identity where no per-pixel op was chosen) are computed on
-        the device, then every image goes through its own op: on CUDA one statistics and one apply launch, elsewhere
-        one ``grid_sample``, one table lookup, Color and Sharpness on the batch, each image keeping its own op's
-        result (``torch.where``). No host synchronisation: a CUDA graph can replay it.
+        the device, then every image goes through its own op: on CUDA a parameter, a statistics, a table and an apply
+        launch (:func:`~lightvision.kernels.augment.layer_params`, ``image_stats``, ``layer_tables``,
+        ``augment_layer``), elsewhere the spec's ops per op name, one ``grid_sample``, one table lookup, Color and
+        Sharpness on the batch, each image keeping its own op's result (``torch.where``). No host synchronisation:
+        a CUDA graph can replay it.
         """
         op, applied, level, negate = self.draw(u)
         (fill,) = self.fill.get(x.device)
+        if runs_programs(x, self.backend):  # each layer's parameters and value tables in two programs
+            (codes,) = self.codes.get(x.device)
+            size = tuple(x.shape[-2:])
+            if size not in self.constants:
+                self.constants[size] = DeviceConstants(layer_constants(self.translate_pct, *size))
+            (constants,) = self.constants[size].get(x.device)
+            for layer in range(self.num_layers):
+                kind, factor, theta, lut, arg = layer_params(
+                    op[layer], applied[layer], level[layer], negate[layer], codes, constants
+                )
+                tables = functools.partial(layer_tables, lut, arg)
+                x = augment_layer(x, kind, factor, theta, tables, fill, self.interpolation, self.kinds, self.backend)
+            return x
         (op_kinds,) = self.op_kinds.get(x.device)
         ops = torch.arange(len(self.names), device=x.device)[:, None]
         for layer in range(self.num_layers):

@@ -204,3 +204,156 @@ def augment_kernel(
     else:
         for c in tl.static_range(3):
             tl.store(dst + c * hw, tl.load(src + c * hw + p, mask=ok, other=0), mask=ok)
+
+
+# the argument formulas, sampling maps and value tables of op.py (ARG_*, GEO_*, LUT_*)
+ARG_ROTATE = tl.constexpr(1)
+ARG_SHEAR = tl.constexpr(2)
+ARG_TRANSLATE = tl.constexpr(3)
+ARG_ENHANCE = tl.constexpr(4)
+ARG_ENHANCE_INCREASING = tl.constexpr(5)
+ARG_POSTERIZE = tl.constexpr(6)
+ARG_POSTERIZE_INCREASING = tl.constexpr(7)
+ARG_POSTERIZE_ORIGINAL = tl.constexpr(8)
+ARG_SOLARIZE = tl.constexpr(9)
+ARG_SOLARIZE_INCREASING = tl.constexpr(10)
+ARG_SOLARIZE_ADD = tl.constexpr(11)
+GEO_ROTATE = tl.constexpr(1)
+GEO_SHEAR_X = tl.constexpr(2)
+GEO_SHEAR_Y = tl.constexpr(3)
+GEO_TRANSLATE_X = tl.constexpr(4)
+GEO_TRANSLATE_Y = tl.constexpr(5)
+LUT_AUTOCONTRAST = tl.constexpr(1)
+LUT_EQUALIZE = tl.constexpr(2)
+LUT_INVERT = tl.constexpr(3)
+LUT_POSTERIZE = tl.constexpr(4)
+LUT_SOLARIZE = tl.constexpr(5)
+LUT_SOLARIZE_ADD = tl.constexpr(6)
+LUT_CONTRAST = tl.constexpr(7)
+LUT_BRIGHTNESS = tl.constexpr(8)
+KIND_COPY = tl.constexpr(0)
+
+
+@triton.jit
+def _c(CONST, i):
+    """Float64 constant i of op.py's LAYER_CONSTANTS (float literals would be float32 in a program)."""
+    return tl.load(CONST + i)
+
+
+@triton.jit
+def layer_params_kernel(
+    OP, APPLIED, LEVEL, NEGATE, CODES, CONST, KIND, FACTOR, THETA, LUT, ARG, N, BLOCK: tl.constexpr
+):  # fmt: skip
+    """One RandAugment layer's per-image parameters from its draws. OP int64 [N]; APPLIED, NEGATE bool [N]; LEVEL
+    float64 [N] (clipped magnitudes); CODES int32 [ops, 4] (argument formula, sampling map, value table, kind per
+    op); CONST float64 (LAYER_CONSTANTS: 10, 30, 0.3, translate fraction, 0.9, 1.8, 0.1, 4, 256, 110, pi, 180, H,
+    W). Writes KIND int32 [N] (COPY where not applied), FACTOR float64 [N] (blend ops' argument, else 0), THETA
+    float32 [N, 6] (affine_grid's map, identity unless a geometric op), LUT int32 [N] (value table code, 0 unless a
+    table op), ARG float64 [N] (the op's argument)."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < N
+    op = tl.load(OP + i, mask=ok, other=0).to(tl.int32)
+    applied = tl.load(APPLIED + i, mask=ok, other=0) != 0
+    level = tl.load(LEVEL + i, mask=ok, other=0.0)
+    negate = tl.load(NEGATE + i, mask=ok, other=0) != 0
+    formula = tl.load(CODES + op * 4, mask=ok, other=0)
+    geo = tl.where(applied, tl.load(CODES + op * 4 + 1, mask=ok, other=0), 0)
+    lut = tl.where(applied, tl.load(CODES + op * 4 + 2, mask=ok, other=0), 0)
+    kind = tl.where(applied, tl.load(CODES + op * 4 + 3, mask=ok, other=0), KIND_COPY)
+    x = level / _c(CONST, 0)  # float64 division: IEEE (div.rn.f64)
+    sign = tl.where(negate, -1.0, 1.0).to(tl.float64)
+    zero = tl.zeros_like(x)
+    arg = zero
+    arg = tl.where(formula == ARG_ROTATE, x * _c(CONST, 1) * sign, arg)
+    arg = tl.where(formula == ARG_SHEAR, x * _c(CONST, 2) * sign, arg)
+    arg = tl.where(formula == ARG_TRANSLATE, x * _c(CONST, 3) * sign, arg)
+    arg = tl.where(formula == ARG_ENHANCE, x * _c(CONST, 5) + _c(CONST, 6), arg)
+    increasing = 1.0 + x * _c(CONST, 4) * sign
+    arg = tl.where(formula == ARG_ENHANCE_INCREASING, tl.maximum(increasing, _c(CONST, 6)), arg)
+    bits = tl.floor(x * _c(CONST, 7))
+    arg = tl.where(formula == ARG_POSTERIZE, bits, arg)
+    arg = tl.where(formula == ARG_POSTERIZE_INCREASING, _c(CONST, 7) - bits, arg)
+    arg = tl.where(formula == ARG_POSTERIZE_ORIGINAL, bits + _c(CONST, 7), arg)
+    threshold = tl.minimum(tl.floor(x * _c(CONST, 8)), _c(CONST, 8))
+    arg = tl.where(formula == ARG_SOLARIZE, threshold, arg)
+    arg = tl.where(formula == ARG_SOLARIZE_INCREASING, _c(CONST, 8) - threshold, arg)
+    added = tl.minimum(tl.floor(x * _c(CONST, 9)), _c(CONST, 8) / 2)
+    arg = tl.where(formula == ARG_SOLARIZE_ADD, added, arg)
+    # PIL's affine coefficients (a, b, c, d, e, f) of the geometric op, then affine_grid's normalised map
+    h, w = _c(CONST, 12), _c(CONST, 13)
+    one = zero + 1.0
+    rad = -arg * _c(CONST, 10) / _c(CONST, 11)
+    rotate = geo == GEO_ROTATE
+    cos = tl.where(rotate, tl.cos(rad), one)
+    sin = tl.where(rotate, tl.sin(rad), zero)
+    cx, cy = w / 2, h / 2
+    a = cos
+    b = tl.where(geo == GEO_SHEAR_X, arg, sin)
+    c = tl.where(rotate, cx - cos * cx - sin * cy, tl.where(geo == GEO_TRANSLATE_X, arg * w, zero))
+    d = tl.where(geo == GEO_SHEAR_Y, arg, tl.where(rotate, -sin, zero))
+    e = cos
+    f = tl.where(rotate, cy + sin * cx - cos * cy, tl.where(geo == GEO_TRANSLATE_Y, arg * h, zero))
+    bhw = b * h / w
+    dwh = d * w / h
+    rows = (a, bhw, a + bhw + 2 * c / w - 1, dwh, e, dwh + e + 2 * f / h - 1)
+    for r in tl.static_range(6):
+        tl.store(THETA + i * 6 + r, rows[r].to(tl.float32), mask=ok)
+    blended = (kind == 3) | (kind == 4)  # COLOR, SHARPNESS
+    tl.store(KIND + i, kind, mask=ok)
+    tl.store(FACTOR + i, tl.where(blended, arg, zero), mask=ok)
+    tl.store(LUT + i, lut, mask=ok)
+    tl.store(ARG + i, arg, mask=ok)
+
+
+@triton.jit
+def _pil_blend(d, v, f):
+    """PIL's blend of float32 degenerate d and float32 value v by float64 factor f, clipped, truncated (int32)."""
+    r = d.to(tl.float64) + f * (v - d).to(tl.float64)
+    return tl.minimum(tl.maximum(r, 0.0), 255.0).to(tl.int32)
+
+
+@triton.jit
+def layer_tables_kernel(LUT, ARG, HIST, LUMA, TABLE, s_hist, s_luma):
+    """One value table per image and channel: TABLE uint8 [N, 3, 256] from the image's table code LUT int32 [N]
+    (identity for 0), its argument ARG float64 [N], its histograms HIST int32 [N, 3, 256] (row stride s_hist) and
+    luma sum LUMA int32 [N] (stride s_luma); one program per image."""
+    n = tl.program_id(0).to(tl.int64)
+    code = tl.load(LUT + n)
+    arg = tl.load(ARG + n)
+    v = tl.arange(0, 256)
+    vf = v.to(tl.float32)
+    count = tl.sum(tl.load(HIST + n * s_hist + v))  # pixels: channel 0's histogram
+    mean = tl.floor(tl.load(LUMA + n * s_luma).to(tl.float64) / count.to(tl.float64) + 0.5)
+    mean = mean.to(tl.float32)
+    bits = tl.minimum(tl.maximum(arg.to(tl.int32), 0), 8)
+    for ch in tl.static_range(3):
+        table = v
+        if code == LUT_AUTOCONTRAST:
+            present = tl.load(HIST + n * s_hist + ch * 256 + v) > 0
+            lo = tl.min(tl.where(present, v, 256)).to(tl.float32)
+            hi = tl.max(tl.where(present, v, -1)).to(tl.float32)
+            flat = hi == lo
+            inv_scale = tl.where(flat, 1.0, (hi - lo) * (1.0 / 255))
+            scaled = tl.div_rn(vf - tl.where(flat, 0.0, lo), inv_scale)
+            table = tl.minimum(tl.maximum(scaled, 0.0), 255.0).to(tl.int32)
+        elif code == LUT_EQUALIZE:
+            hist = tl.load(HIST + n * s_hist + ch * 256 + v)
+            cum = tl.cumsum(hist, 0)
+            total = tl.max(cum)
+            top = tl.min(tl.where(cum == total, v, 256))  # the largest value present
+            step = (total - tl.sum(tl.where(v == top, hist, 0))) // 255
+            mapped = tl.minimum((cum - hist + step // 2) // tl.maximum(step, 1), 255)
+            table = tl.where(step != 0, mapped, v)
+        elif code == LUT_INVERT:
+            table = 255 - v
+        elif code == LUT_POSTERIZE:
+            table = v & ((0xFF << (8 - bits)) & 0xFF)
+        elif code == LUT_SOLARIZE:
+            table = tl.where(v.to(tl.float64) >= arg, 255 - v, v)
+        elif code == LUT_SOLARIZE_ADD:
+            table = tl.where(v < 128, tl.minimum(v + arg.to(tl.int32), 255), v)
+        elif code == LUT_CONTRAST:
+            table = _pil_blend(mean, vf, arg)
+        elif code == LUT_BRIGHTNESS:
+            table = _pil_blend(vf * 0.0, vf, arg)
+        tl.store(TABLE + (n * 3 + ch) * 256 + v, table.to(tl.uint8))

@@ -5,7 +5,10 @@ need (per-channel 256-bin histograms for equalize and autocontrast, the sum of P
 one pass over the input, and one more pass writes every image through its own op. The reference (the spec) runs
 each kind of op on the whole batch in PyTorch and keeps each image's own result (``torch.where``). On CUDA the two
 passes are two Triton programs (``_triton``): a fixed launch sequence with no host synchronisation, which a CUDA
-graph can replay. The ops follow PIL on uint8 values (what timm's RandAugment calls).
+graph can replay. The ops follow PIL on uint8 values (what timm's RandAugment calls). A layer's per-image parameters
+(the op's argument, sampling map, blend factor and value table) come from two more programs, :func:`layer_params`
+and :func:`layer_tables`, from codes naming each op's formula (the spec: ``lightvision.classify.rand_augment``), so a
+layer is four launches whatever its op list, not hundreds of small ones.
 """
 
 from __future__ import annotations
@@ -20,6 +23,34 @@ from .._launch import empty, interpreting
 
 # what an image goes through in a layer (``kind``)
 COPY, WARP, TABLE, COLOR, SHARPNESS = range(5)
+# per op, for layer_params: its argument's formula (timm's LEVEL_TO_ARG families), its sampling map, its value table
+(
+    ARG_NONE,
+    ARG_ROTATE,
+    ARG_SHEAR,
+    ARG_TRANSLATE,
+    ARG_ENHANCE,
+    ARG_ENHANCE_INCREASING,
+    ARG_POSTERIZE,
+    ARG_POSTERIZE_INCREASING,
+    ARG_POSTERIZE_ORIGINAL,
+    ARG_SOLARIZE,
+    ARG_SOLARIZE_INCREASING,
+    ARG_SOLARIZE_ADD,
+) = range(12)
+GEO_NONE, GEO_ROTATE, GEO_SHEAR_X, GEO_SHEAR_Y, GEO_TRANSLATE_X, GEO_TRANSLATE_Y = range(6)
+(
+    LUT_NONE,
+    LUT_AUTOCONTRAST,
+    LUT_EQUALIZE,
+    LUT_INVERT,
+    LUT_POSTERIZE,
+    LUT_SOLARIZE,
+    LUT_SOLARIZE_ADD,
+    LUT_CONTRAST,
+    LUT_BRIGHTNESS,
+) = range(9)
+PARAMS_BLOCK = 128  # images per program of layer_params
 KINDS = (WARP, TABLE, COLOR, SHARPNESS)
 MODES = ("bilinear", "bicubic", "nearest")  # grid_sample interpolations; the program implements all three
 MAX_PIXELS = (2**31 - 1) // 255  # the program sums an image's luma in int32
@@ -133,6 +164,61 @@ def _check(x: torch.Tensor, backend: str, mode: str | None = None) -> bool:
             f"TRITON_INTERPRET=1); got {x.dtype} {list(x.shape)} on {x.device.type}"
         )
     return backend != "torch" and covered and runnable
+
+
+def runs_programs(x: torch.Tensor, backend: str = "auto") -> bool:
+    """Whether :func:`augment_layer` runs its Triton programs on ``x`` for ``backend`` (raises where "triton" is
+    forced and cannot run)."""
+    return _check(x, backend)
+
+
+def layer_params(
+    op: torch.Tensor,
+    applied: torch.Tensor,
+    level: torch.Tensor,
+    negate: torch.Tensor,
+    codes: torch.Tensor,
+    constants: torch.Tensor,
+) -> tuple[torch.Tensor, ...]:
+    """One layer's per-image parameters in one launch (CUDA, or Triton's interpreter).
+
+    Args:
+        op: int64 [N], each image's op index; applied, negate: bool [N]; level: float64 [N], clipped magnitudes.
+        codes: int32 [ops, 4] per op: ARG_* formula, GEO_* map, LUT_* table, kind (COPY .. SHARPNESS).
+        constants: float64 [14]: the level divisor, the rotation, shear and translation scales, the increasing
+            enhancers' 0.9, the enhancers' 1.8 and 0.1, the posterize 4, the solarize 256, the solarize-add 110, pi,
+            180, H, W.
+    Returns:
+        kind int32 [N] (COPY where not applied), factor float64 [N] (the blend ops' argument, else 0), theta float32
+        [N, 2, 3] (``affine_grid``'s map; identity unless a geometric op), lut int32 [N] (the LUT_* code, LUT_NONE
+        unless a table op), arg float64 [N] (the op's argument).
+    """
+    n, device = op.shape[0], op.device
+    kind, lut = empty((n,), torch.int32, device), empty((n,), torch.int32, device)
+    factor, arg = empty((n,), torch.float64, device), empty((n,), torch.float64, device)
+    theta = empty((n, 2, 3), torch.float32, device)
+    from ._triton import layer_params_kernel
+
+    layer_params_kernel[(-(-n // PARAMS_BLOCK),)](
+        OP=op.contiguous(), APPLIED=applied.contiguous(), LEVEL=level.contiguous(), NEGATE=negate.contiguous(),
+        CODES=codes, CONST=constants, KIND=kind, FACTOR=factor, THETA=theta, LUT=lut, ARG=arg, N=n,
+        BLOCK=PARAMS_BLOCK, enable_fp_fusion=False,
+    )  # fmt: skip
+    return kind, factor, theta, lut, arg
+
+
+def layer_tables(lut: torch.Tensor, arg: torch.Tensor, hist: torch.Tensor, luma_sum: torch.Tensor) -> torch.Tensor:
+    """Each image's value table uint8 [N, 3, 256] in one launch, from :func:`layer_params`' ``lut`` and ``arg`` and
+    the layer input's statistics (:func:`image_stats`: histograms [N, 3, 256], luma sums [N])."""
+    n = lut.shape[0]
+    table = empty((n, 3, 256), torch.uint8, lut.device)
+    from ._triton import layer_tables_kernel
+
+    layer_tables_kernel[(n,)](
+        LUT=lut, ARG=arg, HIST=hist, LUMA=luma_sum, TABLE=table, s_hist=hist.stride(0), s_luma=luma_sum.stride(0),
+        enable_fp_fusion=False,
+    )  # fmt: skip
+    return table
 
 
 def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:

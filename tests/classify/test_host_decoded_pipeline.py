@@ -104,3 +104,25 @@ def test_classify_train_with_workers_decode_on_cpu(tmp_path):
     assert len(losses) == 4 and all(np.isfinite(losses))  # 8 images / batch 4 x 2 epochs
     assert all("input_prepare_ms" in r for r in records if "loss" in r)  # crop and augmentation as prepare_batch
     assert json.loads((run / "results.json").read_text())["val_images"] == 8  # evaluated through the device decode
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_batch_on_cuda_equals_its_images_as_a_list(tmp_path):
+    """On CUDA the page-locked packed batch, copied in one transfer and cropped in place (graphs replayed), gives
+    what the same decoded images give as a list of device tensors, exactly."""
+    write_jpeg_folder(tmp_path, corrupt=False)
+    cfg = gpu_cfg(tmp_path, "workers")
+    cfg["data"]["augment_graph"] = True
+    folder, batch = first_batch(cfg)
+    packed = batch["images"].pin_memory()
+    assert packed.data.is_pinned()
+    prepare = device_batches(cfg, folder, train=True)
+    labels = batch["labels"].cuda()
+    outs = []
+    for images in (packed.on(labels.device), [img.cuda() for img in batch["images"]]):
+        with use_batch_random(BatchRandom(2)):
+            outs.append(prepare.transform(images))
+    assert outs[0].is_cuda and torch.equal(outs[0], outs[1])
+    with use_batch_random(BatchRandom(2)):
+        images, out_labels = prepare({"labels": labels, "images": packed})
+    assert torch.equal(images, outs[0]) and torch.equal(out_labels, labels)

@@ -143,8 +143,9 @@ COMPILE_FOR_HOPPER = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from lightvision.kernels.augment._triton import augment_kernel, image_stats_kernel
-from lightvision.kernels.augment.op import BLOCK, NUM_WARPS, STATS_BLOCK
+from lightvision.kernels.augment._triton import augment_kernel, image_stats_kernel, layer_params_kernel
+from lightvision.kernels.augment._triton import layer_tables_kernel
+from lightvision.kernels.augment.op import BLOCK, NUM_WARPS, PARAMS_BLOCK, STATS_BLOCK
 
 options = {"enable_fp_fusion": False, "num_warps": NUM_WARPS}
 
@@ -158,14 +159,22 @@ for mode in (0, 1, 2):
 stats_signature = {"X": "*u8", "STATS": "*i32", "HW": "i32", "BLOCK": "constexpr"}
 source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": STATS_BLOCK})
 assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}).asm["ptx"]
+params = {"OP": "*i64", "APPLIED": "*i1", "LEVEL": "*fp64", "NEGATE": "*i1", "CODES": "*i32", "CONST": "*fp64"}
+params |= {"KIND": "*i32", "FACTOR": "*fp64", "THETA": "*fp32", "LUT": "*i32", "ARG": "*fp64", "N": "i32"}
+source = ASTSource(layer_params_kernel, {**params, "BLOCK": "constexpr"}, constexprs={"BLOCK": PARAMS_BLOCK})
+exact = {"enable_fp_fusion": False}
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options=exact)  # (its libdevice cos / sin use fma)
+tables = {"LUT": "*i32", "ARG": "*fp64", "HIST": "*i32", "LUMA": "*i32", "TABLE": "*u8"}
+tables |= {"s_hist": "i32", "s_luma": "i32"}
+triton.compile(ASTSource(layer_tables_kernel, tables), target=GPUTarget("cuda", 90, 32), options=exact)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the programs run")
 def test_programs_compile_for_hopper():
-    """The interpreter runs what the compiler may refuse (non-constexpr globals, op lowerings): both programs build
-    to sm_90 PTX (Triton's own compiler, no GPU), the apply program with no fused multiply-add."""
+    """The interpreter runs what the compiler may refuse (non-constexpr globals, op lowerings): the four programs
+    build to sm_90 PTX (Triton's own compiler, no GPU), the apply program with no fused multiply-add."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -183,3 +192,83 @@ def test_bad_arguments_named():
         augment_layer(x.float(), kind, factor, theta, _tables, FILL, backend="triton")
     with pytest.raises(ValueError, match="RandAugment backend"):
         BatchRandAugment("rand-m9-mstd0.5-inc1", 224, MEAN, backend="cuda")
+
+
+def _one_op_codes(name: str) -> torch.Tensor:
+    """layer_params' codes of a one-op list."""
+    from lightvision.classify.rand_augment import ARG_FORMULAS, MAPS, TABLES, _base, _kind
+    from lightvision.kernels.augment import ARG_NONE, GEO_NONE, LUT_NONE
+
+    codes = [ARG_FORMULAS.get(name, ARG_NONE), MAPS.get(name, GEO_NONE), TABLES.get(_base(name), LUT_NONE), _kind(name)]
+    return torch.tensor([codes], dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("size", [(224, 224), (13, 17)], ids=["224", "13x17"])
+def test_layer_params_equal_the_spec_for_every_op(size):
+    """layer_params against level_to_arg / pil_affine / normalised_theta for every op at random magnitudes and signs
+    (not applied: COPY, identity map, no table): arguments, kinds, blend factors and tables' codes exactly, maps to
+    float32 rounding (the rotation's cosine and sine)."""
+    from lightvision.classify.rand_augment import (
+        GEOMETRIC_OPS,
+        OPS,
+        TABLES,
+        _base,
+        _kind,
+        layer_constants,
+        level_to_arg,
+        normalised_theta,
+        pil_affine,
+    )
+    from lightvision.kernels.augment import LUT_NONE, layer_params
+
+    g = torch.Generator().manual_seed(4)
+    n = 37
+    level = (torch.rand(n, generator=g, dtype=torch.float64) * 10).to(DEVICE)
+    level[:3] = torch.tensor([0.0, 10.0, 5.0], dtype=torch.float64)
+    negate = (torch.rand(n, generator=g) < 0.5).to(DEVICE)
+    applied = (torch.rand(n, generator=g) < 0.8).to(DEVICE)
+    applied[:3] = True
+    constants = layer_constants(0.45, *size).to(DEVICE)
+    identity = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], device=DEVICE).expand(n, 6)
+    for name in OPS:
+        op = torch.zeros(n, dtype=torch.int64, device=DEVICE)
+        kind, factor, theta, lut, arg = layer_params(op, applied, level, negate, _one_op_codes(name), constants)
+        expected = level_to_arg(name, level, negate, 0.45)
+        assert torch.equal(arg, expected), name
+        assert torch.equal(kind, torch.where(applied, _kind(name), COPY).int()), name
+        blended = _kind(name) in (COLOR, SHARPNESS)
+        assert torch.equal(factor, torch.where(applied & blended, expected, 0.0)), name
+        assert torch.equal(lut, torch.where(applied, TABLES.get(_base(name), LUT_NONE), LUT_NONE).int()), name
+        if name in GEOMETRIC_OPS:
+            spec = normalised_theta(pil_affine(name, expected, *size), *size).float().view(n, 6)
+            spec = torch.where(applied[:, None], spec, identity)
+            torch.testing.assert_close(theta.view(n, 6), spec, atol=2e-7, rtol=0)
+        else:
+            assert torch.equal(theta.view(n, 6), identity), name
+
+
+def test_layer_tables_equal_the_spec_for_every_table_op():
+    """layer_tables against op_lut for every value-table op from real images' histograms and luma sums (flat,
+    narrow-range and noisy images; magnitudes across the range), exactly; identity where no table op applies."""
+    from lightvision.classify.rand_augment import TABLES, _base, layer_constants, level_to_arg, op_lut
+    from lightvision.kernels.augment import layer_params, layer_tables
+
+    x = _images(6, seed=5)
+    x[4] = 0
+    x[5, 0] = 255
+    hist, luma_sum = image_stats(x, backend="triton")
+    level = torch.tensor([0.0, 2.5, 5.0, 7.5, 9.0, 10.0], dtype=torch.float64, device=DEVICE)
+    negate = torch.tensor([False, True, False, True, False, True], device=DEVICE)
+    constants = layer_constants(0.45, *x.shape[-2:]).to(DEVICE)
+    names = [n for n in ("AutoContrast", "Equalize", "Invert", "PosterizeIncreasing", "PosterizeOriginal", "Solarize")]
+    names += ["SolarizeIncreasing", "SolarizeAdd", "ContrastIncreasing", "Contrast", "Brightness", "Rotate"]
+    for name in names:
+        op = torch.zeros(6, dtype=torch.int64, device=DEVICE)
+        applied = torch.ones(6, dtype=torch.bool, device=DEVICE)
+        _, _, _, lut, arg = layer_params(op, applied, level, negate, _one_op_codes(name), constants)
+        table = layer_tables(lut, arg, hist, luma_sum)
+        if _base(name) in TABLES:
+            spec = op_lut(name, hist, luma_sum, level_to_arg(name, level, negate)).expand(6, 3, 256)
+        else:
+            spec = torch.arange(256, device=DEVICE).to(torch.uint8).expand(6, 3, 256)
+        assert torch.equal(table, spec), name
