@@ -27,36 +27,10 @@ import torch
 from timm.data.auto_augment import rand_augment_transform
 
 from lightvision.classify.graphed import DeviceConstants
+from lightvision.kernels import augment as K
 from lightvision.kernels.augment import (
-    ARG_ENHANCE,
-    ARG_ENHANCE_INCREASING,
-    ARG_NONE,
-    ARG_POSTERIZE,
-    ARG_POSTERIZE_INCREASING,
-    ARG_POSTERIZE_ORIGINAL,
-    ARG_ROTATE,
-    ARG_SHEAR,
-    ARG_SOLARIZE,
-    ARG_SOLARIZE_ADD,
-    ARG_SOLARIZE_INCREASING,
-    ARG_TRANSLATE,
     COLOR,
     COPY,
-    GEO_NONE,
-    GEO_ROTATE,
-    GEO_SHEAR_X,
-    GEO_SHEAR_Y,
-    GEO_TRANSLATE_X,
-    GEO_TRANSLATE_Y,
-    LUT_AUTOCONTRAST,
-    LUT_BRIGHTNESS,
-    LUT_CONTRAST,
-    LUT_EQUALIZE,
-    LUT_INVERT,
-    LUT_NONE,
-    LUT_POSTERIZE,
-    LUT_SOLARIZE,
-    LUT_SOLARIZE_ADD,
     SHARPNESS,
     TABLE,
     WARP,
@@ -155,37 +129,37 @@ def level_to_arg(name: str, level: torch.Tensor, negate: torch.Tensor, translate
 # each op's formulas as codes of the layer programs (lightvision.kernels.augment.layer_params / layer_tables): the
 # argument (level_to_arg's cases), the sampling map (pil_affine's) and the value table (op_lut's, by base name)
 ARG_FORMULAS = {
-    "Rotate": ARG_ROTATE,
-    "ShearX": ARG_SHEAR,
-    "ShearY": ARG_SHEAR,
-    "TranslateXRel": ARG_TRANSLATE,
-    "TranslateYRel": ARG_TRANSLATE,
-    **dict.fromkeys(("Color", "Contrast", "Brightness", "Sharpness"), ARG_ENHANCE),
-    **{f"{name}Increasing": ARG_ENHANCE_INCREASING for name in ("Color", "Contrast", "Brightness", "Sharpness")},
-    "Posterize": ARG_POSTERIZE,
-    "PosterizeIncreasing": ARG_POSTERIZE_INCREASING,
-    "PosterizeOriginal": ARG_POSTERIZE_ORIGINAL,
-    "Solarize": ARG_SOLARIZE,
-    "SolarizeIncreasing": ARG_SOLARIZE_INCREASING,
-    "SolarizeAdd": ARG_SOLARIZE_ADD,
+    "Rotate": K.ARG_ROTATE,
+    "ShearX": K.ARG_SHEAR,
+    "ShearY": K.ARG_SHEAR,
+    "TranslateXRel": K.ARG_TRANSLATE,
+    "TranslateYRel": K.ARG_TRANSLATE,
+    **dict.fromkeys(("Color", "Contrast", "Brightness", "Sharpness"), K.ARG_ENHANCE),
+    **{f"{name}Increasing": K.ARG_ENHANCE_INCREASING for name in ("Color", "Contrast", "Brightness", "Sharpness")},
+    "Posterize": K.ARG_POSTERIZE,
+    "PosterizeIncreasing": K.ARG_POSTERIZE_INCREASING,
+    "PosterizeOriginal": K.ARG_POSTERIZE_ORIGINAL,
+    "Solarize": K.ARG_SOLARIZE,
+    "SolarizeIncreasing": K.ARG_SOLARIZE_INCREASING,
+    "SolarizeAdd": K.ARG_SOLARIZE_ADD,
 }
 MAPS = {
-    "Rotate": GEO_ROTATE,
-    "ShearX": GEO_SHEAR_X,
-    "ShearY": GEO_SHEAR_Y,
-    "TranslateXRel": GEO_TRANSLATE_X,
-    "TranslateYRel": GEO_TRANSLATE_Y,
+    "Rotate": K.GEO_ROTATE,
+    "ShearX": K.GEO_SHEAR_X,
+    "ShearY": K.GEO_SHEAR_Y,
+    "TranslateXRel": K.GEO_TRANSLATE_X,
+    "TranslateYRel": K.GEO_TRANSLATE_Y,
 }
 TABLES = {
-    "AutoContrast": LUT_AUTOCONTRAST,
-    "Equalize": LUT_EQUALIZE,
-    "Invert": LUT_INVERT,
-    "Posterize": LUT_POSTERIZE,
-    "PosterizeOriginal": LUT_POSTERIZE,
-    "Solarize": LUT_SOLARIZE,
-    "SolarizeAdd": LUT_SOLARIZE_ADD,
-    "Contrast": LUT_CONTRAST,
-    "Brightness": LUT_BRIGHTNESS,
+    "AutoContrast": K.LUT_AUTOCONTRAST,
+    "Equalize": K.LUT_EQUALIZE,
+    "Invert": K.LUT_INVERT,
+    "Posterize": K.LUT_POSTERIZE,
+    "PosterizeOriginal": K.LUT_POSTERIZE,
+    "Solarize": K.LUT_SOLARIZE,
+    "SolarizeAdd": K.LUT_SOLARIZE_ADD,
+    "Contrast": K.LUT_CONTRAST,
+    "Brightness": K.LUT_BRIGHTNESS,
 }
 
 
@@ -400,7 +374,7 @@ class BatchRandAugment:
         self.mapped = [k for k, kind in enumerate(kinds) if kind == TABLE]
         self.blended = [k for k, kind in enumerate(kinds) if kind in (COLOR, SHARPNESS)]
         codes = [
-            (ARG_FORMULAS.get(name, ARG_NONE), MAPS.get(name, GEO_NONE), TABLES.get(_base(name), LUT_NONE), kind)
+            (ARG_FORMULAS.get(name, K.ARG_NONE), MAPS.get(name, K.GEO_NONE), TABLES.get(_base(name), K.LUT_NONE), kind)
             for name, kind in zip(self.names, kinds, strict=True)
         ]
         self.codes = DeviceConstants(torch.tensor(codes, dtype=torch.int32))
