@@ -16,7 +16,9 @@ tensor of uniforms (and the erasing noise) drawn on the batch's device from :fun
 (keyed by seed, step and micro-batch, so a resumed run draws the same); every per-image parameter is computed from
 them on the device, and every step issues the same operations with no host synchronisation. On CUDA the crops'
 boxes are read by the resize program on the device (bicubic and bilinear; "nearest" crops image by image, reading
-the boxes back); the boxes' draw (:meth:`DeviceTrainTransform.boxes`) and the rest
+the boxes back); the crops' and the erasing boxes' draws are one program each there
+(:func:`~lightvision.kernels.augment.crop_boxes`, :func:`~lightvision.kernels.augment.erase_boxes_program`; the
+functions here are their spec), and the boxes' draw (:meth:`DeviceTrainTransform.boxes`) and the rest
 (:meth:`DeviceTrainTransform.augment`) are replayed as CUDA graphs captured once per batch shape
 (:class:`~lightvision.classify.graphed.GraphedCall`).
 """
@@ -32,6 +34,7 @@ import torch
 from lightvision.classify.graphed import DeviceConstants, GraphedCall
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
+from lightvision.kernels.augment import crop_boxes, erase_boxes_program
 from lightvision.kernels.resize import image_sizes, resize, resized_crops
 from lightvision.ops._checks import check_choice
 
@@ -93,6 +96,22 @@ def resized_crop_params(
     top = torch.where(fits, (place[:, 0] * (h - ch + 1)).floor(), ((h - ch) / 2).floor())
     left = torch.where(fits, (place[:, 1] * (w - cw + 1)).floor(), ((w - cw) / 2).floor())
     return torch.stack([top, left, ch, cw], 1).long()
+
+
+def crop_constants(scale: Sequence[float], ratio: Sequence[float] = RRC_RATIO) -> torch.Tensor:
+    """:func:`resized_crop_params`' ranges as the float64 constants of its program
+    (:func:`~lightvision.kernels.augment.crop_boxes`), host tensor."""
+    low, high = math.log(ratio[0]), math.log(ratio[1])
+    values = (scale[0], scale[1] - scale[0], low, high - low, min(ratio), max(ratio))
+    return torch.tensor(values, dtype=torch.float64)
+
+
+def erase_constants(prob: float) -> torch.Tensor:
+    """:func:`erase_boxes`' ranges and probability as the float64 constants of its program
+    (:func:`~lightvision.kernels.augment.erase_boxes_program`), host tensor."""
+    low, high = math.log(ERASE_RATIO[0]), math.log(ERASE_RATIO[1])
+    values = (ERASE_AREA[0], ERASE_AREA[1] - ERASE_AREA[0], low, high - low, prob)
+    return torch.tensor(values, dtype=torch.float64)
 
 
 def erase_boxes(height: int, width: int, prob: float, max_count: int, u: torch.Tensor) -> torch.Tensor:
@@ -222,6 +241,9 @@ class DeviceTrainTransform:
         self.placed = _placed_stats(mean, std)
         self.run_augment = GraphedCall(self.augment) if graph else self.augment
         self.run_boxes = GraphedCall(self.boxes) if graph else self.boxes
+        # the boxes' draws on CUDA: one program each (the spec's functions elsewhere)
+        self.crop_constants = DeviceConstants(crop_constants(self.scale))
+        self.erase_constants = DeviceConstants(erase_constants(self.reprob))
 
     def draw(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Every draw of a batch of ``n`` on ``device``, from the current
@@ -258,6 +280,9 @@ class DeviceTrainTransform:
         """:meth:`crop_boxes` of images of ``sizes`` (int64 [N, 2], on u's device): the same launches whatever the
         draws, so it is replayed as a CUDA graph with ``graph``."""
         u = self.split(u)
+        if sizes.is_cuda:
+            (constants,) = self.crop_constants.get(sizes.device)
+            return crop_boxes(sizes, u["crop"], constants, ATTEMPTS), u["flip"][:, 0] < 0.5
         return resized_crop_params(sizes, self.scale, u["crop"]), u["flip"][:, 0] < 0.5
 
     def color_jitter(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -279,7 +304,11 @@ class DeviceTrainTransform:
         """timm ``RandomErasing`` on the normalised batch float [N, 3, S, S]; u float64 [N, 2 + recount *
         ``ERASE_COLUMNS``]: the boxes' draws; noise: the fill (:meth:`draw`)."""
         n, c, h, w = x.shape
-        boxes = erase_boxes(h, w, self.reprob, self.recount, u)
+        if x.is_cuda:
+            (constants,) = self.erase_constants.get(x.device)
+            boxes = erase_boxes_program(h, w, self.recount, u, constants, ATTEMPTS)
+        else:
+            boxes = erase_boxes(h, w, self.reprob, self.recount, u)
         top, left, bh, bw = (boxes[..., i, None] for i in range(4))  # [N, count, 1]
         rows, cols = torch.arange(h, device=x.device), torch.arange(w, device=x.device)
         in_rows = (rows >= top) & (rows < top + bh)  # [N, count, H]

@@ -1,5 +1,6 @@
-"""One RandAugment layer on a uint8 batch, each image through its own op: its parameters, statistics and tables, then
-one apply pass (four launches)."""
+"""The GPU augmentation's programs: a RandAugment layer on a uint8 batch, each image through its own op (its
+parameters, statistics and tables, then one apply pass: four launches), and the random crops' and erasing boxes'
+draws (one launch each)."""
 
 from .op import (
     ARG_ENHANCE,
@@ -40,6 +41,8 @@ from .op import (
     augment_layer,
     augment_layer_reference,
     blend,
+    crop_boxes,
+    erase_boxes_program,
     image_stats,
     image_stats_reference,
     layer_params,
@@ -89,6 +92,8 @@ __all__ = [
     "augment_layer",
     "augment_layer_reference",
     "blend",
+    "crop_boxes",
+    "erase_boxes_program",
     "image_stats",
     "image_stats_reference",
     "layer_params",

@@ -357,3 +357,93 @@ def layer_tables_kernel(LUT, ARG, HIST, LUMA, TABLE, s_hist, s_luma):
         elif code == LUT_BRIGHTNESS:
             table = _pil_blend(vf * 0.0, vf, arg)
         tl.store(TABLE + (n * 3 + ch) * 256 + v, table.to(tl.uint8))
+
+
+@triton.jit
+def _round_half_even(v):
+    """torch.round of float64 values below 2^52 in magnitude, exactly (v - floor(v) is exact there)."""
+    r = tl.floor(v)
+    frac = v - r
+    odd = r - 2.0 * tl.floor(r * 0.5) == 1.0
+    return tl.where((frac > 0.5) | ((frac == 0.5) & odd), r + 1.0, r)
+
+
+@triton.jit
+def crop_boxes_kernel(SIZES, U, CONST, OUT, N, s_u, ATTEMPTS: tl.constexpr, BLOCK: tl.constexpr):
+    """Random resized crops (timm's draw) of N images: SIZES int64 [N, 2] (H, W); U float64 rows of stride s_u: the
+    attempts' area uniforms, their aspect uniforms, then two placement uniforms; CONST float64: scale low, scale span,
+    log ratio low, log ratio span, ratio low, ratio high. OUT int64 [N, 4]: top, left, height, width."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < N
+    h = tl.load(SIZES + i * 2, mask=ok, other=1).to(tl.float64)
+    w = tl.load(SIZES + i * 2 + 1, mask=ok, other=1).to(tl.float64)
+    row = U + i * s_u
+    found = i < 0
+    ch = tl.zeros_like(h)
+    cw = tl.zeros_like(h)
+    for a in tl.static_range(ATTEMPTS):
+        area = (_c(CONST, 0) + _c(CONST, 1) * tl.load(row + a, mask=ok, other=0.0)) * h * w
+        aspect = tl.exp(_c(CONST, 2) + _c(CONST, 3) * tl.load(row + ATTEMPTS + a, mask=ok, other=0.0))
+        tw = _round_half_even(tl.sqrt(area * aspect))
+        th = _round_half_even(tl.sqrt(area / aspect))
+        fit = (tw <= w) & (th <= h)
+        take = fit & ~found
+        cw = tl.where(take, tw, cw)
+        ch = tl.where(take, th, ch)
+        found = found | fit
+    in_ratio = w / h  # no attempt fits: the centre crop of the closest allowed aspect ratio
+    fw = tl.where(in_ratio > _c(CONST, 5), _round_half_even(h * _c(CONST, 5)), w)
+    fh = tl.where(in_ratio < _c(CONST, 4), _round_half_even(w / _c(CONST, 4)), h)
+    ch = tl.where(found, ch, fh)
+    cw = tl.where(found, cw, fw)
+    place_y = tl.load(row + 2 * ATTEMPTS, mask=ok, other=0.0)
+    place_x = tl.load(row + 2 * ATTEMPTS + 1, mask=ok, other=0.0)
+    top = tl.where(found, tl.floor(place_y * (h - ch + 1)), tl.floor((h - ch) / 2))
+    left = tl.where(found, tl.floor(place_x * (w - cw + 1)), tl.floor((w - cw) / 2))
+    tl.store(OUT + i * 4, top.to(tl.int64), mask=ok)
+    tl.store(OUT + i * 4 + 1, left.to(tl.int64), mask=ok)
+    tl.store(OUT + i * 4 + 2, ch.to(tl.int64), mask=ok)
+    tl.store(OUT + i * 4 + 3, cw.to(tl.int64), mask=ok)
+
+
+@triton.jit(do_not_specialize=["HEIGHT", "WIDTH"])  # used as float values (a size of 1 would become a constant)
+def erase_boxes_kernel(
+    U, CONST, OUT, N, s_u, HEIGHT, WIDTH, MAX_COUNT: tl.constexpr, ATTEMPTS: tl.constexpr, BLOCK: tl.constexpr
+):  # fmt: skip
+    """timm's RandomErasing boxes of N images of HEIGHT x WIDTH: U float64 rows of stride s_u: the count and apply
+    uniforms, then per box the attempts' area and aspect uniforms and two placement uniforms; CONST float64: area
+    low, area span, log ratio low, log ratio span, probability. OUT int64 [N, MAX_COUNT, 4]: top, left, height (0
+    where nothing is erased), width."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = i < N
+    row = U + i * s_u
+    height = HEIGHT.to(tl.float64)
+    width = WIDTH.to(tl.float64)
+    count = tl.minimum(tl.floor(tl.load(row, mask=ok, other=0.0) * MAX_COUNT), MAX_COUNT - 1) + 1
+    erased = tl.load(row + 1, mask=ok, other=1.0) < _c(CONST, 4)
+    for b in tl.static_range(MAX_COUNT):
+        box = row + 2 + b * (2 * ATTEMPTS + 2)
+        found = i < 0
+        bh = tl.zeros_like(count)
+        bw = tl.zeros_like(count)
+        for a in tl.static_range(ATTEMPTS):
+            area = (_c(CONST, 0) + _c(CONST, 1) * tl.load(box + a, mask=ok, other=0.0)) * height * width / count
+            aspect = tl.exp(_c(CONST, 2) + _c(CONST, 3) * tl.load(box + ATTEMPTS + a, mask=ok, other=0.0))
+            th = _round_half_even(tl.sqrt(area * aspect))
+            tw = _round_half_even(tl.sqrt(area / aspect))
+            fit = (tw < width) & (th < height)
+            if a == 0:  # the first fit, else the first attempt (then not kept)
+                bh, bw = th, tw
+            else:
+                take = fit & ~found
+                bh = tl.where(take, th, bh)
+                bw = tl.where(take, tw, bw)
+            found = found | fit
+        top = tl.floor(tl.load(box + 2 * ATTEMPTS, mask=ok, other=0.0) * (height - bh + 1))
+        left = tl.floor(tl.load(box + 2 * ATTEMPTS + 1, mask=ok, other=0.0) * (width - bw + 1))
+        kept = erased & (b < count) & found
+        out = OUT + (i * MAX_COUNT + b) * 4
+        tl.store(out, top.to(tl.int64), mask=ok)
+        tl.store(out + 1, left.to(tl.int64), mask=ok)
+        tl.store(out + 2, tl.where(kept, bh, 0.0).to(tl.int64), mask=ok)
+        tl.store(out + 3, bw.to(tl.int64), mask=ok)

@@ -221,6 +221,39 @@ def layer_tables(lut: torch.Tensor, arg: torch.Tensor, hist: torch.Tensor, luma_
     return table
 
 
+def crop_boxes(sizes: torch.Tensor, u: torch.Tensor, constants: torch.Tensor, attempts: int) -> torch.Tensor:
+    """Random resized crops' boxes int64 [N, 4] (top, left, height, width) in one launch (CUDA, or Triton's
+    interpreter). sizes: int64 [N, 2] (H, W) on u's device; u: float64 [N, 2 attempts + 2] (any row stride: area
+    uniforms, aspect uniforms, placement); constants: float64 [6]: scale low and span, log ratio low and span, ratio
+    low and high (the spec: ``lightvision.classify.device_transforms.resized_crop_params``)."""
+    n = sizes.shape[0]
+    out = empty((n, 4), torch.int64, sizes.device)
+    from ._triton import crop_boxes_kernel
+
+    crop_boxes_kernel[(-(-n // PARAMS_BLOCK),)](
+        SIZES=sizes.contiguous(), U=u, CONST=constants, OUT=out, N=n, s_u=u.stride(0), ATTEMPTS=attempts,
+        BLOCK=PARAMS_BLOCK, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
+def erase_boxes_program(
+    height: int, width: int, max_count: int, u: torch.Tensor, constants: torch.Tensor, attempts: int
+) -> torch.Tensor:
+    """RandomErasing's boxes int64 [N, max_count, 4] in one launch (CUDA, or Triton's interpreter). u: float64
+    [N, 2 + max_count (2 attempts + 2)] (any row stride); constants: float64 [5]: area low and span, log ratio low and
+    span, probability (the spec: ``lightvision.classify.device_transforms.erase_boxes``)."""
+    n = u.shape[0]
+    out = empty((n, max_count, 4), torch.int64, u.device)
+    from ._triton import erase_boxes_kernel
+
+    erase_boxes_kernel[(-(-n // PARAMS_BLOCK),)](
+        U=u, CONST=constants, OUT=out, N=n, s_u=u.stride(0), HEIGHT=height, WIDTH=width, MAX_COUNT=max_count,
+        ATTEMPTS=attempts, BLOCK=PARAMS_BLOCK, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
+
+
 def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`image_stats_reference` in one Triton launch (after zeroing its output); ``backend`` as for
     :func:`augment_layer`."""

@@ -144,7 +144,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from lightvision.kernels.augment._triton import augment_kernel, image_stats_kernel, layer_params_kernel
-from lightvision.kernels.augment._triton import layer_tables_kernel
+from lightvision.kernels.augment._triton import crop_boxes_kernel, erase_boxes_kernel, layer_tables_kernel
 from lightvision.kernels.augment.op import BLOCK, NUM_WARPS, PARAMS_BLOCK, STATS_BLOCK
 
 options = {"enable_fp_fusion": False, "num_warps": NUM_WARPS}
@@ -167,13 +167,21 @@ triton.compile(source, target=GPUTarget("cuda", 90, 32), options=exact)  # (its 
 tables = {"LUT": "*i32", "ARG": "*fp64", "HIST": "*i32", "LUMA": "*i32", "TABLE": "*u8"}
 tables |= {"s_hist": "i32", "s_luma": "i32"}
 triton.compile(ASTSource(layer_tables_kernel, tables), target=GPUTarget("cuda", 90, 32), options=exact)
+crop = {"SIZES": "*i64", "U": "*fp64", "CONST": "*fp64", "OUT": "*i64", "N": "i32", "s_u": "i32"}
+crop |= {"ATTEMPTS": "constexpr", "BLOCK": "constexpr"}
+source = ASTSource(crop_boxes_kernel, crop, constexprs={"ATTEMPTS": 10, "BLOCK": PARAMS_BLOCK})
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options=exact)
+erase = {"U": "*fp64", "CONST": "*fp64", "OUT": "*i64", "N": "i32", "s_u": "i32", "HEIGHT": "i32", "WIDTH": "i32"}
+erase |= {"MAX_COUNT": "constexpr", "ATTEMPTS": "constexpr", "BLOCK": "constexpr"}
+source = ASTSource(erase_boxes_kernel, erase, constexprs={"MAX_COUNT": 2, "ATTEMPTS": 10, "BLOCK": PARAMS_BLOCK})
+triton.compile(source, target=GPUTarget("cuda", 90, 32), options=exact)
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the programs run")
 def test_programs_compile_for_hopper():
-    """The interpreter runs what the compiler may refuse (non-constexpr globals, op lowerings): the four programs
+    """The interpreter runs what the compiler may refuse (non-constexpr globals, op lowerings): the six programs
     build to sm_90 PTX (Triton's own compiler, no GPU), the apply program with no fused multiply-add."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True)
@@ -272,3 +280,37 @@ def test_layer_tables_equal_the_spec_for_every_table_op():
         else:
             spec = torch.arange(256, device=DEVICE).to(torch.uint8).expand(6, 3, 256)
         assert torch.equal(table, spec), name
+
+
+def test_crop_boxes_program_equals_the_spec():
+    """crop_boxes against resized_crop_params for many images (landscape, portrait, tiny, extreme aspect: the
+    centre-crop fallback) and scales, with a strided view of the draws as the transform passes them: exactly."""
+    from lightvision.classify.device_transforms import ATTEMPTS, CROP_COLUMNS, crop_constants, resized_crop_params
+    from lightvision.kernels.augment import crop_boxes
+
+    g = torch.Generator().manual_seed(6)
+    n = 300
+    sizes = torch.randint(8, 600, (n, 2), generator=g)
+    sizes[:4] = torch.tensor([[10, 400], [400, 10], [1, 1], [224, 224]])
+    u = torch.rand((n, CROP_COLUMNS + 3), generator=g, dtype=torch.float64)[:, 1 : 1 + CROP_COLUMNS]
+    for scale in ((0.08, 1.0), (0.9, 1.0)):
+        spec = resized_crop_params(sizes, scale, u)
+        out = crop_boxes(sizes.to(DEVICE), u.to(DEVICE), crop_constants(scale).to(DEVICE), ATTEMPTS)
+        assert torch.equal(out.cpu(), spec), scale
+    assert (spec[:2, 2:] == torch.tensor([[10, 13], [13, 10]])).all()  # the fallback's 3/4 and 4/3 crops
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_erase_boxes_program_equals_the_spec(count):
+    """erase_boxes_program against erase_boxes (probability, count, first fitting attempt or none), exactly."""
+    from lightvision.classify.device_transforms import ATTEMPTS, ERASE_COLUMNS, erase_boxes, erase_constants
+    from lightvision.kernels.augment import erase_boxes_program
+
+    g = torch.Generator().manual_seed(7 + count)
+    n, columns = 400, 2 + count * ERASE_COLUMNS
+    u = torch.rand((n, columns + 2), generator=g, dtype=torch.float64)[:, 2:]
+    for height, width in ((224, 224), (13, 40)):
+        spec = erase_boxes(height, width, 0.6, count, u)
+        out = erase_boxes_program(height, width, count, u.to(DEVICE), erase_constants(0.6).to(DEVICE), ATTEMPTS)
+        assert torch.equal(out.cpu(), spec), (height, width)
+        assert (spec[..., 2] > 0).any() and (spec[..., 2] == 0).any()  # some erased, some not
