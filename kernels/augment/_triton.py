@@ -236,7 +236,7 @@ KIND_COPY = tl.constexpr(0)
 
 @triton.jit
 def _c(CONST, i):
-    """Float64 constant i of op.py's LAYER_CONSTANTS (float literals would be float32 in a program)."""
+    """Float64 constant i of a program's CONST (float literals would be float32 in a program)."""
     return tl.load(CONST + i)
 
 
@@ -244,12 +244,12 @@ def _c(CONST, i):
 def layer_params_kernel(
     OP, APPLIED, LEVEL, NEGATE, CODES, CONST, KIND, FACTOR, THETA, LUT, ARG, N, BLOCK: tl.constexpr
 ):  # fmt: skip
-    """One RandAugment layer's per-image parameters from its draws. OP int64 [N]; APPLIED, NEGATE bool [N]; LEVEL
-    float64 [N] (clipped magnitudes); CODES int32 [ops, 4] (argument formula, sampling map, value table, kind per
-    op); CONST float64 (LAYER_CONSTANTS: 10, 30, 0.3, translate fraction, 0.9, 1.8, 0.1, 4, 256, 110, pi, 180, H,
-    W). Writes KIND int32 [N] (COPY where not applied), FACTOR float64 [N] (blend ops' argument, else 0), THETA
-    float32 [N, 6] (affine_grid's map, identity unless a geometric op), LUT int32 [N] (value table code, 0 unless a
-    table op), ARG float64 [N] (the op's argument)."""
+    """One RandAugment layer's per-image parameters from its draws. OP int64 [N]; APPLIED, NEGATE uint8 [N] (bool
+    tensors' bytes); LEVEL float64 [N] (clipped magnitudes); CODES int32 [ops, 4] (argument formula, sampling map,
+    value table, kind per op); CONST float64 [14] (op.layer_params' constants: 10, 30, 0.3, translate fraction, 0.9,
+    1.8, 0.1, 4, 256, 110, pi, 180, H, W). Writes KIND int32 [N] (COPY where not applied), FACTOR float64 [N] (blend
+    ops' argument, else 0), THETA float32 [N, 6] (affine_grid's map, identity unless a geometric op), LUT int32 [N]
+    (value table code, 0 unless a table op), ARG float64 [N] (the op's argument)."""
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = i < N
     op = tl.load(OP + i, mask=ok, other=0).to(tl.int32)

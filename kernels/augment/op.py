@@ -200,7 +200,8 @@ def layer_params(
     from ._triton import layer_params_kernel
 
     layer_params_kernel[(-(-n // PARAMS_BLOCK),)](
-        OP=op.contiguous(), APPLIED=applied.contiguous(), LEVEL=level.contiguous(), NEGATE=negate.contiguous(),
+        OP=op.contiguous(), APPLIED=applied.contiguous().view(torch.uint8), LEVEL=level.contiguous(),
+        NEGATE=negate.contiguous().view(torch.uint8),
         CODES=codes, CONST=constants, KIND=kind, FACTOR=factor, THETA=theta, LUT=lut, ARG=arg, N=n,
         BLOCK=PARAMS_BLOCK, enable_fp_fusion=False,
     )  # fmt: skip

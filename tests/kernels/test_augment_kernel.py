@@ -159,7 +159,7 @@ for mode in (0, 1, 2):
 stats_signature = {"X": "*u8", "STATS": "*i32", "HW": "i32", "BLOCK": "constexpr"}
 source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": STATS_BLOCK})
 assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}).asm["ptx"]
-params = {"OP": "*i64", "APPLIED": "*i1", "LEVEL": "*fp64", "NEGATE": "*i1", "CODES": "*i32", "CONST": "*fp64"}
+params = {"OP": "*i64", "APPLIED": "*u8", "LEVEL": "*fp64", "NEGATE": "*u8", "CODES": "*i32", "CONST": "*fp64"}
 params |= {"KIND": "*i32", "FACTOR": "*fp64", "THETA": "*fp32", "LUT": "*i32", "ARG": "*fp64", "N": "i32"}
 source = ASTSource(layer_params_kernel, {**params, "BLOCK": "constexpr"}, constexprs={"BLOCK": PARAMS_BLOCK})
 exact = {"enable_fp_fusion": False}
