@@ -54,6 +54,11 @@ ATTEMPTS = 10
 JITTER_OPS = ("Brightness", "Contrast", "Color")  # torchvision ColorJitter's b, c, s on PIL = PIL's enhancers
 
 
+def _draws_by_program(t: torch.Tensor) -> bool:
+    """Whether the boxes of a batch on ``t``'s device are drawn by the Triton programs (CUDA) or the functions here."""
+    return t.is_cuda
+
+
 def _uniform(u: torch.Tensor, low: float, high: float) -> torch.Tensor:
     return low + (high - low) * u
 
@@ -280,7 +285,7 @@ class DeviceTrainTransform:
         """:meth:`crop_boxes` of images of ``sizes`` (int64 [N, 2], on u's device): the same launches whatever the
         draws, so it is replayed as a CUDA graph with ``graph``."""
         u = self.split(u)
-        if sizes.is_cuda:
+        if _draws_by_program(sizes):
             (constants,) = self.crop_constants.get(sizes.device)
             return crop_boxes(sizes, u["crop"], constants, ATTEMPTS), u["flip"][:, 0] < 0.5
         return resized_crop_params(sizes, self.scale, u["crop"]), u["flip"][:, 0] < 0.5
@@ -304,7 +309,7 @@ class DeviceTrainTransform:
         """timm ``RandomErasing`` on the normalised batch float [N, 3, S, S]; u float64 [N, 2 + recount *
         ``ERASE_COLUMNS``]: the boxes' draws; noise: the fill (:meth:`draw`)."""
         n, c, h, w = x.shape
-        if x.is_cuda:
+        if _draws_by_program(x):
             (constants,) = self.erase_constants.get(x.device)
             boxes = erase_boxes_program(h, w, self.recount, u, constants, ATTEMPTS)
         else:
