@@ -4,7 +4,7 @@ The workers decode each image (PIL) and run timm's random resized crop and horiz
 with the cpu pipeline's per-sample draws keyed by seed, epoch and position, so a resume replays them); a batch
 travels as one uint8 [B, 3, S, S] tensor, page-locked by the loader and kept on the host through accelerate's move
 (:class:`HostImages`), so the thread that prepares the batch copies it to the device on its own stream while the
-step runs. There :class:`HostBatches` runs the rest of the DeiT transform
+step runs. There :class:`~lightvision.classify.data.HostBatches` runs the rest of the DeiT transform
 (:class:`~lightvision.classify.device_transforms.DeviceTrainTransform` with ``cropped=True``: RandAugment, colour
 jitter where timm applies it, normalisation, random erasing; Mixup / CutMix follow on the device as with ``gpu``).
 
@@ -23,9 +23,9 @@ import torch
 from timm.data import create_transform
 from torchvision import transforms
 
-from lightvision.classify.device_transforms import DeviceTrainTransform
+from lightvision.classify.encoded import batch_labels
 
-__all__ = ["HostBatches", "HostImages", "collate_cropped", "crop_transform"]
+__all__ = ["HostImages", "collate_cropped", "crop_transform"]
 
 
 def crop_transform(aug: dict[str, Any], img_size: int) -> Any:
@@ -59,21 +59,9 @@ class HostImages:
 
 
 def collate_cropped(items: Sequence[tuple[torch.Tensor, int]]) -> dict[str, Any]:
-    """DataLoader ``collate_fn`` of (uint8 [3, S, S], label) items -> ``{"labels": int64 [B], "images": HostImages}``
-    (labels first: accelerate reads the batch size there)."""
-    labels = torch.tensor([int(label) for _, label in items], dtype=torch.long)
-    return {"labels": labels, "images": HostImages(torch.stack([torch.as_tensor(img) for img, _ in items]))}
-
-
-class HostBatches:
-    """(images float [B, C, S, S], labels [B]) on the labels' device from a batch of images kept on the host (a
-    :func:`collate_cropped` batch's :class:`HostImages`, or the packed images of ``data.decode: workers``): the
-    images copied there (``images.on``: asynchronously from page-locked memory, on the calling thread's stream), then
-    ``transform``, a ``DeviceTrainTransform`` (made with ``cropped=True`` for cropped images)."""
-
-    def __init__(self, transform: DeviceTrainTransform):
-        self.transform = transform
-
-    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        labels = batch["labels"]
-        return self.transform(batch["images"].on(labels.device)), labels
+    """DataLoader ``collate_fn`` of (uint8 [3, S, S], label) items
+    -> ``{"labels": int64 [B], "images": HostImages}``."""
+    return {
+        "labels": batch_labels(items),
+        "images": HostImages(torch.stack([torch.as_tensor(img) for img, _ in items])),
+    }

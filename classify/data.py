@@ -50,7 +50,7 @@ from timm.data.distributed_sampler import RepeatAugSampler
 from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from lightvision.classify.cropped import HostBatches, collate_cropped, crop_transform
+from lightvision.classify.cropped import collate_cropped, crop_transform
 from lightvision.classify.decoded import CachedBatches, DecodedImages, DeviceImages
 from lightvision.classify.deit import MODEL_NAMES
 from lightvision.classify.device_mixup import DeviceMixup
@@ -69,6 +69,7 @@ __all__ = [
     "train_dataset",
     "val_dataset",
     "DeviceBatches",
+    "HostBatches",
     "FORMATS",
     "PIPELINES",
     "SOURCES",
@@ -92,6 +93,12 @@ FORMATS = ("folder", "shards")
 CACHES = (None, "device")
 
 
+def decodes_in_workers(d: dict[str, Any]) -> bool:
+    """Whether the data section ``d`` has the loader workers decode (``data.decode: workers``; a run's saved config
+    may predate the key)."""
+    return d.get("decode", "device") == "workers"
+
+
 def check_data_options(d: dict[str, Any]) -> None:
     """``data.source``, ``data.pipeline``, ``data.format`` and ``data.cache`` are known values (and usable together);
     a synthetic source's counts are whole numbers from 1."""
@@ -100,7 +107,7 @@ def check_data_options(d: dict[str, Any]) -> None:
     check_choice(d["format"], FORMATS, "data.format")
     check_choice(d.get("cache"), CACHES, "data.cache")
     check_choice(d.get("decode", "device"), DECODES, "data.decode")
-    if d.get("decode", "device") == "workers" and (d["pipeline"] != "gpu" or d.get("cache") == "device"):
+    if decodes_in_workers(d) and (d["pipeline"] != "gpu" or d.get("cache") == "device"):
         raise ValueError(
             "data.decode=workers says where the gpu pipeline decodes its training images: it needs data.pipeline=gpu "
             "and no data.cache (or leave data.decode unset)"
@@ -184,7 +191,7 @@ def train_dataset(cfg: dict, device: torch.device | str = "cpu") -> Dataset:
             "or run `lightvision classify train` without --config for the built-in digits default"
         )
     gpu = d["pipeline"] == "gpu"
-    in_workers = gpu and d.get("decode", "device") == "workers"
+    in_workers = gpu and decodes_in_workers(d)
     if d["pipeline"] == "cpu":
         tf = train_transform(cfg["aug"], d["image_size"], *norm_stats(cfg))
     else:
@@ -286,6 +293,21 @@ class DeviceBatches:
         return self.augment(self.decode(batch))
 
 
+class HostBatches:
+    """(images float [B, C, S, S], labels [B]) on the labels' device from a batch of images kept on the host (a
+    :func:`~lightvision.classify.cropped.collate_cropped` batch's ``HostImages``, or the packed images of
+    ``data.decode: workers``): the images copied there (``images.on``: asynchronously from page-locked memory, on the
+    calling thread's stream), then ``transform``, a ``DeviceTrainTransform`` (made with ``cropped=True`` for cropped
+    images)."""
+
+    def __init__(self, transform: DeviceTrainTransform):
+        self.transform = transform
+
+    def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = batch["labels"]
+        return self.transform(batch["images"].on(labels.device)), labels
+
+
 def device_batches(
     cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None
 ) -> DeviceBatches | CachedBatches | HostBatches | None:
@@ -294,7 +316,7 @@ def device_batches(
     :class:`DeviceBatches` with the DeiT train transform (``train``) or the eval transform at ``img_size`` (default
     ``data.image_size``); ``dataset`` counts the images that do not decode (``data.augment_graph``: the train
     augmentation replayed as a CUDA graph on CUDA); for ``hybrid`` training, and ``gpu`` training with
-    ``data.decode: workers``, a :class:`~lightvision.classify.cropped.HostBatches`.
+    ``data.decode: workers``, a :class:`HostBatches`.
     A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
     (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform; a
     :class:`~lightvision.classify.synthetic.SyntheticImages` one (either pipeline) gets one without a transform, its
@@ -310,7 +332,7 @@ def device_batches(
     if train:
         graph = d.get("augment_graph", False)
         transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=graph, cropped=hybrid)
-        if hybrid or d.get("decode", "device") == "workers":
+        if hybrid or decodes_in_workers(d):
             return HostBatches(transform)
         if isinstance(dataset, DecodedImages):
             return CachedBatches(transform, dataset)
@@ -344,7 +366,7 @@ def make_train_loader(cfg: dict, dataset: Dataset, workers: int, pin_memory: boo
     iterable = isinstance(dataset, ShardDataset)
     sampler = build_repeat_sampler(dataset, repeats) if repeats > 1 and not iterable else None
     held = isinstance(dataset, DeviceImages)
-    gpu_collate = collate_decoded if cfg["data"].get("decode", "device") == "workers" else collate_encoded
+    gpu_collate = collate_decoded if decodes_in_workers(cfg["data"]) else collate_encoded
     collate = {"gpu": gpu_collate, "hybrid": collate_cropped}.get(cfg["data"]["pipeline"]) if not held else None
     workers = 0 if held else workers
     if cfg["data"]["pipeline"] in ("cpu", "hybrid") and not (iterable or held):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torchvision.io import ImageReadMode, decode_image, decode_jpeg
 
-__all__ = ["EncodedImages", "check_image_bytes", "collate_encoded", "decode_batch", "read_image_bytes"]
+__all__ = ["EncodedImages", "batch_labels", "check_image_bytes", "collate_encoded", "decode_batch", "read_image_bytes"]
 
 JPEG_SOI = b"\xff\xd8\xff"
 JPEG_EOI = b"\xff\xd9"
@@ -68,12 +68,18 @@ class EncodedImages:
         return EncodedImages(self.data.pin_memory(), self.lengths, self.names)
 
 
+def batch_labels(items: Sequence[tuple[Any, int]]) -> torch.Tensor:
+    """The labels of a batch's (sample, label) items: int64 [B] (the ``"labels"`` every collate here puts first:
+    accelerate reads the batch size there)."""
+    return torch.tensor([int(item[1]) for item in items], dtype=torch.long)
+
+
 def collate_encoded(items: Sequence[tuple[tuple[torch.Tensor, str], int]]) -> dict[str, Any]:
     """DataLoader ``collate_fn`` of ``((bytes uint8 [len], name), label)`` items
     -> ``{"labels": int64 [B], "images": EncodedImages}``."""
     encoded = [item[0] for item in items]
     images = EncodedImages(torch.cat([e[0] for e in encoded]), [len(e[0]) for e in encoded], [e[1] for e in encoded])
-    return {"labels": torch.tensor([int(item[1]) for item in items], dtype=torch.long), "images": images}
+    return {"labels": batch_labels(items), "images": images}
 
 
 def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torchvision.io import ImageReadMode, decode_image
 
-from lightvision.classify.encoded import check_image_bytes, read_image_bytes
+from lightvision.classify.encoded import batch_labels, check_image_bytes, read_image_bytes
 from lightvision.kernels.resize import PackedImages
 
 __all__ = ["collate_decoded", "decode_on_host", "decoded_shard_image", "read_decoded"]
@@ -47,6 +47,5 @@ def decoded_shard_image(data: bytes, key: str) -> tuple[torch.Tensor, str]:
 
 def collate_decoded(items: Sequence[tuple[tuple[torch.Tensor, str], int]]) -> dict[str, Any]:
     """DataLoader ``collate_fn`` of ``((uint8 [3, H_i, W_i], name), label)`` items
-    -> ``{"labels": int64 [B], "images": PackedImages}`` (labels first: accelerate reads the batch size there)."""
-    labels = torch.tensor([int(label) for _, label in items], dtype=torch.long)
-    return {"labels": labels, "images": PackedImages.pack([image for (image, _), _ in items])}
+    -> ``{"labels": int64 [B], "images": PackedImages}``."""
+    return {"labels": batch_labels(items), "images": PackedImages.pack([image for (image, _), _ in items])}

@@ -60,6 +60,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -179,13 +180,11 @@ class Loop:
 OVERLAP_WORK = ("none", "decode", "augment", "decode_augment", "host_decoded")
 
 
-def _overlap_context(args: argparse.Namespace, device: torch.device) -> tuple[Loop, dict[str, Any]]:
+def overlap_context(args: argparse.Namespace, device: torch.device) -> tuple[Loop, dict[str, Any]]:
     """This script's loop on synthetic input (compiled as ``--set`` says, warmed up) and, per ``OVERLAP_WORK``, the
     gpu pipeline's work on one of a few folder batches read once: encoded (``decode``, ``decode_augment``), decoded
     on the device (``augment``), or decoded by the loader workers (``host_decoded``: ``data.decode=workers``'s copy,
-    crop and augmentation); built on the first call."""
-    if "context" in args.overlap_state:
-        return args.overlap_state["context"]
+    crop and augmentation)."""
 
     def first_batches(decode: str) -> tuple[Any, list[Any]]:
         cfg = _recipe(args, args.data, "gpu", "data.format=folder", f"data.decode={decode}")
@@ -209,16 +208,22 @@ def _overlap_context(args: argparse.Namespace, device: torch.device) -> tuple[Lo
             work[name](0)
     loop = Loop(_recipe(args, args.data, "gpu", "data.format=folder"), None, None, device)
     loop.run(args.warmup)
-    args.overlap_state["context"] = loop, work
     return loop, work
 
 
-def measure_overlap(work_name: str, switch_ms: float | None, args: argparse.Namespace, device: torch.device) -> dict:
+def measure_overlap(
+    work_name: str,
+    switch_ms: float | None,
+    context: Callable[[], tuple[Loop, dict[str, Any]]],
+    args: argparse.Namespace,
+) -> dict:
     """The model's step on synthetic input beside a thread that prepares one batch per step (``work_name`` of the
     gpu pipeline on its own high-priority stream, as the Trainer's prefetch; it falls behind when slower than the
     step), with Python's thread switch interval at ``switch_ms`` (None: its default): what that work costs the step
-    running beside it, with no loader and no waiting for the input."""
-    loop, work = _overlap_context(args, device)
+    running beside it, with no loader and no waiting for the input. ``context``: :func:`overlap_context`, built once
+    for every setting."""
+    loop, work = context()
+    device = loop.device
     prepare, tokens, stop, done = work[work_name], threading.Semaphore(0), threading.Event(), []
 
     def background() -> None:
@@ -573,9 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     report["shards"] = write_shards(args)
     runs = [(name, lambda name=name: measure(name, args, device)) for name in args.loop_settings]
     if args.overlap is not None:
-        args.overlap_state = {}
+        context = functools.cache(functools.partial(overlap_context, args, device))
         for switch, work in product([None, *args.overlap], OVERLAP_WORK):
-            measure_one = functools.partial(measure_overlap, work, switch, args, device)
+            measure_one = functools.partial(measure_overlap, work, switch, context, args)
             runs.append((f"overlap_{work}" + (f"_switch{switch:g}ms" if switch is not None else ""), measure_one))
     if args.loaders:
         for n, source, pipeline in product(sorted(set(args.cores), reverse=True), args.sources, args.pipelines):
@@ -596,9 +601,14 @@ def main(argv: list[str] | None = None) -> int:
             rate = report["results"].get(base, {}).get("images_per_s")
             if rate and "images_per_s" in result and (base == "synthetic" or name.startswith("train_")):
                 result[f"vs_{base}"] = result["images_per_s"] / rate
-        alone = report["results"].get(name.replace(result.get("work", ""), "none"), {}).get("images_per_s")
-        if name.startswith("overlap_") and alone and "images_per_s" in result:
-            result["vs_alone"] = result["images_per_s"] / alone
+        if "work" in result:  # an overlap setting: against the step alone at the same switch interval
+            alone = [
+                r
+                for r in report["results"].values()
+                if (r.get("work"), r.get("switch_ms")) == ("none", result["switch_ms"])
+            ]
+            if alone and "images_per_s" in alone[0]:
+                result["vs_alone"] = result["images_per_s"] / alone[0]["images_per_s"]
         print(json.dumps({name: result}), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))

@@ -367,12 +367,13 @@ class Trainer:
             return
         first, accum, stages = self.step, self.grad_accum_steps, self._stages()
 
-        def run(i: int, value: Any, draws: BatchRandom) -> tuple[Any, tuple[float, float]]:
-            """Stage i of a batch and its wall and CPU seconds on the calling thread."""
+        def run(i: int, value: Any, draws: BatchRandom, spent: tuple[float, float]) -> tuple[Any, tuple[float, float]]:
+            """Stage i of a batch, and ``spent`` (wall and CPU seconds of its earlier stages) plus this stage's on the
+            calling thread."""
             wall, cpu = time.perf_counter(), time.thread_time()
             with use_batch_random(draws), record_function(PREPARE):
                 out = stages[i](value)
-            return out, (time.perf_counter() - wall, time.thread_time() - cpu)
+            return out, (spent[0] + time.perf_counter() - wall, spent[1] + time.thread_time() - cpu)
 
         def draws(j: int) -> BatchRandom:
             return self._draws(first + j // accum, j % accum)
@@ -380,11 +381,10 @@ class Trainer:
         if not self.prefetch:
             for j in range(count):
                 value, position = next(batches)
-                drawn, wall, cpu = draws(j), 0.0, 0.0
+                drawn, spent = draws(j), (0.0, 0.0)
                 for i in range(len(stages)):
-                    value, seconds = run(i, value, drawn)
-                    wall, cpu = wall + seconds[0], cpu + seconds[1]
-                self._note_prepare((wall, cpu))
+                    value, spent = run(i, value, drawn, spent)
+                self._note_prepare(spent)
                 yield value, position
             return
         device = self.accelerator.device
@@ -397,15 +397,14 @@ class Trainer:
             -> (output, seconds so far, its own event)."""
             stream = streams[i]
             if stream is None:
-                out, seconds = run(i, value, drawn)
-                return out, (spent[0] + seconds[0], spent[1] + seconds[1]), None
+                return *run(i, value, drawn, spent), None
             with torch.cuda.stream(stream):
                 stream.wait_event(after)
                 _record_stream(value, stream)
-                out, seconds = run(i, value, drawn)
+                out, spent = run(i, value, drawn, spent)
                 done = torch.cuda.Event()
                 done.record(stream)
-            return out, (spent[0] + seconds[0], spent[1] + seconds[1]), done
+            return out, spent, done
 
         def after_previous(i: int, previous: Any, drawn: BatchRandom) -> tuple:
             value, spent, after = previous.result()  # the same batch's stage i - 1, on its thread

@@ -15,9 +15,9 @@ from test_device_pipeline import write_jpeg_folder
 
 from helpers import tiny_classify_recipe
 from lightvision import cli
-from lightvision.classify.cropped import HostBatches
 from lightvision.classify.data import (
     DeviceBatches,
+    HostBatches,
     check_data_options,
     device_batches,
     make_train_loader,

@@ -14,8 +14,8 @@ from timm.data import create_transform
 
 from helpers import tiny_classify_recipe, write_dark_light_folder
 from lightvision import cli
-from lightvision.classify.cropped import HostBatches, HostImages, collate_cropped, crop_transform
-from lightvision.classify.data import device_batches, make_train_loader, train_dataset
+from lightvision.classify.cropped import HostImages, collate_cropped, crop_transform
+from lightvision.classify.data import HostBatches, device_batches, make_train_loader, train_dataset
 from lightvision.classify.device_transforms import DeviceTrainTransform
 from lightvision.classify.train import DEFAULTS
 from lightvision.engine import BatchRandom, use_batch_random
