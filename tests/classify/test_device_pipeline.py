@@ -38,6 +38,7 @@ from lightvision.engine import BatchRandom, use_batch_random
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FILL = tuple(round(255 * m) for m in MEAN)
 DRAWS = 4000
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def uniforms(rows: int, columns: int, seed: int) -> torch.Tensor:
@@ -526,13 +527,13 @@ def test_graphed_call_replays_and_falls_back_where_capture_fails():
 
 def test_train_transform_through_the_programs_equals_the_spec(monkeypatch):
     """The DeiT train transform with its CUDA programs (crop and erasing boxes, RandAugment's parameters, tables and
-    layers) run in Triton's interpreter gives what its PyTorch spec gives for the same draws: exactly outside the
-    resampled images, within resampling rounding inside (as the layer programs alone)."""
+    layers), on the GPU or in Triton's interpreter, gives what its PyTorch spec gives for the same draws: exactly
+    outside the resampled images, within resampling rounding inside (as the layer programs alone)."""
     import lightvision.classify.device_transforms as transforms
 
     aug = {**DEFAULTS["aug"], "reprob": 0.5, "recount": 2}
     data = [jpeg_bytes(30 + 3 * i, 41 - 2 * i, i) for i in range(5)]
-    images = [decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8)) for d in data]
+    images = [decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8)).to(DEVICE) for d in data]
     calls = []
     for name in ("crop_boxes", "erase_boxes_program"):
         program = getattr(transforms, name)
@@ -544,6 +545,6 @@ def test_train_transform_through_the_programs_equals_the_spec(monkeypatch):
         tf.rand_augment.backend = "triton" if programs else "torch"
         with use_batch_random(BatchRandom(11)):
             outs.append(tf(images))
-    diff = (outs[0] - outs[1]).abs() * torch.tensor(STD).view(1, 3, 1, 1) * 255  # pixel levels
+    diff = (outs[0] - outs[1]).abs().cpu() * torch.tensor(STD).view(1, 3, 1, 1) * 255  # pixel levels
     assert calls == ["crop_boxes", "erase_boxes_program"]  # the second run's boxes came from the programs
     assert outs[0].shape == (5, 3, 16, 16) and (diff > 1e-3).float().mean() <= 0.01 and diff.max() <= 3

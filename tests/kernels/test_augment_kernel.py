@@ -231,17 +231,18 @@ def test_layer_params_equal_the_spec_for_every_op(size):
 
     g = torch.Generator().manual_seed(4)
     n = 37
-    level = (torch.rand(n, generator=g, dtype=torch.float64) * 10).to(DEVICE)
+    level = torch.rand(n, generator=g, dtype=torch.float64) * 10
     level[:3] = torch.tensor([0.0, 10.0, 5.0], dtype=torch.float64)
-    negate = (torch.rand(n, generator=g) < 0.5).to(DEVICE)
-    applied = (torch.rand(n, generator=g) < 0.8).to(DEVICE)
+    negate = torch.rand(n, generator=g) < 0.5
+    applied = torch.rand(n, generator=g) < 0.8
     applied[:3] = True
     constants = layer_constants(0.45, *size).to(DEVICE)
-    identity = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], device=DEVICE).expand(n, 6)
+    identity = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]).expand(n, 6)
+    op = torch.zeros(n, dtype=torch.int64, device=DEVICE)
     for name in OPS:
-        op = torch.zeros(n, dtype=torch.int64, device=DEVICE)
-        kind, factor, theta, lut, arg = layer_params(op, applied, level, negate, _one_op_codes(name), constants)
-        expected = level_to_arg(name, level, negate, 0.45)
+        outputs = layer_params(op, applied.to(DEVICE), level.to(DEVICE), negate.to(DEVICE), _one_op_codes(name), constants)
+        kind, factor, theta, lut, arg = (t.cpu() for t in outputs)
+        expected = level_to_arg(name, level, negate, 0.45)  # on the CPU: CUDA divides by a scalar via its reciprocal
         assert torch.equal(arg, expected), name
         assert torch.equal(kind, torch.where(applied, _kind(name), COPY).int()), name
         blended = _kind(name) in (COLOR, SHARPNESS)
@@ -275,11 +276,11 @@ def test_layer_tables_equal_the_spec_for_every_table_op():
         applied = torch.ones(6, dtype=torch.bool, device=DEVICE)
         _, _, _, lut, arg = layer_params(op, applied, level, negate, _one_op_codes(name), constants)
         table = layer_tables(lut, arg, hist, luma_sum)
-        if _base(name) in TABLES:
-            spec = op_lut(name, hist, luma_sum, level_to_arg(name, level, negate)).expand(6, 3, 256)
+        if _base(name) in TABLES:  # the spec on the CPU (CUDA divides by a scalar via its reciprocal)
+            spec = op_lut(name, hist.cpu(), luma_sum.cpu(), level_to_arg(name, level.cpu(), negate.cpu()))
         else:
-            spec = torch.arange(256, device=DEVICE).to(torch.uint8).expand(6, 3, 256)
-        assert torch.equal(table, spec), name
+            spec = torch.arange(256).to(torch.uint8)
+        assert torch.equal(table.cpu(), spec.expand(6, 3, 256)), name
 
 
 def test_crop_boxes_program_equals_the_spec():
