@@ -239,8 +239,9 @@ def test_layer_params_equal_the_spec_for_every_op(size):
     constants = layer_constants(0.45, *size).to(DEVICE)
     identity = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0]).expand(n, 6)
     op = torch.zeros(n, dtype=torch.int64, device=DEVICE)
+    draws = (applied.to(DEVICE), level.to(DEVICE), negate.to(DEVICE))
     for name in OPS:
-        outputs = layer_params(op, applied.to(DEVICE), level.to(DEVICE), negate.to(DEVICE), _one_op_codes(name), constants)
+        outputs = layer_params(op, *draws, _one_op_codes(name), constants)
         kind, factor, theta, lut, arg = (t.cpu() for t in outputs)
         expected = level_to_arg(name, level, negate, 0.45)  # on the CPU: CUDA divides by a scalar via its reciprocal
         assert torch.equal(arg, expected), name
