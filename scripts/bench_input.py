@@ -84,6 +84,7 @@ from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
 from lightvision.engine.device import resolve_device
 from lightvision.engine.metrics import MetricsLogger
+from lightvision.engine.trainer import switch_interval
 from lightvision.tools.results import add_set_argument, results_env
 
 RECIPE = Path(__file__).resolve().parent.parent / "configs" / "classify" / "deit_imagenet.yaml"
@@ -241,25 +242,23 @@ def measure_overlap(
 
     default = sys.getswitchinterval()
     thread = threading.Thread(target=background, daemon=True) if prepare is not None else None
-    try:
-        if switch_ms is not None:
-            sys.setswitchinterval(switch_ms / 1000)
+    with switch_interval(switch_ms):
         if thread is not None:
             thread.start()
-        _sync(device)
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            tokens.release()
-            with use_batch_random(BatchRandom(batch_seed(0, loop.step_index, 0))):
-                loop.step(loop.augment(loop.read()))
-            loop.step_index += 1
-        _sync(device)
-        seconds = time.perf_counter() - start
-    finally:
-        stop.set()
-        if thread is not None:
-            thread.join()
-        sys.setswitchinterval(default)
+        try:
+            _sync(device)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                tokens.release()
+                with use_batch_random(BatchRandom(batch_seed(0, loop.step_index, 0))):
+                    loop.step(loop.augment(loop.read()))
+                loop.step_index += 1
+            _sync(device)
+            seconds = time.perf_counter() - start
+        finally:
+            stop.set()
+            if thread is not None:
+                thread.join()
     batch = loop.cfg["train"]["batch_size"]
     return {
         "work": work_name,

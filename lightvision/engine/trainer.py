@@ -116,6 +116,21 @@ def make_accelerator(
     )
 
 
+@contextlib.contextmanager
+def switch_interval(ms: float | None) -> Iterator[None]:
+    """Python's thread switch interval (``sys.setswitchinterval``) at ``ms`` milliseconds inside the block, the
+    previous one restored after; None leaves it as it is."""
+    if ms is None:
+        yield
+        return
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(ms / 1000)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+
+
 class Trainer:
     """Step-based accelerate training loop with checkpoints, EMA, NaN guard, metrics and exact resume.
 
@@ -637,18 +652,10 @@ class Trainer:
         self._stop_requested = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    @contextlib.contextmanager
-    def _switch_interval(self) -> Iterator[None]:
+    def _switch_interval(self) -> contextlib.AbstractContextManager:
         """``switch_interval_ms`` in force while prefetch threads run, Python's own restored after."""
-        if self.switch_interval_ms is None or not (self.prefetch and self.prepare_batch is not None):
-            yield
-            return
-        previous = sys.getswitchinterval()
-        sys.setswitchinterval(self.switch_interval_ms / 1000)
-        try:
-            yield
-        finally:
-            sys.setswitchinterval(previous)
+        threads = self.prefetch and self.prepare_batch is not None
+        return switch_interval(self.switch_interval_ms if threads else None)
 
     def _fit(self) -> dict[str, Any]:
         acc = self.accelerator
