@@ -369,6 +369,17 @@ def _round_half_even(v):
 
 
 @triton.jit
+def _attempt_sides(box, a, ok, height, width, parts, CONST, ATTEMPTS: tl.constexpr):
+    """One attempt's box sides, rounded half to even: (sqrt(area * aspect), sqrt(area / aspect)) with area = a uniform
+    in the scale range (CONST 0, 1) * height * width / parts (in the spec's order of rounding) and aspect = exp of a
+    uniform in the log ratio range (CONST 2, 3); box: the image's draws, attempt a's area uniform at box + a, its
+    aspect uniform at box + ATTEMPTS + a."""
+    area = (_c(CONST, 0) + _c(CONST, 1) * tl.load(box + a, mask=ok, other=0.0)) * height * width / parts
+    aspect = tl.exp(_c(CONST, 2) + _c(CONST, 3) * tl.load(box + ATTEMPTS + a, mask=ok, other=0.0))
+    return _round_half_even(tl.sqrt(area * aspect)), _round_half_even(tl.sqrt(area / aspect))
+
+
+@triton.jit
 def crop_boxes_kernel(SIZES, U, CONST, OUT, N, s_u, ATTEMPTS: tl.constexpr, BLOCK: tl.constexpr):
     """Random resized crops (timm's draw) of N images: SIZES int64 [N, 2] (H, W); U float64 rows of stride s_u: the
     attempts' area uniforms, their aspect uniforms, then two placement uniforms; CONST float64: scale low, scale span,
@@ -382,10 +393,7 @@ def crop_boxes_kernel(SIZES, U, CONST, OUT, N, s_u, ATTEMPTS: tl.constexpr, BLOC
     ch = tl.zeros_like(h)
     cw = tl.zeros_like(h)
     for a in tl.static_range(ATTEMPTS):
-        area = (_c(CONST, 0) + _c(CONST, 1) * tl.load(row + a, mask=ok, other=0.0)) * h * w
-        aspect = tl.exp(_c(CONST, 2) + _c(CONST, 3) * tl.load(row + ATTEMPTS + a, mask=ok, other=0.0))
-        tw = _round_half_even(tl.sqrt(area * aspect))
-        th = _round_half_even(tl.sqrt(area / aspect))
+        tw, th = _attempt_sides(row, a, ok, h, w, 1.0, CONST, ATTEMPTS)  # (/ 1.0 is exact)
         fit = (tw <= w) & (th <= h)
         take = fit & ~found
         cw = tl.where(take, tw, cw)
@@ -427,10 +435,7 @@ def erase_boxes_kernel(
         bh = tl.zeros_like(count)
         bw = tl.zeros_like(count)
         for a in tl.static_range(ATTEMPTS):
-            area = (_c(CONST, 0) + _c(CONST, 1) * tl.load(box + a, mask=ok, other=0.0)) * height * width / count
-            aspect = tl.exp(_c(CONST, 2) + _c(CONST, 3) * tl.load(box + ATTEMPTS + a, mask=ok, other=0.0))
-            th = _round_half_even(tl.sqrt(area * aspect))
-            tw = _round_half_even(tl.sqrt(area / aspect))
+            th, tw = _attempt_sides(box, a, ok, height, width, count, CONST, ATTEMPTS)
             fit = (tw < width) & (th < height)
             if a == 0:  # the first fit, else the first attempt (then not kept)
                 bh, bw = th, tw
