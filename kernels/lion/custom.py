@@ -9,17 +9,19 @@
 g: fp32 log-gates, per token [B, H, N] (S) or per head [H] (D), or None; form: "parallel" (parallel.py) or
 "scan" (scan.py).
 
-The layer's form on a fused projection (masked kernel only), phi = LION's feature map ``kind``:
-    torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix) -> (y, fqk, den, tab)
+The layer's form on a fused projection, either form, phi = LION's feature map ``kind``:
+    torch.ops.lightvision.lion_packed_fwd(qkv, g, num_heads, kind, gates_in_qkv, num_prefix, form)
+        -> (y, fqk, den, saved)
         qkv [B, N, 3 * H * d]; y [B, N, H * d] (the output projection's layout); fqk = [phi(q), phi(k)]
-        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, tab: lion_fwd's den and saved.
+        [B, 2H, N, d] (one feature-map launch; saved for the backward); den, saved: lion_fwd's den and saved.
         One feature-map launch rather than phi inside the forward kernel's tile loads, which is slower
         (docs/kernels_lion.md, "Launch rules and their measurements").
         gates_in_qkv (g None): qkv is [B, N, 3 * H * d + G] (G = gate_columns(H)) and its columns 3 H d .. + H - 1
         are gate logits z, log a = logsigmoid(z), 0 on the first num_prefix tokens (LION-S's gate Linear folded
-        into the qkv projection; the gate table reads them in place)
-    torch.ops.lightvision.lion_packed_bwd(dy, qkv, g, fqk, y, den, tab, num_heads, kind, gates_in_qkv, num_prefix)
-        -> (dqkv, dg)
+        into the qkv projection; the masked form's gate table reads them in place, the scan takes log a as fp32
+        [B, H, N], B * H * N values made from them)
+    torch.ops.lightvision.lion_packed_bwd(dy, qkv, g, fqk, y, den, saved, num_heads, kind, gates_in_qkv, num_prefix,
+        form) -> (dqkv, dg)
         dqkv like qkv: the backward kernels write dL/dphi(q), dL/dphi(k), dv into its slices, then one feature-map
         pass turns the first two into dq, dk in place (no stack of dq, dk, dv, no copy of dy); with gates_in_qkv,
         dL/dz goes into its gate columns and zeros into the G - H padding columns (dg empty).
@@ -34,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from lightvision.ops.heads import split_heads
-from lightvision.ops.lion import split_gate_logits
+from lightvision.ops.lion import log_gates, split_gate_logits
 
 from .._autograd import autograd_ops
 from .._launch import empty
@@ -120,37 +122,47 @@ def _qk_heads(qkv: torch.Tensor, num_heads: int) -> torch.Tensor:
     return _heads(qkv, 3 * num_heads)[:, : 2 * num_heads]
 
 
+def _scan_gates(qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, gates_in_qkv: bool, num_prefix: int):
+    """The scan kernels' log-gates: g, or with gates_in_qkv logsigmoid of qkv's gate logits (0 on the prefix),
+    fp32 [B, H, N]."""
+    if not gates_in_qkv:
+        return g
+    return log_gates(split_gate_logits(qkv, num_heads)[1], num_prefix).float().contiguous()
+
+
 def _packed_fwd(
-    qkv: torch.Tensor, g: torch.Tensor | None, num_heads: int, kind: str, gates_in_qkv: bool, num_prefix: int
+    qkv: torch.Tensor,
+    g: torch.Tensor | None,
+    num_heads: int,
+    kind: str,
+    gates_in_qkv: bool,
+    num_prefix: int,
+    form: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, fqk, den, tab) of the packed LION core; see the module docstring."""
-    qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
+    """(y, fqk, den, saved) of the packed LION core; see the module docstring."""
+    qkv3, logits = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
     b, n, c3 = qkv3.shape
     y = empty((b, n, c3 // 3), qkv.dtype, qkv.device)
     fqk = feature_map_fwd_launch(_qk_heads(qkv3, num_heads), kind)
-    v = split_heads(qkv3, num_heads)[2]
-    _, den, tab = parallel_forward(
-        fqk[:, :num_heads],
-        fqk[:, num_heads:],
-        v,
-        g,
-        True,
-        out=_heads(y, num_heads),
-        logits_prefix=num_prefix if gates_in_qkv else None,
-    )
-    return y, fqk, den, tab
+    fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv3, num_heads)[2]
+    if form == "scan":
+        gates = _scan_gates(qkv, g, num_heads, gates_in_qkv, num_prefix)
+        _, den, saved = scan_forward(fq, fk, v, gates, True, out=_heads(y, num_heads))
+    else:
+        prefix = num_prefix if gates_in_qkv else None
+        _, den, saved = parallel_forward(fq, fk, v, logits, True, out=_heads(y, num_heads), logits_prefix=prefix)
+    return y, fqk, den, saved
 
 
-def _packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix):
+def _packed_fwd_fake(qkv, g, num_heads, kind, gates_in_qkv, num_prefix, form):
     b, n, c3 = (split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv).shape
     fqk = qkv.new_empty(b, 2 * num_heads, n, c3 // (3 * num_heads))
     fq = fqk[:, :num_heads]
-    return (
-        qkv.new_empty(b, n, c3 // 3),
-        fqk,
-        fq.new_empty(fq.shape[:3], dtype=torch.float32),
-        gate_table_like(fq, g is not None or gates_in_qkv),
-    )
+    if form == "scan":
+        saved = key_states_like(fq, fq)
+    else:
+        saved = gate_table_like(fq, g is not None or gates_in_qkv)
+    return qkv.new_empty(b, n, c3 // 3), fqk, fq.new_empty(fq.shape[:3], dtype=torch.float32), saved
 
 
 def _packed_bwd(
@@ -160,36 +172,44 @@ def _packed_bwd(
     fqk: torch.Tensor,
     y: torch.Tensor,
     den: torch.Tensor,
-    tab: torch.Tensor,
+    saved: torch.Tensor,
     num_heads: int,
     kind: str,
     gates_in_qkv: bool,
     num_prefix: int,
+    form: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dqkv, dg) of the packed LION core; see the module docstring."""
     do, out = _heads(_unit_stride(dy), num_heads), _heads(y, num_heads)
     qkv = qkv.contiguous()  # the in-place feature-map pass reads x with the strides of dqkv
     dqkv = empty(qkv.shape, qkv.dtype, qkv.device)
-    qkv3, g = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
+    qkv3, logits = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, g)
     c3 = qkv3.shape[-1]
     dqkv3 = dqkv[..., :c3]
-    gates = dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:]) if gates_in_qkv else {}
+    grads = split_heads(dqkv3, num_heads)
     fq, fk, v = fqk[:, :num_heads], fqk[:, num_heads:], split_heads(qkv3, num_heads)[2]
-    _, _, _, dg = parallel_backward(
-        fq, fk, v, g, do, None, None, tab, grads=split_heads(dqkv3, num_heads), out_den=(out, den), **gates
-    )
+    if form == "scan":
+        zinv, delta = row_grads(do, out, den)
+        into = dict(logits=(logits, num_prefix, dqkv[..., c3:])) if gates_in_qkv else {}
+        gates = _scan_gates(qkv, g, num_heads, gates_in_qkv, num_prefix)
+        _, _, _, dg = scan_backward(fq, fk, v, gates, do, zinv, delta, saved, grads=grads, **into)
+    else:
+        into = dict(logits_prefix=num_prefix, dlogits=dqkv[..., c3:]) if gates_in_qkv else {}
+        _, _, _, dg = parallel_backward(
+            fq, fk, v, logits, do, None, None, saved, grads=grads, out_den=(out, den), **into
+        )
     feature_map_bwd_inplace(_qk_heads(qkv3, num_heads), _qk_heads(dqkv3, num_heads), kind)
     return dqkv, den.new_empty(0) if dg is None else dg
 
 
-def _packed_bwd_fake(dy, qkv, g, fqk, y, den, tab, num_heads, kind, gates_in_qkv, num_prefix):
+def _packed_bwd_fake(dy, qkv, g, fqk, y, den, saved, num_heads, kind, gates_in_qkv, num_prefix, form):
     return qkv.new_empty(qkv.shape), den.new_empty(0) if g is None else g.new_empty(g.shape)
 
 
 def _packed_saved(inputs, output):
-    qkv, g, num_heads, kind, gates_in_qkv, num_prefix = inputs
-    y, fqk, den, tab = output
-    return (qkv, g, fqk, y, den, tab), (num_heads, kind, gates_in_qkv, num_prefix)
+    qkv, g, num_heads, kind, gates_in_qkv, num_prefix, form = inputs
+    y, fqk, den, saved = output
+    return (qkv, g, fqk, y, den, saved), (num_heads, kind, gates_in_qkv, num_prefix, form)
 
 
 # custom ops lightvision::lion_packed_fwd / _bwd (torch.compile) and the eager Function over the same launchers
@@ -198,7 +218,9 @@ lion_packed_fwd, lion_packed_bwd, _, _lion_packed = autograd_ops(
 )
 
 
-def lion_packed(qkv, g, num_heads: int, kind: str, gates_in_qkv: bool = False, num_prefix: int = 0) -> torch.Tensor:
-    """Differentiable packed LION core (masked form): Y [B, N, H * d] from qkv with phi = ``kind``; g as lion_fwd,
-    or None with gates_in_qkv (gate logits in qkv's last gate_columns(H) columns; lion_packed_fwd)."""
-    return _lion_packed(qkv, g, num_heads, kind, gates_in_qkv, num_prefix)
+def lion_packed(
+    qkv, g, num_heads: int, kind: str, gates_in_qkv: bool = False, num_prefix: int = 0, form: str = "parallel"
+) -> torch.Tensor:
+    """Differentiable packed LION core: Y [B, N, H * d] from qkv with phi = ``kind``; g as lion_fwd, or None with
+    gates_in_qkv (gate logits in qkv's last gate_columns(H) columns; lion_packed_fwd); form as lion_fwd."""
+    return _lion_packed(qkv, g, num_heads, kind, gates_in_qkv, num_prefix, form)

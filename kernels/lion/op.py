@@ -21,10 +21,10 @@ import os
 
 import torch
 
-from lightvision.ops.heads import merge_heads, split_heads
-from lightvision.ops.lion import MASK_FEATURE_MAP, log_gates, split_gate_logits
+from lightvision.ops.heads import split_heads
+from lightvision.ops.lion import MASK_FEATURE_MAP, split_gate_logits
 
-from ..fused.feature_map import covered, feature_map
+from ..fused.feature_map import covered
 from .custom import lion_core, lion_packed
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -83,24 +83,17 @@ def lion_attention(q, k, v, *, mask="lit", log_decay=None, form="parallel", chun
 def lion_attention_qkvpacked(
     qkv, num_heads, *, mask="lit", log_decay=None, gates_in_qkv=False, num_prefix_tokens=0, form="parallel"
 ):
-    """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: the masked form is one packed
-    op (custom.lion_packed: phi and its gradient inside, the gate logits read in place, Y and dqkv in the
-    projections' layouts); the scan form runs the feature-map kernel, the scan and a head merge."""
-    qkv3, z = split_gate_logits(qkv, num_heads) if gates_in_qkv else (qkv, None)
-    q, k, v = split_heads(qkv3, num_heads)
+    """Kernel implementation of :func:`lightvision.ops.lion.lion_attention_qkvpacked`: one packed op in either form
+    (custom.lion_packed: phi and its gradient inside, the gate logits read from qkv, Y and dqkv in the projections'
+    layouts)."""
+    q, k, v = split_heads(split_gate_logits(qkv, num_heads)[0] if gates_in_qkv else qkv, num_heads)
     if not supported(q, k, v):
         return NotImplemented
-    kind = MASK_FEATURE_MAP[mask]
-    if _kernel_form(form, q, mask, qkv, log_decay) == "parallel":
-        return lion_packed(
-            qkv, gates(mask, log_decay) if not gates_in_qkv else None, num_heads, kind, gates_in_qkv, num_prefix_tokens
-        )
-    if gates_in_qkv:
-        log_decay = log_gates(z, num_prefix_tokens)
     if not covered(q):
         raise RuntimeError(f"lion_feature_map: the Triton kernel does not cover q / k {tuple(q.shape)} {q.dtype}")
-    fq, fk = (feature_map(t, kind) for t in (q, k))
-    return merge_heads(lion_core(fq, fk, v, gates(mask, log_decay), True, "scan"))
+    kform = _kernel_form(form, q, mask, qkv, log_decay)
+    g = gates(mask, log_decay) if not gates_in_qkv else None
+    return lion_packed(qkv, g, num_heads, MASK_FEATURE_MAP[mask], gates_in_qkv, num_prefix_tokens, kform)
 
 
 def two_scan_attention(q, k, v, *, log_decay, chunk_size=64):

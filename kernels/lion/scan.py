@@ -242,7 +242,7 @@ def _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb,
 
 @triton.jit
 def _scan_out_kernel(
-    Q, K, V, G, sg, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+    Q, K, V, G, sg, S, OUT, DEN, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, H,
     HAS_MASK: tl.constexpr, NORMALIZE: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr, BD: tl.constexpr,
     BDV: tl.constexpr,
 ):  # fmt: skip
@@ -268,13 +268,14 @@ def _scan_out_kernel(
     if NORMALIZE:
         num = num / (den + EPS)[:, None]
     omask = rmask[:, None] & (fv[None, :] < DV)
-    tl.store(OUT + bh * N * DV + rows[:, None] * DV + fv[None, :], num.to(OUT.dtype.element_ty), mask=omask)
+    tl.store(OUT + b * sob + h * soh + rows[:, None] * son + fv[None, :], num.to(OUT.dtype.element_ty), mask=omask)
     tl.store(DEN + bh * N + rows, den, mask=rmask)
 
 
 @triton.jit
 def _scan_grad_kernel(
-    Q, K, V, G, sg, DO, ZINV, DELTA, S, P, DQ, DK, DVO, SUMS, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, H,
+    Q, K, V, G, sg, DO, ZINV, DELTA, S, P, DQ, DK, DVO, SUMS, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn,
+    sdb, sdh, sdn, sgb, sgh, sgn, skgb, skgh, skgn, svgb, svgh, svgn, H,
     HAS_MASK: tl.constexpr, PREC: tl.constexpr, C: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
 ):  # fmt: skip
     """dq, dk, dv of one chunk of one (b, h) and the row / column sums of W by triangle (SUMS: fp32
@@ -287,7 +288,7 @@ def _scan_grad_kernel(
     q, k, v = _chunk_qkv(Q, K, V, b, h, rows, N, D, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, fd, fv)
     zinv = tl.load(ZINV + bh * N + rows, mask=rmask, other=0.0)
     dd = tl.load(DELTA + bh * N + rows, mask=rmask, other=0.0)
-    dn = (_load_rows(DO + bh * N * DV, rows, N, fv, DV, DV).to(tl.float32) * zinv[:, None]).to(q.dtype)
+    dn = (_load_rows(DO + b * sdb + h * sdh, rows, N, fv, DV, sdn).to(tl.float32) * zinv[:, None]).to(q.dtype)
     ones = rmask.to(tl.float32)
     inc, exc, _, w_exc, w_tot_inc, w_tot_exc, w_inc = _chunk_gates(G, sg, bh, h, rows, N, HAS_MASK, C)
     # intra-chunk block, both triangles; its W sums first, so that only the 16-bit A and dP stay live
@@ -314,23 +315,25 @@ def _scan_grad_kernel(
     # dk, dv from the query states (upper from P left to right, lower from P right to left), then dq from the
     # key states (lower from S, upper from R)
     _grad_keys(
-        P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV, rows, rmask,
-        fd, fv,
+        P, DK + b * skgb + h * skgh, skgn, DVO + b * svgb + h * svgh, svgn, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones,
+        w_inc, w_tot_exc, bh, BH, T, it, N, D, DV, rows, rmask, fd, fv,
         HAS_MASK, PREC, BD, BDV,
     )  # fmt: skip
     _grad_queries(
-        S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
+        S, DQ + b * sgb + h * sgh, sgn, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows,
+        rmask, fd,
         HAS_MASK, PREC, BD, BDV,
     )  # fmt: skip
 
 
 @triton.jit
 def _grad_keys(
-    P, DK, DVO, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV, rows, rmask, fd,
-    fv,
+    P, DK, skgn, DVO, svgn, SUMS, q, k, v, dn, a, dp, c_lo, c_up, ones, w_inc, w_tot_exc, bh, BH, T, it, N, D, DV, rows,
+    rmask, fd, fv,
     HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
 ):  # fmt: skip
-    """dk, dv of a chunk: its A^T dnum and dP^T q plus the two query states; stores them and cL, cU."""
+    """dk, dv of a chunk: its A^T dnum and dP^T q plus the two query states; stores them (DK, DVO: the (b, h) rows,
+    row strides skgn, svgn) and cL, cU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
     dv = tl.dot(tl.trans(a), dn, input_precision=PREC)
@@ -342,12 +345,12 @@ def _grad_keys(
     dk_lo = _apply_t(v, ones, st, z, w_tot_exc, PREC)
     dv += w_tot_exc[:, None] * tl.dot(k, st, input_precision=PREC)
     tl.store(
-        DVO + bh * N * DV + rows[:, None] * DV + fv[None, :],
+        DVO + rows[:, None] * svgn + fv[None, :],
         dv.to(DVO.dtype.element_ty),
         mask=rmask[:, None] & (fv[None, :] < DV),
     )
     tl.store(
-        DK + bh * N * D + rows[:, None] * D + fd[None, :],
+        DK + rows[:, None] * skgn + fd[None, :],
         (dk + dk_lo + dk_up).to(DK.dtype.element_ty),
         mask=rmask[:, None] & (fd[None, :] < D),
     )
@@ -359,10 +362,10 @@ def _grad_keys(
 
 @triton.jit
 def _grad_queries(
-    S, DQ, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
+    S, DQ, sgn, SUMS, q, k, dn, dd, dp, r_lo, r_up, w_exc, w_tot_inc, bh, BH, T, it, N, D, rows, rmask, fd,
     HAS_MASK: tl.constexpr, PREC: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr,
 ):  # fmt: skip
-    """dq of a chunk: its dP k plus the two key states; stores it and rL, rU."""
+    """dq of a chunk: its dP k plus the two key states; stores it (DQ: the (b, h) rows, row stride sgn) and rL, rU."""
     W: tl.constexpr = BD * BDV + BD
     BHN = BH * N
     dq = tl.dot(dp, k, input_precision=PREC)
@@ -371,7 +374,7 @@ def _grad_queries(
     st, z = _load_state(S + ((BH + bh) * T + it) * W, q.dtype, fd, BD, BDV)
     dq_up = _apply_t(dn, dd, st, z, w_tot_inc, PREC)
     tl.store(
-        DQ + bh * N * D + rows[:, None] * D + fd[None, :],
+        DQ + rows[:, None] * sgn + fd[None, :],
         (dq + dq_lo + dq_up).to(DQ.dtype.element_ty),
         mask=rmask[:, None] & (fd[None, :] < D),
     )
@@ -445,9 +448,13 @@ def scan_forward(
     block: int | None = None,
     num_warps: int = 4,
     state_dtype: torch.dtype | None = None,
+    *,
+    out: torch.Tensor | None = None,
 ):
     """Launch the scan forward. Shapes as parallel.parallel_forward; returns (out, den, key states), the states
-    [2, B*H, T, W] kept for scan_backward (it reuses them instead of a second pass over k and v)."""
+    [2, B*H, T, W] kept for scan_backward (it reuses them instead of a second pass over k and v).
+    out: where to write Y (normalize, 16-bit inputs) or num (fp32, then Y in place), any [B, H, N, d_v] view with
+    unit feature stride (e.g. of a [B, N, H, d_v] tensor)."""
     plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
@@ -455,15 +462,17 @@ def scan_forward(
     # fp32 inputs normalise outside the kernel: on an H100 (Triton 3.6) the NORMALIZE=True build with fp32 states
     # gives wrong Y for H = 1 (scripts/lion_check.py catches it; the fp32 num / den it returns are right)
     in_kernel = normalize and q.dtype != torch.float32
-    out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
+    if out is None:
+        out = empty((B, H, N, DV), q.dtype if in_kernel else torch.float32, q.device)
     den = empty((B, H, N), torch.float32, q.device)
     gate, sg = gate_args(g, den)
     _scan_out_kernel[(triton.cdiv(N, plan[0]), B * H)](
-        Q=q, K=k, V=v, G=gate, sg=sg, S=states, OUT=out, DEN=den, N=N, D=D, DV=DV, H=H, **_strides(q=q, k=k, v=v),
+        Q=q, K=k, V=v, G=gate, sg=sg, S=states, OUT=out, DEN=den, N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, o=out),
         HAS_MASK=g is not None, NORMALIZE=in_kernel, C=plan[0], num_warps=num_warps, **_meta(q, v),
     )  # fmt: skip
     if normalize and not in_kernel:
-        out = out / (den + EPS.value)[..., None]
+        out.div_((den + EPS.value)[..., None])
     return out, den, states
 
 
@@ -481,23 +490,37 @@ def scan_backward(
     block: int | None = None,
     num_warps: int = 4,
     state_dtype: torch.dtype | None = None,
+    *,
+    grads: tuple | None = None,
+    logits: tuple | None = None,
 ):
     """Launch the scan backward. Arguments as parallel.parallel_backward, with the forward's key states (same chunk
-    and state dtype) in place of its prefix sums; returns dq, dk, dv, dg (None for LIT)."""
+    and state dtype) in place of its prefix sums; returns dq, dk, dv, dg (None for LIT and with logits).
+    do: any [B, H, N, d_v] view with unit feature stride; grads: (dq, dk, dv) views to write into (e.g. of one
+    [B, N, 3, H, d] tensor), else new contiguous tensors; logits: gate_grad's (z, prefix, dz) when g = logsigmoid(z)
+    (0 on the first prefix tokens): dL/dz goes into dz."""
     plan = _plan(q, chunk, tb, block, state_dtype)
     B, H, N, D = q.shape
     DV = v.shape[-1]
     has_mask = g is not None
     query_states = _entering_states(q, do, zinv, delta, g, True, plan)
-    dq = empty((B, H, N, D), q.dtype, q.device)
-    dk = empty(dq.shape, q.dtype, q.device)
-    dv = empty((B, H, N, DV), v.dtype, q.device)
+    if grads is None:
+        grads = (
+            empty((B, H, N, D), q.dtype, q.device),
+            empty((B, H, N, D), q.dtype, q.device),
+            empty((B, H, N, DV), v.dtype, q.device),
+        )
+    dq, dk, dv = grads
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
     gate, sg = gate_args(g, zinv)
     _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](
         Q=q, K=k, V=v, G=gate, sg=sg, DO=do, ZINV=zinv, DELTA=delta, S=key_states, P=query_states,
-        DQ=dq, DK=dk, DVO=dv, SUMS=sums, N=N, D=D, DV=DV, H=H, **_strides(q=q, k=k, v=v),
+        DQ=dq, DK=dk, DVO=dv, SUMS=sums, N=N, D=D, DV=DV, H=H,
+        **_strides(q=q, k=k, v=v, d=do, g=dq, kg=dk, vg=dv),
         HAS_MASK=has_mask, C=plan[0], num_warps=num_warps, **_meta(q, v),
     )  # fmt: skip
+    if logits is not None:
+        gate_grad(sums, logits=logits)
+        return dq, dk, dv, None
     dg = gate_grad(sums, g.dim() == 1) if has_mask else None
     return dq, dk, dv, dg

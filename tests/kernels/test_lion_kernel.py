@@ -160,23 +160,24 @@ def _check_gates_in_qkv(b, n, h, d, form, dtype, strength, prefix):
     _check(fn, (qkv, z), dtype, grad_names=("dqkv", "dgate_logits"))
 
 
+@pytest.mark.parametrize("form", ["parallel", "scan"])
 @pytest.mark.parametrize("mask", ["lit", "d", "s", "s_in_qkv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,prefix,strength", [(7, 0, "weak"), (33, 1, "strong")])
-def test_qkvpacked(mask, dtype, n, prefix, strength):
-    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked kernels and
-    the in-place feature-map pass) against phi + lion_attention + merge_heads in fp64, from raw qkv; s_in_qkv:
-    LION-S's gate logits in qkv's last columns (read in place; their gradient written into dqkv)."""
+def test_qkvpacked(form, mask, dtype, n, prefix, strength):
+    """The packed layer core (phi inside, Y in [B, N, H * d], dqkv written in place by the masked or scan kernels
+    and the in-place feature-map pass) against phi + lion_attention + merge_heads in fp64, from raw qkv; s_in_qkv:
+    LION-S's gate logits in qkv's last columns (their gradient written into dqkv)."""
     if mask == "s_in_qkv":
-        _check_gates_in_qkv(2, n, 3, 16, "parallel", dtype, strength, prefix)
+        _check_gates_in_qkv(2, n, 3, 16, form, dtype, strength, prefix)
     else:
-        _check_packed(2, n, 3, 16, mask, "parallel", dtype, strength, prefix)
+        _check_packed(2, n, 3, 16, mask, form, dtype, strength, prefix)
 
 
 @pytest.mark.parametrize("mask", ["lit", "d", "s", "s_in_qkv"])
 def test_qkvpacked_many_tiles_and_scan(monkeypatch, mask):
-    """The packed masked kernels over 13 tiles of 16 (N = 197, B = 1, H = 1, bf16), and the packed op's scan
-    form (feature-map kernel, scan, head merge) on the same shape in fp32."""
+    """The packed masked kernels over 13 tiles of 16 (N = 197, B = 1, H = 1, bf16), and the packed scan over 13
+    chunks of 16 on the same shape in fp32."""
     monkeypatch.setattr(lk.parallel, "TILE", 16)
     check = (
         (lambda form, dtype: _check_gates_in_qkv(1, 197, 1, 16, form, dtype, "weak", 1))
@@ -407,8 +408,9 @@ def test_custom_op_fakes_match_strided_views(form):
     torch.library.opcheck(torch.ops.lightvision.lion_bwd.default, args, test_utils=checks)
 
 
+@pytest.mark.parametrize("form", ["parallel", "scan"])
 @pytest.mark.parametrize("gates_in_qkv", [False, True])
-def test_packed_custom_op_fakes(gates_in_qkv):
+def test_packed_custom_op_fakes(gates_in_qkv, form):
     """The packed ops' fakes give the real outputs' shapes and strides (Y [B, N, H * d], [phi(q), phi(k)] as
     [B, 2H, N, d], dqkv like qkv, every element written; with gates_in_qkv zeros in the gate padding columns), and
     the packed op compiles without graph breaks with the eager values and gradients."""
@@ -417,10 +419,10 @@ def test_packed_custom_op_fakes(gates_in_qkv):
     qkv = torch.randn(b, n, c3 + (gate_columns(h) if gates_in_qkv else 0), device=DEV)
     g = None if gates_in_qkv else F.logsigmoid(torch.randn(b, n, h, device=DEV) + 2).transpose(1, 2)
     checks = ("test_schema", "test_faketensor")
-    fwd_args = (qkv, g, h, "silu_norm", gates_in_qkv, 1)
+    fwd_args = (qkv, g, h, "silu_norm", gates_in_qkv, 1, form)
     torch.library.opcheck(torch.ops.lightvision.lion_packed_fwd.default, fwd_args, test_utils=checks)
     y, fqk, den, cs = torch.ops.lightvision.lion_packed_fwd(*fwd_args)
-    args = (torch.randn_like(y), qkv, g, fqk, y, den, cs, h, "silu_norm", gates_in_qkv, 1)
+    args = (torch.randn_like(y), qkv, g, fqk, y, den, cs, h, "silu_norm", gates_in_qkv, 1, form)
     torch.library.opcheck(torch.ops.lightvision.lion_packed_bwd.default, args, test_utils=checks)
     dqkv, _ = torch.ops.lightvision.lion_packed_bwd(*args)
     assert torch.isfinite(dqkv).all()  # every element written (outputs are NaN-poisoned)
@@ -436,10 +438,11 @@ def test_packed_custom_op_fakes(gates_in_qkv):
                 mask="s",
                 gates_in_qkv=True,
                 num_prefix_tokens=1,
+                form=form,
                 backend="triton",
             )
         else:
-            y = lion_attention_qkvpacked(qkv, h, mask="s", log_decay=F.logsigmoid(a), backend="triton")
+            y = lion_attention_qkvpacked(qkv, h, mask="s", log_decay=F.logsigmoid(a), form=form, backend="triton")
         return (y * y).sum()
 
     a = torch.randn(b, h, n, device=DEV) + 2
