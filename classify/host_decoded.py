@@ -7,8 +7,8 @@ packs a batch's images back to back in one buffer (:class:`~lightvision.kernels.
 page-locks and accelerate leaves on the host. The thread that prepares the batch copies it to the device in one transfer
 on its own stream and runs the gpu pipeline's train transform on it: the random resized crop reads the packed buffer in
 place, then the replayed augmentation. The device's share is then copies and a few batch-wide kernels, where nvjpeg's
-decode issues work per image that waits behind a running step (benchmarks/README.md, "What the input's device work costs
-the step beside it"); the host's cores pay for the decode. Evaluation decodes on the device as ``data.decode: device``
+decode waits for the work the training loop has queued on the GPU before it (benchmarks/README.md, "Why the decode
+waits for the step"); the host's cores pay for the decode. Evaluation decodes on the device as ``data.decode: device``
 does.
 """
 

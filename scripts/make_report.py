@@ -396,6 +396,25 @@ def render_input_overlap(files: list[str], **_) -> str:
     return md_table(head + ["ms per batch prepared", "file"], rows)
 
 
+def render_decode_beside_step(files: list[str], **_) -> str:
+    """``bench_decode_beside_step.py``: per decoder and setting of the step, a batch's decode alone and beside the
+    running compiled step (ms per batch, batches decoded per step, the step's rate against alone), and the step fed by
+    that decoder against the step alone."""
+    rows = []
+    for name in files:
+        d = load(name)
+        alone, fed = d["alone_ms_per_batch"], d.get("fed", {})
+        for key, r in d["beside"].items():
+            decoder = next(n for n in sorted(alone, key=len, reverse=True) if key == n or key.startswith(n + "_"))
+            setting = key[len(decoder) :].lstrip("_").replace("_", " ") or "queued freely"
+            cells = [f"{alone[decoder]:.1f}", f"{r['decode_ms']:.0f}", f"{r['decoded_per_step']:.2f}"]
+            cells.append(f"{r['vs_alone']:.0%}")
+            fed_share = f"{fed[key]['vs_step_alone']:.0%}" if key in fed else "-"
+            rows.append([d["study"].replace("_", " "), decoder, setting, *cells, fed_share, name])
+    head = ["study", "decoder", "step", "alone ms / batch", "beside ms / batch", "batches decoded a step"]
+    return md_table(head + ["step rate of alone", "fed step of alone", "file"], rows)
+
+
 def render_diffusion_cifar10(files: list[str], **_) -> str:
     """Per DiT run of ``scripts/run_variants.py`` reports: params, steps, test bits/dim, FID / precision / recall in
     the report's feature network ("-" for runs without them), streak share (the real test images' first) and the
