@@ -486,6 +486,11 @@ def gate_stride(g: torch.Tensor) -> int:
     return 1 if g.dim() == 3 else 0
 
 
+def new_grads(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq, dk (q's shape) and dv (v's), new and contiguous, for the backward kernels to write."""
+    return empty(q.shape, q.dtype, q.device), empty(q.shape, q.dtype, q.device), empty(v.shape, v.dtype, q.device)
+
+
 def gate_args(g: torch.Tensor | None, fill: torch.Tensor) -> tuple[torch.Tensor, int]:
     """The kernels' (G, sg) arguments: the gates and their token stride, or an unread placeholder for LIT."""
     return (g, gate_stride(g)) if g is not None else (fill, 1)
@@ -613,13 +618,7 @@ def parallel_backward(
     if has_mask and tab.shape != (B * H, table_width(N, tile)):
         raise ValueError(f"gate table of shape {tuple(tab.shape)} does not fit N = {N} in tiles of {tile}")
     num_stages = num_stages or (3 if N >= STAGES_3_MIN_N else 2)
-    if grads is None:
-        grads = (
-            empty((B, H, N, D), q.dtype, q.device),
-            empty((B, H, N, D), q.dtype, q.device),
-            empty((B, H, N, DV), v.dtype, q.device),
-        )
-    dq, dk, dv = grads
+    dq, dk, dv = grads if grads is not None else new_grads(q, v)
     if out_den is not None:
         out, den = out_den
         zinv, delta = empty((B, H, N), torch.float32, q.device), empty((B, H, N), torch.float32, q.device)

@@ -39,7 +39,18 @@ import triton
 import triton.language as tl
 
 from .._launch import empty
-from .parallel import EPS, _gate_ptr, _gate_tile, _load_rows, _meta, _strides, _tile_log_mask, gate_args, gate_grad
+from .parallel import (
+    EPS,
+    _gate_ptr,
+    _gate_tile,
+    _load_rows,
+    _meta,
+    _strides,
+    _tile_log_mask,
+    gate_args,
+    gate_grad,
+    new_grads,
+)
 
 CHUNK = 64  # tokens per chunk (C)
 SCAN_CHUNKS = 16  # chunks per step of the cross-chunk scan (TB)
@@ -504,13 +515,7 @@ def scan_backward(
     DV = v.shape[-1]
     has_mask = g is not None
     query_states = _entering_states(q, do, zinv, delta, g, True, plan)
-    if grads is None:
-        grads = (
-            empty((B, H, N, D), q.dtype, q.device),
-            empty((B, H, N, D), q.dtype, q.device),
-            empty((B, H, N, DV), v.dtype, q.device),
-        )
-    dq, dk, dv = grads
+    dq, dk, dv = grads if grads is not None else new_grads(q, v)
     sums = empty((4, B, H, N), torch.float32, q.device) if has_mask else zinv.new_empty(4, 1)
     gate, sg = gate_args(g, zinv)
     _scan_grad_kernel[(triton.cdiv(N, plan[0]), B * H)](
