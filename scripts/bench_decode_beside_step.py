@@ -56,7 +56,20 @@ STEPS = 120
 FED_STEPS = 60
 HARDWARE, DEFAULT = 3, 0  # nvjpegBackend_t
 OUTPUT_RGB = 3  # nvjpegOutputFormat_t: planar RGB
-STUDIES = ("side_stream", "pacing", "allocators")
+SYNCED = ("sync_each_step", {"sync": True})
+# per study, the step's settings (name, Step.set arguments) beside the decode, and those it is fed under ("" is the
+# step queued freely on the legacy default stream)
+STUDIES = {
+    "side_stream": {
+        "beside": [("step_on_legacy", {}), ("step_on_side", {"stream": "side"}), SYNCED],
+        "fed": [("step_on_legacy", {}), ("step_on_side", {"stream": "side"})],
+    },
+    "pacing": {
+        "beside": [("", {}), ("1_ahead", {"ahead": 1}), ("2_ahead", {"ahead": 2}), SYNCED],
+        "fed": [("", {}), ("1_ahead", {"ahead": 1}), ("2_ahead", {"ahead": 2})],
+    },
+    "allocators": {"beside": [("", {})], "fed": []},
+}
 
 c_void, c_int, c_size, c_uint = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint
 DEV_MALLOC = ctypes.CFUNCTYPE(c_int, ctypes.POINTER(c_void), c_size)
@@ -127,6 +140,13 @@ class TorchAllocators:
 
         self.dev = DevAllocator(DEV_MALLOC(dev_malloc), DEV_FREE(dev_free))
         self.host = PinnedAllocator(PINNED_MALLOC(pinned_malloc), PINNED_FREE(pinned_free))
+
+    @contextlib.contextmanager
+    def counted(self, into: dict[str, Any]) -> Any:
+        """``into["alloc_calls"]``: the calls made inside the block, per allocator function."""
+        before = dict(self.calls)
+        yield
+        into["alloc_calls"] = {k: self.calls[k] - before[k] for k in before}
 
 
 class BatchedDecoder:
@@ -363,39 +383,28 @@ def main(argv: list[str] | None = None) -> int:
         images = decode(batches[0])
         torch.cuda.synchronize()
         report["max_abs_diff"][name] = max((a.int() - b.int()).abs().max().item() for a, b in zip(images, reference))
-        before = dict(allocators.calls) if allocators else None
-        report["alone_ms_per_batch"][name] = alone_ms(decode, batches)
-        if allocators:
-            report.setdefault("alone_alloc_calls", {})[name] = {k: allocators.calls[k] - before[k] for k in before}
+        calls: dict[str, Any] = {}
+        with allocators.counted(calls) if allocators else contextlib.nullcontext():
+            report["alone_ms_per_batch"][name] = alone_ms(decode, batches)
+        if calls:
+            report.setdefault("alone_alloc_calls", {})[name] = calls["alloc_calls"]
     step = Step(device)
     report["step_alone_img_s"] = alone = step.rate()
-    synced = ("sync_each_step", {"sync": True})
-    variants = {
-        "side_stream": [("step_on_legacy", {}), ("step_on_side", {"stream": "side"}), synced],
-        "pacing": [("", {}), ("1_ahead", {"ahead": 1}), ("2_ahead", {"ahead": 2}), synced],
-        "allocators": [("", {})],
-    }[args.study]
     shown = [name for name in decoders if name != "hw_normal_priority"]
-    report["beside"] = {}
-    for (suffix, setting), name in [(v, n) for v in variants for n in shown]:
-        step.set(**setting)
-        before = dict(allocators.calls) if allocators else None
-        key = f"{name}_{suffix}" if suffix else name
-        report["beside"][key] = beside(step, decoders[name], batches, alone, device)
-        if allocators:
-            report["beside"][key]["alloc_calls"] = {k: allocators.calls[k] - before[k] for k in before}
-        print(key, report["beside"][key], flush=True)
-    if args.study != "allocators":
-        report["fed"] = {}
-        fed_variants = [("step_on_legacy", {}), ("step_on_side", {"stream": "side"})]
-        if args.study == "pacing":
-            fed_variants = [("", {}), ("1_ahead", {"ahead": 1}), ("2_ahead", {"ahead": 2})]
-        for (suffix, setting), name in [(v, n) for v in fed_variants for n in shown]:
-            step.set(**setting)
-            rate = fed(step, decoders[name], batches, device)
-            key = f"{name}_{suffix}" if suffix else name
-            report["fed"][key] = {"img_s": rate, "vs_step_alone": rate / alone}
-            print(key, report["fed"][key], flush=True)
+    report["beside"], report["fed"] = {}, {}
+    for part in ("beside", "fed"):
+        for (setting, kwargs), name in [(v, n) for v in STUDIES[args.study][part] for n in shown]:
+            step.set(**kwargs)
+            record: dict[str, Any] = {"decoder": name, "step": setting.replace("_", " ") or "queued freely"}
+            with allocators.counted(record) if allocators else contextlib.nullcontext():
+                if part == "beside":
+                    record.update(beside(step, decoders[name], batches, alone, device))
+                else:
+                    rate = fed(step, decoders[name], batches, device)
+                    record.update(img_s=rate, vs_step_alone=rate / alone)
+            key = f"{name}_{setting}" if setting else name
+            report[part][key] = record
+            print(part, key, record, flush=True)
     args.out.write_text(json.dumps(report, indent=1))
     return 0
 

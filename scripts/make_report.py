@@ -405,12 +405,10 @@ def render_decode_beside_step(files: list[str], **_) -> str:
         d = load(name)
         alone, fed = d["alone_ms_per_batch"], d.get("fed", {})
         for key, r in d["beside"].items():
-            decoder = next(n for n in sorted(alone, key=len, reverse=True) if key == n or key.startswith(n + "_"))
-            setting = key[len(decoder) :].lstrip("_").replace("_", " ") or "queued freely"
-            cells = [f"{alone[decoder]:.1f}", f"{r['decode_ms']:.0f}", f"{r['decoded_per_step']:.2f}"]
+            cells = [f"{alone[r['decoder']]:.1f}", f"{r['decode_ms']:.0f}", f"{r['decoded_per_step']:.2f}"]
             cells.append(f"{r['vs_alone']:.0%}")
             fed_share = f"{fed[key]['vs_step_alone']:.0%}" if key in fed else "-"
-            rows.append([d["study"].replace("_", " "), decoder, setting, *cells, fed_share, name])
+            rows.append([d["study"].replace("_", " "), r["decoder"], r["step"], *cells, fed_share, name])
     head = ["study", "decoder", "step", "alone ms / batch", "beside ms / batch", "batches decoded a step"]
     return md_table(head + ["step rate of alone", "fed step of alone", "file"], rows)
 
