@@ -6,11 +6,11 @@ skips them); ``collate_encoded`` packs a batch into one flat uint8 tensor (one s
 as :class:`EncodedImages` (page-locked by the loader's ``pin_memory`` on CUDA), which accelerate leaves on the
 CPU (no ``.to``) while it moves the labels; a batch is the mapping ``{"labels": labels, "images": EncodedImages}``
 (labels first: accelerate reads the batch size there).
-:func:`decode_batch` then decodes the JPEGs of the batch in one ``torchvision.io.decode_jpeg`` call on the labels'
-device (nvjpeg on CUDA, libjpeg on CPU). When that call fails, each JPEG is decoded alone on the device, and
-what still fails (CMYK JPEGs nvjpeg declines), like other formats (PNG, ...), by ``torchvision.io.decode_image``
-on the CPU; an image nothing decodes is skipped, counted, and its slot takes the next good image of the batch
-(with its label), so the batch keeps its size.
+:func:`decode_batch` then decodes the JPEGs of the batch (each file once, however many samples repeat it) in one
+``torchvision.io.decode_jpeg`` call on the labels' device (nvjpeg on CUDA, libjpeg on CPU). When that call fails, each
+JPEG is decoded alone on the device, and what still fails (CMYK JPEGs nvjpeg declines), like other formats (PNG, ...),
+by ``torchvision.io.decode_image`` on the CPU; an image nothing decodes is skipped, counted, and its slot takes the next
+good image of the batch (with its label), so the batch keeps its size.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:
 def decode_batch(
     images: EncodedImages, labels: torch.Tensor, skips: Any = None
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Decode a batch on ``labels.device``.
+    """Decode a batch on ``labels.device``, each image once: samples of one name (DeiT's repeated augmentation puts
+    an image's repeats in one batch) get the same decoded tensor.
 
     Args:
         images: the batch's encoded images (CPU).
@@ -105,7 +106,10 @@ def decode_batch(
         decodable one of the batch, with its label.
     """
     device, data = labels.device, images.tensors()
-    jpeg = [i for i, d in enumerate(data) if d[:3].tolist() == list(JPEG_SOI)]
+    first: dict[str, int] = {}
+    origin = [first.setdefault(name, i) for i, name in enumerate(images.names)]  # each sample's first of its name
+    distinct = list(first.values())
+    jpeg = [i for i in distinct if data[i][:3].tolist() == list(JPEG_SOI)]
     decoded: list[torch.Tensor | None] = [None] * len(data)
     try:
         for i, img in zip(
@@ -114,14 +118,14 @@ def decode_batch(
             decoded[i] = img
     except RuntimeError:  # one bad file fails the batched call: decode one by one below
         pass
-    failed = []
-    for i, d in enumerate(data):
+    for i in distinct:
         if decoded[i] is None:
             try:
-                decoded[i] = _decode_one(d, device)
+                decoded[i] = _decode_one(data[i], device)
             except RuntimeError as err:
-                failed.append(i)
                 warnings.warn(f"skipping unreadable image {images.names[i]}: {err}", stacklevel=2)
+    decoded = [decoded[j] for j in origin]
+    failed = [i for i in range(len(data)) if decoded[i] is None]
     if not failed:
         return decoded, labels
     good = [i for i in range(len(data)) if decoded[i] is not None]

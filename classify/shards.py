@@ -11,12 +11,13 @@ names, image count), which the reader needs for the classes and the epoch length
 a shuffled order (seeded), the others in folder order.
 
 Reading (:class:`ShardDataset`): every loader worker reads its own shards; training shuffles the shard order and a
-buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled shard
-stream and yields it r times, so an epoch has about as many samples as the split has images, as the folder's
-``RepeatAugSampler`` gives. The shuffles and the transform's draws are seeded by (seed, epoch, worker, place), so an
-epoch read again (a resumed run) is the same stream. The epoch lives in memory shared with the loader workers, which
-are therefore kept between epochs. Items are what the folder datasets give: (transformed image, label) for
-``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped with a warning and counted.
+buffer of samples, and repeated augmentation (``aug.repeated_aug`` r) keeps one image in r of the shuffled stream and
+yields it r times in a row, so an epoch has about as many samples as the split has images and an image's repeats share a
+batch (decoded once), as the folder's ``RepeatAugSampler`` gives. The shuffles and the transform's draws are seeded by
+(seed, epoch, worker, place), so an epoch read again (a resumed run) is the same stream. The epoch lives in memory
+shared with the loader workers, which are therefore kept between epochs. Items are what the folder datasets give:
+(transformed image, label) for ``data.pipeline: cpu``, ((bytes, key), label) for ``gpu``; unreadable images are skipped
+with a warning and counted.
 """
 
 from __future__ import annotations
@@ -232,15 +233,17 @@ class ShardDataset(IterableDataset):
                 yield from [sample] * self.repeats
 
     def _items(self, samples: Iterator[dict]) -> Iterator[Any]:
+        last: tuple[dict, Any] | None = None  # the previous sample and its decoded image: a repeat decodes once
         for i, sample in enumerate(samples):
             key = sample.get("path", sample["__key__"].encode()).decode()
             ext = next(k for k in sample if not k.startswith("__") and k not in META_KEYS)
             try:
-                image = self.decode(sample[ext], key)
+                image = last[1] if last is not None and last[0] is sample else self.decode(sample[ext], key)
             except (OSError, ValueError, SyntaxError) as err:
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {key} ({sample['__url__']}): {err}", stacklevel=2)
                 continue
+            last = (sample, image)
             if self.transform is not None:
                 if self.train:
                     seed_generators(self._key("sample", i))  # the draws of this place in this worker's stream
@@ -253,9 +256,9 @@ class ShardDataset(IterableDataset):
             random.Random(hashed_seed("shards", self.seed, self.epoch)).shuffle(urls)
         pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
         if self.train:
-            if self.repeats > 1:
-                pipeline = pipeline.compose(self._repeat)
             pipeline = pipeline.shuffle(SHUFFLE_BUFFER, rng=random.Random(self._key("buffer")))
+            if self.repeats > 1:  # an image's repeats one after another: in one batch, decoded once
+                pipeline = pipeline.compose(self._repeat)
         return iter(pipeline.compose(self._items))
 
 

@@ -9,9 +9,10 @@ antialias=True)``, PIL's filters) is separable: output pixel (y, x) of a crop of
     scale = h / S (rows) or w / S (columns),  s' = max(scale, 1),  i in [int(center_o - R s' + 0.5), int(center_o +
     R s' + 0.5)) clipped to the crop,
 
-with f the bicubic kernel of a = -0.5 (R = 2) or the triangle (R = 1). The program walks the input rows its tile
-needs once, resamples each row horizontally for the tile's columns, and adds it to every output row with that row's
-vertical weight, so each input pixel is read about (horizontal taps) times instead of (horizontal x vertical taps).
+with f the bicubic kernel of a = -0.5 (R = 2) or the triangle (R = 1). The program computes its tile's horizontal
+weights once, walks the input rows the tile needs once, resamples each row horizontally for the tile's columns, and adds
+it to every output row with that row's vertical weight, so each input pixel is read about (horizontal taps) times
+instead of (horizontal x vertical taps).
 """
 
 import triton
@@ -42,10 +43,12 @@ def _taps(o, scale, size, RADIUS: tl.constexpr):
 @triton.jit
 def resized_crops_kernel(
     SRC, PARAMS, OUT, C, S,
-    BICUBIC: tl.constexpr, RADIUS: tl.constexpr, BY: tl.constexpr, BX: tl.constexpr,
+    BICUBIC: tl.constexpr, RADIUS: tl.constexpr, BY: tl.constexpr, BX: tl.constexpr, TAPS: tl.constexpr,
 ):  # fmt: skip
     """SRC: every image's [C, H, W] uint8 pixels one after another; PARAMS int64 [N, 8]: offset of the image in
-    SRC, H, W, crop top, left, height, width, flip; OUT float32 [N, C, S, S]."""
+    SRC, H, W, crop top, left, height, width, flip; OUT float32 [N, C, S, S]. TAPS: a power of two at least the
+    most horizontal taps an output pixel has (the tile's [TAPS, BX] weights are computed once, then reused for
+    every input row)."""
     nc = tl.program_id(0)
     n, c = nc // C, nc % C
     p = PARAMS + n * 8
@@ -61,31 +64,26 @@ def resized_crops_kernel(
     xlo, xn, xc, xs = _taps(ox, scale_x, w.to(tl.int32), RADIUS)
     xn = tl.where(col_ok, xn, 0)
     yn = tl.where(row_ok, yn, 0)
-    # normalisers of each output row's and column's weights
+    # each output column's horizontal weights [TAPS, BX], normalised to sum 1
+    k = tl.arange(0, TAPS)
+    tap_ok = k[:, None] < xn[None, :]
+    cols = xlo[None, :] + k[:, None]
+    wx = tl.where(tap_ok, _filter((cols - xc[None, :] + 0.5) / xs[None, :], BICUBIC), 0.0)
+    wx = wx / tl.where(col_ok, tl.sum(wx, 0), 1.0)[None, :]
     ynorm = tl.zeros((BY,), tl.float32)
-    for k in range(0, tl.max(yn)):
-        ynorm += tl.where(k < yn, _filter((ylo + k - yc + 0.5) / ys, BICUBIC), 0.0)
-    xnorm = tl.zeros((BX,), tl.float32)
-    for k in range(0, tl.max(xn)):
-        xnorm += tl.where(k < xn, _filter((xlo + k - xc + 0.5) / xs, BICUBIC), 0.0)
-    xnorm = tl.where(col_ok, xnorm, 1.0)
+    for t in range(0, tl.max(yn)):
+        ynorm += tl.where(t < yn, _filter((ylo + t - yc + 0.5) / ys, BICUBIC), 0.0)
     ynorm = tl.where(row_ok, ynorm, 1.0)
     base = SRC + offset + c * height_img * width + top * width + left
     r_first = tl.min(tl.where(row_ok, ylo, 2147483647))
     r_last = tl.max(tl.where(row_ok, ylo + yn, 0))
-    ntx = tl.max(xn)
     acc = tl.zeros((BY, BX), tl.float32)
     for r in range(r_first, r_last):
-        line = tl.zeros((BX,), tl.float32)
-        for k in range(0, ntx):
-            col = xlo + k
-            ok = k < xn
-            wx = tl.where(ok, _filter((col - xc + 0.5) / xs, BICUBIC), 0.0)
-            px = tl.load(base + r * width + col, mask=ok, other=0).to(tl.float32)
-            line += wx * px
+        px = tl.load(base + r * width + cols, mask=tap_ok, other=0).to(tl.float32)
+        line = tl.sum(wx * px, 0)
         wy = tl.where((r >= ylo) & (r < ylo + yn), _filter((r - yc + 0.5) / ys, BICUBIC), 0.0)
         acc += wy[:, None] * line[None, :]
-    acc = acc / (ynorm[:, None] * xnorm[None, :])
+    acc = acc / ynorm[:, None]
     ox_out = tl.where(flip != 0, S - 1 - ox, ox)
     dst = OUT + nc * S * S + oy[:, None] * S + ox_out[None, :]
     tl.store(dst, acc, mask=row_ok[:, None] & col_ok[None, :])

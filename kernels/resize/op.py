@@ -1,12 +1,12 @@
 """Random-resized-crop resampling of a batch of differently sized images into one [N, C, S, S] tensor.
 
 The reference (the spec) resizes each crop with ``F.interpolate(mode, antialias=True)`` (PyTorch's form of PIL's
-antialiased filters) and mirrors the flipped ones. On CUDA, bicubic and bilinear crops run as one Triton program
-over the whole batch (``_triton.resized_crops_kernel``, same equation) after one copy that packs the images into a
-single buffer: two launches for the batch instead of two per image, since the per-image launches, not the
-arithmetic, set the time of this stage (docs/classify_input.md); images that arrive packed already
-(:class:`PackedImages`) are read in place. Boxes and flips may be drawn on the device: the program reads them there,
-so nothing waits for the host.
+antialiased filters) and mirrors the flipped ones. On CUDA, bicubic and bilinear crops run as one Triton program over
+the whole batch (``_triton.resized_crops_kernel``, same equation) after one copy that packs the images into a single
+buffer (an image given for several samples packed once): two launches for the batch instead of two per image, since the
+per-image launches, not the arithmetic, set the time of this stage (docs/classify_input.md); images that arrive packed
+already (:class:`PackedImages`) are read in place. Boxes and flips may be drawn on the device: the program reads them
+there, so nothing waits for the host.
 """
 
 from __future__ import annotations
@@ -26,45 +26,69 @@ BY, BX = 16, 64
 
 @dataclass
 class PackedImages:
-    """Images of several sizes back to back in one buffer: ``data`` uint8 [sum of C * H_i * W_i] (on any device),
-    ``sizes`` int64 [N, 2] (H_i, W_i, on the host), ``channels`` C; indexing gives image i as a [C, H_i, W_i] view.
-    Having no ``.to``, a batch holding it stays on the host when accelerate moves the rest (:meth:`on` copies it);
-    not a ``Sequence`` subclass, so the DataLoader page-locks it through :meth:`pin_memory` whole."""
+    """Images of several sizes back to back in one buffer: ``data`` uint8 [sum of C * H_j * W_j] (on any device),
+    ``sizes`` int64 [M, 2] (H_j, W_j of each stored image, on the host), ``channels`` C, and ``index`` int64 [N] (on
+    the host; None: ``arange(M)``): the stored image each of the N samples reads, so the repeats of an image (DeiT's
+    repeated augmentation) are stored once. Indexing gives sample i as a [C, H, W] view. Having no ``.to``, a batch
+    holding it stays on the host when accelerate moves the rest (:meth:`on` copies it); not a ``Sequence``
+    subclass, so the DataLoader page-locks it through :meth:`pin_memory` whole."""
 
     data: torch.Tensor
     sizes: torch.Tensor
     channels: int = 3
-    offsets: torch.Tensor = field(init=False, repr=False)  # int64 [N]: where each image starts in ``data``
+    index: torch.Tensor | None = None
+    offsets: torch.Tensor = field(init=False, repr=False)  # int64 [M]: where each stored image starts in ``data``
 
     def __post_init__(self) -> None:
         areas = self.channels * self.sizes[:, 0] * self.sizes[:, 1]
         self.offsets = torch.cat([areas.new_zeros(1), areas.cumsum(0)[:-1]])
         if int(areas.sum()) != self.data.numel():
             raise ValueError(f"PackedImages: {self.data.numel()} values for images of {int(areas.sum())}")
+        if (
+            self.index is not None
+            and len(self.index)
+            and not 0 <= int(self.index.min()) <= int(self.index.max()) < len(self.sizes)
+        ):
+            raise ValueError(f"PackedImages: index outside the {len(self.sizes)} stored images")
 
     @classmethod
     def pack(cls, images: Sequence[torch.Tensor]) -> PackedImages:
-        """uint8 [C, H_i, W_i] per image (one C) -> one buffer."""
-        sizes = torch.tensor([img.shape[-2:] for img in images], dtype=torch.int64).view(-1, 2)
-        return cls(torch.cat([img.reshape(-1) for img in images]), sizes, images[0].shape[0])
+        """uint8 [C, H_i, W_i] per sample (one C) -> one buffer; a tensor given for several samples (the same
+        object) is stored once."""
+        stored: dict[int, int] = {}
+        index = [stored.setdefault(id(img), len(stored)) for img in images]
+        distinct = list({id(img): img for img in images}.values())
+        sizes = torch.tensor([img.shape[-2:] for img in distinct], dtype=torch.int64).view(-1, 2)
+        repeated = len(distinct) < len(images)
+        data = torch.cat([img.reshape(-1) for img in distinct])
+        return cls(data, sizes, images[0].shape[0], torch.tensor(index) if repeated else None)
+
+    def sample_offsets(self) -> torch.Tensor:
+        """int64 [N]: where each sample's image starts in ``data``."""
+        return self.offsets if self.index is None else self.offsets[self.index]
+
+    def sample_sizes(self) -> torch.Tensor:
+        """int64 [N, 2]: (H, W) of each sample's image."""
+        return self.sizes if self.index is None else self.sizes[self.index]
 
     def __len__(self) -> int:
-        return len(self.sizes)
+        return len(self.sizes) if self.index is None else len(self.index)
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if not -len(self) <= i < len(self):
             raise IndexError(f"image {i} of {len(self)}")
-        height, width = self.sizes[i].tolist()
-        start = int(self.offsets[i])
+        j = i if self.index is None else int(self.index[i])
+        height, width = self.sizes[j].tolist()
+        start = int(self.offsets[j])
         return self.data[start : start + self.channels * height * width].view(self.channels, height, width)
 
     def pin_memory(self) -> PackedImages:
         """The buffer page-locked (the DataLoader's ``pin_memory`` calls this)."""
-        return PackedImages(self.data.pin_memory(), self.sizes, self.channels)
+        return PackedImages(self.data.pin_memory(), self.sizes, self.channels, self.index)
 
     def on(self, device: torch.device) -> PackedImages:
         """The buffer on ``device``: one copy, asynchronous from page-locked memory on the current stream."""
-        return PackedImages(self.data.to(device, non_blocking=True), self.sizes, self.channels)
+        return PackedImages(self.data.to(device, non_blocking=True), self.sizes, self.channels, self.index)
 
 
 def resize(x: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor:
@@ -77,10 +101,17 @@ def image_sizes(images: Sequence[torch.Tensor]) -> torch.Tensor:
     """int64 [N, 2] (H_i, W_i) of uint8 [C, H_i, W_i] images, of one [N, C, H, W] tensor or of :class:`PackedImages`
     (no per-image work for those two)."""
     if isinstance(images, PackedImages):
-        return images.sizes
+        return images.sample_sizes()
     if isinstance(images, torch.Tensor):
         return torch.tensor(images.shape[-2:]).expand(len(images), 2)
     return torch.tensor([img.shape[-2:] for img in images])
+
+
+def horizontal_taps(sizes: torch.Tensor, size: int, mode: str) -> int:
+    """A power of two at least the most input columns one output column of any crop of these images (int64 [N, 2]
+    (H, W)) resized to ``size`` reads: 2 R max(w / S, 1) + 1 for a crop w <= W wide, filter radius R."""
+    stretch = max(int(sizes[:, 1].max()) / size, 1.0) if len(sizes) else 1.0
+    return 1 << (int(2 * KERNEL_MODES[mode] * stretch) + 1).bit_length()
 
 
 def resized_crops_reference(
@@ -141,8 +172,9 @@ def resized_crops(
     else:
         if not isinstance(images, PackedImages):
             images = PackedImages.pack(images)
-        packed, offsets, channels = images.data, images.offsets, images.channels
-    placed = torch.cat([offsets[:, None], image_sizes(images)], 1).to(device, non_blocking=True)
+        packed, offsets, channels = images.data, images.sample_offsets(), images.channels
+    sizes = image_sizes(images)
+    placed = torch.cat([offsets[:, None], sizes], 1).to(device, non_blocking=True)
     params = torch.cat([placed, boxes.to(device).long(), flip.to(device).long()[:, None]], 1)  # no host round trip
     out = empty((len(images), channels, size, size), torch.float32, device)
     grid = (len(images) * channels, -(-size // BY), -(-size // BX))
@@ -150,6 +182,6 @@ def resized_crops(
 
     resized_crops_kernel[grid](
         SRC=packed, PARAMS=params, OUT=out, C=channels, S=size,
-        BICUBIC=mode == "bicubic", RADIUS=KERNEL_MODES[mode], BY=BY, BX=BX,
+        BICUBIC=mode == "bicubic", RADIUS=KERNEL_MODES[mode], BY=BY, BX=BX, TAPS=horizontal_taps(sizes, size, mode),
     )  # fmt: skip
     return out

@@ -68,6 +68,14 @@ class SafeImageFolder(ImageFolder):
             "holds image files (jpg/png/...) in one sub-folder per class"
         )
 
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, int]]:
+        """A batch's items (the DataLoader's batched fetch). Without a transform an item is a function of its index,
+        so an index the batch repeats (DeiT's repeated augmentation) is loaded once and its item shared."""
+        if self.transform is not None or self.target_transform is not None:
+            return [self[i] for i in indices]
+        items = {i: self[i] for i in dict.fromkeys(indices)}
+        return [items[i] for i in indices]
+
 
 def unpack_hint(folder: str | Path) -> str:
     """For a missing ``folder``: "; unpack ARCHIVE there first (tar -xf)" when a tar archive named like it lies
