@@ -47,34 +47,39 @@ class SafeImageFolder(ImageFolder):
         with self._skipped.get_lock():
             self._skipped.value += n
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def load(self, index: int) -> tuple[Any, int]:
+        """(``loader(path)``, class index) of image ``index``, or of the next readable one."""
         for attempt in range(MAX_CONSECUTIVE_FAILURES):
             slot = (index + attempt) % len(self.samples)
             path, target = self.samples[slot]
             try:
-                sample = self.loader(path)
+                return self.loader(path), target
             except UNREADABLE as err:
                 self.add_skipped(1)
                 warnings.warn(f"skipping unreadable image {path}: {err}", stacklevel=2)
-                continue
-            # outside the try: a failing transform is a bug to see, not an unreadable image to skip
-            if self.transform is not None:
-                sample = self.transform(sample)
-            if self.target_transform is not None:
-                target = self.target_transform(target)
-            return sample, target
         raise ValueError(
             f"{MAX_CONSECUTIVE_FAILURES} unreadable images in a row near {path}: check that {self.root} "
             "holds image files (jpg/png/...) in one sub-folder per class"
         )
 
+    def transformed(self, sample: Any, target: int) -> tuple[Any, int]:
+        """A loaded item through ``transform`` and ``target_transform`` (their errors are raised: a failing
+        transform is a bug to see, not an unreadable image to skip)."""
+        if self.transform is not None:
+            sample = self.transform(sample)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.transformed(*self.load(index))
+
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, int]]:
-        """A batch's items (the DataLoader's batched fetch). Without a transform an item is a function of its index,
-        so an index the batch repeats (DeiT's repeated augmentation) is loaded once and its item shared."""
-        if self.transform is not None or self.target_transform is not None:
-            return [self[i] for i in indices]
-        items = {i: self[i] for i in dict.fromkeys(indices)}
-        return [items[i] for i in indices]
+        """A batch's items (the DataLoader's batched fetch): an index the batch repeats (DeiT's repeated
+        augmentation) is loaded once, and each repeat transformed on its own (without a transform, the repeats share
+        the item)."""
+        loaded = {i: self.load(i) for i in dict.fromkeys(indices)}
+        return [self.transformed(*loaded[i]) for i in indices]
 
 
 def unpack_hint(folder: str | Path) -> str:

@@ -119,3 +119,20 @@ def test_shard_stream_yields_repeats_in_a_row_decoded_once(tmp_path):
     runs = [stream[i : i + 3] for i in range(0, len(stream), 3)]
     assert len(stream) in (6, 9) and all(len(set(run)) == 1 for run in runs)  # 2 or 3 of 8 kept, thrice in a row
     assert Counter(decoded) == Counter(run[0] for run in runs)  # each decoded once
+
+
+def test_cpu_pipeline_decodes_a_repeated_index_once_with_each_repeat_its_own_draws(tmp_path):
+    """``data.pipeline: cpu``: the keyed batch fetch loads (PIL-decodes) an index once and transforms each repeat
+    with its own key's draws: the items equal those fetched one by one, and the repeats differ."""
+    write_jpeg_folder(tmp_path, corrupt=False)
+    cfg = {**repeated_cfg(tmp_path, "device"), "data": {**repeated_cfg(tmp_path, "device")["data"], "pipeline": "cpu"}}
+    keyed = make_train_loader(cfg, train_dataset(cfg), workers=0, pin_memory=False).dataset
+    folder, loads = keyed.dataset, []
+    read = folder.loader
+    folder.loader = lambda path: loads.append(path) or read(path)
+    items = [(1, 11), (1, 12), (1, 13), (5, 14), (5, 15), (5, 16)]
+    batch = keyed.__getitems__(items)
+    assert len(loads) == 2
+    one_by_one = [keyed[item] for item in items]
+    assert len(loads) == 8 and all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(batch, one_by_one))
+    assert not torch.equal(batch[0][0], batch[1][0])  # each repeat its own crop and augmentation
