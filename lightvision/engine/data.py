@@ -12,6 +12,7 @@ import io
 import multiprocessing
 import os
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -74,11 +75,14 @@ class SafeImageFolder(ImageFolder):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         return self.transformed(*self.load(index))
 
+    def load_each(self, indices: Iterable[int]) -> dict[int, tuple[Any, int]]:
+        """:meth:`load` of each distinct index once (a batch with DeiT's repeated augmentation repeats its indices)."""
+        return {i: self.load(i) for i in dict.fromkeys(indices)}
+
     def __getitems__(self, indices: list[int]) -> list[tuple[Any, int]]:
-        """A batch's items (the DataLoader's batched fetch): an index the batch repeats (DeiT's repeated
-        augmentation) is loaded once, and each repeat transformed on its own (without a transform, the repeats share
-        the item)."""
-        loaded = {i: self.load(i) for i in dict.fromkeys(indices)}
+        """A batch's items (the DataLoader's batched fetch): a repeated index loaded once (:meth:`load_each`), each
+        repeat transformed on its own (without a transform, the repeats share the item)."""
+        loaded = self.load_each(indices)
         return [self.transformed(*loaded[i]) for i in indices]
 
 

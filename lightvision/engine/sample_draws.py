@@ -79,12 +79,12 @@ class KeyedDraws(Dataset):
         return self.dataset[index]
 
     def __getitems__(self, items: list[tuple[int, int]]) -> list[Any]:
-        """A batch's items: from a dataset that loads and transforms apart (``load`` / ``transformed``, as
+        """A batch's items: from a dataset that loads and transforms apart (``load_each`` / ``transformed``, as
         :class:`~lightvision.engine.data.SafeImageFolder`), an index the batch repeats is loaded (decoded) once and
         each repeat transformed with its own key's draws; the items equal ``[self[item] for item in items]``."""
-        if not hasattr(self.dataset, "load"):
+        if not hasattr(self.dataset, "load_each"):
             return [self[item] for item in items]
-        loaded = {index: self.dataset.load(index) for index in dict.fromkeys(index for index, _ in items)}
+        loaded = self.dataset.load_each(index for index, _ in items)
         out = []
         for index, key in items:
             seed_generators(key)
