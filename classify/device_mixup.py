@@ -5,8 +5,9 @@ other operations for mixup than for cutmix. :class:`DeviceMixup` draws them on t
 :func:`~lightvision.engine.batch_random` (keyed by seed, step and micro-batch: a resumed run draws the same; its
 ``fork("mixup")``, apart from the augmentation's draws of the step), with
 lambda ~ Beta(alpha, alpha) as G1 / (G1 + G2) of two Gamma(alpha) draws, and computes both mixes, each image keeping
-the drawn one (``torch.where``): the same launches every step and no host synchronisation, so the
-:class:`~lightvision.classify.graphed.GraphedCall` it runs through replays it as one CUDA graph.
+the drawn one (:func:`~lightvision.kernels.mix.mix_reversed`, one program on CUDA): the same launches every step and
+no host synchronisation, so the :class:`~lightvision.classify.graphed.GraphedCall` it runs through replays it as one
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from timm.data.mixup import mixup_target
 
 from lightvision.classify.graphed import DeviceConstants, GraphedCall
 from lightvision.engine import batch_random
+from lightvision.kernels.mix import mix_reversed
 
 __all__ = ["DeviceMixup"]
 
@@ -76,14 +78,9 @@ class DeviceMixup:
         cy, cx = (u[0, 2] * height).floor(), (u[0, 3] * width).floor()
         top, bottom = (cy - (cut_h / 2).floor()).clamp(0, height), (cy + ((cut_h + 1) / 2).floor()).clamp(0, height)
         left, right = (cx - (cut_w / 2).floor()).clamp(0, width), (cx + ((cut_w + 1) / 2).floor()).clamp(0, width)
-        rows = torch.arange(height, device=x.device)
-        cols = torch.arange(width, device=x.device)
-        box = ((rows >= top) & (rows < bottom))[:, None] & ((cols >= left) & (cols < right))[None, :]
         cut = cutmix & (lam < 1)
         lam = torch.where(cut, 1 - (bottom - top) * (right - left) / (height * width), lam)
-        flipped = x.flip(0)
-        blended = x * lam.to(x.dtype) + flipped * (1 - lam).to(x.dtype)
-        mixed = torch.where(cut, torch.where(box, flipped, x), blended)
+        mixed = mix_reversed(x, lam, cut, torch.stack([top, bottom, left, right]))
         return mixed, mixup_target(labels, self.num_classes, lam.float(), self.smoothing)
 
     def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -35,6 +35,7 @@ from lightvision.classify.graphed import DeviceConstants, GraphedCall
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
 from lightvision.kernels.augment import crop_boxes, erase_boxes_program
+from lightvision.kernels.erase import normalize_erase
 from lightvision.kernels.resize import image_sizes, resize, resized_crops
 from lightvision.ops._checks import check_choice
 
@@ -150,13 +151,9 @@ def _resize(img: torch.Tensor, size: tuple[int, int], mode: str) -> torch.Tensor
 
 
 def _placed_stats(mean: Sequence[float], std: Sequence[float]) -> DeviceConstants:
-    """Per-channel mean and std as float [1, C, 1, 1], kept on each device (for :func:`_normalize`)."""
-    return DeviceConstants(torch.tensor(mean).view(1, -1, 1, 1), torch.tensor(std).view(1, -1, 1, 1))
-
-
-def _normalize(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, C, H, W] -> float, with mean and std float [1, C, 1, 1] on x's device (0..1 scale)."""
-    return (x.float() / 255.0 - mean) / std
+    """Per-channel mean and std as float [C], kept on each device (for
+    :func:`~lightvision.kernels.erase.normalize_erase`)."""
+    return DeviceConstants(torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32))
 
 
 class DeviceEvalTransform:
@@ -188,7 +185,7 @@ class DeviceEvalTransform:
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """uint8 [3, H_i, W_i] per image -> float [N, 3, S, S] normalised, on the images' device."""
         x = torch.stack([self.crop(img) for img in images])
-        return _normalize(x, *self.placed.get(x.device))
+        return normalize_erase(x, *self.placed.get(x.device))
 
 
 class DeviceTrainTransform:
@@ -273,8 +270,7 @@ class DeviceTrainTransform:
         """Random resized crop to S and horizontal flip: uint8 [3, H_i, W_i] per image (or uint8 [N, 3, H, W]) ->
         uint8 [N, 3, S, S] (``lightvision.kernels.resize``: one launch for the batch on CUDA, boxes drawn and read
         on the device); ``u``: :meth:`draw`'s uniforms [N, columns]."""
-        x = resized_crops(images, *self.crop_boxes(images, u), self.img_size, self.interpolation)
-        return x.round_().clamp_(0, 255).to(torch.uint8)
+        return resized_crops(images, *self.crop_boxes(images, u), self.img_size, self.interpolation, rounded=True)
 
     def crop_boxes(self, images: Sequence[torch.Tensor], u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The crops (int64 [N, 4]: top, left, height, width) and flips (bool [N]) of :meth:`crop_flip`, on u's
@@ -305,21 +301,14 @@ class DeviceTrainTransform:
                     x = torch.where(picked, apply_op(x, name, factors[:, i].float(), fill), x)
         return x
 
-    def erase(self, x: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        """timm ``RandomErasing`` on the normalised batch float [N, 3, S, S]; u float64 [N, 2 + recount *
-        ``ERASE_COLUMNS``]: the boxes' draws; noise: the fill (:meth:`draw`)."""
-        n, c, h, w = x.shape
+    def erase_boxes(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """timm ``RandomErasing``'s boxes (int64 [N, recount, 4]: top, left, height, width; height 0: none) for the
+        batch [N, 3, S, S]; u float64 [N, 2 + recount * ``ERASE_COLUMNS``]: their draws."""
+        h, w = x.shape[-2:]
         if _draws_by_program(x):
             (constants,) = self.erase_constants.get(x.device)
-            boxes = erase_boxes_program(h, w, self.recount, u, constants, ATTEMPTS)
-        else:
-            boxes = erase_boxes(h, w, self.reprob, self.recount, u)
-        top, left, bh, bw = (boxes[..., i, None] for i in range(4))  # [N, count, 1]
-        rows, cols = torch.arange(h, device=x.device), torch.arange(w, device=x.device)
-        in_rows = (rows >= top) & (rows < top + bh)  # [N, count, H]
-        in_cols = (cols >= left) & (cols < left + bw)  # [N, count, W]
-        mask = (in_rows[..., :, None] & in_cols[..., None, :]).any(1)[:, None]  # [N, 1, H, W]
-        return torch.where(mask, noise.to(x.dtype), x)
+            return erase_boxes_program(h, w, self.recount, u, constants, ATTEMPTS)
+        return erase_boxes(h, w, self.reprob, self.recount, u)
 
     def augment(self, x: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """RandAugment, colour jitter, normalisation and erasing of the cropped batch uint8 [N, 3, S, S] -> float
@@ -330,14 +319,14 @@ class DeviceTrainTransform:
             x = self.rand_augment(x, named["rand_augment"])
         if self.jitter is not None:
             x = self.color_jitter(x, named["jitter"])
-        x = _normalize(x, *self.placed.get(x.device))
-        return self.erase(x, named["erase"], noise) if self.reprob > 0 else x
+        boxes = self.erase_boxes(x, named["erase"]) if self.reprob > 0 else None
+        return normalize_erase(x, *self.placed.get(x.device), boxes, noise)  # one program on CUDA
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """uint8 [3, H_i, W_i] per image (``cropped``: uint8 [N, 3, S, S]) -> float [N, 3, S, S] augmented and
         normalised, on the images' device."""
         if self.no_aug:
-            return _normalize(images, *self.placed.get(images.device)) if self.cropped else self.eval(images)
+            return normalize_erase(images, *self.placed.get(images.device)) if self.cropped else self.eval(images)
         u, noise = self.draw(len(images), images[0].device)
         x = images if self.cropped else self.crop_flip(images, u)
         return self.run_augment(x, u, noise)

@@ -1,6 +1,6 @@
 """Classifier input pipeline throughput: DeiT training images/s fed from each input path, and where the time goes.
 
-    python scripts/make_imagenet_like.py --cifar data/cifar10 --out data/imagenet_like --count 6000
+    python scripts/make_imagenet_like.py --cifar data/cifar10 --out data/imagenet_like --count 24000
     python scripts/bench_input.py --data data/imagenet_like --out input.json --cores 4 8 16
 
 Each measurement trains the DeiT recipe (``configs/classify/deit_imagenet.yaml``: DeiT-S at 224 px, RandAugment
@@ -32,7 +32,10 @@ after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``vs_train_synthe
 rate (the Trainer's run without its input: what the input costs), ``input_wait_share`` the share of that time the
 training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
-(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it. After
+(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it, ``windows``
+the rate and wait of each ``--warmup``-step window, ``epochs`` how much of an epoch the run's steps covered: past 1, an
+epoch's end was timed, where the loader restarts its workers' streams (ImageNet meets one every 10,000 steps, a set
+of 12,000 images every 94), so a set larger than (warmup + steps) x batch images measures the steady stream. After
 ``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
 ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
@@ -427,6 +430,7 @@ def measure_trainer(
         "batch_size": batch,
         "img_size": args.img_size,
         "steps": len(records) * window,
+        "epochs": (window + steps) * batch / train_images(args.data),  # past 1: an epoch's end was timed
         "images_per_s": len(records) * window * batch / seconds,
         "input_wait_share": sum(r["input_wait_share"] * t for r, t in zip(records, durations)) / seconds,
         **{  # prepare_batch's time per batch on its thread, over the same windows (logged where it runs)
@@ -434,8 +438,18 @@ def measure_trainer(
             for key in ("input_prepare_ms", "input_prepare_cpu_ms")
             if all(key in r for r in records)
         },
+        "windows": [  # each logged window: where in the run the rate or the wait moved
+            {"images_per_s": window * batch / t, "input_wait_share": r["input_wait_share"]}
+            for r, t in zip(records, durations)
+        ],
         **({"profile": json.loads(profiled.read_text())} if profiled.is_file() else {}),
     }
+
+
+@functools.cache
+def train_images(data: Path) -> int:
+    """Images in the folder's train split (an epoch of every source made from it)."""
+    return len(image_folder(data, "train", None))
 
 
 def measure_loader(source: str, pipeline: str, cores: int, args: argparse.Namespace, device: torch.device) -> dict:
@@ -478,16 +492,30 @@ def synthetic_overrides(data: Path) -> list[str]:
     ]
 
 
+def _written_index(root: Path, split: str, images: int, shard_size: int, max_size: int | None) -> dict | None:
+    """The index of shards an earlier run wrote from the same folder split (image count, shard size, max size)."""
+    path = root / f"{split}.json"
+    if not path.is_file():
+        return None
+    index = json.loads(path.read_text())
+    same = index["count"] + len(index["skipped"]) == images and index.get("max_size") == max_size
+    return index if same and -(-index["count"] // shard_size) == len(index["shards"]) else None
+
+
 def write_shards(args: argparse.Namespace) -> dict[str, Any]:
     """The folder's train and val splits as shards under ``--work``: ``shards`` (the files' bytes) and ``shards_max``
-    (``--max-size``), each written once; seconds, train images, shrunk train images and MiB of the train split."""
+    (``--max-size``), each written once (kept from an earlier run into the same ``--work`` when its indexes name the
+    same image counts, shard size and ``--max-size``); seconds, train images, shrunk train images and MiB of the
+    train split."""
     out, sources = {}, [s for s in args.sources if s != "folder"]
     folders = {split: image_folder(args.data, split, None) for split in ("val", "train")} if sources else {}
     for source in sources:
         start = time.perf_counter()
         max_size = args.max_size if source == "shards_max" else None
         for split in ("val", "train"):
-            index = make_shards(
+            index = _written_index(args.work / source, split, len(folders[split]), args.shard_size, max_size)
+            reused = index is not None
+            index = index or make_shards(
                 folders[split], args.work / source, split, args.shard_size, max_size=max_size, workers=available_cpus()
             )
         mib = sum(f.stat().st_size for f in (args.work / source).glob("train-*.tar")) / 2**20
@@ -497,6 +525,7 @@ def write_shards(args: argparse.Namespace) -> dict[str, Any]:
             "resized": index["resized"],
             "max_size": max_size,
             "mib": mib,
+            "reused": reused,  # the train split's shards were an earlier run's
         }
         print(json.dumps({f"wrote {source}": out[source]}), flush=True)
     return out
@@ -585,6 +614,14 @@ def main(argv: list[str] | None = None) -> int:
         for n, source, pipeline in product(sorted(set(args.cores), reverse=True), args.sources, args.pipelines):
             measure_one = functools.partial(measure_loader, source, pipeline, n, args, device)
             runs.append((f"loader_{source}_{pipeline}_{n}c", measure_one))
+    run_steps = max(1, args.warmup) + max(1, args.steps)
+    if not args.no_train and run_steps * args.batch_size > train_images(args.data):
+        print(
+            f"bench_input: {run_steps} steps of {args.batch_size} pass the end of an epoch of "
+            f"{train_images(args.data)} images: the loader's restart is timed with the step (a larger --data set, "
+            f"or fewer --warmup / --steps, leaves it out)",
+            file=sys.stderr,
+        )
     for name, *setting in [] if args.no_train else trainer_settings(args):
         runs.append((name, lambda name=name, setting=setting: measure_trainer(name, *setting, args, device)))
     for name, run in runs:

@@ -2,20 +2,23 @@
 
     python scripts/profile_input.py --data data/imagenet_like --out input_profile.json
 
-Median milliseconds of each stage (decode, from pageable memory and from page-locked memory as the training loader
-gives it; draws + crop + flip + resize; RandAugment, as two Triton launches per layer on CUDA and as PyTorch ops; the
-whole augmentation after the crop, op by op; the whole transform op by op and with the augmentation replayed as a CUDA
-graph) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``, and how many
-RandAugment values the two ways give differently (resampling rounding); then the operations of one decode + transform:
-on CUDA the kernel launches and the host and device time in torch.profiler (the top entries by each), with the graph
-replayed, and RandAugment's device time both ways; on the CPU the operations dispatched, in all and by RandAugment
-alone (on a GPU most are one kernel launch each). The JSON holds the environment and the command.
+Median milliseconds of each stage (decode, from pageable memory and from page-locked memory as the training loader gives
+it; draws + crop + flip + resize; RandAugment, as two Triton launches per layer on CUDA and as PyTorch ops; the whole
+augmentation after the crop, op by op; the whole transform op by op and with the augmentation replayed as a CUDA graph;
+Mixup / CutMix of its output) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``,
+and how many RandAugment values the two ways give differently (resampling rounding); then the operations of one decode +
+transform + Mixup / CutMix: on CUDA the kernel launches and the host and device time in torch.profiler (the top entries
+by each), with the graph replayed, and RandAugment's device time both ways; on the CPU the operations dispatched, in all
+and by RandAugment alone (on a GPU most are one kernel launch each). ``--max-size N`` first shrinks each image as
+``make-shards --max-size N`` stores it; ``--tiles`` (CUDA) times the resize program's output tiles on the batch's crops.
+The JSON holds the environment and the command.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import statistics
 import sys
@@ -25,10 +28,11 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lightvision.classify.data import norm_stats
+from lightvision.classify.data import build_mixup, norm_stats
 from lightvision.classify.device_transforms import DeviceTrainTransform
 from lightvision.classify.encoded import EncodedImages, decode_batch
 from lightvision.classify.rand_augment import BatchRandAugment
+from lightvision.classify.shards import bounded_image
 from lightvision.classify.train import load_recipe
 from lightvision.engine.batch_random import BatchRandom, use_batch_random
 from lightvision.tools.results import results_env
@@ -42,6 +46,7 @@ STAGES = (
     "augment",
     "whole_eager",
     "whole",
+    "mix",
 )
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
 
@@ -58,6 +63,42 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def time_tiles(transform: DeviceTrainTransform, images: list[torch.Tensor], size: int) -> dict:
+    """Device ms of the resize program (bicubic, rounded) on these images' crops per output tile (rows x columns)
+    and warps, each checked equal to the chosen tile's output; the taps its images need."""
+    from lightvision.kernels.resize import PackedImages, resized_crops
+    from lightvision.kernels.resize._triton import resized_crops_kernel
+    from lightvision.kernels.resize.op import horizontal_taps
+
+    packed = PackedImages.pack([img.cpu() for img in images])
+    packed = PackedImages(packed.data.to(images[0].device), packed.sizes, packed.channels, packed.index)
+    u, _ = transform.draw(len(images), images[0].device)
+    boxes, flip = transform.crop_boxes(packed, u)
+    chosen = resized_crops(packed, boxes, flip, size, "bicubic", rounded=True)
+    placed = torch.cat([packed.sample_offsets()[:, None], packed.sample_sizes()], 1).to(chosen.device)
+    params = torch.cat([placed, boxes.long(), flip.long()[:, None]], 1)
+    taps = horizontal_taps(packed.sample_sizes(), size, "bicubic")
+    times = {}
+    for rows, cols, warps in itertools.product((8, 16, 32), (32, 64, 128), (4,)):
+        out = torch.empty_like(chosen)
+        grid = (len(images) * 3, -(-size // rows), -(-size // cols))
+        kwargs = {"BY": rows, "BX": cols, "TAPS": taps, "ROUNDED": True, "num_warps": warps}
+
+        def run(out=out, grid=grid, kwargs=kwargs):
+            resized_crops_kernel[grid](packed.data, params, out, 3, size, True, 2, **kwargs)
+
+        run()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            run()
+        end.record()
+        torch.cuda.synchronize()
+        ms = round(start.elapsed_time(end) / 20, 4)
+        times[f"{rows}x{cols}_w{warps}"] = {"ms": ms, "equal": torch.equal(out, chosen)}
+    return {"taps": taps, "bytes": packed.data.numel(), "tiles": times}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="image folder (train/<class>/<image> or <class>/<image>)")
@@ -68,12 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--max-size", type=int, help="shrink each image first as make-shards --max-size stores it")
+    p.add_argument("--tiles", action="store_true", help="time the resize program's output tiles (CUDA)")
     args = p.parse_args(argv)
     root = Path(args.data)
     files = sorted(f for f in (root / "train" if (root / "train").is_dir() else root).glob("*/*") if f.is_file())
     if not files:
         sys.exit(f"profile_input: no images under {root} (expected <class>/<image> or train/<class>/<image>)")
     raw = [f.read_bytes() for f in files[: args.batch]]
+    if args.max_size:
+        raw = [bounded_image(r, args.max_size) or r for r in raw]
     data = torch.frombuffer(bytearray(b"".join(raw)), dtype=torch.uint8)
     encoded = EncodedImages(data, [len(r) for r in raw], [str(f) for f in files[: args.batch]])
     cfg = load_recipe(args.recipe, [])
@@ -83,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if transform.rand_augment is not None:  # the same recipe as PyTorch ops (what a CPU run does)
         mean, interpolation = norm_stats(cfg)[0], transform.interpolation
         rand_augment_torch = BatchRandAugment(cfg["aug"]["auto_augment"], args.img_size, mean, interpolation, "torch")
+    mixup = build_mixup(cfg["aug"], 1000, on_device=True)
     labels = torch.zeros(len(raw), dtype=torch.long, device=args.device)
     cuda = args.device.startswith("cuda")
     pinned = encoded.pin_memory() if cuda else encoded
@@ -112,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             out_torch, t_rand_torch = timed(rand_augment_torch, x, drawn)
             _, t_augment = timed(eager.augment, x, u, noise)
             _, t_eager = timed(eager, images)
-            _, t_whole = timed(transform, images)
+            augmented, t_whole = timed(transform, images)
+            _, t_mix = timed(mixup, augmented, labels)
         if i >= args.warmup:
-            times = (t_decode, t_pinned, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole)
+            times = (t_decode, t_pinned, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole, t_mix)
             differ = (out_kernel.int() - out_torch.int()).abs()
             mismatch["values"] += int((differ > 0).sum())
             mismatch["of"] += differ.numel()
@@ -136,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                transform(decode_batch(encoded, labels)[0])
+                mixup(transform(decode_batch(encoded, labels)[0]), labels)
                 torch.cuda.synchronize()
             events = prof.key_averages()
             launch = ("cudaLaunchKernel", "cuLaunchKernel")
@@ -155,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
                         torch.cuda.synchronize()
                     device_us = sum(e.self_device_time_total for e in prof.key_averages())
                     report["rand_augment_device_ms"][name] = round(device_us / 1000, 2)
+            if args.tiles:
+                report["resize_tiles"] = time_tiles(transform, decode_batch(encoded, labels)[0], args.img_size)
         else:
             with CountOps() as ops:
                 transform(decode_batch(encoded, labels)[0])

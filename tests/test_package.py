@@ -57,8 +57,13 @@ def test_wheel_contains_only_the_lightvision_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"lightvision", f"lightvision-{lightvision.__version__}.dist-info"}, tops
-    for sub in ("kernels", "classify", "diffusion"):
-        assert f"lightvision/{sub}/__init__.py" in names
+    packages = [
+        init.relative_to(REPO)
+        for folder in ("lightvision", "kernels", "classify", "diffusion")
+        for init in (REPO / folder).rglob("__init__.py")
+    ]  # every package of the checkout is installed
+    missing = [str(p) for p in packages if str(p if p.parts[0] == "lightvision" else "lightvision" / p) not in names]
+    assert packages and not missing, f"packages left out of pyproject.toml's [tool.setuptools] packages: {missing}"
     assert not any(n.startswith(("kernels/", "classify/", "diffusion/", "tests/")) for n in names)
     tools = [n for n in names if Path(n).stem in ("check", "bench")]  # GPU sweeps and benchmarks live in scripts/
     assert not tools, tools

@@ -21,6 +21,8 @@ Launched with ``enable_fp_fusion=False``, so each product and sum is rounded as 
 import triton
 import triton.language as tl
 
+from .._rounding import rint
+
 # the kinds of op.py
 KIND_WARP = tl.constexpr(1)
 KIND_TABLE = tl.constexpr(2)
@@ -48,14 +50,6 @@ def image_stats_kernel(X, STATS, HW, BLOCK: tl.constexpr):
     tl.atomic_add(bins + 256, tl.histogram(g, 256, mask=ok))
     tl.atomic_add(bins + 512, tl.histogram(b, 256, mask=ok))
     tl.atomic_add(STATS + n * 769 + 768, tl.sum(tl.where(ok, _luma(r, g, b), 0)))
-
-
-@triton.jit
-def _rint(v):
-    """Round half to even (torch.round) of float32 values below 2^22 in magnitude."""
-    r = tl.floor(v + 0.5)
-    odd = (r.to(tl.int32) & 1) == 1
-    return tl.where((r - v == 0.5) & odd, r - 1.0, r)
 
 
 @triton.jit
@@ -171,8 +165,8 @@ def augment_kernel(
                 acc += _tap(plane, x0, y0 + 1, H, W, ok, fill) * ((x1f - ix) * (iy - y0f))
                 acc += _tap(plane, x0 + 1, y0 + 1, H, W, ok, fill) * ((ix - x0f) * (iy - y0f))
             else:  # nearest
-                acc = _tap(plane, _rint(ix).to(tl.int32), _rint(iy).to(tl.int32), H, W, ok, fill)
-            v = tl.minimum(tl.maximum(_rint(acc + fill), 0.0), 255.0)
+                acc = _tap(plane, rint(ix).to(tl.int32), rint(iy).to(tl.int32), H, W, ok, fill)
+            v = tl.minimum(tl.maximum(rint(acc + fill), 0.0), 255.0)
             tl.store(dst + c * hw, v.to(tl.int32).to(tl.uint8), mask=ok)
     elif kind == KIND_TABLE:
         for c in tl.static_range(3):

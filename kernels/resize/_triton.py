@@ -12,11 +12,13 @@ antialias=True)``, PIL's filters) is separable: output pixel (y, x) of a crop of
 with f the bicubic kernel of a = -0.5 (R = 2) or the triangle (R = 1). The program computes its tile's horizontal
 weights once, walks the input rows the tile needs once, resamples each row horizontally for the tile's columns, and adds
 it to every output row with that row's vertical weight, so each input pixel is read about (horizontal taps) times
-instead of (horizontal x vertical taps).
+instead of (horizontal x vertical taps). With ROUNDED it stores uint8, rounded half to even and clipped to 0..255.
 """
 
 import triton
 import triton.language as tl
+
+from .._rounding import rint
 
 
 @triton.jit
@@ -44,11 +46,12 @@ def _taps(o, scale, size, RADIUS: tl.constexpr):
 def resized_crops_kernel(
     SRC, PARAMS, OUT, C, S,
     BICUBIC: tl.constexpr, RADIUS: tl.constexpr, BY: tl.constexpr, BX: tl.constexpr, TAPS: tl.constexpr,
+    ROUNDED: tl.constexpr,
 ):  # fmt: skip
     """SRC: every image's [C, H, W] uint8 pixels one after another; PARAMS int64 [N, 8]: offset of the image in
-    SRC, H, W, crop top, left, height, width, flip; OUT float32 [N, C, S, S]. TAPS: a power of two at least the
-    most horizontal taps an output pixel has (the tile's [TAPS, BX] weights are computed once, then reused for
-    every input row)."""
+    SRC, H, W, crop top, left, height, width, flip; OUT float32 [N, C, S, S] (ROUNDED: uint8). TAPS: a power of two
+    at least the most horizontal taps an output pixel has (the tile's [TAPS, BX] weights are computed once, then
+    reused for every input row)."""
     nc = tl.program_id(0)
     n, c = nc // C, nc % C
     p = PARAMS + n * 8
@@ -86,4 +89,6 @@ def resized_crops_kernel(
     acc = acc / ynorm[:, None]
     ox_out = tl.where(flip != 0, S - 1 - ox, ox)
     dst = OUT + nc * S * S + oy[:, None] * S + ox_out[None, :]
+    if ROUNDED:
+        acc = tl.minimum(tl.maximum(rint(acc), 0.0), 255.0).to(tl.uint8)
     tl.store(dst, acc, mask=row_ok[:, None] & col_ok[None, :])

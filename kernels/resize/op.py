@@ -21,7 +21,11 @@ from .._launch import empty, interpreting
 
 MODES = ("bicubic", "bilinear", "nearest")
 KERNEL_MODES = {"bicubic": 2, "bilinear": 1}  # filter radius of the antialiased modes the program implements
-BY, BX = 16, 64
+# the program's output tile (rows, columns) by its horizontal taps: at 16 taps (bicubic crops to 224 px of images 448
+# to 839 px wide) 16 x 32 was the fastest of 3 x 3 tiles on an H200: for 128 crops of ~500 x 375 / 256 px-short-side
+# images 0.59 / 0.40 ms against 0.65 / 0.43 at 16 x 64 (benchmarks/results/input_gpu_augment_profile_fused*.json)
+TILES = {16: (16, 32)}
+DEFAULT_TILE = (16, 64)
 
 
 @dataclass
@@ -115,7 +119,12 @@ def horizontal_taps(sizes: torch.Tensor, size: int, mode: str) -> int:
 
 
 def resized_crops_reference(
-    images: Sequence[torch.Tensor], boxes: torch.Tensor, flip: torch.Tensor, size: int, mode: str = "bicubic"
+    images: Sequence[torch.Tensor],
+    boxes: torch.Tensor,
+    flip: torch.Tensor,
+    size: int,
+    mode: str = "bicubic",
+    rounded: bool = False,
 ) -> torch.Tensor:
     """Each image's crop resized to size x size, mirrored where ``flip``.
 
@@ -124,15 +133,17 @@ def resized_crops_reference(
         boxes: int [N, 4] crop (top, left, height, width) per image, inside the image.
         flip: bool [N], mirror the resized crop left-right.
         size: output side S; mode: "bicubic" or "bilinear" (antialiased when shrinking, as PIL) or "nearest".
+        rounded: return the values as PIL keeps them: rounded half to even, clipped, uint8.
     Returns:
-        float32 [N, C, S, S], the resampled values before rounding (0..255 up to the filters' overshoot).
+        float32 [N, C, S, S], the resampled values before rounding (0..255 up to the filters' overshoot); uint8 with
+        ``rounded``.
     """
     crops = [img[None, :, t : t + h, left : left + w].float() for img, (t, left, h, w) in zip(images, boxes.tolist())]
     out = torch.cat([resize(crop, (size, size), mode) for crop in crops])
     mirrored = torch.nonzero(flip.cpu()).flatten().to(out.device)
     if mirrored.numel():
         out[mirrored] = out[mirrored].flip(-1)
-    return out
+    return out.round_().clamp_(0, 255).to(torch.uint8) if rounded else out
 
 
 def resized_crops(
@@ -142,8 +153,10 @@ def resized_crops(
     size: int,
     mode: str = "bicubic",
     backend: str = "auto",
+    rounded: bool = False,
 ) -> torch.Tensor:
-    """:func:`resized_crops_reference` in one Triton launch for the batch.
+    """:func:`resized_crops_reference` in one Triton launch for the batch (with ``rounded`` the program stores the
+    rounded uint8 values itself: no float batch is written and read back).
 
     ``backend``: "auto" runs the program on CUDA for bicubic / bilinear crops of images with one channel count and
     the reference otherwise; "triton" requires the program (CUDA, or Triton's interpreter); "torch" the reference.
@@ -164,7 +177,7 @@ def resized_crops(
             f"TRITON_INTERPRET=1); got mode {mode!r} on {device.type}"
         )
     if backend == "torch" or not (covered and runnable):
-        return resized_crops_reference(images, boxes, flip, size, mode)
+        return resized_crops_reference(images, boxes, flip, size, mode, rounded)
     if isinstance(images, torch.Tensor):  # one size, already one buffer: no per-image host work
         n, channels, height, width = images.shape
         packed = images.contiguous().reshape(-1)
@@ -176,12 +189,15 @@ def resized_crops(
     sizes = image_sizes(images)
     placed = torch.cat([offsets[:, None], sizes], 1).to(device, non_blocking=True)
     params = torch.cat([placed, boxes.to(device).long(), flip.to(device).long()[:, None]], 1)  # no host round trip
-    out = empty((len(images), channels, size, size), torch.float32, device)
-    grid = (len(images) * channels, -(-size // BY), -(-size // BX))
+    out = empty((len(images), channels, size, size), torch.uint8 if rounded else torch.float32, device)
+    taps = horizontal_taps(sizes, size, mode)
+    rows, cols = TILES.get(taps, DEFAULT_TILE)
+    grid = (len(images) * channels, -(-size // rows), -(-size // cols))
     from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
 
     resized_crops_kernel[grid](
         SRC=packed, PARAMS=params, OUT=out, C=channels, S=size,
-        BICUBIC=mode == "bicubic", RADIUS=KERNEL_MODES[mode], BY=BY, BX=BX, TAPS=horizontal_taps(sizes, size, mode),
+        BICUBIC=mode == "bicubic", RADIUS=KERNEL_MODES[mode], BY=rows, BX=cols, TAPS=taps,
+        ROUNDED=rounded,
     )  # fmt: skip
     return out

@@ -46,6 +46,25 @@ def test_matches_reference(mode, size, channels):
     assert (rounded.int() - ref.round().clamp(0, 255).int()).abs().max() <= 1
 
 
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+def test_rounded_output_is_the_float_output_rounded(mode):
+    """``rounded``: the program stores uint8 rounded half to even and clipped, exactly what rounding its float output
+    gives (ties included: a crop that copies its image resamples to exact integers and halves); the reference
+    likewise."""
+    images, boxes, flip = _batch(3, seed=2)
+    images.append(torch.arange(64, dtype=torch.uint8).view(1, 8, 8).expand(3, 8, 8).contiguous().to(DEVICE))
+    boxes = torch.cat([boxes, torch.tensor([[0, 0, 8, 8]])])
+    flip = torch.cat([flip, torch.tensor([False])])
+    for size in (8, 16, 13):
+        out = resized_crops(images, boxes, flip, size, mode, backend="triton", rounded=True)
+        floats = resized_crops(images, boxes, flip, size, mode, backend="triton")
+        assert out.dtype == torch.uint8 and out.shape == floats.shape
+        assert torch.equal(out, floats.round().clamp(0, 255).to(torch.uint8))
+        ref = resized_crops_reference(images, boxes, flip, size, mode, rounded=True)
+        assert torch.equal(ref, resized_crops_reference(images, boxes, flip, size, mode).round().clamp(0, 255).byte())
+        assert (out.int() - ref.int()).abs().max() <= 1
+
+
 def test_single_image_and_auto_backend():
     images, boxes, flip = _batch(3, seed=1)
     one = resized_crops(images[:1], boxes[:1], flip[:1], 16, backend="triton")

@@ -1,0 +1,6 @@
+"""Normalisation with random erasing of a uint8 batch in one pass: every image's pixels normalised per channel, its
+erasing boxes filled with the noise."""
+
+from .op import normalize_erase, normalize_erase_reference
+
+__all__ = ["normalize_erase", "normalize_erase_reference"]

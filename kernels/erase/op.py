@@ -1,0 +1,93 @@
+"""Normalisation and random erasing (timm's ``Normalize`` then ``RandomErasing``) of a uint8 batch.
+
+    out[n, c, y, x] = noise[n, c, y, x]                     where (y, x) lies in one of image n's boxes,
+                      (x[n, c, y, x] / 255 - mean[c]) / std[c]  elsewhere.
+
+The reference (the spec) is those PyTorch ops on the batch; on CUDA one Triton program (``_triton``) reads each
+uint8 pixel once and writes its float once, instead of a float copy, the normalisation's three passes, the boxes'
+mask and a select over the batch. It computes in float32 with IEEE division and no fused multiply-add, which is the
+reference's arithmetic on the CPU (the interpreter's result equals it exactly); PyTorch's CUDA kernels divide by the
+scalar 255 as a product with its reciprocal, so on CUDA the two may differ in the last bit of a value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._launch import empty, interpreting
+
+BLOCK = 1024  # pixels (every channel) per program
+NUM_WARPS = 4
+
+
+def _mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """bool [N, 1, H, W]: the pixels inside any of each image's boxes (int [N, K, 4] top, left, height, width)."""
+    top, left, bh, bw = (boxes[..., i, None] for i in range(4))  # [N, K, 1]
+    rows = torch.arange(height, device=boxes.device)
+    cols = torch.arange(width, device=boxes.device)
+    in_rows = (rows >= top) & (rows < top + bh)  # [N, K, H]
+    in_cols = (cols >= left) & (cols < left + bw)  # [N, K, W]
+    return (in_rows[..., :, None] & in_cols[..., None, :]).any(1)[:, None]
+
+
+def normalize_erase_reference(
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    boxes: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """uint8 [N, C, H, W] -> float32 [N, C, H, W] normalised, erased where ``boxes`` say.
+
+    Args:
+        mean, std: float32 per channel, any shape of C values (0..1 scale).
+        boxes: int [N, K, 4] (top, left, height, width) per image; height 0: no box. None: nothing erased.
+        noise: the fill, broadcastable to [N, C, H, W] (per pixel, per image and channel, or zeros).
+    """
+    shape = (1, -1, 1, 1)
+    z = (x.float() / 255.0 - mean.reshape(shape)) / std.reshape(shape)
+    if boxes is None:
+        return z
+    return torch.where(_mask(boxes, *x.shape[-2:]), noise.to(z.dtype), z)
+
+
+def normalize_erase(
+    x: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    boxes: torch.Tensor | None = None,
+    noise: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """:func:`normalize_erase_reference` (same arguments) in one Triton launch.
+
+    ``backend``: "auto" runs the program on CUDA and the reference elsewhere; "triton" requires the program (CUDA,
+    or Triton's interpreter); "torch" the reference.
+    """
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    covered = x.dtype == torch.uint8 and x.dim() == 4
+    runnable = x.device.type == "cuda" or (backend == "triton" and interpreting())
+    if backend == "triton" and not (covered and runnable):
+        raise ValueError(
+            f"backend='triton' needs uint8 [N, C, H, W] images on CUDA (or under TRITON_INTERPRET=1); got "
+            f"{x.dtype} {list(x.shape)} on {x.device.type}"
+        )
+    if backend == "torch" or not (covered and runnable):
+        return normalize_erase_reference(x, mean, std, boxes, noise)
+    n, c, height, width = x.shape
+    x = x.contiguous()
+    if boxes is None:  # no box: an empty one per image, the fill never read
+        boxes = torch.zeros((n, 1, 4), dtype=torch.int64, device=x.device)
+        noise = torch.zeros((), dtype=torch.float32, device=x.device)
+    fill = noise.float().expand(n, c, height, width)  # strides of the broadcast dims are 0: nothing copied
+    out = empty((n, c, height, width), torch.float32, x.device)
+    from ._triton import normalize_erase_kernel  # Triton is imported when a kernel first runs
+
+    normalize_erase_kernel[(n, -(-height * width // BLOCK))](
+        X=x, MEAN=mean.float().reshape(-1).contiguous(), STD=std.float().reshape(-1).contiguous(),
+        BOXES=boxes.long().contiguous(), NOISE=fill, OUT=out, H=height, W=width,
+        s_nn=fill.stride(0), s_nc=fill.stride(1), s_nh=fill.stride(2), s_nw=fill.stride(3),
+        C=c, K=boxes.shape[1], BLOCK=BLOCK, num_warps=NUM_WARPS, enable_fp_fusion=False,
+    )  # fmt: skip
+    return out
