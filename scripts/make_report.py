@@ -349,15 +349,15 @@ def render_input_pipeline(files: list[str], **_) -> str:
     """DeiT training images/s per input setting (loaders alone: what their workers supply) against the synthetic input
     of the same run (a setting's own ``vs_synthetic`` where the file records one) and the Trainer run without input
     (``vs_train_synthetic``), the share of the time the training loop waited for its next batch, the batch
-    preparation's wall (CPU) ms on its thread, loader cores, per-stage ms per batch of the stage-timed loops; settings
-    that did not run say why."""
+    preparation's wall (CPU) ms on its thread, loader cores, per-stage ms per batch of the stage-timed loops, the rate
+    of each logged window where the file has them (thousands of images/s); settings that did not run say why."""
     rows = []
     for name in files:
         results = load(name)["results"]
         ceiling = results.get("synthetic", {}).get("images_per_s")
         for setting, r in results.items():
             if "images_per_s" not in r:
-                rows.append([setting, "-", r.get("error") or r.get("skipped", ""), *["-"] * 7, name])
+                rows.append([setting, "-", r.get("error") or r.get("skipped", ""), *["-"] * 8, name])
                 continue
             share = r.get("vs_synthetic", r["images_per_s"] / ceiling if ceiling else None)
             shares = [f"{v:.0%}" if v is not None else "-" for v in (share, r.get("vs_train_synthetic"))]
@@ -367,9 +367,10 @@ def render_input_pipeline(files: list[str], **_) -> str:
                 prepare = f"{r['input_prepare_ms']:.1f} ({r['input_prepare_cpu_ms']:.1f})"
             stages = [f"{r[k]:.1f}" if k in r else "-" for k in ("decode_ms", "augment_ms", "step_ms")]
             rate = f"{r['images_per_s']:.0f}"
-            rows.append([setting, r.get("cores", "-"), rate, *shares, wait, prepare, *stages, name])
+            windows = " ".join(f"{w['images_per_s'] / 1000:.1f}" for w in r.get("windows", [])) or "-"
+            rows.append([setting, r.get("cores", "-"), rate, *shares, wait, prepare, *stages, windows, name])
     header = ["input", "loader cores", "images/s", "of synthetic", "of train_synthetic", "input wait"]
-    header += ["prepare ms (CPU)", "decode ms", "augment ms", "step ms"]
+    header += ["prepare ms (CPU)", "decode ms", "augment ms", "step ms", "per window (k/s)"]
     return md_table(header + ["file"], rows)
 
 
