@@ -53,6 +53,7 @@ __all__ = [
 META_KEYS = ("cls", "path")
 JPEG_QUALITY = 90  # of the images make-shards --max-size stores shrunk
 SHUFFLE_BUFFER = 2000
+UNEVEN_SHARE = 0.05  # of an epoch read by fewer than all loader workers, above which training warns
 
 
 def make_shards(
@@ -220,6 +221,27 @@ class ShardDataset(IterableDataset):
         """Count ``n`` more skipped images."""
         with self._skipped.get_lock():
             self._skipped.value += n
+
+    def worker_balance(self, workers: int) -> str | None:
+        """None when ``workers`` loader workers read equal shares of the shards to an epoch's end (or nearly: the
+        unequal last round is at most ``UNEVEN_SHARE`` of the epoch); else a line saying what is uneven and what to
+        change. Worker i reads shards i, i + workers, ... (webdataset's split by worker)."""
+        shards = len(self.urls)
+        if workers < 2:
+            return None
+        if shards < workers:
+            return (
+                f"{shards} shards for {workers} loader workers: {workers - shards} of them read nothing; write "
+                f"smaller shards (make-shards --shard-size) or set data.num_workers={shards}"
+            )
+        rest = shards % workers
+        if not rest or rest / shards <= UNEVEN_SHARE:
+            return None
+        return (
+            f"{shards} shards over {workers} loader workers: the last {rest / shards:.0%} of each epoch is read by "
+            f"{rest} of them; a shard count that is a multiple of data.num_workers (make-shards --shard-size) keeps "
+            f"every worker reading to the epoch's end"
+        )
 
     def _key(self, *parts: object) -> int:
         """A seed from (seed, epoch, loader worker, ``parts``)."""

@@ -43,6 +43,7 @@ from lightvision.classify.data import (
 from lightvision.classify.decoded import DecodedImages
 from lightvision.classify.deit import create_from_config, recorded_args
 from lightvision.classify.evaluate import evaluate
+from lightvision.classify.shards import ShardDataset
 from lightvision.engine import Trainer, load_config, make_accelerator, save_config
 from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
@@ -324,6 +325,8 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
                 train_set.describe(),
             )
     train_loader = make_train_loader(cfg, train_set, workers, cuda)
+    if isinstance(train_set, ShardDataset) and (uneven := train_set.worker_balance(workers)):
+        log.warning("%s", uneven)
     val_loader = make_val_loader(
         cfg, val_set, t["eval_batch_size"], workers, cuda, device_batches(cfg, val_set, train=False), accelerator
     )

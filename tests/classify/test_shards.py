@@ -70,6 +70,19 @@ def test_training_stream_repeats_each_kept_image(shards):
     assert len(stream) == 8 and set(counts.values()) == {2}  # 4 of 8 images kept, each twice
 
 
+def test_worker_balance_names_uneven_and_idle_workers(shards):
+    """3 shards: even over 1 or 3 workers; over 2 the last third of an epoch is read by one worker; over 4 one reads
+    nothing. A last round of at most 5% of the epoch is not worth a warning."""
+    _, out = shards
+    read = ShardDataset(out, "train", checked_bytes, train=True)
+    assert read.worker_balance(1) is None and read.worker_balance(3) is None
+    uneven = read.worker_balance(2)
+    assert "3 shards over 2 loader workers" in uneven and "33%" in uneven and "make-shards --shard-size" in uneven
+    assert "1 of them read nothing" in read.worker_balance(4) and "data.num_workers=3" in read.worker_balance(4)
+    read.urls = [f"train-{i:06d}.tar" for i in range(1282)]  # ImageNet's 1.28 M images in shards of 1000
+    assert read.worker_balance(16) is None  # the last 2 shards of 1,282: 0.2% of an epoch
+
+
 def test_classify_train_on_shards(shards, tmp_path):
     _, out = shards
     for pipeline in ("gpu", "cpu"):
