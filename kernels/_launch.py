@@ -26,6 +26,20 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def program_runs(x: torch.Tensor, backend: str, covered: bool, needs: str, got: str | None = None) -> bool:
+    """Whether a kernel family runs its Triton program on input ``x`` rather than its PyTorch reference, for
+    ``backend``: "auto" where the inputs are ``covered`` and on CUDA, "triton" always (CUDA, or Triton's interpreter; a
+    ValueError saying what the program ``needs`` and what it ``got``, by default x's dtype, shape and device, where it
+    cannot), "torch" never."""
+    if backend not in ("auto", "triton", "torch"):
+        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+    got = got or f"{x.dtype} {list(x.shape)} on {x.device.type}"
+    runnable = x.device.type == "cuda" or (backend == "triton" and interpreting())
+    if backend == "triton" and not (covered and runnable):
+        raise ValueError(f"backend='triton' needs {needs} on CUDA (or under TRITON_INTERPRET=1); got {got}")
+    return backend != "torch" and covered and runnable
+
+
 @functools.lru_cache(maxsize=16)
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device; 2 stand-in "SMs" elsewhere (the interpreter)."""

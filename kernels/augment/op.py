@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._launch import empty, interpreting
+from .._launch import empty, program_runs
 
 # what an image goes through in a layer (``kind``)
 COPY, WARP, TABLE, COLOR, SHARPNESS = range(5)
@@ -154,16 +154,9 @@ def _check(x: torch.Tensor, backend: str, mode: str | None = None) -> bool:
     """Whether the Triton programs run (raises on a bad ``mode`` / ``backend`` or a forced program that cannot)."""
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     covered = x.dtype == torch.uint8 and x.dim() == 4 and x.shape[1] == 3 and x.shape[-2] * x.shape[-1] <= MAX_PIXELS
-    runnable = x.device.type == "cuda" or (backend == "triton" and interpreting())
-    if backend == "triton" and not (covered and runnable):
-        raise ValueError(
-            f"backend='triton' needs uint8 [N, 3, H, W] images of at most {MAX_PIXELS} pixels on CUDA (or under "
-            f"TRITON_INTERPRET=1); got {x.dtype} {list(x.shape)} on {x.device.type}"
-        )
-    return backend != "torch" and covered and runnable
+    needs = f"uint8 [N, 3, H, W] images of at most {MAX_PIXELS} pixels"
+    return program_runs(x, backend, covered, needs)
 
 
 def runs_programs(x: torch.Tensor, backend: str = "auto") -> bool:

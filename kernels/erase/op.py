@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._launch import empty, interpreting
+from .._launch import empty, program_runs
 
 BLOCK = 1024  # pixels (every channel) per program
 NUM_WARPS = 4
@@ -64,16 +64,7 @@ def normalize_erase(
     ``backend``: "auto" runs the program on CUDA and the reference elsewhere; "triton" requires the program (CUDA,
     or Triton's interpreter); "torch" the reference.
     """
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    covered = x.dtype == torch.uint8 and x.dim() == 4
-    runnable = x.device.type == "cuda" or (backend == "triton" and interpreting())
-    if backend == "triton" and not (covered and runnable):
-        raise ValueError(
-            f"backend='triton' needs uint8 [N, C, H, W] images on CUDA (or under TRITON_INTERPRET=1); got "
-            f"{x.dtype} {list(x.shape)} on {x.device.type}"
-        )
-    if backend == "torch" or not (covered and runnable):
+    if not program_runs(x, backend, x.dtype == torch.uint8 and x.dim() == 4, "uint8 [N, C, H, W] images"):
         return normalize_erase_reference(x, mean, std, boxes, noise)
     n, c, height, width = x.shape
     x = x.contiguous()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._launch import empty, interpreting
+from .._launch import empty, program_runs
 
 BLOCK = 1024  # values per program
 NUM_WARPS = 4
@@ -45,16 +45,7 @@ def mix_reversed(
     ``backend``: "auto" runs the program on CUDA and the reference elsewhere; "triton" requires the program (CUDA,
     or Triton's interpreter); "torch" the reference.
     """
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
-    covered = x.dtype == torch.float32 and x.dim() == 4
-    runnable = x.device.type == "cuda" or (backend == "triton" and interpreting())
-    if backend == "triton" and not (covered and runnable):
-        raise ValueError(
-            f"backend='triton' needs a float32 [N, C, H, W] batch on CUDA (or under TRITON_INTERPRET=1); got "
-            f"{x.dtype} {list(x.shape)} on {x.device.type}"
-        )
-    if backend == "torch" or not (covered and runnable):
+    if not program_runs(x, backend, x.dtype == torch.float32 and x.dim() == 4, "a float32 [N, C, H, W] batch"):
         return mix_reversed_reference(x, lam, cut, box)
     n, c, height, width = x.shape
     x = x.contiguous()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .._launch import empty, interpreting
+from .._launch import empty, program_runs
 
 MODES = ("bicubic", "bilinear", "nearest")
 KERNEL_MODES = {"bicubic": 2, "bilinear": 1}  # filter radius of the antialiased modes the program implements
@@ -165,18 +165,11 @@ def resized_crops(
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     device = images[0].device
     one_layout = isinstance(images, (torch.Tensor, PackedImages)) or len({img.shape[0] for img in images}) == 1
     covered = mode in KERNEL_MODES and one_layout
-    runnable = device.type == "cuda" or (backend == "triton" and interpreting())
-    if backend == "triton" and not (covered and runnable):
-        raise ValueError(
-            f"backend='triton' needs bicubic / bilinear crops of images with one channel count on CUDA (or under "
-            f"TRITON_INTERPRET=1); got mode {mode!r} on {device.type}"
-        )
-    if backend == "torch" or not (covered and runnable):
+    needs = "bicubic / bilinear crops of images with one channel count"
+    if not program_runs(images[0], backend, covered, needs, f"mode {mode!r} on {device.type}"):
         return resized_crops_reference(images, boxes, flip, size, mode, rounded)
     if isinstance(images, torch.Tensor):  # one size, already one buffer: no per-image host work
         n, channels, height, width = images.shape
