@@ -301,7 +301,7 @@ class DeviceTrainTransform:
                     x = torch.where(picked, apply_op(x, name, factors[:, i].float(), fill), x)
         return x
 
-    def erase_boxes(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    def erasing_boxes(self, x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """timm ``RandomErasing``'s boxes (int64 [N, recount, 4]: top, left, height, width; height 0: none) for the
         batch [N, 3, S, S]; u float64 [N, 2 + recount * ``ERASE_COLUMNS``]: their draws."""
         h, w = x.shape[-2:]
@@ -319,7 +319,7 @@ class DeviceTrainTransform:
             x = self.rand_augment(x, named["rand_augment"])
         if self.jitter is not None:
             x = self.color_jitter(x, named["jitter"])
-        boxes = self.erase_boxes(x, named["erase"]) if self.reprob > 0 else None
+        boxes = self.erasing_boxes(x, named["erase"]) if self.reprob > 0 else None
         return normalize_erase(x, *self.placed.get(x.device), boxes, noise)  # one program on CUDA
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:

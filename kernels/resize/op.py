@@ -154,9 +154,11 @@ def resized_crops(
     mode: str = "bicubic",
     backend: str = "auto",
     rounded: bool = False,
+    tile: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """:func:`resized_crops_reference` in one Triton launch for the batch (with ``rounded`` the program stores the
-    rounded uint8 values itself: no float batch is written and read back).
+    rounded uint8 values itself: no float batch is written and read back). ``tile``: the program's output tile (rows,
+    columns); None: the one :data:`TILES` names for the images' taps.
 
     ``backend``: "auto" runs the program on CUDA for bicubic / bilinear crops of images with one channel count and
     the reference otherwise; "triton" requires the program (CUDA, or Triton's interpreter); "torch" the reference.
@@ -184,7 +186,7 @@ def resized_crops(
     params = torch.cat([placed, boxes.to(device).long(), flip.to(device).long()[:, None]], 1)  # no host round trip
     out = empty((len(images), channels, size, size), torch.uint8 if rounded else torch.float32, device)
     taps = horizontal_taps(sizes, size, mode)
-    rows, cols = TILES.get(taps, DEFAULT_TILE)
+    rows, cols = tile or TILES.get(taps, DEFAULT_TILE)
     grid = (len(images) * channels, -(-size // rows), -(-size // cols))
     from ._triton import resized_crops_kernel  # Triton is imported when a kernel first runs
 

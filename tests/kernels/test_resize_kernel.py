@@ -65,6 +65,14 @@ def test_rounded_output_is_the_float_output_rounded(mode):
         assert (out.int() - ref.int()).abs().max() <= 1
 
 
+def test_output_tile_does_not_change_the_result():
+    """The program's output tile (rows, columns) is a speed setting: any tile writes the same values."""
+    images, boxes, flip = _batch(3, seed=4)
+    chosen = resized_crops(images, boxes, flip, 20, backend="triton", rounded=True)
+    for tile in ((8, 32), (16, 64), (32, 128)):
+        assert torch.equal(resized_crops(images, boxes, flip, 20, backend="triton", rounded=True, tile=tile), chosen)
+
+
 def test_single_image_and_auto_backend():
     images, boxes, flip = _batch(3, seed=1)
     one = resized_crops(images[:1], boxes[:1], flip[:1], 16, backend="triton")
