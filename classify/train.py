@@ -28,8 +28,9 @@ import torch
 import torch.nn.functional as F
 from accelerate import PartialState
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
-from timm.optim import create_optimizer_v2
+from timm.optim import create_optimizer_v2, get_optimizer_class
 from torch import nn
+from torch.optim import Optimizer
 from torch.utils.data import IterableDataset
 
 from lightvision.classify.data import (
@@ -50,12 +51,22 @@ from lightvision.engine.compiled import compile_setting
 from lightvision.engine.config import check_betas, check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
+from lightvision.engine.fused_update import fused_kwargs
 from lightvision.engine.guards import NAN_POLICIES
 from lightvision.engine.run_lock import run_folder_lock
 from lightvision.engine.weights import record_init
 from lightvision.ops._checks import check_choice
 
-__all__ = ["DEFAULTS", "check_recipe", "load_recipe", "make_criterion", "make_loss_fn", "model_config", "train"]
+__all__ = [
+    "DEFAULTS",
+    "check_recipe",
+    "load_recipe",
+    "make_criterion",
+    "make_loss_fn",
+    "make_optimizer",
+    "model_config",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +138,7 @@ DEFAULTS: dict[str, Any] = {
         "betas": [0.9, 0.999],
         "eps": 1e-8,
         "clip_grad": None,
+        "fused": None,  # the update as one fused program (less host time a step); null: on CUDA where opt has one
     },
     "sched": {"epochs": 300, "warmup_epochs": 5, "warmup_lr": 1e-6, "min_lr": 1e-5},
     "train": {
@@ -215,12 +227,29 @@ def _warmup_cosine(total_steps: int, warmup_steps: int, lr: float, warmup_lr: fl
     return factor
 
 
+def _base_optimizer(opt: str) -> str:
+    """timm's optimizer name inside ``[lookahead_]name``."""
+    return str(opt).lower().split("_")[-1]
+
+
+def make_optimizer(model: nn.Module, o: dict[str, Any], lr: float, device: torch.device | str) -> Optimizer:
+    """The recipe's optimizer (``optim``: timm's ``opt`` at learning rate ``lr``, fused on ``device`` as
+    ``optim.fused`` says) over ``model``'s parameters, weight decay off for biases and norms as timm sets it."""
+    fused = fused_kwargs(get_optimizer_class(_base_optimizer(o["opt"])), device, o["fused"], o["opt"])
+    return create_optimizer_v2(
+        model, opt=o["opt"], lr=lr, weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"], **fused
+    )
+
+
 def check_recipe(cfg: dict) -> None:
     """Every choice and count of a resolved recipe, named by its key, before anything is built or trained."""
     from timm.optim import list_optimizers
 
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
-    check_choice(str(o["opt"]).lower().split("_")[-1], list_optimizers(), "optim.opt")  # timm: [lookahead_]name
+    check_choice(_base_optimizer(o["opt"]), list_optimizers(), "optim.opt")
+    if o["fused"] not in (None, True, False):
+        raise ValueError(f"optim.fused must be true, false or null, got {o['fused']!r}")
+    fused_kwargs(get_optimizer_class(_base_optimizer(o["opt"])), "cpu", o["fused"], o["opt"])  # refuses a missing form
     check_choice(t["mixed_precision"] or "no", ("no", "bf16", "fp16"), "train.mixed_precision")
     check_choice(t["nan_policy"], NAN_POLICIES, "train.nan_policy")
     check_number(o["lr"], "optim.lr", 0, above=True)
@@ -341,9 +370,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         )
     global_batch = t["batch_size"] * procs * t["grad_accum_steps"]
     lr = o["lr"] * global_batch / o["lr_base_batch"] if o["lr_base_batch"] else o["lr"]
-    optimizer = create_optimizer_v2(
-        model, opt=o["opt"], lr=lr, weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"]
-    )
+    optimizer = make_optimizer(model, o, lr, accelerator.device)
     schedule_steps = s["epochs"] * steps_per_epoch
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, _warmup_cosine(schedule_steps, s["warmup_epochs"] * steps_per_epoch, lr, s["warmup_lr"], s["min_lr"])

@@ -70,7 +70,6 @@ from typing import Any
 
 import torch
 import torchvision
-from timm.optim import create_optimizer_v2
 
 from lightvision.classify.data import (
     build_mixup,
@@ -81,7 +80,7 @@ from lightvision.classify.data import (
 )
 from lightvision.classify.deit import create_from_config
 from lightvision.classify.shards import make_shards
-from lightvision.classify.train import load_recipe, make_criterion, model_config
+from lightvision.classify.train import load_recipe, make_criterion, make_optimizer, model_config
 from lightvision.engine import BatchRandom, use_batch_random
 from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
@@ -126,7 +125,7 @@ class Loop:
         if cfg["train"]["compile"]:  # as the Trainer compiles it (``--set train.compile=true``)
             self.model = torch.compile(self.model, mode=cfg["train"]["compile_mode"])
         o = cfg["optim"]
-        self.optimizer = create_optimizer_v2(self.model, opt=o["opt"], lr=o["lr"], weight_decay=o["weight_decay"])
+        self.optimizer = make_optimizer(self.model, o, o["lr"], device)
         on_device = dataset is not None and cfg["data"]["pipeline"] == "gpu"
         self.mixup = build_mixup(cfg["aug"], NUM_CLASSES, on_device=on_device)
         self.prepare = device_batches(cfg, dataset, train=True) if dataset is not None else None
@@ -430,7 +429,7 @@ def measure_trainer(
         "batch_size": batch,
         "img_size": args.img_size,
         "steps": len(records) * window,
-        "epochs": (window + steps) * batch / train_images(args.data),  # past 1: an epoch's end was timed
+        "epochs": (window + steps) * batch / epoch_images(args, source),  # past 1: an epoch's end was timed
         "images_per_s": len(records) * window * batch / seconds,
         "input_wait_share": sum(r["input_wait_share"] * t for r, t in zip(records, durations)) / seconds,
         **{  # prepare_batch's time per batch on its thread, over the same windows (logged where it runs)
@@ -450,6 +449,14 @@ def measure_trainer(
 def train_images(data: Path) -> int:
     """Images in the folder's train split (an epoch of every source made from it)."""
     return len(image_folder(data, "train", None))
+
+
+def epoch_images(args: argparse.Namespace, source: str) -> int:
+    """Images in an epoch of ``source``: the folder's train split; for ``synthetic`` its count unless ``--set``
+    gives ``data.synthetic_images``."""
+    if source != "synthetic":
+        return train_images(args.data)
+    return int(load_recipe(RECIPE, [*synthetic_overrides(args.data), *args.set])["data"]["synthetic_images"])
 
 
 def measure_loader(source: str, pipeline: str, cores: int, args: argparse.Namespace, device: torch.device) -> dict:
@@ -615,11 +622,12 @@ def main(argv: list[str] | None = None) -> int:
             measure_one = functools.partial(measure_loader, source, pipeline, n, args, device)
             runs.append((f"loader_{source}_{pipeline}_{n}c", measure_one))
     run_steps = max(1, args.warmup) + max(1, args.steps)
-    if not args.no_train and run_steps * args.batch_size > train_images(args.data):
+    shortest = min(epoch_images(args, source) for source in ("synthetic", *args.sources))
+    if not args.no_train and run_steps * args.batch_size > shortest:
         print(
-            f"bench_input: {run_steps} steps of {args.batch_size} pass the end of an epoch of "
-            f"{train_images(args.data)} images: the loader's restart is timed with the step (a larger --data set, "
-            f"or fewer --warmup / --steps, leaves it out)",
+            f"bench_input: {run_steps} steps of {args.batch_size} pass the end of an epoch of {shortest} images: "
+            f"the loader's restart is timed with the step (a larger --data set, or fewer --warmup / --steps, leaves "
+            f"it out)",
             file=sys.stderr,
         )
     for name, *setting in [] if args.no_train else trainer_settings(args):

@@ -134,6 +134,18 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     assert printed[-15].startswith("| train_synthetic |") and printed[-1].startswith("| train_shards_max_cpu_1c |")
 
 
+def test_epoch_of_each_source(imagenet_like):
+    """What an epoch holds, which sets whether a run timed an epoch's end: the folder's train split, and for
+    synthetic input the same count unless --set gives data.synthetic_images."""
+    import argparse
+
+    bench, data = load_script("bench_input"), imagenet_like / "a"
+    assert bench.epoch_images(argparse.Namespace(data=data, set=[]), "shards_max") == 12
+    assert bench.epoch_images(argparse.Namespace(data=data, set=[]), "synthetic") == 12
+    given = argparse.Namespace(data=data, set=["train.compile=false", "data.synthetic_images=48000"])
+    assert bench.epoch_images(given, "synthetic") == 48000 and bench.epoch_images(given, "folder") == 12
+
+
 def test_bench_input_overlap_on_cpu(imagenet_like):
     """--overlap: the step alone and beside a thread preparing one batch a step (decode, augmentation, both), with
     Python's switch interval and a given one, each against the step alone at the same interval; the interval is

@@ -21,7 +21,7 @@ from lightvision.engine.trainer import TIMING_KEYS
 DRIVER = Path(__file__).with_name("stop_at_step.py")
 # data section and repeated augmentation: cpu augments in 2 loader workers, with RepeatAugSampler (16 x 3 / 3 per
 # epoch); gpu on the device from a shuffled folder; shards in 2 workers, 2 shards of 4 images each; synthetic: 16
-# random images per epoch, Mixup / CutMix on the device
+# random images per epoch, Mixup / CutMix on the device, and the optimizer's fused update (the CUDA default)
 PIPELINES = {
     "cpu": ({"num_workers": "2"}, 3),
     "gpu": ({"pipeline": "gpu"}, 1),
@@ -58,6 +58,7 @@ def train_args(tmp_path: Path, pipeline: str) -> list[str]:
         "--device",
         "cpu",
         f"aug.repeated_aug={PIPELINES[pipeline][1]}",
+        *(["optim.fused=true"] if pipeline == "synthetic" else []),
     ]
 
 

@@ -263,9 +263,11 @@ def test_recipe_errors(tmp_path):
         ("train.batch_size=0", r"train\.batch_size must be a whole number at least 1, got 0"),
         ("optim.lr=", r"optim\.lr has no value"),
         ("train.mixed_precision=fp8", r"unknown train\.mixed_precision 'fp8'; valid: 'no', 'bf16', 'fp16'"),
+        ("optim.fused=maybe", r"optim\.fused must be true, false or null, got 'maybe'"),
+        ("optim.opt=lamb optim.fused=true", r"optimizer 'lamb' has no fused form; set optim\.fused to null or false"),
     ]:
         with pytest.raises(ValueError, match=message):  # before anything is built or written
-            cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", override])
+            cli.run(["classify", "train", "--out", str(tmp_path / "e"), "--device", "cpu", *override.split()])
         assert not (tmp_path / "e").exists()
 
 

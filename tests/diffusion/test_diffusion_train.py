@@ -364,6 +364,7 @@ def test_recipe_without_data_root_is_named(source):
         ("diffusion.steps=0", r"diffusion\.steps must be a whole number at least 1, got 0"),
         ("sample.steps=2000", r"sample\.steps=2000 is more than the diffusion\.steps=1000 of training"),
         ("optim.lr=", r"optim\.lr has no value \(an empty 'optim\.lr=' reads as null\)"),
+        ("optim.fused=2", r"optim\.fused must be true, false or null, got 2"),
         ("train.batch_size=0", r"train\.batch_size must be a whole number at least 1, got 0"),
         ("data.num_classes=1", r"data\.num_classes=1 is smaller than the 10 classes of the training data"),
     ],

@@ -1,0 +1,45 @@
+"""The ``optim.fused`` recipe key: the optimizer's update as one fused program per parameter group.
+
+PyTorch's AdamW (Adam, SGD, Adagrad) updates on CUDA by default with ``foreach`` kernels: about ten multi-tensor
+launches a step and, for each parameter, a host read of its step count. ``fused=True`` does the same update in one
+program per parameter group with the counts on the device, which takes the host about a quarter of the time (1.5 ms
+against 0.4 ms a step for DeiT-S's 152 parameters on one core). Where the step is short and a batch is prepared
+beside it in the same process, that host time is what the training loop runs out of.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+__all__ = ["fused_kwargs"]
+
+
+def _takes_fused(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (a class or a factory) has a ``fused`` argument."""
+    try:
+        return "fused" in inspect.signature(optimizer).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def fused_kwargs(optimizer: Any, device: torch.device | str, fused: bool | None, name: str) -> dict[str, bool]:
+    """The optimizer's keyword arguments for ``optim.fused``: ``{"fused": True}`` for True, or for None (the default)
+    on CUDA where ``optimizer`` has a fused form; else {} (its own default, ``foreach`` on CUDA).
+
+    Args:
+        optimizer: the optimizer class or factory the arguments go to.
+        device: the device the parameters live on.
+        fused: the recipe's ``optim.fused`` (True, False or None).
+        name: the optimizer's recipe name, for the error.
+    Raises:
+        ValueError: ``fused`` True for an optimizer without a fused form.
+    """
+    takes = _takes_fused(optimizer)
+    if fused is None:
+        fused = takes and torch.device(device).type == "cuda"
+    elif fused and not takes:
+        raise ValueError(f"optim.fused=true: optimizer {name!r} has no fused form; set optim.fused to null or false")
+    return {"fused": True} if fused else {}
