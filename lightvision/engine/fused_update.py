@@ -1,10 +1,10 @@
 """The ``optim.fused`` recipe key: the optimizer's update as one fused program per parameter group.
 
 PyTorch's AdamW (Adam, SGD, Adagrad) updates on CUDA by default with ``foreach`` kernels: about ten multi-tensor
-launches a step and, for each parameter, a host read of its step count. ``fused=True`` does the same update in one
-program per parameter group with the counts on the device, which takes the host about a quarter of the time (1.5 ms
-against 0.4 ms a step for DeiT-S's 152 parameters on one core). Where the step is short and a batch is prepared
-beside it in the same process, that host time is what the training loop runs out of.
+launches a step and a host read of each parameter's step count. ``fused=True`` does the same update in one program per
+parameter group with the counts on the device, so the host spends less time on each step; where a compiled step is
+short and the next batch is prepared beside it in the same process, that host time is the training loop's margin
+(``benchmarks/README.md``, "Steady state on a 48,000-image set; the optimizer's fused update").
 """
 
 from __future__ import annotations
