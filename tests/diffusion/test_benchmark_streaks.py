@@ -220,7 +220,7 @@ def test_paper_recipe_trains_with_lightnets_optimiser(tmp_path):
             "sample.every=100",
         ],
     )
-    assert cfg["optim"] == {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.98], "clip_grad": None}
+    assert cfg["optim"] == {"lr": 1e-4, "weight_decay": 0.0, "betas": [0.9, 0.98], "clip_grad": None, "fused": None}
     assert cfg["sched"] == {"warmup_steps": 0}
     trainer = train(cfg, device="cpu")["trainer"]
     group = trainer.optimizer.param_groups[0]
