@@ -33,9 +33,10 @@ rate (the Trainer's run without its input: what the input costs), ``input_wait_s
 training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
 (decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it, ``windows``
-the rate and wait of each ``--warmup``-step window, ``epochs`` how much of an epoch the run's steps covered: past 1, an
-epoch's end was timed, where the loader restarts its workers' streams (ImageNet meets one every 10,000 steps, a set
-of 12,000 images every 94), so a set larger than (warmup + steps) x batch images measures the steady stream. After
+the rate, wait and garbage collections (``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an epoch
+the run's steps covered: past 1, an epoch's end was timed, where the loader restarts its workers' streams (ImageNet
+meets one every 10,000 steps, a set of 12,000 images every 94), so a set larger than (warmup + steps) x batch images
+measures the steady stream. After
 ``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
 ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
@@ -438,7 +439,7 @@ def measure_trainer(
             if all(key in r for r in records)
         },
         "windows": [  # each logged window: where in the run the rate or the wait moved
-            {"images_per_s": window * batch / t, "input_wait_share": r["input_wait_share"]}
+            {"images_per_s": window * batch / t, "input_wait_share": r["input_wait_share"], "gc_ms": r.get("gc_ms")}
             for r, t in zip(records, durations)
         ],
         **({"profile": json.loads(profiled.read_text())} if profiled.is_file() else {}),

@@ -57,6 +57,7 @@ from lightvision.engine.checkpoint import (
 from lightvision.engine.compiled import compile_model
 from lightvision.engine.config import save_config
 from lightvision.engine.ema import ModelEma
+from lightvision.engine.gc_pauses import GcPauses
 from lightvision.engine.guards import NAN_POLICIES, FiniteWatch, NonFiniteError, check_finite, nonfinite_error
 from lightvision.engine.metrics import MetricsLogger
 from lightvision.engine.profiling import PREPARE, check_profile_steps, step_profiler
@@ -64,7 +65,7 @@ from lightvision.engine.sample_draws import seed_generators
 
 log = logging.getLogger(__name__)
 READ_EVERY = 10  # steps between the host's reads of the device state (nan_policy stop, stop agreement)
-TIMING_KEYS = ("steps_per_s", "input_wait_share", "input_prepare_ms", "input_prepare_cpu_ms")  # vary run to run
+TIMING_KEYS = ("steps_per_s", "input_wait_share", "input_prepare_ms", "input_prepare_cpu_ms", "gc_ms")  # vary by run
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 Hook = Callable[["Trainer"], "dict[str, Any] | None"]
@@ -215,6 +216,7 @@ class Trainer:
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
         self.profile_steps = check_profile_steps(profile_steps, max_steps)
+        self._gc_pauses: GcPauses | None = None  # set while fit runs
         if accelerator is None:
             accelerator = make_accelerator(mixed_precision, grad_accum_steps, seed, cpu=not torch.cuda.is_available())
         elif (
@@ -578,7 +580,8 @@ class Trainer:
         preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does. With a
         ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the threads that run it (its
         stages summed), and ``input_prepare_cpu_ms``, those threads' CPU time in it (the rest they waited: for the
-        GIL, or for the device where they synchronise)."""
+        GIL, or for the device where they synchronise); ``gc_ms``: the garbage collector's collections in the window
+        (wall milliseconds, every thread waits for them)."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
@@ -597,6 +600,8 @@ class Trainer:
             record.update(
                 input_prepare_ms=round(1000 * wall / calls, 3), input_prepare_cpu_ms=round(1000 * cpu / calls, 3)
             )
+        if self._gc_pauses is not None:
+            record.update(gc_ms=round(1000 * self._gc_pauses.take(), 3))
         self._window, self._window_steps = {}, 0
         self._start_timing(now)
         return record
@@ -667,6 +672,7 @@ class Trainer:
         if self.profile_steps is not None:
             profiler = step_profiler(*self.profile_steps, self.step, self.run_dir / "profile", acc.process_index)
         with (
+            GcPauses() as self._gc_pauses,
             self._switch_interval(),
             profiler if profiler is not None else contextlib.nullcontext(),
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
@@ -706,6 +712,7 @@ class Trainer:
                 if self._stop_agreed:
                     log.warning("stopped at step %d on SIGTERM; checkpoint saved, resume to continue", self.step)
                     break
+        self._gc_pauses = None
         return {
             "step": self.step,
             "steps_run": self.step - first_step,
