@@ -36,9 +36,9 @@ it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds
 the rate, wait and garbage collections (``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an epoch
 the run's steps covered: past 1, an epoch's end was timed, where the loader restarts its workers' streams (ImageNet
 meets one every 10,000 steps, a set of 12,000 images every 94), so a set larger than (warmup + steps) x batch images
-measures the steady stream. After
-``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
-``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
+measures the steady stream. After ``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new
+one starts (recorded as skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``,
+``folder_gpu``, ``shards_gpu``: per-stage
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
 ``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``, the training
 loader alone (no model, nothing on the device: what the workers supply) for every combination, and ``--no-train`` leaves
