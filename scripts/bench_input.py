@@ -32,22 +32,22 @@ after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``vs_train_synthe
 rate (the Trainer's run without its input: what the input costs), ``input_wait_share`` the share of that time the
 training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
-(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it, ``windows``
-the rate, wait and garbage collections (``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an epoch
-the run's steps covered: past 1, an epoch's end was timed, where the loader restarts its workers' streams (ImageNet
-meets one every 10,000 steps, a set of 12,000 images every 94), so a set larger than (warmup + steps) x batch images
-measures the steady stream. After ``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new
-one starts (recorded as skipped). ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``,
-``folder_gpu``, ``shards_gpu``: per-stage
+(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it, ``loop_cpu_ms``
+the training loop thread's CPU milliseconds per step, ``windows`` the rate, wait, loop CPU and garbage collections
+(``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an epoch the run's steps covered: past 1, an
+epoch's end was timed, where the loader restarts its workers' streams (ImageNet meets one every 10,000 steps, a set of
+12,000 images every 94), so a set larger than (warmup + steps) x batch images measures the steady stream. After
+``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
+``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
 ``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``, the training
 loader alone (no model, nothing on the device: what the workers supply) for every combination, and ``--no-train`` leaves
-the ``classify train`` settings out. ``--overlap [MS ...]`` adds ``overlap_<work>[_switch<MS>ms]``: the bare
-compiled or eager step alone and beside a thread preparing one batch per step (:func:`measure_overlap`). With
+the ``classify train`` settings out. ``--overlap [MS ...]`` adds ``overlap_<work>[_switch<MS>ms]``: the bare compiled or
+eager step alone and beside a thread preparing one batch per step (:func:`measure_overlap`). With
 ``--set train.profile_steps=[first,count]`` each ``classify train`` setting's profile summary
 (:mod:`lightvision.engine.profiling`) joins its result as ``profile``. Output: JSON (``env``: hardware, versions,
-command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a
-short table printed last.
+command; ``shards``: how long each was written in, its image count and size; ``results``) at ``--out``, and a short
+table printed last.
 """
 
 from __future__ import annotations
@@ -435,11 +435,14 @@ def measure_trainer(
         "input_wait_share": sum(r["input_wait_share"] * t for r, t in zip(records, durations)) / seconds,
         **{  # prepare_batch's time per batch on its thread, over the same windows (logged where it runs)
             key: sum(r[key] for r in records) / len(records)
-            for key in ("input_prepare_ms", "input_prepare_cpu_ms")
+            for key in ("input_prepare_ms", "input_prepare_cpu_ms", "loop_cpu_ms")
             if all(key in r for r in records)
         },
         "windows": [  # each logged window: where in the run the rate or the wait moved
-            {"images_per_s": window * batch / t, "input_wait_share": r["input_wait_share"], "gc_ms": r.get("gc_ms")}
+            {
+                "images_per_s": window * batch / t,
+                **{k: r.get(k) for k in ("input_wait_share", "loop_cpu_ms", "gc_ms")},
+            }
             for r, t in zip(records, durations)
         ],
         **({"profile": json.loads(profiled.read_text())} if profiled.is_file() else {}),

@@ -122,6 +122,8 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     # the Trainer prepares these batches
     gpu_path = [cached, *(f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "hybrid"))]
     assert all(results[n]["input_prepare_ms"] >= results[n]["input_prepare_cpu_ms"] * 0.5 > 0 for n in gpu_path)
+    for name in [cached, *trained]:  # the loop thread's CPU per step, over the run and per window
+        assert results[name]["loop_cpu_ms"] > 0 and results[name]["windows"][0]["loop_cpu_ms"] > 0
     assert "input_prepare_ms" not in results["train_folder_cpu_1c"]  # augmented in the loader: nothing to prepare
     for name in [cached, *trained]:  # each run's profile summary (train.profile_steps) joined its result
         assert results[name]["profile"]["steps"] == [2, 2] and results[name]["profile"]["loop"]["host_ms_per_step"] > 0

@@ -65,7 +65,14 @@ from lightvision.engine.sample_draws import seed_generators
 
 log = logging.getLogger(__name__)
 READ_EVERY = 10  # steps between the host's reads of the device state (nan_policy stop, stop agreement)
-TIMING_KEYS = ("steps_per_s", "input_wait_share", "input_prepare_ms", "input_prepare_cpu_ms", "gc_ms")  # vary by run
+TIMING_KEYS = (  # log record keys that vary run to run
+    "steps_per_s",
+    "input_wait_share",
+    "input_prepare_ms",
+    "input_prepare_cpu_ms",
+    "loop_cpu_ms",
+    "gc_ms",
+)
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 Hook = Callable[["Trainer"], "dict[str, Any] | None"]
@@ -580,11 +587,14 @@ class Trainer:
         preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does. With a
         ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the threads that run it (its
         stages summed), and ``input_prepare_cpu_ms``, those threads' CPU time in it (the rest they waited: for the
-        GIL, or for the device where they synchronise); ``gc_ms``: the garbage collector's collections in the window
-        (wall milliseconds, every thread waits for them)."""
+        GIL, or for the device where they synchronise); ``loop_cpu_ms``: the training loop thread's CPU milliseconds
+        per step (near the wall time per step, the host sets the rate; the autograd engine's device thread and the
+        preparation's threads are not in it); ``gc_ms``: the garbage collector's collections in the window (wall
+        milliseconds, every thread waits for them)."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
+        loop_cpu = time.thread_time() - self._loop_cpu_start
         record = (
             {k: total / self._window_steps for k, total in self._window_sums().items()} if self._window_steps else {}
         )
@@ -594,6 +604,7 @@ class Trainer:
             skipped_steps=self.skipped_steps,
             steps_per_s=(self.step - start_step) / elapsed,
             input_wait_share=round(min(self._input_wait / elapsed, 1.0), 4),
+            loop_cpu_ms=round(1000 * loop_cpu / max(self.step - start_step, 1), 3),
         )
         wall, cpu, calls = self._prepare_times
         if calls:
@@ -609,6 +620,7 @@ class Trainer:
     def _start_timing(self, now: float) -> None:
         """Start the timed part of a log window at ``now`` (``time.monotonic()``) and the current step."""
         self._window_start = (self.step, now)
+        self._loop_cpu_start = time.thread_time()  # of the calling thread: the training loop's
         self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
         self._prepare_times = [0.0, 0.0, 0]  # prepare_batch's wall and thread CPU seconds, and calls, of the window
 

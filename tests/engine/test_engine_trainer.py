@@ -122,7 +122,8 @@ def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
     """input_wait_share: the share of a log window's wall time spent getting the next batch - most of it when the
     batch's preparation is slower than the step (prefetched or not), little when the step is the slow part.
     input_prepare_ms / input_prepare_cpu_ms: prepare_batch's wall and CPU time per batch on its thread - a
-    preparation that waits (sleeps) shows wall time without CPU time, one that computes shows both."""
+    preparation that waits (sleeps) shows wall time without CPU time, one that computes shows both. loop_cpu_ms: the
+    same for the training loop's own thread, per step."""
     import time
 
     from train_tiny import tiny_loss
@@ -141,11 +142,18 @@ def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
         time.sleep(0.03)
         return tiny_loss(model, batch)
 
+    def busy_step(model, batch):
+        end = time.perf_counter() + 0.03
+        while time.perf_counter() < end:
+            pass
+        return tiny_loss(model, batch)
+
     runs = {}
     cases = (
         ("input", {"prepare_batch": slow_input}),
         ("busy", {"prepare_batch": busy_input, "prefetch": False}),
         ("step", {"loss_fn": slow_step}),
+        ("busy_step", {"loss_fn": busy_step}),
     )
     for name, kwargs in cases:
         build(tmp_path / name, 4, log_every=2, ckpt_every=100, **kwargs).fit()
@@ -161,6 +169,9 @@ def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
     assert all(wall >= 29 and cpu < 5 for wall, cpu in prepared["input"]), prepared
     assert all(wall >= 29 and cpu > 8 for wall, cpu in prepared["busy"]), prepared
     assert all("input_prepare_ms" not in r for r in runs["step"])  # no prepare_batch: nothing to time
+    # the loop thread's CPU per step (two micro-batches of 30 ms): little while its step sleeps, most while it spins
+    assert all(r["loop_cpu_ms"] < 30 for r in runs["step"]), runs["step"]
+    assert all(r["loop_cpu_ms"] > 16 for r in runs["busy_step"]), runs["busy_step"]
 
 
 def test_model_ema_update():
