@@ -52,3 +52,18 @@ def test_fused_update_matches_foreach(device):
     assert not any(torch.equal(p, s) for p, s in zip(params["fused"], start))  # the steps moved every parameter
     for a, b in zip(params["fused"], params["foreach"]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_a_resumed_optimizer_keeps_its_checkpoints_form():
+    """The form lives in the parameter groups that load_state_dict restores: a run started with foreach resumes with
+    foreach even where the recipe now says fused, and the other way round."""
+    for saved, resumed in (({"foreach": True}, {"fused": True}), ({"fused": True}, {"foreach": True})):
+        model = torch.nn.Linear(3, 3)
+        first = torch.optim.AdamW(model.parameters(), lr=1e-3, **saved)
+        model(torch.randn(2, 3)).sum().backward()
+        first.step()
+        again = torch.optim.AdamW(model.parameters(), lr=1e-3, **resumed)
+        again.load_state_dict(first.state_dict())
+        group = again.param_groups[0]
+        assert (bool(group["fused"]), bool(group["foreach"])) == (bool(saved.get("fused")), bool(saved.get("foreach")))
+        again.step()  # and it steps
