@@ -51,7 +51,7 @@ from lightvision.engine.compiled import compile_setting
 from lightvision.engine.config import check_betas, check_number
 from lightvision.engine.data import loader_workers
 from lightvision.engine.device import resolve_device
-from lightvision.engine.fused_update import fused_kwargs
+from lightvision.engine.fused_update import check_fused, fused_kwargs
 from lightvision.engine.guards import NAN_POLICIES
 from lightvision.engine.run_lock import run_folder_lock
 from lightvision.engine.weights import record_init
@@ -232,10 +232,15 @@ def _base_optimizer(opt: str) -> str:
     return str(opt).lower().split("_")[-1]
 
 
+def _optimizer_class(opt: str) -> Any:
+    """timm's class (or factory) of the recipe's ``optim.opt``, the one its ``fused`` argument goes to."""
+    return get_optimizer_class(_base_optimizer(opt))
+
+
 def make_optimizer(model: nn.Module, o: dict[str, Any], lr: float, device: torch.device | str) -> Optimizer:
     """The recipe's optimizer (``optim``: timm's ``opt`` at learning rate ``lr``, fused on ``device`` as
     ``optim.fused`` says) over ``model``'s parameters, weight decay off for biases and norms as timm sets it."""
-    fused = fused_kwargs(get_optimizer_class(_base_optimizer(o["opt"])), device, o["fused"], o["opt"])
+    fused = fused_kwargs(_optimizer_class(o["opt"]), device, o["fused"], o["opt"])
     return create_optimizer_v2(
         model, opt=o["opt"], lr=lr, weight_decay=o["weight_decay"], betas=tuple(o["betas"]), eps=o["eps"], **fused
     )
@@ -247,9 +252,7 @@ def check_recipe(cfg: dict) -> None:
 
     t, o, s, a = cfg["train"], cfg["optim"], cfg["sched"], cfg["aug"]
     check_choice(_base_optimizer(o["opt"]), list_optimizers(), "optim.opt")
-    if o["fused"] not in (None, True, False):
-        raise ValueError(f"optim.fused must be true, false or null, got {o['fused']!r}")
-    fused_kwargs(get_optimizer_class(_base_optimizer(o["opt"])), "cpu", o["fused"], o["opt"])  # refuses a missing form
+    check_fused(o["fused"], _optimizer_class(o["opt"]), o["opt"])
     check_choice(t["mixed_precision"] or "no", ("no", "bf16", "fp16"), "train.mixed_precision")
     check_choice(t["nan_policy"], NAN_POLICIES, "train.nan_policy")
     check_number(o["lr"], "optim.lr", 0, above=True)

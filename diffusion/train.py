@@ -31,7 +31,7 @@ from lightvision.engine.batch_random import batch_random
 from lightvision.engine.compiled import compile_setting
 from lightvision.engine.config import check_betas, check_number
 from lightvision.engine.data import loader_workers
-from lightvision.engine.fused_update import fused_kwargs
+from lightvision.engine.fused_update import check_fused, fused_kwargs
 from lightvision.engine.guards import NAN_POLICIES
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.ops._checks import check_choice
@@ -142,8 +142,7 @@ def check_recipe(cfg: dict) -> None:
     check_number(o["weight_decay"], "optim.weight_decay", 0)
     check_betas(o["betas"])
     check_number(o["clip_grad"], "optim.clip_grad", 0, above=True, optional=True)
-    if o["fused"] not in (None, True, False):
-        raise ValueError(f"optim.fused must be true, false or null, got {o['fused']!r}")
+    check_fused(o["fused"], torch.optim.AdamW, "adamw")
     check_number(cfg["sched"]["warmup_steps"], "sched.warmup_steps", 0, integer=True)
     for key in ("batch_size", "max_steps", "grad_accum_steps", "log_every", "ckpt_every_steps", "keep_last"):
         check_number(t[key], f"train.{key}", 1, integer=True)

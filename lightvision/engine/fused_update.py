@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["fused_kwargs"]
+__all__ = ["check_fused", "fused_kwargs"]
 
 
 def _takes_fused(optimizer: Any) -> bool:
@@ -26,6 +26,15 @@ def _takes_fused(optimizer: Any) -> bool:
         return "fused" in inspect.signature(optimizer).parameters
     except (TypeError, ValueError):
         return False
+
+
+def check_fused(fused: Any, optimizer: Any, name: str) -> None:
+    """ValueError, naming ``optim.fused`` and what to set, for a value other than true, false or null, or for true
+    with an ``optimizer`` (class or factory; ``name`` its recipe name) that has no fused form."""
+    if fused not in (None, True, False):
+        raise ValueError(f"optim.fused must be true, false or null, got {fused!r}")
+    if fused and not _takes_fused(optimizer):
+        raise ValueError(f"optim.fused=true: optimizer {name!r} has no fused form; set optim.fused to null or false")
 
 
 def fused_kwargs(optimizer: Any, device: torch.device | str, fused: bool | None, name: str) -> dict[str, bool]:
@@ -38,11 +47,9 @@ def fused_kwargs(optimizer: Any, device: torch.device | str, fused: bool | None,
         fused: the recipe's ``optim.fused`` (True, False or None).
         name: the optimizer's recipe name, for the error.
     Raises:
-        ValueError: ``fused`` True for an optimizer without a fused form.
+        ValueError: what :func:`check_fused` refuses.
     """
-    takes = _takes_fused(optimizer)
+    check_fused(fused, optimizer, name)
     if fused is None:
-        fused = takes and torch.device(device).type == "cuda"
-    elif fused and not takes:
-        raise ValueError(f"optim.fused=true: optimizer {name!r} has no fused form; set optim.fused to null or false")
+        fused = _takes_fused(optimizer) and torch.device(device).type == "cuda"
     return {"fused": True} if fused else {}
