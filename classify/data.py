@@ -63,6 +63,7 @@ from lightvision.engine.config import check_number
 from lightvision.engine.data import SafeImageFolder, unpack_hint
 from lightvision.engine.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataset
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
+from lightvision.engine.trainer import PREFETCH_PRIORITIES
 from lightvision.ops._checks import check_choice
 
 __all__ = [
@@ -100,13 +101,15 @@ def decodes_in_workers(d: dict[str, Any]) -> bool:
 
 
 def check_data_options(d: dict[str, Any]) -> None:
-    """``data.source``, ``data.pipeline``, ``data.format`` and ``data.cache`` are known values (and usable together);
+    """``data.source``, ``data.pipeline``, ``data.format``, ``data.cache``, ``data.decode`` and
+    ``data.prefetch_priority`` are known values (and usable together);
     a synthetic source's counts are whole numbers from 1."""
     check_choice(d["source"], SOURCES, "data.source")
     check_choice(d["pipeline"], PIPELINES, "data.pipeline")
     check_choice(d["format"], FORMATS, "data.format")
     check_choice(d.get("cache"), CACHES, "data.cache")
     check_choice(d.get("decode", "device"), DECODES, "data.decode")
+    check_choice(d.get("prefetch_priority", "low"), PREFETCH_PRIORITIES, "data.prefetch_priority")
     if decodes_in_workers(d) and (d["pipeline"] != "gpu" or d.get("cache") == "device"):
         raise ValueError(
             "data.decode=workers says where the gpu pipeline decodes its training images: it needs data.pipeline=gpu "

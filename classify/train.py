@@ -102,6 +102,8 @@ DEFAULTS: dict[str, Any] = {
         "decode": "device",  # pipeline gpu: "device" (nvjpeg) or "workers" (the loader workers, torchvision on CPU)
         "prefetch": True,  # pipeline gpu / hybrid: prepare the next batch in a background thread during the step
         "thread_switch_ms": 0.2,  # with prefetch: Python's thread switch interval (ms) while training; null: its 5
+        # with prefetch on CUDA: "low", the step's stream ranks above the input's; "high", the input's above the step's
+        "prefetch_priority": "low",
         "augment_graph": False,  # pipeline gpu / hybrid on CUDA: replay the augmentation and Mixup / CutMix as graphs
         "cache": None,  # "device" (pipeline gpu, folder): decode the training images once into device memory
         # source synthetic (a pool of 4 training batches of random images on the device): images per training epoch
@@ -404,6 +406,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         max_steps=max_steps,
         prepare_batch=device_batches(cfg, train_set, train=True),
         prefetch=cfg["data"]["prefetch"],
+        prefetch_priority=cfg["data"]["prefetch_priority"],
         switch_interval_ms=cfg["data"]["thread_switch_ms"],
         model_config=mcfg,
         grad_accum_steps=t["grad_accum_steps"],

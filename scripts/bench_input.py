@@ -32,12 +32,14 @@ after ``--warmup``, ``vs_synthetic`` its share of the ceiling, ``vs_train_synthe
 rate (the Trainer's run without its input: what the input costs), ``input_wait_share`` the share of that time the
 training loop waited for its next batch (the Trainer's log; the input's device work on its own stream does not show in
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
-(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it, ``loop_cpu_ms``
-the training loop thread's CPU milliseconds per step, ``windows`` the rate, wait, loop CPU and garbage collections
-(``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an epoch the run's steps covered: past 1, an
-epoch's end was timed, where the loader restarts its workers' streams (ImageNet meets one every 10,000 steps, a set of
-12,000 images every 94), so a set larger than (warmup + steps) x batch images measures the steady stream. After
-``train_synthetic``, settings run most cores first; past ``--budget-s`` seconds no new one starts (recorded as skipped).
+(decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it,
+``input_wait_max_ms`` / ``input_prepare_max_ms`` the longest wait for a batch and the longest preparation of one,
+``loop_cpu_ms`` the training loop thread's CPU milliseconds per step, ``windows`` the rate, wait, longest wait and
+preparation, loop CPU and garbage collections (``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an
+epoch the run's steps covered: past 1, an epoch's end was timed, where the loader restarts its workers' streams
+(ImageNet meets one every 10,000 steps, a set of 12,000 images every 94), so a set larger than (warmup + steps) x batch
+images measures the steady stream. After ``train_synthetic``, settings run most cores first; past ``--budget-s``
+seconds no new one starts (recorded as skipped).
 ``--loop-settings`` adds this script's stage-timed loops (``folder_cpu``, ``folder_gpu``, ``shards_gpu``: per-stage
 milliseconds per batch, synchronised after each stage: ``read``, ``decode``, ``augment``, ``step``; and
 ``loader_images_per_s``, the loader alone); ``--loaders`` adds ``loader_<source>_<pipeline>_<cores>c``, the training
@@ -222,10 +224,10 @@ def measure_overlap(
     args: argparse.Namespace,
 ) -> dict:
     """The model's step on synthetic input beside a thread that prepares one batch per step (``work_name`` of the
-    gpu pipeline on its own high-priority stream, as the Trainer's prefetch; it falls behind when slower than the
-    step), with Python's thread switch interval at ``switch_ms`` (None: its default): what that work costs the step
-    running beside it, with no loader and no waiting for the input. ``context``: :func:`overlap_context`, built once
-    for every setting."""
+    gpu pipeline on its own high-priority stream, as the Trainer's prefetch with ``prefetch_priority`` high; it falls
+    behind when slower than the step), with Python's thread switch interval at ``switch_ms`` (None: its default): what
+    that work costs the step running beside it, with no loader and no waiting for the input. ``context``:
+    :func:`overlap_context`, built once for every setting."""
     loop, work = context()
     device = loop.device
     prepare, tokens, stop, done = work[work_name], threading.Semaphore(0), threading.Event(), []
@@ -438,10 +440,18 @@ def measure_trainer(
             for key in ("input_prepare_ms", "input_prepare_cpu_ms", "loop_cpu_ms")
             if all(key in r for r in records)
         },
+        **{  # the longest wait for a batch and the longest preparation of one, over the timed windows
+            key: max(r[key] for r in records)
+            for key in ("input_wait_max_ms", "input_prepare_max_ms")
+            if all(key in r for r in records)
+        },
         "windows": [  # each logged window: where in the run the rate or the wait moved
             {
                 "images_per_s": window * batch / t,
-                **{k: r.get(k) for k in ("input_wait_share", "loop_cpu_ms", "gc_ms")},
+                **{
+                    k: r.get(k)
+                    for k in ("input_wait_share", "input_wait_max_ms", "input_prepare_max_ms", "loop_cpu_ms", "gc_ms")
+                },
             }
             for r, t in zip(records, durations)
         ],

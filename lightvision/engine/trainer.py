@@ -65,11 +65,14 @@ from lightvision.engine.sample_draws import seed_generators
 
 log = logging.getLogger(__name__)
 READ_EVERY = 10  # steps between the host's reads of the device state (nan_policy stop, stop agreement)
+PREFETCH_PRIORITIES = ("high", "low")  # of the prefetch threads' CUDA streams against the training step's
 TIMING_KEYS = (  # log record keys that vary run to run
     "steps_per_s",
     "input_wait_share",
     "input_prepare_ms",
     "input_prepare_cpu_ms",
+    "input_wait_max_ms",
+    "input_prepare_max_ms",
     "loop_cpu_ms",
     "gc_ms",
 )
@@ -153,9 +156,13 @@ class Trainer:
             micro-batch's :func:`~lightvision.engine.batch_random.batch_random` draws (e.g. decoding and augmenting
             on the GPU); it must draw from ``batch_random()`` only, not from the global generators. A ``stages``
             attribute (callables applied in turn, e.g. decode then augment) lets ``prefetch`` run them side by side.
-        prefetch: run ``prepare_batch`` ahead in background threads (each on its own CUDA stream of high priority on
-            a GPU), so its host work overlaps the running step: one thread per stage, the first stage as many
-            micro-batches ahead as there are stages; the results are the same as without.
+        prefetch: run ``prepare_batch`` ahead in background threads (each on a CUDA stream of its own on a GPU), so
+            its host work overlaps the running step: one thread per stage, the first stage as many micro-batches
+            ahead as there are stages; the results are the same as without.
+        prefetch_priority: "low": the training step runs on a CUDA stream of high priority and the prefetch
+            threads' kernels take the SMs the step's kernels leave free; "high": the prefetch threads' streams rank
+            above the step's (the input's kernels take SMs as soon as the step's blocks retire, splitting its
+            kernels' waves). The results are the same either way.
         switch_interval_ms: Python's thread switch interval (``sys.setswitchinterval``) while ``fit`` trains with
             ``prefetch`` threads, restored after; how long the loop's thread may wait for the interpreter lock
             while a prefetch thread holds it. None leaves Python's (5 ms).
@@ -194,6 +201,7 @@ class Trainer:
         max_steps: int,
         prepare_batch: Callable[[Any], Any] | None = None,
         prefetch: bool = True,
+        prefetch_priority: str = "low",
         switch_interval_ms: float | None = None,
         model_config: dict,
         grad_accum_steps: int = 1,
@@ -222,6 +230,8 @@ class Trainer:
             _positive("hook interval", every)
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+        if prefetch_priority not in PREFETCH_PRIORITIES:
+            raise ValueError(f"prefetch_priority must be one of {PREFETCH_PRIORITIES}, got {prefetch_priority!r}")
         self.profile_steps = check_profile_steps(profile_steps, max_steps)
         self._gc_pauses: GcPauses | None = None  # set while fit runs
         if accelerator is None:
@@ -247,6 +257,7 @@ class Trainer:
             self.model = compile_model(self.model, None if torch_compile is True else torch_compile)
         self.scheduler = scheduler
         self.loss_fn, self.prepare_batch, self.prefetch = loss_fn, prepare_batch, prefetch
+        self.prefetch_priority = prefetch_priority
         if switch_interval_ms is not None and not switch_interval_ms > 0:
             raise ValueError(f"switch_interval_ms must be a positive number of milliseconds, got {switch_interval_ms}")
         self.switch_interval_ms = switch_interval_ms
@@ -381,10 +392,11 @@ class Trainer:
         """The next ``count`` micro-batches of ``batches`` through ``prepare_batch``, each under the draws of the
         (step, micro-batch) it will train (:meth:`_stages` in turn, sharing those draws).
 
-        With ``prefetch`` each stage runs on a background thread of its own (and a CUDA stream of high priority on a
-        GPU): a batch's stages follow one another, consecutive batches' stages overlap (stage 1 of batch j + 1
-        beside stage 2 of batch j), and the first stage runs as many batches ahead as there are stages. The loader is
-        read on this thread only (its iteration may synchronise processes)."""
+        With ``prefetch`` each stage runs on a background thread of its own (and a CUDA stream of its own on a GPU,
+        above the step's where ``prefetch_priority`` is "high"): a batch's stages follow one another, consecutive
+        batches' stages overlap (stage 1 of batch j + 1 beside stage 2 of batch j), and the first stage runs as many
+        batches ahead as there are stages. The loader is read on this thread only (its iteration may synchronise
+        processes)."""
         if self.prepare_batch is None:
             for _ in range(count):
                 yield next(batches)
@@ -412,9 +424,10 @@ class Trainer:
                 yield value, position
             return
         device = self.accelerator.device
-        # high priority: the input's many small dependent kernels take SMs as the step's blocks retire, rather than
-        # each waiting behind a whole kernel of the step
-        streams = [torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None for _ in stages]
+        # low: the step's stream ranks above these (_step_stream), so the input's kernels fill the SMs the step's
+        # kernels leave free; high: they take SMs as the step's blocks retire, ahead of the step's own blocks
+        priority = -1 if self.prefetch_priority == "high" else 0
+        streams = [torch.cuda.Stream(device, priority=priority) if device.type == "cuda" else None for _ in stages]
 
         def on_stream(i: int, value: Any, after: Any, drawn: BatchRandom, spent: tuple[float, float]) -> tuple:
             """Stage i on its stream once ``after`` (the previous stage's event, or the loader's copies) is reached
@@ -473,8 +486,8 @@ class Trainer:
 
     def _note_prepare(self, seconds: tuple[float, float]) -> None:
         """Add one ``prepare_batch`` call's (wall, thread CPU) seconds to the log window."""
-        wall, cpu, calls = self._prepare_times
-        self._prepare_times = [wall + seconds[0], cpu + seconds[1], calls + 1]
+        wall, cpu, calls, longest = self._prepare_times
+        self._prepare_times = [wall + seconds[0], cpu + seconds[1], calls + 1, max(longest, seconds[0])]
 
     def _seed_micro_batch(self, micro: int) -> None:
         """Seed python's, numpy's and torch's CPU and CUDA generators from (seed, step, micro-batch, process), so
@@ -494,7 +507,9 @@ class Trainer:
         for micro in range(self.grad_accum_steps):
             waited = time.perf_counter()
             batch, (self.epoch, self.batch_in_epoch) = next(batches)
-            self._input_wait += time.perf_counter() - waited
+            waited = time.perf_counter() - waited
+            self._input_wait += waited
+            self._input_wait_max = max(self._input_wait_max, waited)
             self._seed_micro_batch(micro)
             with acc.accumulate(self.model), use_batch_random(self._draws(self.step, micro)):
                 out = self.loss_fn(self.model, batch)
@@ -584,13 +599,14 @@ class Trainer:
     def _flush_window(self) -> dict[str, Any]:
         """Mean of the logged values since the last record, the rate and ``input_wait_share``: the share of the
         window's wall time this process's loop spent waiting for its next batch (the loader's, and the batch's
-        preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does. With a
+        preparation where it is not ready ahead): near 0 the model sets the rate, near 1 the input does, and
+        ``input_wait_max_ms``, the longest of those waits (one stall, or a wait spread over the steps). With a
         ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the threads that run it (its
-        stages summed), and ``input_prepare_cpu_ms``, those threads' CPU time in it (the rest they waited: for the
-        GIL, or for the device where they synchronise); ``loop_cpu_ms``: the training loop thread's CPU milliseconds
-        per step (near the wall time per step, the host sets the rate; the autograd engine's device thread and the
-        preparation's threads are not in it); ``gc_ms``: the garbage collector's collections in the window (wall
-        milliseconds, every thread waits for them)."""
+        stages summed), ``input_prepare_max_ms`` the longest, and ``input_prepare_cpu_ms``, those threads' CPU time
+        in it (the rest they waited: for the GIL, or for the device where they synchronise); ``loop_cpu_ms``: the
+        training loop thread's CPU milliseconds per step (near the wall time per step, the host sets the rate; the
+        autograd engine's device thread and the preparation's threads are not in it); ``gc_ms``: the garbage
+        collector's collections in the window (wall milliseconds, every thread waits for them)."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
@@ -604,12 +620,15 @@ class Trainer:
             skipped_steps=self.skipped_steps,
             steps_per_s=(self.step - start_step) / elapsed,
             input_wait_share=round(min(self._input_wait / elapsed, 1.0), 4),
+            input_wait_max_ms=round(1000 * self._input_wait_max, 3),
             loop_cpu_ms=round(1000 * loop_cpu / max(self.step - start_step, 1), 3),
         )
-        wall, cpu, calls = self._prepare_times
+        wall, cpu, calls, longest = self._prepare_times
         if calls:
             record.update(
-                input_prepare_ms=round(1000 * wall / calls, 3), input_prepare_cpu_ms=round(1000 * cpu / calls, 3)
+                input_prepare_ms=round(1000 * wall / calls, 3),
+                input_prepare_max_ms=round(1000 * longest, 3),
+                input_prepare_cpu_ms=round(1000 * cpu / calls, 3),
             )
         if self._gc_pauses is not None:
             record.update(gc_ms=round(1000 * self._gc_pauses.take(), 3))
@@ -622,7 +641,9 @@ class Trainer:
         self._window_start = (self.step, now)
         self._loop_cpu_start = time.thread_time()  # of the calling thread: the training loop's
         self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
-        self._prepare_times = [0.0, 0.0, 0]  # prepare_batch's wall and thread CPU seconds, and calls, of the window
+        self._input_wait_max = 0.0  # the longest of those waits
+        # prepare_batch's wall and thread CPU seconds, calls and longest wall seconds, of the window
+        self._prepare_times = [0.0, 0.0, 0, 0.0]
 
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:
         acc = self.accelerator
@@ -674,6 +695,23 @@ class Trainer:
         threads = self.prefetch and self.prepare_batch is not None
         return switch_interval(self.switch_interval_ms if threads else None)
 
+    @contextlib.contextmanager
+    def _step_stream(self) -> Iterator[None]:
+        """With ``prefetch_priority`` "low" on CUDA (and prefetch threads): the training loop's work on a stream of
+        high priority, ordered after the work queued before it and before the work queued after it."""
+        device = self.accelerator.device
+        threads = self.prefetch and self.prepare_batch is not None
+        if not (threads and self.prefetch_priority == "low" and device.type == "cuda"):
+            yield
+            return
+        before, stream = torch.cuda.current_stream(device), torch.cuda.Stream(device, priority=-1)
+        stream.wait_stream(before)
+        try:
+            with torch.cuda.stream(stream):
+                yield
+        finally:
+            before.wait_stream(stream)
+
     def _fit(self) -> dict[str, Any]:
         acc = self.accelerator
         remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
@@ -686,6 +724,7 @@ class Trainer:
         with (
             GcPauses() as self._gc_pauses,
             self._switch_interval(),
+            self._step_stream(),
             profiler if profiler is not None else contextlib.nullcontext(),
             contextlib.closing(self._prepared(self._batches(), remaining)) as batches,
             tqdm(

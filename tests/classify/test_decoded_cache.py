@@ -98,6 +98,7 @@ def test_a_set_too_large_for_the_device_is_one_clear_error(tmp_path, monkeypatch
         ({"source": "synthetic", "format": "shards"}, "shards and data.cache=device do not apply to it"),
         ({"source": "synthetic", "synthetic_images": 0}, "data.synthetic_images must be a whole number at least 1"),
         ({"source": "webdataset"}, "unknown data.source 'webdataset'; valid: 'imagefolder', 'digits', 'synthetic'"),
+        ({"prefetch_priority": "urgent"}, "unknown data.prefetch_priority 'urgent'; valid: 'high', 'low'"),
     ],
 )
 def test_unusable_data_settings_are_refused(keys, message):
