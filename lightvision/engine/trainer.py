@@ -161,8 +161,8 @@ class Trainer:
             ahead as there are stages; the results are the same as without.
         prefetch_priority: "low": the training step runs on a CUDA stream of high priority and the prefetch
             threads' kernels take the SMs the step's kernels leave free; "high": the prefetch threads' streams rank
-            above the step's (the input's kernels take SMs as soon as the step's blocks retire, splitting its
-            kernels' waves). The results are the same either way.
+            above the step's (the input's blocks take SMs as soon as any of the step's retire, ahead of the step's
+            own). The results are the same either way.
         switch_interval_ms: Python's thread switch interval (``sys.setswitchinterval``) while ``fit`` trains with
             ``prefetch`` threads, restored after; how long the loop's thread may wait for the interpreter lock
             while a prefetch thread holds it. None leaves Python's (5 ms).
