@@ -82,7 +82,7 @@ from lightvision.classify.data import (
     train_dataset,
 )
 from lightvision.classify.deit import create_from_config
-from lightvision.classify.shards import make_shards
+from lightvision.classify.shards import make_shards, read_index
 from lightvision.classify.train import load_recipe, make_criterion, make_optimizer, model_config
 from lightvision.engine import BatchRandom, use_batch_random
 from lightvision.engine.batch_random import batch_seed
@@ -515,10 +515,10 @@ def synthetic_overrides(data: Path) -> list[str]:
 
 def _written_index(root: Path, split: str, images: int, shard_size: int, max_size: int | None) -> dict | None:
     """The index of shards an earlier run wrote from the same folder split (image count, shard size, max size)."""
-    path = root / f"{split}.json"
-    if not path.is_file():
+    try:
+        index = read_index(root, split)
+    except FileNotFoundError:
         return None
-    index = json.loads(path.read_text())
     same = index["count"] + len(index["skipped"]) == images and index.get("max_size") == max_size
     return index if same and -(-index["count"] // shard_size) == len(index["shards"]) else None
 

@@ -690,18 +690,21 @@ class Trainer:
         self._stop_requested = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
+    @property
+    def _prefetch_threads(self) -> bool:
+        """Whether ``fit`` prepares batches on background threads."""
+        return self.prefetch and self.prepare_batch is not None
+
     def _switch_interval(self) -> contextlib.AbstractContextManager:
         """``switch_interval_ms`` in force while prefetch threads run, Python's own restored after."""
-        threads = self.prefetch and self.prepare_batch is not None
-        return switch_interval(self.switch_interval_ms if threads else None)
+        return switch_interval(self.switch_interval_ms if self._prefetch_threads else None)
 
     @contextlib.contextmanager
     def _step_stream(self) -> Iterator[None]:
         """With ``prefetch_priority`` "low" on CUDA (and prefetch threads): the training loop's work on a stream of
         high priority, ordered after the work queued before it and before the work queued after it."""
         device = self.accelerator.device
-        threads = self.prefetch and self.prepare_batch is not None
-        if not (threads and self.prefetch_priority == "low" and device.type == "cuda"):
+        if not (self._prefetch_threads and self.prefetch_priority == "low" and device.type == "cuda"):
             yield
             return
         before, stream = torch.cuda.current_stream(device), torch.cuda.Stream(device, priority=-1)
