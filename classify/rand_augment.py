@@ -418,7 +418,9 @@ class BatchRandAugment:
                     op[layer], applied[layer], level[layer], negate[layer], codes, constants
                 )
                 tables = functools.partial(layer_tables, lut, arg)
-                x = augment_layer(x, kind, factor, theta, tables, fill, self.interpolation, self.kinds, self.backend)
+                x = augment_layer(
+                    x, kind, factor, theta, tables, fill, self.interpolation, self.kinds, self.backend, lut
+                )
             return x
         (op_kinds,) = self.op_kinds.get(x.device)
         ops = torch.arange(len(self.names), device=x.device)[:, None]

@@ -36,9 +36,15 @@ def _luma(r, g, b):
 
 
 @triton.jit
-def image_stats_kernel(X, STATS, HW, BLOCK: tl.constexpr):
-    """X uint8 [N, 3, H, W]; STATS int32 [N, 769] zeroed: 3 x 256 histogram bins, then the luma sum."""
+def image_stats_kernel(X, STATS, LUT, HW, BLOCK: tl.constexpr, SOME: tl.constexpr):
+    """X uint8 [N, 3, H, W]; STATS int32 [N, 769] zeroed: 3 x 256 histogram bins, then the luma sum. SOME: only the
+    images whose value-table code LUT int32 [N] reads them (autocontrast, equalize, contrast); the others' rows stay
+    zero."""
     n = tl.program_id(0).to(tl.int64)
+    if SOME:
+        code = tl.load(LUT + n)
+        if (code != LUT_AUTOCONTRAST) & (code != LUT_EQUALIZE) & (code != LUT_CONTRAST):
+            return
     p = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = p < HW
     src = X + n * 3 * HW + p
@@ -316,7 +322,7 @@ def layer_tables_kernel(LUT, ARG, HIST, LUMA, TABLE, s_hist, s_luma):
     arg = tl.load(ARG + n)
     v = tl.arange(0, 256)
     vf = v.to(tl.float32)
-    count = tl.sum(tl.load(HIST + n * s_hist + v))  # pixels: channel 0's histogram
+    count = tl.maximum(tl.sum(tl.load(HIST + n * s_hist + v)), 1)  # pixels: channel 0's histogram (0 if not read)
     mean = tl.floor(tl.load(LUMA + n * s_luma).to(tl.float64) / count.to(tl.float64) + 0.5)
     mean = mean.to(tl.float32)
     bits = tl.minimum(tl.maximum(arg.to(tl.int32), 0), 8)

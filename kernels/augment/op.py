@@ -56,6 +56,7 @@ MODES = ("bilinear", "bicubic", "nearest")  # grid_sample interpolations; the pr
 MAX_PIXELS = (2**31 - 1) // 255  # the program sums an image's luma in int32
 BLOCK = 512  # output pixels (all channels) per program of the apply pass: two a thread (112 registers on sm_90)
 STATS_BLOCK = 4096  # pixels per program of the statistics pass (769 atomic adds each)
+STATS_LUTS = (LUT_AUTOCONTRAST, LUT_EQUALIZE, LUT_CONTRAST)  # the value tables that read an image's statistics
 NUM_WARPS = 8
 
 Tables = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -248,9 +249,13 @@ def erase_boxes_program(
     return out
 
 
-def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+def image_stats(
+    x: torch.Tensor, backend: str = "auto", lut: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`image_stats_reference` in one Triton launch (after zeroing its output); ``backend`` as for
-    :func:`augment_layer`."""
+    :func:`augment_layer`. ``lut``: int32 [N], each image's value-table code (:func:`layer_params`): the program
+    then reads only the images whose table uses the statistics (:data:`STATS_LUTS`) and leaves the others' zero
+    (the reference computes every image's)."""
     if not _check(x, backend):
         return image_stats_reference(x)
     n, _, height, width = x.shape
@@ -258,7 +263,8 @@ def image_stats(x: torch.Tensor, backend: str = "auto") -> tuple[torch.Tensor, t
     from ._triton import image_stats_kernel  # Triton is imported when a kernel first runs
 
     image_stats_kernel[(n, -(-height * width // STATS_BLOCK))](
-        X=x.contiguous(), STATS=stats, HW=height * width, BLOCK=STATS_BLOCK, num_warps=NUM_WARPS,
+        X=x.contiguous(), STATS=stats, LUT=stats if lut is None else lut.int().contiguous(), HW=height * width,
+        BLOCK=STATS_BLOCK, SOME=lut is not None, num_warps=NUM_WARPS,
     )  # fmt: skip
     return stats[:, :-1].view(n, 3, 256), stats[:, -1]
 
@@ -273,10 +279,12 @@ def augment_layer(
     mode: str = "bicubic",
     kinds: tuple[int, ...] = KINDS,
     backend: str = "auto",
+    lut: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`augment_layer_reference` (same arguments) as two Triton launches: the statistics pass
-    (:func:`image_stats`, skipped when ``TABLE`` is not in ``kinds``), ``tables`` (PyTorch ops on [N, 3, 256]
-    tensors), and one pass writing every image through its own op.
+    (:func:`image_stats`, skipped when ``TABLE`` is not in ``kinds``; given the images' value-table codes ``lut``
+    it reads only the images whose tables use them), ``tables`` (PyTorch ops on [N, 3, 256] tensors), and one pass
+    writing every image through its own op.
 
     ``backend``: "auto" runs the programs on CUDA and the reference elsewhere; "triton" requires the programs (CUDA,
     or Triton's interpreter); "torch" the reference. Resampling agrees with ``grid_sample`` up to float rounding (a
@@ -286,7 +294,7 @@ def augment_layer(
         return augment_layer_reference(x, kind, factor, theta, tables, fill, mode, kinds)
     n, _, height, width = x.shape
     x = x.contiguous()
-    table = tables(*image_stats(x, backend)).expand(n, 3, 256).contiguous() if TABLE in kinds else x
+    table = tables(*image_stats(x, backend, lut)).expand(n, 3, 256).contiguous() if TABLE in kinds else x
     out = empty(x.shape, torch.uint8, x.device)
     from ._triton import augment_kernel
 

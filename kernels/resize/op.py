@@ -21,10 +21,11 @@ from .._launch import empty, program_runs
 
 MODES = ("bicubic", "bilinear", "nearest")
 KERNEL_MODES = {"bicubic": 2, "bilinear": 1}  # filter radius of the antialiased modes the program implements
-# the program's output tile (rows, columns) by its horizontal taps: at 16 taps (bicubic crops to 224 px of images 448
-# to 839 px wide) 16 x 32 was the fastest of 3 x 3 tiles on an H200: for 128 crops of ~500 x 375 / 256 px-short-side
-# images 0.59 / 0.40 ms against 0.65 / 0.43 at 16 x 64 (benchmarks/results/input_gpu_augment_profile_fused*.json)
-TILES = {16: (16, 32)}
+# the program's output tile (rows, columns) by its horizontal taps, the fastest of 3 x 3 tiles on an H200 for 128
+# bicubic crops to 224 px: at 16 taps (images 448 to 895 px wide, e.g. ~500 x 375) 16 x 32, 0.59 ms against 0.65 at
+# 16 x 64; at 8 taps (224 to 447 px wide, e.g. shrunk to a 256 px shorter side) 8 x 128, 0.28 ms against 0.33 at
+# 16 x 64 (benchmarks/results/input_gpu_augment_profile_fused_h200x1_20261129.json, ..._taps8_256px_...)
+TILES = {8: (8, 128), 16: (16, 32)}
 DEFAULT_TILE = (16, 64)
 
 
@@ -112,10 +113,12 @@ def image_sizes(images: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def horizontal_taps(sizes: torch.Tensor, size: int, mode: str) -> int:
-    """A power of two at least the most input columns one output column of any crop of these images (int64 [N, 2]
-    (H, W)) resized to ``size`` reads: 2 R max(w / S, 1) + 1 for a crop w <= W wide, filter radius R."""
+    """The least power of two at least the most input columns one output column of any crop of these images (int64
+    [N, 2] (H, W)) resized to ``size`` reads: floor(2 R max(w / S, 1)) + 1 for a crop w <= W wide, filter radius R
+    (the program's window [int(c - R s + 0.5), int(c + R s + 0.5)) holds at most that many)."""
     stretch = max(int(sizes[:, 1].max()) / size, 1.0) if len(sizes) else 1.0
-    return 1 << (int(2 * KERNEL_MODES[mode] * stretch) + 1).bit_length()
+    most = int(2 * KERNEL_MODES[mode] * stretch) + 1
+    return 1 << (most - 1).bit_length()
 
 
 def resized_crops_reference(

@@ -3,6 +3,7 @@ sums exactly, every kind of op forced in turn and mixed, each interpolation, NaN
 BatchRandAugment's kernel path against its PyTorch path op by op and with random draws. On CPU the programs run in
 the Triton interpreter, on tiny images."""
 
+import functools
 import math
 import os
 import subprocess
@@ -88,6 +89,52 @@ def test_statistics_exact(size):
     assert (hist.sum(2) == size[0] * size[1]).all() and hist[2, :, 77].eq(size[0] * size[1]).all()
 
 
+def test_statistics_only_for_the_tables_that_read_them():
+    """Given the images' value-table codes, the statistics program reads the images whose tables use the statistics
+    (autocontrast, equalize, contrast) exactly as the reference and leaves the others' rows zero; a layer through
+    those statistics writes what the reference writes."""
+    from lightvision.classify.rand_augment import layer_constants
+    from lightvision.kernels.augment import (
+        LUT_AUTOCONTRAST,
+        LUT_BRIGHTNESS,
+        LUT_CONTRAST,
+        LUT_EQUALIZE,
+        LUT_INVERT,
+        LUT_NONE,
+        LUT_POSTERIZE,
+        LUT_SOLARIZE,
+        LUT_SOLARIZE_ADD,
+        layer_params,
+        layer_tables,
+    )
+    from lightvision.kernels.augment.op import STATS_LUTS
+
+    x = _images(10, 19, 23, seed=7)
+    lut = torch.tensor(
+        [LUT_NONE, LUT_AUTOCONTRAST, LUT_EQUALIZE, LUT_INVERT, LUT_POSTERIZE, LUT_SOLARIZE, LUT_SOLARIZE_ADD]
+        + [LUT_CONTRAST, LUT_BRIGHTNESS, LUT_EQUALIZE],
+        dtype=torch.int32,
+        device=DEVICE,
+    )
+    hist, luma_sum = image_stats(x, backend="triton", lut=lut)
+    ref_hist, ref_luma = image_stats_reference(x)
+    read = torch.isin(lut, torch.tensor(STATS_LUTS, dtype=torch.int32, device=DEVICE))
+    assert read.sum() == 4
+    assert torch.equal(hist[read], ref_hist[read]) and torch.equal(luma_sum[read], ref_luma[read])
+    assert not hist[~read].any() and not luma_sum[~read].any()
+    level = torch.linspace(1, 10, 10, dtype=torch.float64, device=DEVICE)
+    negate = torch.arange(10, device=DEVICE) % 2 == 0
+    constants = layer_constants(0.45, *x.shape[-2:]).to(DEVICE)
+    for name in ("AutoContrast", "Equalize", "Contrast", "Posterize"):
+        op = torch.zeros(10, dtype=torch.int64, device=DEVICE)
+        kind, factor, theta, codes_lut, arg = layer_params(
+            op, torch.ones(10, dtype=torch.bool, device=DEVICE), level, negate, _one_op_codes(name), constants
+        )
+        tables = functools.partial(layer_tables, codes_lut, arg)
+        some = augment_layer(x, kind, factor, theta, tables, FILL, backend="triton", lut=codes_lut)
+        assert torch.equal(some, augment_layer(x, kind, factor, theta, tables, FILL, backend="triton")), name
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_every_kind_matches_reference(mode):
     """Every image through one kind (each in turn), then every kind in one batch."""
@@ -156,9 +203,11 @@ for mode in (0, 1, 2):
     source = ASTSource(augment_kernel, signature, constexprs={"MODE": mode, "BLOCK": BLOCK})
     ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
     assert "fma.rn.f" not in ptx  # each product rounded, as the reference's separate ops
-stats_signature = {"X": "*u8", "STATS": "*i32", "HW": "i32", "BLOCK": "constexpr"}
-source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": STATS_BLOCK})
-assert "atom" in triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}).asm["ptx"]
+stats_signature = {"X": "*u8", "STATS": "*i32", "LUT": "*i32", "HW": "i32", "BLOCK": "constexpr", "SOME": "constexpr"}
+for some in (False, True):
+    source = ASTSource(image_stats_kernel, stats_signature, constexprs={"BLOCK": STATS_BLOCK, "SOME": some})
+    ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}).asm["ptx"]
+    assert "atom" in ptx
 params = {"OP": "*i64", "APPLIED": "*u8", "LEVEL": "*fp64", "NEGATE": "*u8", "CODES": "*i32", "CONST": "*fp64"}
 params |= {"KIND": "*i32", "FACTOR": "*fp64", "THETA": "*fp32", "LUT": "*i32", "ARG": "*fp64", "N": "i32"}
 source = ASTSource(layer_params_kernel, {**params, "BLOCK": "constexpr"}, constexprs={"BLOCK": PARAMS_BLOCK})

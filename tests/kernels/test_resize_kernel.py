@@ -122,3 +122,44 @@ def test_packed_images_are_read_in_place_like_the_list():
         PackedImages(torch.zeros(10, dtype=torch.uint8), packed.sizes)
     with pytest.raises(IndexError):
         packed[len(images)]
+
+
+def _most_taps(width: int, size: int, radius: int) -> int:
+    """The most input columns one output column reads over every crop 1..width wide resized to ``size``, by the
+    program's window in float32 (``_taps``: [int(c - R s + 0.5), int(c + R s + 0.5)) clipped to the crop)."""
+    import numpy as np
+
+    most = 0
+    out = np.arange(size, dtype=np.float32) + np.float32(0.5)
+    for crop in range(1, width + 1):
+        scale = np.float32(crop) / np.float32(size)
+        support = np.float32(radius) * max(scale, np.float32(1.0))
+        center = scale * out
+        lo = np.maximum((center - support + np.float32(0.5)).astype(np.int32), 0)
+        hi = np.minimum((center + support + np.float32(0.5)).astype(np.int32), crop)
+        most = max(most, int((hi - lo).max()))
+    return most
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("size", [16, 23])
+def test_taps_are_the_least_power_of_two_over_the_bound(mode, size):
+    """``horizontal_taps``: the least power of two at least floor(2 R max(W / S, 1)) + 1, which no crop of a W-wide
+    image exceeds; a batch whose bound is exactly a power of two (8 for bicubic crops of 1.75..2 x S wide images)
+    gets that power, not the next, and its crops still match the reference."""
+    from lightvision.kernels.resize.op import KERNEL_MODES, horizontal_taps
+
+    radius = KERNEL_MODES[mode]
+    for width in range(1, 5 * size):
+        taps = horizontal_taps(torch.tensor([[size, width]]), size, mode)
+        bound = int(2 * radius * max(width / size, 1.0)) + 1
+        assert taps >= bound >= _most_taps(width, size, radius) and taps & (taps - 1) == 0 and taps < 2 * bound
+    width = size * 15 // 8  # bicubic: 4 x 15 / 8 = 7.5, so 8 taps
+    g = torch.Generator().manual_seed(5)
+    img = torch.randint(0, 256, (3, size, width), generator=g, dtype=torch.uint8).to(DEVICE)
+    if mode == "bicubic":
+        assert horizontal_taps(torch.tensor([[size, width]]), size, mode) == 8
+    boxes, flip = torch.tensor([[0, 0, size, width], [1, 0, size - 2, width]]), torch.tensor([False, True])
+    out = resized_crops([img, img], boxes, flip, size, mode, backend="triton")
+    assert not out.isnan().any()
+    assert (out - resized_crops_reference([img, img], boxes, flip, size, mode)).abs().max() < 2e-3
