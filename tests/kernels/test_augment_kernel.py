@@ -94,31 +94,15 @@ def test_statistics_only_for_the_tables_that_read_them():
     (autocontrast, equalize, contrast) exactly as the reference and leaves the others' rows zero; a layer through
     those statistics writes what the reference writes."""
     from lightvision.classify.rand_augment import layer_constants
-    from lightvision.kernels.augment import (
-        LUT_AUTOCONTRAST,
-        LUT_BRIGHTNESS,
-        LUT_CONTRAST,
-        LUT_EQUALIZE,
-        LUT_INVERT,
-        LUT_NONE,
-        LUT_POSTERIZE,
-        LUT_SOLARIZE,
-        LUT_SOLARIZE_ADD,
-        layer_params,
-        layer_tables,
-    )
-    from lightvision.kernels.augment.op import STATS_LUTS
+    from lightvision.kernels.augment import layer_params, layer_tables, op
 
     x = _images(10, 19, 23, seed=7)
-    lut = torch.tensor(
-        [LUT_NONE, LUT_AUTOCONTRAST, LUT_EQUALIZE, LUT_INVERT, LUT_POSTERIZE, LUT_SOLARIZE, LUT_SOLARIZE_ADD]
-        + [LUT_CONTRAST, LUT_BRIGHTNESS, LUT_EQUALIZE],
-        dtype=torch.int32,
-        device=DEVICE,
-    )
+    codes = ("NONE", "AUTOCONTRAST", "EQUALIZE", "INVERT", "POSTERIZE", "SOLARIZE", "SOLARIZE_ADD", "CONTRAST")
+    codes += ("BRIGHTNESS", "EQUALIZE")
+    lut = torch.tensor([getattr(op, f"LUT_{code}") for code in codes], dtype=torch.int32, device=DEVICE)
     hist, luma_sum = image_stats(x, backend="triton", lut=lut)
     ref_hist, ref_luma = image_stats_reference(x)
-    read = torch.isin(lut, torch.tensor(STATS_LUTS, dtype=torch.int32, device=DEVICE))
+    read = torch.isin(lut, torch.tensor(op.STATS_LUTS, dtype=torch.int32, device=DEVICE))
     assert read.sum() == 4
     assert torch.equal(hist[read], ref_hist[read]) and torch.equal(luma_sum[read], ref_luma[read])
     assert not hist[~read].any() and not luma_sum[~read].any()
@@ -126,9 +110,9 @@ def test_statistics_only_for_the_tables_that_read_them():
     negate = torch.arange(10, device=DEVICE) % 2 == 0
     constants = layer_constants(0.45, *x.shape[-2:]).to(DEVICE)
     for name in ("AutoContrast", "Equalize", "Contrast", "Posterize"):
-        op = torch.zeros(10, dtype=torch.int64, device=DEVICE)
+        first = torch.zeros(10, dtype=torch.int64, device=DEVICE)
         kind, factor, theta, codes_lut, arg = layer_params(
-            op, torch.ones(10, dtype=torch.bool, device=DEVICE), level, negate, _one_op_codes(name), constants
+            first, torch.ones(10, dtype=torch.bool, device=DEVICE), level, negate, _one_op_codes(name), constants
         )
         tables = functools.partial(layer_tables, codes_lut, arg)
         some = augment_layer(x, kind, factor, theta, tables, FILL, backend="triton", lut=codes_lut)
