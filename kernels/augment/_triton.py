@@ -2,8 +2,8 @@
 
 Both cover BLOCK pixels (all three channels) of one image per program. The statistics program adds its block's
 per-channel value histograms (``tl.histogram``) and the sum of its PIL luma, (19595 r + 38470 g + 7471 b + 2^15)
->> 16, into the image's row of a zeroed int32 buffer. The apply program reads its image's kind and writes the block
-through that one op:
+>> 16, into the image's row of a zeroed int32 buffer (given the images' value-table codes, only for the images whose
+table reads them). The apply program reads its image's kind and writes the block through that one op:
 
 - resample: PyTorch's ``affine_grid`` + ``grid_sample`` (align_corners=False, zero padding) of (value - fill), then
   + fill, rounded half to even, clipped. The output pixel (u, v) has normalised coordinates linspace(-1, 1, W)[u]
