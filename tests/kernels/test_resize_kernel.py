@@ -124,20 +124,21 @@ def test_packed_images_are_read_in_place_like_the_list():
         packed[len(images)]
 
 
-def _most_taps(width: int, size: int, radius: int) -> int:
-    """The most input columns one output column reads over every crop 1..width wide resized to ``size``, by the
-    program's window in float32 (``_taps``: [int(c - R s + 0.5), int(c + R s + 0.5)) clipped to the crop)."""
+def _most_taps(widths: int, size: int, radius: int) -> list[int]:
+    """For each width W in 0..widths - 1, the most input columns one output column reads over every crop 1..W wide
+    resized to ``size``, by the program's window in float32 (``_taps``: [int(c - R s + 0.5), int(c + R s + 0.5))
+    clipped to the crop)."""
     import numpy as np
 
-    most = 0
+    most = [0]
     out = np.arange(size, dtype=np.float32) + np.float32(0.5)
-    for crop in range(1, width + 1):
+    for crop in range(1, widths):
         scale = np.float32(crop) / np.float32(size)
         support = np.float32(radius) * max(scale, np.float32(1.0))
         center = scale * out
         lo = np.maximum((center - support + np.float32(0.5)).astype(np.int32), 0)
         hi = np.minimum((center + support + np.float32(0.5)).astype(np.int32), crop)
-        most = max(most, int((hi - lo).max()))
+        most.append(max(most[-1], int((hi - lo).max())))
     return most
 
 
@@ -150,10 +151,11 @@ def test_taps_are_the_least_power_of_two_over_the_bound(mode, size):
     from lightvision.kernels.resize.op import KERNEL_MODES, horizontal_taps
 
     radius = KERNEL_MODES[mode]
+    most = _most_taps(5 * size, size, radius)
     for width in range(1, 5 * size):
         taps = horizontal_taps(torch.tensor([[size, width]]), size, mode)
         bound = int(2 * radius * max(width / size, 1.0)) + 1
-        assert taps >= bound >= _most_taps(width, size, radius) and taps & (taps - 1) == 0 and taps < 2 * bound
+        assert taps >= bound >= most[width] and taps & (taps - 1) == 0 and taps < 2 * bound
     width = size * 15 // 8  # bicubic: 4 x 15 / 8 = 7.5, so 8 taps
     g = torch.Generator().manual_seed(5)
     img = torch.randint(0, 256, (3, size, width), generator=g, dtype=torch.uint8).to(DEVICE)
