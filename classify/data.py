@@ -267,12 +267,13 @@ def val_dataset(
 
 
 class DeviceBatches:
-    """(images float [B, C, S, S], labels [B]) on the labels' device from an encoded loader batch
+    """(images float [B, C, S, S], targets [B] or [B, classes]) on the labels' device from an encoded loader batch
     (:func:`~lightvision.classify.encoded.collate_encoded`): :meth:`decode`, then :meth:`augment`; the Trainer's
     prefetch runs the two ``stages`` on two threads, decoding one batch while the previous one is augmented.
 
     Args:
-        transform: a :mod:`~lightvision.classify.device_transforms` transform (decoded images -> batch).
+        transform: ``transform(images, labels) -> (inputs, targets)`` on decoded images, the ``batch`` method of a
+            :mod:`~lightvision.classify.device_transforms` transform.
         skips: the dataset that counts undecodable images (``add_skipped``).
     """
 
@@ -284,9 +285,8 @@ class DeviceBatches:
         return decode_batch(batch["images"], batch["labels"], skips=self.skips)
 
     def augment(self, decoded: tuple[list[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`decode`'s (images, labels) -> (``transform(images)``, labels)."""
-        images, labels = decoded
-        return self.transform(images), labels
+        """:meth:`decode`'s (images, labels) -> ``transform(images, labels)``."""
+        return self.transform(*decoded)
 
     @property
     def stages(self) -> tuple[Any, Any]:
@@ -297,22 +297,22 @@ class DeviceBatches:
 
 
 class HostBatches:
-    """(images float [B, C, S, S], labels [B]) on the labels' device from a batch of images kept on the host (a
+    """(images float [B, C, S, S], targets) on the labels' device from a batch of images kept on the host (a
     :func:`~lightvision.classify.cropped.collate_cropped` batch's ``HostImages``, or the packed images of
     ``data.decode: workers``): the images copied there (``images.on``: asynchronously from page-locked memory, on the
-    calling thread's stream), then ``transform``, a ``DeviceTrainTransform`` (made with ``cropped=True`` for cropped
-    images)."""
+    calling thread's stream), then ``transform(images, labels)``, a ``DeviceTrainTransform``'s ``batch`` (made with
+    ``cropped=True`` for cropped images)."""
 
-    def __init__(self, transform: DeviceTrainTransform):
+    def __init__(self, transform: Callable[[Any, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]):
         self.transform = transform
 
     def __call__(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         labels = batch["labels"]
-        return self.transform(batch["images"].on(labels.device)), labels
+        return self.transform(batch["images"].on(labels.device), labels)
 
 
 def device_batches(
-    cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None
+    cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None, mixup: DeviceMixup | None = None
 ) -> DeviceBatches | CachedBatches | HostBatches | None:
     """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
     ``data.pipeline: cpu`` and for ``hybrid``'s evaluation (the batch already is that); for ``gpu`` a
@@ -323,10 +323,12 @@ def device_batches(
     A :class:`~lightvision.classify.decoded.DecodedImages` ``dataset``
     (``data.cache: device``) gets a :class:`~lightvision.classify.decoded.CachedBatches` with the train transform; a
     :class:`~lightvision.classify.synthetic.SyntheticImages` one (either pipeline) gets one without a transform, its
-    images being the model's input already."""
+    images being the model's input already.
+    ``mixup`` (training): the batches come mixed, with soft targets (in the augmentation's own pass; a synthetic
+    batch through ``mixup`` itself)."""
     d = cfg["data"]
     if isinstance(dataset, SyntheticImages):
-        return CachedBatches(None, dataset)
+        return CachedBatches(mixup, dataset)
     hybrid = d["pipeline"] == "hybrid" and train
     if d["pipeline"] != "gpu" and not hybrid:
         return None
@@ -334,14 +336,14 @@ def device_batches(
     mean, std = norm_stats(cfg)
     if train:
         graph = d.get("augment_graph", False)
-        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=graph, cropped=hybrid)
+        transform = DeviceTrainTransform(cfg["aug"], size, mean, std, graph=graph, cropped=hybrid, mixup=mixup)
         if hybrid or decodes_in_workers(d):
-            return HostBatches(transform)
+            return HostBatches(transform.batch)
         if isinstance(dataset, DecodedImages):
-            return CachedBatches(transform, dataset)
-        return DeviceBatches(transform, dataset)
+            return CachedBatches(transform.batch, dataset)
+        return DeviceBatches(transform.batch, dataset)
     crop_pct = d["crop_pct"] or _pretrained_cfg(cfg).crop_pct
-    return DeviceBatches(DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std), dataset)
+    return DeviceBatches(DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std).batch, dataset)
 
 
 class _MappedLoader:

@@ -105,16 +105,15 @@ class DecodedImages(DeviceImages):
 
 
 class CachedBatches:
-    """(images [B, ...], labels [B]) on the device from a loader batch (index [B], label [B]) of a
-    :class:`DeviceImages`: the images at ``index``, through ``transform`` when one is given (a
-    ``DeviceTrainTransform`` for decoded images; None: as they are, for images already in the model's form)."""
+    """(images [B, ...], targets) on the device from a loader batch (index [B], label [B]) of a
+    :class:`DeviceImages`: the images at ``index`` and their labels, through ``transform(images, labels) -> (inputs,
+    targets)`` when one is given (a ``DeviceTrainTransform``'s ``batch`` for decoded images, a ``DeviceMixup`` for
+    images already in the model's form; None: as they are)."""
 
     def __init__(self, transform: Any | None, images: DeviceImages):
         self.transform, self.images = transform, images
 
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         index, labels = batch
-        images = self.images.gather(index)
-        if self.transform is not None:
-            images = self.transform(images)
-        return images, labels.to(self.images.labels.device)
+        images, labels = self.images.gather(index), labels.to(self.images.labels.device)
+        return (images, labels) if self.transform is None else self.transform(images, labels)

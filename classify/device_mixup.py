@@ -7,7 +7,8 @@ other operations for mixup than for cutmix. :class:`DeviceMixup` draws them on t
 lambda ~ Beta(alpha, alpha) as G1 / (G1 + G2) of two Gamma(alpha) draws, and computes both mixes, each image keeping
 the drawn one (:func:`~lightvision.kernels.mix.mix_reversed`, one program on CUDA): the same launches every step and
 no host synchronisation, so the :class:`~lightvision.classify.graphed.GraphedCall` it runs through replays it as one
-CUDA graph.
+CUDA graph. :meth:`DeviceMixup.params` and :meth:`DeviceMixup.targets` let the train augmentation mix in its own
+pass (:meth:`~lightvision.classify.device_transforms.DeviceTrainTransform.batch`).
 """
 
 from __future__ import annotations
@@ -59,17 +60,16 @@ class DeviceMixup:
         (alphas,) = self.alphas.get(device)
         return u, torch._standard_gamma(alphas, generator=br.generator(device))
 
-    def mix(
-        self, x: torch.Tensor, labels: torch.Tensor, u: torch.Tensor, gammas: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x float [N, C, H, W] and labels int64 [N] mixed with the reversed batch, by :meth:`draw`'s draws ->
-        (mixed [N, C, H, W], soft targets float [N, classes])."""
-        height, width = x.shape[-2:]
+    def params(
+        self, height: int, width: int, u: torch.Tensor, gammas: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The mix of a batch of ``height`` x ``width`` images from :meth:`draw`'s draws: (lam float64 [], cut bool [],
+        box [4] top, bottom, left, right), :func:`~lightvision.kernels.mix.mix_reversed`'s arguments."""
         applied = u[0, 0] < self.prob
         if self.mixup_alpha > 0 and self.cutmix_alpha > 0:
             cutmix = u[0, 1] < self.switch_prob
         else:
-            cutmix = torch.full((), self.cutmix_alpha > 0, device=x.device)
+            cutmix = torch.full((), self.cutmix_alpha > 0, device=u.device)
         beta = gammas[0, ::2] / (gammas[0, ::2] + gammas[0, 1::2])  # [mixup's, cutmix's]
         lam = torch.where(applied, torch.where(cutmix, beta[1], beta[0]), 1.0)
         # timm's rand_bbox: a box of the sides' sqrt(1 - lam), centred at a uniform pixel, clipped to the image
@@ -80,8 +80,19 @@ class DeviceMixup:
         left, right = (cx - (cut_w / 2).floor()).clamp(0, width), (cx + ((cut_w + 1) / 2).floor()).clamp(0, width)
         cut = cutmix & (lam < 1)
         lam = torch.where(cut, 1 - (bottom - top) * (right - left) / (height * width), lam)
-        mixed = mix_reversed(x, lam, cut, torch.stack([top, bottom, left, right]))
-        return mixed, mixup_target(labels, self.num_classes, lam.float(), self.smoothing)
+        return lam, cut, torch.stack([top, bottom, left, right])
+
+    def targets(self, labels: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
+        """Soft targets float [N, classes] of labels int64 [N] mixed with weight ``lam`` (float64 [])."""
+        return mixup_target(labels, self.num_classes, lam.float(), self.smoothing)
+
+    def mix(
+        self, x: torch.Tensor, labels: torch.Tensor, u: torch.Tensor, gammas: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x float [N, C, H, W] and labels int64 [N] mixed with the reversed batch, by :meth:`draw`'s draws ->
+        (mixed [N, C, H, W], soft targets float [N, classes])."""
+        lam, cut, box = self.params(*x.shape[-2:], u, gammas)
+        return mix_reversed(x, lam, cut, box), self.targets(labels, lam)
 
     def __call__(self, x: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.run_mix(x, labels, *self.draw(x.device))

@@ -12,15 +12,17 @@ and aspect in [0.3, 1/0.3], filled per ``aug.remode``). ``aug.no_aug``: resize +
 eval: resize the short side to ``floor(img_size / crop_pct)``, centre crop ``img_size``, normalise.
 
 Images stay uint8 (rounded after each resampling, as PIL keeps them) until normalisation. A batch's draws are one
-tensor of uniforms (and the erasing noise) drawn on the batch's device from :func:`~lightvision.engine.batch_random`
-(keyed by seed, step and micro-batch, so a resumed run draws the same); every per-image parameter is computed from
-them on the device, and every step issues the same operations with no host synchronisation. On CUDA the crops'
-boxes are read by the resize program on the device (bicubic and bilinear; "nearest" crops image by image, reading
-the boxes back); the crops' and the erasing boxes' draws are one program each there
-(:func:`~lightvision.kernels.augment.crop_boxes`, :func:`~lightvision.kernels.augment.erase_boxes_program`; the
-functions here are their spec), and the boxes' draw (:meth:`DeviceTrainTransform.boxes`) and the rest
-(:meth:`DeviceTrainTransform.augment`) are replayed as CUDA graphs captured once per batch shape
-(:class:`~lightvision.classify.graphed.GraphedCall`).
+tensor of uniforms drawn on the batch's device from :func:`~lightvision.engine.batch_random` (keyed by seed, step and
+micro-batch, so a resumed run draws the same); every per-image parameter is computed from them on the device, and
+every step issues the same operations with no host synchronisation. On CUDA the crops' boxes are read by the resize
+program on the device (bicubic and bilinear; "nearest" crops image by image, reading the boxes back); the crops' and
+the erasing boxes' draws are one program each there (:func:`~lightvision.kernels.augment.crop_boxes`,
+:func:`~lightvision.kernels.augment.erase_boxes_program`; the functions here are their spec), the erasing noise is
+drawn by the normalisation's program from a seed per image (elsewhere: a noise tensor from the same draws), and the
+boxes' draw (:meth:`DeviceTrainTransform.boxes`) and the rest (:meth:`DeviceTrainTransform.augment`) are replayed as
+CUDA graphs captured once per batch shape (:class:`~lightvision.classify.graphed.GraphedCall`). Given the recipe's
+:class:`~lightvision.classify.device_mixup.DeviceMixup`, :meth:`DeviceTrainTransform.batch` mixes the batch in that
+same program and graph.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 
 import torch
 
+from lightvision.classify.device_mixup import DeviceMixup
 from lightvision.classify.graphed import DeviceConstants, GraphedCall
 from lightvision.classify.rand_augment import GRID_MODES, BatchRandAugment, apply_op
 from lightvision.engine import batch_random
@@ -72,6 +75,7 @@ def _first_fit(ok: torch.Tensor, *values: torch.Tensor) -> tuple[torch.Tensor, .
 
 CROP_COLUMNS = 2 * ATTEMPTS + 2  # uniforms per image of a resized-crop draw: area and aspect per attempt, place
 ERASE_COLUMNS = 2 * ATTEMPTS + 2  # ... of one erasing box
+SEED_SCALE = 2.0**53  # a uniform's float64 mantissa as an int64 seed of the erasing noise's program
 
 
 def resized_crop_params(
@@ -187,6 +191,10 @@ class DeviceEvalTransform:
         x = torch.stack([self.crop(img) for img in images])
         return normalize_erase(x, *self.placed.get(x.device))
 
+    def batch(self, images: Sequence[torch.Tensor], labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, labels) -> (:meth:`__call__`'s batch, labels)."""
+        return self(images), labels
+
 
 class DeviceTrainTransform:
     """The DeiT train transform (timm ``create_transform(is_training=True)``) on decoded images.
@@ -200,6 +208,8 @@ class DeviceTrainTransform:
         cropped: the images come cropped and flipped (``data.pipeline: hybrid``: the loader workers ran timm's
             random resized crop and flip, see :func:`~lightvision.classify.cropped.crop_transform`), as one uint8
             [N, 3, S, S] batch; the transform draws and runs only what follows (``aug.no_aug``: normalisation).
+        mixup: the recipe's Mixup / CutMix, applied by :meth:`batch` (in the normalisation's pass unless
+            ``aug.no_aug``).
     """
 
     def __init__(
@@ -210,8 +220,9 @@ class DeviceTrainTransform:
         std: Sequence[float],
         graph: bool = True,
         cropped: bool = False,
+        mixup: DeviceMixup | None = None,
     ):
-        self.img_size, self.cropped = img_size, cropped
+        self.img_size, self.cropped, self.mixup = img_size, cropped, mixup
         self.interpolation = aug.get("interpolation", "bicubic")
         check_choice(self.interpolation, GRID_MODES, "aug.interpolation for data.pipeline=gpu")
         check_choice(aug.get("remode", "pixel"), ("pixel", "rand", "const"), "aug.remode")
@@ -238,6 +249,7 @@ class DeviceTrainTransform:
             "rand_augment": self.rand_augment.columns if self.rand_augment else 0,
             "jitter": 2 * len(JITTER_OPS) if self.jitter else 0,
             "erase": 2 + self.recount * ERASE_COLUMNS if self.reprob > 0 else 0,
+            "noise": 1 if self.reprob > 0 and self.remode != "const" else 0,  # the erasing noise's seed
         }
         self.columns = {name: width for name, width in widths.items() if width}
         self.placed = _placed_stats(mean, std)
@@ -247,23 +259,15 @@ class DeviceTrainTransform:
         self.crop_constants = DeviceConstants(crop_constants(self.scale))
         self.erase_constants = DeviceConstants(erase_constants(self.reprob))
 
-    def draw(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every draw of a batch of ``n`` on ``device``, from the current
-        :func:`~lightvision.engine.batch_random` (keyed by seed, step and micro-batch: a resumed run draws the same):
-        float64 uniforms u [n, columns] (:meth:`split` names them) and the erasing noise (float [n, 3, S, S] for
-        ``aug.remode`` pixel, [n, 3, 1, 1] for rand, [1, 1, 1, 1] zeros otherwise). Two launches, no host work."""
-        br = batch_random()
-        u = br.rand((n, sum(self.columns.values())), device=device, dtype=torch.float64)
-        if self.reprob > 0 and self.remode == "pixel":
-            noise = br.randn((n, 3, self.img_size, self.img_size), device=device)
-        elif self.reprob > 0 and self.remode == "rand":
-            noise = br.randn((n, 3, 1, 1), device=device)
-        else:
-            noise = torch.zeros((1, 1, 1, 1), device=device)
-        return u, noise
+    def draw(self, n: int, device: torch.device) -> torch.Tensor:
+        """The draws of a batch of ``n`` on ``device``, from the current :func:`~lightvision.engine.batch_random`
+        (keyed by seed, step and micro-batch: a resumed run draws the same): float64 uniforms u [n, columns]
+        (:meth:`split` names them). One launch, no host work; off CUDA the erasing noise follows from the same
+        generator (:meth:`erase_fill`)."""
+        return batch_random().rand((n, sum(self.columns.values())), device=device, dtype=torch.float64)
 
     def split(self, u: torch.Tensor) -> dict[str, torch.Tensor]:
-        """:meth:`draw`'s uniforms [N, columns] by step (views): crop, flip, rand_augment, jitter, erase."""
+        """:meth:`draw`'s uniforms [N, columns] by step (views): crop, flip, rand_augment, jitter, erase, noise."""
         return dict(zip(self.columns, u.split(list(self.columns.values()), 1), strict=True))
 
     def crop_flip(self, images: Sequence[torch.Tensor], u: torch.Tensor) -> torch.Tensor:
@@ -310,23 +314,58 @@ class DeviceTrainTransform:
             return erase_boxes_program(h, w, self.recount, u, constants, ATTEMPTS)
         return erase_boxes(h, w, self.reprob, self.recount, u)
 
-    def augment(self, x: torch.Tensor, u: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    def erase_fill(self, x: torch.Tensor, u: torch.Tensor | None) -> dict[str, Any]:
+        """The erasing fill of the batch x [N, 3, S, S] as :func:`~lightvision.kernels.erase.normalize_erase`'s
+        keywords: on CUDA a seed per image (from u float64 [N, 1], the noise column; None for const) for its program
+        to draw the noise (per pixel for ``aug.remode`` pixel, per image and channel for rand); elsewhere the noise
+        itself, drawn from :func:`~lightvision.engine.batch_random` after :meth:`draw`; zeros for const."""
+        if self.remode == "const":
+            return {"noise": torch.zeros((1, 1, 1, 1), device=x.device)}
+        per_pixel = self.remode == "pixel"
+        if _draws_by_program(x):
+            return {"seeds": (u[:, 0] * SEED_SCALE).long(), "per_pixel": per_pixel}
+        shape = (len(x), 3, *x.shape[-2:]) if per_pixel else (len(x), 3, 1, 1)
+        return {"noise": batch_random().randn(shape, device=x.device)}
+
+    def augment(self, x: torch.Tensor, u: torch.Tensor, *mix: torch.Tensor) -> Any:
         """RandAugment, colour jitter, normalisation and erasing of the cropped batch uint8 [N, 3, S, S] -> float
-        [N, 3, S, S]; ``u``: all of :meth:`draw`'s uniforms [N, columns], noise its erasing fill. The same
-        launches whatever was drawn and no host synchronisation, so it can be captured as one CUDA graph."""
+        [N, 3, S, S]; ``u``: all of :meth:`draw`'s uniforms [N, columns]. With ``mix`` (labels int64 [N] and
+        ``mixup``'s :meth:`~lightvision.classify.device_mixup.DeviceMixup.draw`), the batch is mixed in the
+        normalisation's pass -> (mixed [N, 3, S, S], soft targets [N, classes]). The same launches whatever was
+        drawn and no host synchronisation, so it can be captured as one CUDA graph."""
         named = self.split(u)
         if self.rand_augment is not None:
             x = self.rand_augment(x, named["rand_augment"])
         if self.jitter is not None:
             x = self.color_jitter(x, named["jitter"])
         boxes = self.erasing_boxes(x, named["erase"]) if self.reprob > 0 else None
-        return normalize_erase(x, *self.placed.get(x.device), boxes, noise)  # one program on CUDA
+        fill = self.erase_fill(x, named.get("noise")) if boxes is not None else {}
+        if not mix:
+            return normalize_erase(x, *self.placed.get(x.device), boxes, **fill)  # one program on CUDA
+        labels, mix_u, gammas = mix
+        lam, cut, box = self.mixup.params(*x.shape[-2:], mix_u, gammas)
+        mixed = normalize_erase(x, *self.placed.get(x.device), boxes, mix=(lam, cut, box), **fill)
+        return mixed, self.mixup.targets(labels, lam)
+
+    def _augmented(self, images: Sequence[torch.Tensor], *mix: torch.Tensor) -> Any:
+        """:meth:`augment` (replayed as a graph) of the images cropped and flipped unless ``cropped``."""
+        u = self.draw(len(images), images[0].device)
+        x = images if self.cropped else self.crop_flip(images, u)
+        return self.run_augment(x, u, *mix)
 
     def __call__(self, images: Sequence[torch.Tensor]) -> torch.Tensor:
         """uint8 [3, H_i, W_i] per image (``cropped``: uint8 [N, 3, S, S]) -> float [N, 3, S, S] augmented and
         normalised, on the images' device."""
         if self.no_aug:
             return normalize_erase(images, *self.placed.get(images.device)) if self.cropped else self.eval(images)
-        u, noise = self.draw(len(images), images[0].device)
-        x = images if self.cropped else self.crop_flip(images, u)
-        return self.run_augment(x, u, noise)
+        return self._augmented(images)
+
+    def batch(self, images: Sequence[torch.Tensor], labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images as :meth:`__call__` takes them, labels int64 [N] on their device) -> (inputs float [N, 3, S, S],
+        targets): the augmented images and the labels, or with ``mixup`` the images mixed (in the normalisation's
+        pass, except with ``aug.no_aug``) and the soft targets."""
+        if self.mixup is None:
+            return self(images), labels
+        if self.no_aug:
+            return self.mixup(self(images), labels)
+        return self._augmented(images, labels, *self.mixup.draw(labels.device))

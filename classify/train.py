@@ -202,15 +202,15 @@ def step_size(images: torch.Tensor, sizes: list[int] | None) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
 
 
-def make_loss_fn(mixup: Any, smoothing: float, sizes: list[int] | None = None):
-    """``loss_fn(model, (images, labels))`` for the Trainer: the step's size (:func:`step_size`), Mixup/CutMix, then
-    :func:`make_criterion`'s loss."""
+def make_loss_fn(mixup: Any, smoothing: float, sizes: list[int] | None = None, mixed: bool = False):
+    """``loss_fn(model, (images, labels))`` for the Trainer: the step's size (:func:`step_size`), Mixup/CutMix (unless
+    the batches come ``mixed``, their targets soft), then :func:`make_criterion`'s loss."""
     criterion = make_criterion(mixup, smoothing)
 
     def loss_fn(model: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch
         images = step_size(images, sizes)
-        if mixup is not None:
+        if mixup is not None and not mixed:
             images, labels = mixup(images, labels)
         return criterion(model(images), labels)
 
@@ -347,6 +347,8 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
     mixup = build_mixup(a, num_classes, on_device=on_device, graph=gpu_graph)
     if mixup is not None and t["batch_size"] % 2:
         raise ValueError(f"Mixup/CutMix needs an even train.batch_size, got {t['batch_size']}")
+    # a device Mixup mixes where the batch is prepared (after the step's resize when aug.sizes draws one)
+    mixed = on_device and mixup is not None and not a["sizes"]
     workers = loader_workers(cfg["data"]["num_workers"])
     cuda = accelerator.device.type == "cuda"
     if cfg["data"]["cache"] == "device":
@@ -394,7 +396,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         return out
 
     eval_every = t["eval_every_epochs"] * steps_per_epoch
-    loss_fn = make_loss_fn(mixup, a["smoothing"], a["sizes"])
+    loss_fn = make_loss_fn(mixup, a["smoothing"], a["sizes"], mixed=mixed)
     trainer = Trainer(
         run_dir,
         cfg,
@@ -404,7 +406,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         train_loader,
         loss_fn,
         max_steps=max_steps,
-        prepare_batch=device_batches(cfg, train_set, train=True),
+        prepare_batch=device_batches(cfg, train_set, train=True, mixup=mixup if mixed else None),
         prefetch=cfg["data"]["prefetch"],
         prefetch_priority=cfg["data"]["prefetch_priority"],
         switch_interval_ms=cfg["data"]["thread_switch_ms"],

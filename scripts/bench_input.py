@@ -131,7 +131,8 @@ class Loop:
         self.optimizer = make_optimizer(self.model, o, o["lr"], device)
         on_device = dataset is not None and cfg["data"]["pipeline"] == "gpu"
         self.mixup = build_mixup(cfg["aug"], NUM_CLASSES, on_device=on_device)
-        self.prepare = device_batches(cfg, dataset, train=True) if dataset is not None else None
+        mixup = self.mixup if on_device else None  # the gpu pipeline mixes in its augmentation's pass
+        self.prepare = device_batches(cfg, dataset, train=True, mixup=mixup) if dataset is not None else None
         self.criterion = make_criterion(self.mixup, cfg["aug"]["smoothing"])
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg["train"]["mixed_precision"])
         b, s = cfg["train"]["batch_size"], cfg["data"]["image_size"]
@@ -148,9 +149,9 @@ class Loop:
         return self.prepare.decode(batch) if self.prepare is not None else batch
 
     def augment(self, decoded: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.prepare is not None:  # augmented and mixed
+            return self.prepare.augment(decoded)
         images, labels = decoded
-        if self.prepare is not None:
-            images = self.prepare.transform(images)
         return self.mixup(images, labels) if self.mixup is not None else (images, labels)
 
     def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> None:

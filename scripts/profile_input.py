@@ -5,10 +5,11 @@
 Median milliseconds of each stage (decode, from pageable memory and from page-locked memory as the training loader gives
 it; draws + crop + flip + resize; RandAugment, as two Triton launches per layer on CUDA and as PyTorch ops; the whole
 augmentation after the crop, op by op; the whole transform op by op and with the augmentation replayed as a CUDA graph;
-Mixup / CutMix of its output) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``,
-and how many RandAugment values the two ways give differently (resampling rounding); then the operations of one decode +
-transform + Mixup / CutMix: on CUDA the kernel launches and the host and device time in torch.profiler (the top entries
-by each), with the graph replayed, and RandAugment's device time both ways; on the CPU the operations dispatched, in all
+Mixup / CutMix of its output on its own, and the transform with Mixup / CutMix in its normalisation's pass, as training
+runs it) with the device synchronised after each, over ``--repeats`` batches after ``--warmup``, and how many
+RandAugment values the two ways give differently (resampling rounding); then the operations of one decode + mixing
+transform: on CUDA the kernel launches and the host and device time in torch.profiler (the top entries by each), with
+the graph replayed, and RandAugment's device time both ways; on the CPU the operations dispatched, in all
 and by RandAugment alone (on a GPU most are one kernel launch each). ``--max-size N`` first shrinks each image as
 ``make-shards --max-size N`` stores it; ``--tiles`` (CUDA) times the resize program's output tiles on the batch's crops.
 The JSON holds the environment and the command.
@@ -47,6 +48,7 @@ STAGES = (
     "whole_eager",
     "whole",
     "mix",
+    "whole_mixed",
 )
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "classify" / "deit_imagenet.yaml"
 
@@ -70,7 +72,7 @@ def time_tiles(transform: DeviceTrainTransform, images: list[torch.Tensor], size
     from lightvision.kernels.resize.op import horizontal_taps
 
     packed = PackedImages.pack(images)
-    u, _ = transform.draw(len(images), images[0].device)
+    u = transform.draw(len(images), images[0].device)
     boxes, flip = transform.crop_boxes(packed, u)
     chosen = resized_crops(packed, boxes, flip, size, "bicubic", rounded=True)
     times = {}
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         mean, interpolation = norm_stats(cfg)[0], transform.interpolation
         rand_augment_torch = BatchRandAugment(cfg["aug"]["auto_augment"], args.img_size, mean, interpolation, "torch")
     mixup = build_mixup(cfg["aug"], len({f.parent.name for f in files}), on_device=True)
+    mixing = DeviceTrainTransform(cfg["aug"], args.img_size, *norm_stats(cfg), mixup=mixup)
     labels = torch.zeros(len(raw), dtype=torch.long, device=args.device)
     cuda = args.device.startswith("cuda")
     pinned = encoded.pin_memory() if cuda else encoded
@@ -135,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
         return out, 1000 * (time.perf_counter() - start)
 
     def crop(images):
-        u, noise = transform.draw(len(images), images[0].device)
-        return transform.crop_flip(images, u), u, noise
+        u = transform.draw(len(images), images[0].device)
+        return transform.crop_flip(images, u), u
 
     stages = collections.defaultdict(list)
     mismatch = {"values": 0, "of": 0, "max": 0}
@@ -144,16 +147,17 @@ def main(argv: list[str] | None = None) -> int:
         with use_batch_random(BatchRandom(i)):
             images, t_decode = timed(lambda: decode_batch(encoded, labels)[0])
             _, t_pinned = timed(lambda: decode_batch(pinned, labels)[0])
-            (x, u, noise), t_crop = timed(crop, images)
+            (x, u), t_crop = timed(crop, images)
             drawn = transform.split(u).get("rand_augment")
             out_kernel, t_rand = timed(rand_augment, x, drawn)
             out_torch, t_rand_torch = timed(rand_augment_torch, x, drawn)
-            _, t_augment = timed(eager.augment, x, u, noise)
+            _, t_augment = timed(eager.augment, x, u)
             _, t_eager = timed(eager, images)
             augmented, t_whole = timed(transform, images)
             _, t_mix = timed(mixup, augmented, labels)
+            _, t_mixed = timed(mixing.batch, images, labels)
         if i >= args.warmup:
-            times = (t_decode, t_pinned, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole, t_mix)
+            times = (t_decode, t_pinned, t_crop, t_rand, t_rand_torch, t_augment, t_eager, t_whole, t_mix, t_mixed)
             differ = (out_kernel.int() - out_torch.int()).abs()
             mismatch["values"] += int((differ > 0).sum())
             mismatch["of"] += differ.numel()
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             from torch.profiler import ProfilerActivity, profile
 
             with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                mixup(transform(decode_batch(encoded, labels)[0]), labels)
+                mixing.batch(decode_batch(encoded, labels)[0], labels)
                 torch.cuda.synchronize()
             events = prof.key_averages()
             launch = ("cudaLaunchKernel", "cuLaunchKernel")
@@ -186,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 top = sorted(events, key=lambda e: -getattr(e, attr))[:25]
                 report[key] = [(e.key, e.count, round(getattr(e, attr) / 1000, 2)) for e in top]
             if transform.rand_augment is not None:
-                x, u, _ = crop(decode_batch(encoded, labels)[0])
+                x, u = crop(decode_batch(encoded, labels)[0])
                 report["rand_augment_device_ms"] = {}
                 for name, fn in (("kernel", rand_augment), ("torch", rand_augment_torch)):
                     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -198,11 +202,11 @@ def main(argv: list[str] | None = None) -> int:
                 report["resize_tiles"] = time_tiles(transform, decode_batch(encoded, labels)[0], args.img_size)
         else:
             with CountOps() as ops:
-                transform(decode_batch(encoded, labels)[0])
+                mixing.batch(decode_batch(encoded, labels)[0], labels)
             report["ops_dispatched"] = sum(ops.counts.values())
             report["top_ops"] = ops.counts.most_common(25)
             if transform.rand_augment is not None:
-                x, u, _ = crop(decode_batch(encoded, labels)[0])
+                x, u = crop(decode_batch(encoded, labels)[0])
                 with CountOps() as ops:
                     transform.rand_augment(x, transform.split(u)["rand_augment"])
                 report["rand_augment_ops"] = sum(ops.counts.values())

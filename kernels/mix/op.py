@@ -49,12 +49,18 @@ def mix_reversed(
         return mix_reversed_reference(x, lam, cut, box)
     n, c, height, width = x.shape
     x = x.contiguous()
-    weights = torch.stack([lam, 1 - lam]).to(torch.float32)  # each rounded from float64, as the reference does
     out = empty(x.shape, torch.float32, x.device)
     from ._triton import mix_reversed_kernel  # Triton is imported when a kernel first runs
 
     mix_reversed_kernel[(n, -(-c * height * width // BLOCK))](
-        X=x, OUT=out, WEIGHTS=weights, CUT=cut.to(torch.int32).reshape(1), BOX=box.to(torch.int64).contiguous(),
-        N=n, H=height, W=width, C=c, BLOCK=BLOCK, num_warps=NUM_WARPS, enable_fp_fusion=False,
+        X=x, OUT=out, **mix_arguments(lam, cut, box), N=n, H=height, W=width, C=c, BLOCK=BLOCK, num_warps=NUM_WARPS,
+        enable_fp_fusion=False,
     )  # fmt: skip
     return out
+
+
+def mix_arguments(lam: torch.Tensor, cut: torch.Tensor, box: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The mix's launch arguments of a program that mixes (``_triton.mixed``): WEIGHTS float32 [2] (lam and 1 - lam,
+    each rounded from float64, as the reference does), CUT int32 [1], BOX int64 [4]."""
+    weights = torch.stack([lam, 1 - lam]).to(torch.float32)
+    return {"WEIGHTS": weights, "CUT": cut.to(torch.int32).reshape(1), "BOX": box.to(torch.int64).contiguous()}

@@ -40,9 +40,9 @@ def test_cached_batches_equal_the_gpu_pipeline(tmp_path, varied_sizes):
     transform = DeviceTrainTransform(AUG, 16, MEAN, STD)
     index = [7, 0, 3, 3, 9, 1]
     with use_batch_random(BatchRandom(5)):
-        ref_images, ref_labels = DeviceBatches(transform, folder)(collate_encoded([folder[i] for i in index]))
+        ref_images, ref_labels = DeviceBatches(transform.batch, folder)(collate_encoded([folder[i] for i in index]))
     with use_batch_random(BatchRandom(5)):
-        images, labels = CachedBatches(transform, decoded)(
+        images, labels = CachedBatches(transform.batch, decoded)(
             (torch.tensor(index), torch.tensor([decoded[i][1] for i in index]))
         )
     assert images.shape == (6, 3, 16, 16) and torch.equal(images, ref_images) and torch.equal(labels, ref_labels)

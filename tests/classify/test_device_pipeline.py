@@ -91,7 +91,7 @@ def test_crop_keeps_whole_image_and_flips_half():
         {"scale": [1.0, 1.0], "auto_augment": None, "color_jitter": None, "reprob": 0.0}, 8, MEAN, STD
     )
     with use_batch_random(BatchRandom(2)):
-        u, _ = tf.draw(n, torch.device("cpu"))
+        u = tf.draw(n, torch.device("cpu"))
     out = tf.crop_flip([img] * n, u)
     flipped = (out == img.flip(-1)).flatten(1).all(1)
     assert ((out == img).flatten(1).all(1) | flipped).all()  # scale 1: the whole image, resized to itself
@@ -409,23 +409,27 @@ def recorded_calls(fn, *args) -> tuple[list[str], torch.Tensor]:
     return record.calls, out
 
 
-@pytest.mark.parametrize("variant", ["deit", "jitter-rand"])
+@pytest.mark.parametrize("variant", ["deit", "jitter-rand", "deit-mixed"])
 def test_augmentation_calls_do_not_depend_on_the_draws(variant):
-    """Crop, flip, RandAugment / jitter, normalisation and erasing issue the same torch calls for any draws and none
-    that reads a tensor back to the host: what a CUDA graph captured once can replay."""
+    """Crop, flip, RandAugment / jitter, normalisation and erasing (and Mixup / CutMix in the same pass) issue the
+    same torch calls for any draws and none that reads a tensor back to the host: what a CUDA graph captured once can
+    replay."""
     aug = {**DEFAULTS["aug"], "reprob": 0.5, "recount": 2}
     if variant == "jitter-rand":
         aug |= {"auto_augment": None, "color_jitter": 0.4, "remode": "rand"}
-    tf = DeviceTrainTransform(aug, 16, MEAN, STD)
+    mixup = build_mixup(aug, 3, on_device=True) if variant == "deit-mixed" else None
+    tf = DeviceTrainTransform(aug, 16, MEAN, STD, mixup=mixup)
     base = torch.from_numpy(textured()).permute(2, 0, 1)
     images = torch.stack([base.roll(3 * i, dims=-1) for i in range(8)])
     runs = []
     for seed in (10, 11, 12):  # the first call makes the per-device constants (what a graph's warm-up call does)
         with use_batch_random(BatchRandom(seed)):
-            u, noise = tf.draw(len(images), torch.device("cpu"))
+            u = tf.draw(len(images), torch.device("cpu"))
+            mix = (torch.arange(8) % 3, *mixup.draw(torch.device("cpu"))) if mixup else ()
         crop_calls, _ = recorded_calls(tf.crop_boxes, images, u)  # then one resize launch (kernels/resize)
-        calls, out = recorded_calls(tf.augment, tf.crop_flip(images, u), u, noise)
-        runs.append((crop_calls, calls, out))
+        with use_batch_random(BatchRandom(seed)):  # off CUDA the erasing noise follows the draws
+            calls, out = recorded_calls(tf.augment, tf.crop_flip(images, u), u, *mix)
+        runs.append((crop_calls, calls, out[0] if mixup else out))
     runs = runs[1:]
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     assert not SYNCING_CALLS & set(runs[0][0] + runs[0][1]), SYNCING_CALLS & set(runs[0][0] + runs[0][1])
@@ -455,7 +459,23 @@ def test_augmentation_never_waits_for_the_host_and_replays_as_a_graph():
                 torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=0)
     assert torch.equal(outs[1], outs[2])
-    labels, mixed = torch.arange(6, device="cuda") % 3, []
+    labels, batches = torch.arange(6, device="cuda") % 3, []
+    eager_mix, graphed_mix = (build_mixup(DEFAULTS["aug"], 3, on_device=True, graph=g) for g in (False, True))
+    eager = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD, graph=False, mixup=eager_mix)
+    graphed = DeviceTrainTransform(DEFAULTS["aug"], 32, MEAN, STD, mixup=graphed_mix)
+    for tf in (eager, graphed, graphed):  # the transform with Mixup / CutMix in its pass, the same way
+        with use_batch_random(BatchRandom(6)):
+            tf.batch(images, labels)
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                batches.append(tf.batch(images, labels))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    for eager_out, graphed_out in zip(batches[0], batches[1], strict=True):
+        torch.testing.assert_close(graphed_out, eager_out, atol=1e-5, rtol=0)
+    assert all(torch.equal(a, b) for a, b in zip(batches[1], batches[2], strict=True))
+    mixed = []
     eager_mix, graphed_mix = (build_mixup(DEFAULTS["aug"], 3, on_device=True, graph=g) for g in (False, True))
     for mixup in (eager_mix, graphed_mix, graphed_mix):  # Mixup / CutMix the same way
         with use_batch_random(BatchRandom(5)):
@@ -468,6 +488,35 @@ def test_augmentation_never_waits_for_the_host_and_replays_as_a_graph():
                 torch.cuda.set_sync_debug_mode("default")
     for eager_out, graphed_out in zip(mixed[0], mixed[1], strict=True):
         torch.testing.assert_close(graphed_out, eager_out, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("aug_change", [{}, {"remode": "rand", "recount": 2}, {"no_aug": True}], ids=str)
+def test_batch_mixes_as_mixup_after_the_transform(aug_change):
+    """The train transform's ``batch`` with the recipe's device Mixup / CutMix (mixed in the normalisation's pass, or
+    after ``no_aug``'s resize) gives what the transform and then the Mixup give for the same draws, images and soft
+    targets; on CUDA as the programs compute it, exactly on the CPU."""
+    aug = {**DEFAULTS["aug"], "reprob": 0.5, **aug_change}
+    data = [jpeg_bytes(30 + 3 * i, 41 - 2 * i, i) for i in range(6)]
+    images = [decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8)).to(DEVICE) for d in data]
+    labels = torch.arange(6, device=DEVICE) % 4
+    mixup = build_mixup(aug, 4, on_device=True, graph=False)
+    tf = DeviceTrainTransform(aug, 16, MEAN, STD, graph=False)
+    mixing = DeviceTrainTransform(aug, 16, MEAN, STD, graph=False, mixup=mixup)
+    seen = []
+    for seed in (21, 22):
+        with use_batch_random(BatchRandom(seed)):
+            ours = mixing.batch(images, labels)
+        with use_batch_random(BatchRandom(seed)):
+            plain = tf(images)
+            ref = mixup(plain, labels)
+        for a, b in zip(ours, ref, strict=True):
+            if DEVICE == "cpu":
+                assert torch.equal(a, b)
+            else:
+                torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+        assert ours[1].shape == (6, 4) and not torch.equal(ours[0], plain)  # mixed
+        seen.append(ours[0])
+    assert not torch.equal(*seen)
 
 
 @pytest.mark.parametrize("mode", ["mixup", "cutmix"])
@@ -532,7 +581,7 @@ def test_train_transform_through_the_programs_equals_the_spec(monkeypatch):
     outside the resampled images, within resampling rounding inside (as the layer programs alone)."""
     import lightvision.classify.device_transforms as transforms
 
-    aug = {**DEFAULTS["aug"], "reprob": 0.5, "recount": 2}
+    aug = {**DEFAULTS["aug"], "reprob": 0.5, "recount": 2, "remode": "const"}  # the programs draw a noise of their own
     data = [jpeg_bytes(30 + 3 * i, 41 - 2 * i, i) for i in range(5)]
     images = [decode_jpeg(torch.frombuffer(bytearray(d), dtype=torch.uint8)).to(DEVICE) for d in data]
     calls = []

@@ -52,7 +52,7 @@ def test_workers_decode_gives_what_the_device_decode_gives(tmp_path):
     assert isinstance(packed, PackedImages) and packed.data.dtype == torch.uint8 and len(packed) == 4
     assert {tuple(img.shape[1:]) for img in packed} != {(16, 16)}  # full-size images, not crops
     prepare = device_batches(gpu_cfg(tmp_path, "workers"), folder, train=True)
-    assert isinstance(prepare, HostBatches) and not prepare.transform.cropped
+    assert isinstance(prepare, HostBatches) and not prepare.transform.__self__.cropped
     _, encoded = first_batch(gpu_cfg(tmp_path, "device"))
     device_decode = device_batches(gpu_cfg(tmp_path, "device"), folder, train=True)
     assert isinstance(device_decode, DeviceBatches)
@@ -121,7 +121,7 @@ def test_packed_batch_on_cuda_equals_its_images_as_a_list(tmp_path):
     outs = []
     for images in (packed.on(labels.device), [img.cuda() for img in batch["images"]]):
         with use_batch_random(BatchRandom(2)):
-            outs.append(prepare.transform(images))
+            outs.append(prepare.transform(images, labels)[0])
     assert outs[0].is_cuda and torch.equal(outs[0], outs[1])
     with use_batch_random(BatchRandom(2)):
         images, out_labels = prepare({"labels": labels, "images": packed})

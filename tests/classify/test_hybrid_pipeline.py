@@ -57,9 +57,9 @@ def test_cropped_transform_draws_no_crop_and_finishes_the_deit_transform():
     assert set(full.columns) - set(cropped.columns) == {"crop", "flip"}
     x = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8)
     with use_batch_random(BatchRandom(3)):
-        u, noise = cropped.draw(6, x.device)
+        whole = cropped(x)
     with use_batch_random(BatchRandom(3)):  # the rest of the DeiT transform, with the same draws
-        assert torch.equal(cropped(x), cropped.augment(x, u, noise))
+        assert torch.equal(whole, cropped.augment(x, cropped.draw(6, x.device)))
     plain = {**DEFAULTS["aug"], "auto_augment": None, "color_jitter": None, "reprob": 0.0}
     for no_aug in (False, True):  # nothing random left (or no_aug): normalisation only
         tf = DeviceTrainTransform({**plain, "no_aug": no_aug}, 16, MEAN, STD, graph=False, cropped=True)
@@ -94,7 +94,7 @@ def test_loader_batches_are_cropped_uint8_and_replay_by_epoch(tmp_path):
     loader.sampler.set_epoch(4)
     assert not all(torch.equal(a["images"].data, b["images"].data) for a, b in zip(runs[0], loader))
     prepare = device_batches(cfg, train_dataset(cfg), train=True)
-    assert isinstance(prepare, HostBatches) and prepare.transform.cropped
+    assert isinstance(prepare, HostBatches) and prepare.transform.__self__.cropped
     with use_batch_random(BatchRandom(0)):
         images, labels = prepare(first)
     assert images.dtype == torch.float32 and images.shape == (4, 3, 16, 16) and torch.equal(labels, first["labels"])

@@ -1,5 +1,6 @@
 """data.source=synthetic: `classify train` reads no file; the model sees batches of the random pool gathered on the
-training device, Mixup / CutMix runs on the device, both pipelines train alike, and a run evaluates only on a folder."""
+training device, Mixup / CutMix runs on the device where the batch is prepared, both pipelines train alike, and a run
+evaluates only on a folder."""
 
 from __future__ import annotations
 
@@ -22,21 +23,26 @@ SYNTHETIC = {"source": "synthetic", "synthetic_images": 24, "synthetic_val_image
 MAKE_LOSS_FN = train_module.make_loss_fn
 
 
-def train_synthetic(tmp_path, monkeypatch, pipeline: str) -> tuple[list[float], list, dict]:
-    """A 2-epoch tiny run from a recipe whose data.root does not exist: its losses, the (mixup, images, labels) of every
-    batch its loss function got, and its results."""
-    seen = []
+def train_synthetic(tmp_path, monkeypatch, pipeline: str) -> tuple[list[float], list, list, dict]:
+    """A 2-epoch tiny run from a recipe whose data.root does not exist: its losses, the (mixup, mixed, images, targets)
+    of every batch its loss function got, the (images, labels) every Mixup call got, and its results."""
+    seen, gathered = [], []
 
-    def recording(mixup, smoothing, sizes=None):
-        loss_fn = MAKE_LOSS_FN(mixup, smoothing, sizes)
+    def recording(mixup, smoothing, sizes=None, mixed=False):
+        loss_fn = MAKE_LOSS_FN(mixup, smoothing, sizes, mixed)
 
         def record(model, batch):
-            seen.append((mixup, batch[0].clone(), batch[1].clone()))
+            seen.append((mixup, mixed, batch[0].clone(), batch[1].clone()))
             return loss_fn(model, batch)
 
         return record
 
+    def mixing(self, x, labels, mix=DeviceMixup.__call__):
+        gathered.append((x.clone(), labels.clone()))
+        return mix(self, x, labels)
+
     monkeypatch.setattr(train_module, "make_loss_fn", recording)
+    monkeypatch.setattr(DeviceMixup, "__call__", mixing)
     folder, missing = tmp_path / pipeline, tmp_path / "no-data"
     folder.mkdir()
     recipe = tiny_classify_recipe(
@@ -47,18 +53,20 @@ def train_synthetic(tmp_path, monkeypatch, pipeline: str) -> tuple[list[float], 
     assert not missing.exists()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))  # 24 images / batch 4 x 2 epochs
-    return [r["loss"] for r in records if "loss" in r], seen, json.loads((run / "results.json").read_text())
+    return [r["loss"] for r in records if "loss" in r], seen, gathered, json.loads((run / "results.json").read_text())
 
 
 def test_classify_train_from_the_synthetic_pool(tmp_path, monkeypatch):
-    losses, seen, results = train_synthetic(tmp_path, monkeypatch, "cpu")
-    assert all(np.isfinite(losses)) and len(seen) == 12
+    losses, seen, gathered, results = train_synthetic(tmp_path, monkeypatch, "cpu")
+    assert all(np.isfinite(losses)) and len(seen) == len(gathered) == 12
     pool = SyntheticImages(24, POOL_BATCHES * 4, 16, 3, 3, "cpu", seed=0)  # the recipe's: train.seed 0
     assert pool.images.shape == (16, 3, 16, 16) and set(pool.targets) <= {0, 1, 2}
-    drawn = set()
-    for mixup, images, labels in seen:
-        assert isinstance(mixup, DeviceMixup)  # the gpu pipeline's Mixup / CutMix, though data.pipeline is cpu
+    for mixup, mixed, images, targets in seen:
+        assert isinstance(mixup, DeviceMixup) and mixed  # the gpu pipeline's, though data.pipeline is cpu: the batch
         assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32 and images.device.type == "cpu"
+        assert targets.shape == (4, 3) and torch.allclose(targets.sum(1), torch.ones(4))  # ... comes mixed
+    drawn = set()
+    for images, labels in gathered:
         match = (images[:, None] == pool.images[None]).flatten(2).all(-1)  # [batch, pool]: which pool image it is
         assert match.sum(1).tolist() == [1, 1, 1, 1]
         slots = match.float().argmax(1)
@@ -68,9 +76,9 @@ def test_classify_train_from_the_synthetic_pool(tmp_path, monkeypatch):
     assert results["val_images"] == results["val_set_size"] == 6 and 0 <= results["val_top1"] <= 100
     assert "val_ema_top1" in results and "skipped_images" not in results
 
-    gpu_losses, gpu_seen, _ = train_synthetic(tmp_path, monkeypatch, "gpu")
+    gpu_losses, gpu_seen, _, _ = train_synthetic(tmp_path, monkeypatch, "gpu")
     assert gpu_losses == losses  # images on the device either way: the same run
-    assert len(gpu_seen) == 12 and all(torch.equal(a[1], b[1]) for a, b in zip(seen, gpu_seen))
+    assert len(gpu_seen) == 12 and all(torch.equal(a[2], b[2]) for a, b in zip(seen, gpu_seen))
 
     with pytest.raises(ValueError, match=r"trained on synthetic images .*: pass --data PATH"):
         cli.run(
