@@ -33,6 +33,14 @@ def _normals(seed, c, start, hw, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _drawn(erased, ok, DRAWS: tl.constexpr):
+    """Whether the block holds an erased pixel, where the program draws a per-pixel fill (DRAWS); else False."""
+    if DRAWS:
+        return tl.sum((erased & ok).to(tl.int32), 0) > 0
+    return False
+
+
+@triton.jit
 def _channel(
     X, MEAN, STD, NOISE, SEEDS, n, c, p, ok, row, col, erased, drawn, hw, s_nn, s_nc, s_nh, s_nw,
     C: tl.constexpr, SEEDED: tl.constexpr, PER_PIXEL: tl.constexpr, BLOCK: tl.constexpr,
@@ -71,10 +79,10 @@ def normalize_erase_kernel(
     ok = p < hw
     row, col = p // W, p % W
     erased = _erased(BOXES, n, row, col, K, BLOCK)
-    drawn = tl.sum((erased & ok).to(tl.int32), 0) > 0
+    drawn = _drawn(erased, ok, SEEDED and PER_PIXEL)
     if MIX:
         erased_m = _erased(BOXES, m, row, col, K, BLOCK)
-        drawn_m = tl.sum((erased_m & ok).to(tl.int32), 0) > 0
+        drawn_m = _drawn(erased_m, ok, SEEDED and PER_PIXEL)
     for c in tl.static_range(C):
         z = _channel(
             X, MEAN, STD, NOISE, SEEDS, n, c, p, ok, row, col, erased, drawn, hw, s_nn, s_nc, s_nh, s_nw,

@@ -73,12 +73,16 @@ def _mix(kind: str, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor
 
 @pytest.mark.parametrize("shape", [(5, 3, 13, 17), (1, 3, 8, 8), (4, 1, 7, 40)], ids=str)
 @pytest.mark.parametrize("kind", ["mixup", "cutmix"])
-def test_mixed_in_the_same_pass(shape, kind):
-    """The program's mix equals the reference's erase, then mix_reversed: per-pixel fill, odd batch, one image."""
+@pytest.mark.parametrize("erased", [True, False])
+def test_mixed_in_the_same_pass(shape, kind, erased):
+    """The program's mix equals the reference's erase, then mix_reversed: per-pixel fill or no boxes, odd batch, one
+    image."""
     g = torch.Generator().manual_seed(sum(shape))
     n, c, height, width = shape
     x = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8).to(DEVICE)
     boxes, noise = _boxes(n, height, width, 2, g).to(DEVICE), torch.randn(shape, generator=g).to(DEVICE)
+    if not erased:
+        boxes = noise = None
     mix = _mix(kind, height, width)
     out = normalize_erase(x, MEAN[:c], STD[:c], boxes, noise, mix=mix, backend="triton")
     ref = normalize_erase_reference(x, MEAN[:c], STD[:c], boxes, noise, mix=mix)
