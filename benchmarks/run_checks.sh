@@ -38,8 +38,8 @@
 #   memory       DeiT-S inference memory at batch 8 from 224 to 1024 px, every attention, and its growth exponent with
 #                the token count (bench_models.py --memory-only; a minute or two)
 #   input        the classifier input pipeline: first the gpu pipeline's tests on the GPU (its ops against timm's, no
-#                host synchronisation under set_sync_debug_mode, graph replay equal to the ops, the RandAugment layer
-#                programs against their PyTorch reference), then an ImageNet-like
+#                host synchronisation under set_sync_debug_mode, graph replay equal to the ops, the RandAugment layer,
+#                resize and normalise-erase-mix programs against their PyTorch references), then an ImageNet-like
 #                JPEG folder (scripts/make_imagenet_like.py, 12,000 images from the CIFAR-10 archives in .carry/) and
 #                DeiT-S training images/s through `classify train` (one pinned process per setting) against synthetic
 #                input for 4 / 8 / 16 loader cores,
@@ -190,7 +190,8 @@ SUMMARY
       ;;
     input)
       (cd "$repo" && pytest -q -p no:cacheprovider tests/classify/test_device_pipeline.py \
-        tests/kernels/test_augment_kernel.py > "$out/input_tests.log" 2>&1)
+        tests/kernels/test_augment_kernel.py tests/kernels/test_resize_kernel.py tests/kernels/test_erase_kernel.py \
+        tests/kernels/test_mix_kernel.py > "$out/input_tests.log" 2>&1)
       stamp "input tests done rc=$?"; tail -n 3 "$out/input_tests.log"
       python3 "$repo/scripts/make_imagenet_like.py" --cifar "$repo/.carry" --out /tmp/imagenet_like --count 12000 \
         > "$out/make_imagenet_like.log" 2>&1; stamp "imagenet-like folder done rc=$?"
