@@ -314,7 +314,7 @@ class HostBatches:
 def device_batches(
     cfg: dict, dataset: Dataset, train: bool, img_size: int | None = None, mixup: DeviceMixup | None = None
 ) -> DeviceBatches | CachedBatches | HostBatches | None:
-    """How a loader batch becomes (images float [B, C, S, S], labels [B]) on the training device: None for
+    """How a loader batch becomes (images float [B, C, S, S], targets) on the training device: None for
     ``data.pipeline: cpu`` and for ``hybrid``'s evaluation (the batch already is that); for ``gpu`` a
     :class:`DeviceBatches` with the DeiT train transform (``train``) or the eval transform at ``img_size`` (default
     ``data.image_size``); ``dataset`` counts the images that do not decode (``data.augment_graph``: the train

@@ -10,6 +10,7 @@ the gpu pipeline's train transform: per epoch no file is read, no image decoded,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -110,7 +111,9 @@ class CachedBatches:
     targets)`` when one is given (a ``DeviceTrainTransform``'s ``batch`` for decoded images, a ``DeviceMixup`` for
     images already in the model's form; None: as they are)."""
 
-    def __init__(self, transform: Any | None, images: DeviceImages):
+    def __init__(
+        self, transform: Callable[[Any, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None, images: DeviceImages
+    ):
         self.transform, self.images = transform, images
 
     def __call__(self, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,7 +8,7 @@ an odd batch is its own mirror)."""
 import triton
 import triton.language as tl
 
-from ..mix._triton import mixed
+from ..mix._triton import mix_terms, mixed
 
 
 @triton.jit
@@ -70,8 +70,8 @@ def normalize_erase_kernel(
 ):  # fmt: skip
     """X uint8 [N, C, H, W]; MEAN, STD float32 [C]; BOXES int64 [N, K, 4]; NOISE float32 (strides s_n*), or with
     SEEDED the fill drawn from SEEDS int64 [N] (per pixel, or per channel); with MIX, WEIGHTS, CUT and BOX the mix's
-    (:func:`lightvision.kernels.mix._triton.mixed`), and program n writes images n and N-1-n (n < N - n), each
-    computed once; OUT float32 [N, C, H, W]."""
+    (:func:`lightvision.kernels.mix._triton.mix_terms`, read once per program), and program n writes images n and
+    N-1-n (n < N - n), each computed once; OUT float32 [N, C, H, W]."""
     n = tl.program_id(0)
     m = N - 1 - n
     hw = H * W
@@ -83,6 +83,7 @@ def normalize_erase_kernel(
     if MIX:
         erased_m = _erased(BOXES, m, row, col, K, BLOCK)
         drawn_m = _drawn(erased_m, ok, SEEDED and PER_PIXEL)
+        inside, cut, lam, rest = mix_terms(row, col, WEIGHTS, CUT, BOX)
     for c in tl.static_range(C):
         z = _channel(
             X, MEAN, STD, NOISE, SEEDS, n, c, p, ok, row, col, erased, drawn, hw, s_nn, s_nc, s_nh, s_nw,
@@ -93,6 +94,6 @@ def normalize_erase_kernel(
                 X, MEAN, STD, NOISE, SEEDS, m, c, p, ok, row, col, erased_m, drawn_m, hw, s_nn, s_nc, s_nh, s_nw,
                 C, SEEDED, PER_PIXEL, BLOCK,
             )  # fmt: skip
-            tl.store(OUT + (m * C + c) * hw + p, mixed(zm, z, row, col, WEIGHTS, CUT, BOX), mask=ok)
-            z = mixed(z, zm, row, col, WEIGHTS, CUT, BOX)
+            tl.store(OUT + (m * C + c) * hw + p, mixed(zm, z, inside, cut, lam, rest), mask=ok)
+            z = mixed(z, zm, inside, cut, lam, rest)
         tl.store(OUT + (n * C + c) * hw + p, z, mask=ok)

@@ -60,7 +60,7 @@ def mix_reversed(
 
 
 def mix_arguments(lam: torch.Tensor, cut: torch.Tensor, box: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The mix's launch arguments of a program that mixes (``_triton.mixed``): WEIGHTS float32 [2] (lam and 1 - lam,
+    """The mix's launch arguments of a program that mixes (``_triton.mix_terms``): WEIGHTS float32 [2] (lam and 1 - lam,
     each rounded from float64, as the reference does), CUT int32 [1], BOX int64 [4]."""
     weights = torch.stack([lam, 1 - lam]).to(torch.float32)
     return {"WEIGHTS": weights, "CUT": cut.to(torch.int32).reshape(1), "BOX": box.to(torch.int64).contiguous()}
