@@ -64,6 +64,7 @@ from lightvision.engine.data import SafeImageFolder, unpack_hint
 from lightvision.engine.digits import DIGITS_MEAN, DIGITS_STD, DigitsDataset
 from lightvision.engine.sample_draws import KeyedDraws, KeyedSampler
 from lightvision.engine.trainer import PREFETCH_PRIORITIES
+from lightvision.kernels.resize import PackedImages
 from lightvision.ops._checks import check_choice
 
 __all__ = [
@@ -275,16 +276,21 @@ class DeviceBatches:
         transform: ``transform(images, labels) -> (inputs, targets)`` on decoded images, the ``batch`` method of a
             :mod:`~lightvision.classify.device_transforms` transform.
         skips: the dataset that counts undecodable images (``add_skipped``).
+        packed: :meth:`decode` returns the batch's images as one
+            :class:`~lightvision.kernels.resize.PackedImages` (each decoded file once), which the train transform's
+            crop reads in place: the next stage then holds one device buffer instead of an image list (one
+            ``record_stream``, no per-image host work there).
     """
 
-    def __init__(self, transform: Any, skips: Any):
-        self.transform, self.skips = transform, skips
+    def __init__(self, transform: Any, skips: Any, packed: bool = False):
+        self.transform, self.skips, self.packed = transform, skips, packed
 
-    def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """uint8 [3, H_i, W_i] per image and labels [B], on the labels' device."""
-        return decode_batch(batch["images"], batch["labels"], skips=self.skips)
+    def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor] | PackedImages, torch.Tensor]:
+        """uint8 [3, H_i, W_i] per image (``packed``: as one PackedImages) and labels [B], on the labels' device."""
+        images, labels = decode_batch(batch["images"], batch["labels"], skips=self.skips)
+        return (PackedImages.pack(images) if self.packed else images), labels
 
-    def augment(self, decoded: tuple[list[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def augment(self, decoded: tuple[Any, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`decode`'s (images, labels) -> ``transform(images, labels)``."""
         return self.transform(*decoded)
 
@@ -341,7 +347,7 @@ def device_batches(
             return HostBatches(transform.batch)
         if isinstance(dataset, DecodedImages):
             return CachedBatches(transform.batch, dataset)
-        return DeviceBatches(transform.batch, dataset)
+        return DeviceBatches(transform.batch, dataset, packed=True)
     crop_pct = d["crop_pct"] or _pretrained_cfg(cfg).crop_pct
     return DeviceBatches(DeviceEvalTransform(size, crop_pct, cfg["aug"]["interpolation"], mean, std).batch, dataset)
 

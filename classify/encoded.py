@@ -62,6 +62,19 @@ class EncodedImages:
         """Each image's bytes, uint8 [len] views (CPU)."""
         return list(self.data.split(self.lengths))
 
+    def starts_with(self, marker: bytes, which: Sequence[int]) -> list[bool]:
+        """Whether each image of ``which`` (indices) begins with ``marker``: one gather for the batch, not a slice
+        and a host read per image."""
+        if not which:
+            return []
+        lengths = torch.tensor(self.lengths)[list(which)]
+        starts = torch.tensor([0, *self.lengths]).cumsum(0)[list(which)]
+        last = max(self.data.numel() - 1, 0)
+        places = (starts[:, None] + torch.arange(len(marker))).clamp(max=last)
+        heads = self.data[places] if self.data.numel() else torch.zeros(places.shape, dtype=torch.uint8)
+        match = (heads == torch.tensor(list(marker), dtype=torch.uint8)).all(1) & (lengths >= len(marker))
+        return match.tolist()
+
     def pin_memory(self) -> EncodedImages:
         """The batch in page-locked memory (the DataLoader's ``pin_memory`` calls this): nvjpeg then copies each
         image's bytes to the GPU without staging them through a pageable buffer first."""
@@ -109,8 +122,10 @@ def decode_batch(
     first: dict[str, int] = {}
     origin = [first.setdefault(name, i) for i, name in enumerate(images.names)]  # each sample's first of its name
     distinct = list(first.values())
-    jpeg = [i for i in distinct if data[i][:3].tolist() == list(JPEG_SOI)]
+    jpeg = [i for i, is_jpeg in zip(distinct, images.starts_with(JPEG_SOI, distinct)) if is_jpeg]
     decoded: list[torch.Tensor | None] = [None] * len(data)
+    if jpeg and device.type == "cuda":  # nvjpeg writes on a stream of its own, into memory the caching allocator may
+        torch.cuda.current_stream(device).synchronize()  # have just taken back from work still queued on this one
     try:
         for i, img in zip(
             jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []

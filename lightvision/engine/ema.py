@@ -24,19 +24,29 @@ class ModelEma:
         self.decay = decay
         self.warmup = warmup
         self.module = copy.deepcopy(unwrap_model(model)).float().eval().requires_grad_(False)
+        # (source model, EMA parameters, its parameters, (EMA buffer, its buffer) pairs): gathered at the first update
+        self._lists: tuple[nn.Module, list[torch.Tensor], list[torch.Tensor], list[tuple]] | None = None
 
     @torch.no_grad()
     def decay_at(self, step: int) -> float:
         """The decay used for the update after optimizer step ``step`` (0-based)."""
         return min(self.decay, (1 + step) / (10 + step)) if self.warmup else self.decay
 
+    @torch.no_grad()
     def update(self, model: nn.Module, step: int) -> None:
-        """``ema = d * ema + (1 - d) * model`` for parameters with d = ``decay_at(step)``; buffers are copied."""
+        """``ema = d * ema + (1 - d) * model`` for parameters with d = ``decay_at(step)``; buffers are copied. The
+        parameter and buffer lists are gathered at the first update from ``model`` (the optimizer updates its
+        tensors in place), not walked again every step."""
         source = unwrap_model(model)
-        ema_params = list(self.module.parameters())
-        params = [p.detach().float() for p in source.parameters()]
+        if self._lists is None or self._lists[0] is not source:
+            params = list(source.parameters())
+            buffers = list(zip(self.module.buffers(), source.buffers()))
+            self._lists = (source, list(self.module.parameters()), params, buffers)
+        _, ema_params, params, buffers = self._lists
+        if any(p.dtype != torch.float32 for p in params):
+            params = [p.float() for p in params]
         torch._foreach_lerp_(ema_params, params, 1.0 - self.decay_at(step))
-        for ema_buffer, buffer in zip(self.module.buffers(), source.buffers()):
+        for ema_buffer, buffer in buffers:
             ema_buffer.copy_(buffer)
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -76,22 +76,24 @@ class FiniteWatch:
 
     def __init__(self, model: nn.Module | None):
         params = [] if model is None else unwrap_model(model).named_parameters()
-        self._params = [(n, p) for n, p in params if p.requires_grad]
+        self._params = [(n, p) for n, p in params if p.requires_grad and p.numel()]  # an empty one has no bad values
         self._index: tuple[tuple[int, ...], torch.Tensor] | None = None  # positions of the present gradients
         self._first: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # step (-1: none), loss, flags
 
+    @torch.no_grad()
     def note(self, loss: torch.Tensor, step: int) -> None:
         loss = loss.detach().float().reshape(())
-        present = [(i, p.grad) for i, (_, p) in enumerate(self._params) if p.grad is not None and p.grad.numel()]
-        norms = torch.stack(torch._foreach_norm([g.detach() for _, g in present], ord=math.inf)) if present else None
-        if present and len(present) == len(self._params):  # the usual step: every parameter has its gradient
-            flags = ~torch.isfinite(norms)
+        grads = [p.grad for _, p in self._params]
+        if grads and all(g is not None for g in grads):  # the usual step: every parameter has its gradient
+            flags = ~torch.isfinite(torch.stack(torch._foreach_norm(grads, ord=math.inf)))
         else:
             flags = torch.zeros(len(self._params), dtype=torch.bool, device=loss.device)
+            present = [i for i, g in enumerate(grads) if g is not None]
             if present:
-                key = tuple(i for i, _ in present)
+                key = tuple(present)
                 if self._index is None or self._index[0] != key:
                     self._index = (key, torch.tensor(key, device=loss.device))
+                norms = torch.stack(torch._foreach_norm([grads[i] for i in present], ord=math.inf))
                 flags[self._index[1]] = ~torch.isfinite(norms)
         bad = ~torch.isfinite(loss) | flags.any()
         if self._first is None:

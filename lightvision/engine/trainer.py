@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -82,7 +83,8 @@ Hook = Callable[["Trainer"], "dict[str, Any] | None"]
 
 
 def _record_stream(tree: Any, stream: torch.cuda.Stream) -> None:
-    """``record_stream`` on every CUDA tensor of a nested batch: its memory stays reserved until ``stream`` is done."""
+    """``record_stream`` on every CUDA tensor of a nested batch (dicts, lists, tuples, dataclass fields): its memory
+    stays reserved until ``stream`` is done."""
     if isinstance(tree, torch.Tensor):
         if tree.is_cuda:
             tree.record_stream(stream)
@@ -92,6 +94,9 @@ def _record_stream(tree: Any, stream: torch.cuda.Stream) -> None:
     elif isinstance(tree, (list, tuple)):
         for value in tree:
             _record_stream(value, stream)
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for item in dataclasses.fields(tree):
+            _record_stream(getattr(tree, item.name), stream)
 
 
 def set_loader_epoch(loader: Any, epoch: int) -> None:

@@ -318,6 +318,19 @@ def test_unreadable_images_are_skipped_and_counted(tmp_path):
         assert img.shape[0] == 3 and (img.float().mean() > 128) == (label == folder.class_to_idx["light"])
 
 
+def test_encoded_batch_reads_each_images_head_in_one_gather():
+    """``starts_with`` says for the images asked what slicing each one's bytes says, for images shorter than the
+    marker, empty ones, the last one, and an empty batch buffer."""
+    files = [b"\xff\xd8\xffabc", b"\x89PNG", b"\xff\xd8", b"", b"\xff\xd8\xff", b"x\xff\xd8\xff"]
+    encoded = EncodedImages(torch.tensor(list(b"".join(files)), dtype=torch.uint8), [len(f) for f in files], ["f"] * 6)
+    which = [5, 0, 2, 3, 4, 1]
+    assert encoded.starts_with(b"\xff\xd8\xff", which) == [files[i].startswith(b"\xff\xd8\xff") for i in which]
+    assert encoded.starts_with(b"\xff\xd8\xff", which) == [False, True, False, False, True, False]
+    assert encoded.starts_with(b"\x89PNG", [1, 0]) == [True, False] and encoded.starts_with(b"\xff", []) == []
+    empty = EncodedImages(torch.zeros(0, dtype=torch.uint8), [0, 0], ["a", "b"])
+    assert empty.starts_with(b"\xff\xd8\xff", [0, 1]) == [False, False]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_training_loader_pins_encoded_batches_and_they_decode_alike(tmp_path):
     """The gpu pipeline's training loader hands over page-locked bytes (nvjpeg copies them without staging), and

@@ -54,11 +54,15 @@ def test_device_decode_decodes_each_repeated_file_once(tmp_path, monkeypatch):
     assert len(names) == 6 and len(set(names)) == 2 and names[0] == names[1] == names[2]  # two images, thrice each
     calls = counting(monkeypatch, encoded, "decode_jpeg")
     images, labels = device_batches(cfg, folder, train=True).decode(batch)
-    assert (
-        sum(calls) == 2 and images[0] is images[2] and images[3] is images[5] and torch.equal(labels, batch["labels"])
-    )
+    assert sum(calls) == 2 and torch.equal(labels, batch["labels"])
+    assert len(images.sizes) == 2 and images.index.tolist() == [0, 0, 0, 1, 1, 1]  # each file stored once
     one_by_one = [encoded.decode_image(data) for data in batch["images"].tensors()]
     assert all(torch.equal(a, b) for a, b in zip(images, one_by_one, strict=True))
+    prepare, outs = device_batches(cfg, folder, train=True), []
+    for decoded in (images, list(images)):  # the packed batch augments as its images one by one
+        with use_batch_random(BatchRandom(3)):
+            outs.append(prepare.augment((decoded, labels)))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
 
 
 def test_workers_decode_each_repeated_index_once_and_pack_it_once(tmp_path, monkeypatch):

@@ -191,6 +191,31 @@ def test_model_ema_update():
         ModelEma(model, 1.0)
 
 
+def test_model_ema_gathers_its_lists_once_and_follows_in_place_updates(monkeypatch):
+    """The update walks the modules at its first call only; later steps follow the optimizer's in-place updates,
+    copy the buffers, cast a bf16 model's parameters, and a new source model is walked anew."""
+    model = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2))
+    ema = ModelEma(model, decay=0.5, warmup=False)
+    ema.update(model, step=0)
+    walks = []
+    monkeypatch.setattr(nn.Module, "parameters", lambda *a, **k: walks.append(1) or iter(()))
+    for step in range(1, 3):
+        start = weights(ema.module)
+        with torch.no_grad():
+            model[0].weight.add_(1.0)
+            model[1].running_mean.add_(2.0)
+        ema.update(model, step=step)
+        assert torch.allclose(ema.module[0].weight, 0.5 * start["0.weight"] + 0.5 * model[0].weight)
+        assert torch.equal(ema.module[1].running_mean, model[1].running_mean)
+    assert not walks
+    monkeypatch.undo()
+    other = nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2)).to(torch.bfloat16)
+    start = weights(ema.module)
+    ema.update(other, step=3)
+    assert torch.allclose(ema.module[0].weight, 0.5 * start["0.weight"] + 0.5 * other[0].weight.float())
+    assert ema.module[0].weight.dtype == torch.float32
+
+
 def test_model_ema_warmup_follows_a_short_run_then_reaches_the_decay():
     model = nn.Linear(3, 2)
     ema = ModelEma(model, decay=0.9999)
@@ -434,3 +459,22 @@ def test_switch_interval_holds_while_prefetching_and_is_restored(tmp_path):
     assert seen and all(s == before for s in seen)  # no prefetch threads: Python's own
     with pytest.raises(ValueError, match="switch_interval_ms must be a positive number of milliseconds, got 0"):
         build(tmp_path / "c", 3, prepare_batch=prepare, switch_interval_ms=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_record_stream_reaches_a_dataclass_batchs_tensors():
+    """A batch field of a dataclass (the packed images the decode stage hands on) is recorded on the stream that
+    reads it: freed while that stream is busy, its memory is not handed out again."""
+    from lightvision.engine.trainer import _record_stream
+    from lightvision.kernels.resize import PackedImages
+
+    reader = torch.cuda.Stream()
+    data = torch.empty(3 * 64 * 64, dtype=torch.uint8, device="cuda")
+    address = data.data_ptr()
+    with torch.cuda.stream(reader):
+        torch.cuda._sleep(50_000_000)  # the reader's queued work outlasts what follows
+    _record_stream({"images": PackedImages(data, torch.tensor([[64, 64]]))}, reader)
+    del data
+    again = torch.empty(3 * 64 * 64, dtype=torch.uint8, device="cuda")
+    assert again.data_ptr() != address
+    torch.cuda.synchronize()
