@@ -17,6 +17,8 @@ from lightvision.engine import (
     load_model_weights,
     read_checkpoint_config,
 )
+from lightvision.engine.trainer import _record_stream
+from lightvision.kernels.resize import PackedImages
 from train_tiny import MODEL_CONFIG, TinyNet, build
 
 
@@ -465,9 +467,6 @@ def test_switch_interval_holds_while_prefetching_and_is_restored(tmp_path):
 def test_record_stream_reaches_a_dataclass_batchs_tensors():
     """A batch field of a dataclass (the packed images the decode stage hands on) is recorded on the stream that
     reads it: freed while that stream is busy, its memory is not handed out again."""
-    from lightvision.engine.trainer import _record_stream
-    from lightvision.kernels.resize import PackedImages
-
     reader = torch.cuda.Stream()
     data = torch.empty(3 * 64 * 64, dtype=torch.uint8, device="cuda")
     address = data.data_ptr()
