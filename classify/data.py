@@ -36,6 +36,7 @@ encoded (``{"labels", "images"}``) and :func:`device_batches` makes them that on
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from collections.abc import Callable, Iterator
@@ -284,11 +285,28 @@ class DeviceBatches:
 
     def __init__(self, transform: Any, skips: Any, packed: bool = False):
         self.transform, self.skips, self.packed = transform, skips, packed
+        self.held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = collections.deque()
 
     def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor] | PackedImages, torch.Tensor]:
         """uint8 [3, H_i, W_i] per image (``packed``: as one PackedImages) and labels [B], on the labels' device."""
-        images, labels = decode_batch(batch["images"], batch["labels"], skips=self.skips)
-        return (PackedImages.pack(images) if self.packed else images), labels
+        if not self.packed:
+            return decode_batch(batch["images"], batch["labels"], skips=self.skips)
+        images, labels = decode_batch(batch["images"], batch["labels"], skips=self.skips, synchronize=False)
+        packed = PackedImages.pack(images)
+        self._hold(images, packed.data.device)
+        return packed, labels
+
+    def _hold(self, images: list[torch.Tensor], device: torch.device) -> None:
+        """Keep a CUDA batch's decoded images until the calling stream has copied them into the pack (nvjpeg writes
+        later batches on a stream of its own, into memory freed images would give back), without waiting for it:
+        the batches held are let go once their copies are done."""
+        if device.type != "cuda":
+            return
+        while self.held and self.held[0][0].query():
+            self.held.popleft()
+        copied = torch.cuda.Event()
+        copied.record(torch.cuda.current_stream(device))
+        self.held.append((copied, images))
 
     def augment(self, decoded: tuple[Any, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`decode`'s (images, labels) -> ``transform(images, labels)``."""

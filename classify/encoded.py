@@ -105,7 +105,7 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def decode_batch(
-    images: EncodedImages, labels: torch.Tensor, skips: Any = None
+    images: EncodedImages, labels: torch.Tensor, skips: Any = None, synchronize: bool = True
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Decode a batch on ``labels.device``, each image once: samples of one name (DeiT's repeated augmentation puts
     an image's repeats in one batch) get the same decoded tensor.
@@ -114,6 +114,9 @@ def decode_batch(
         images: the batch's encoded images (CPU).
         labels: int64 [B], on the device to decode on.
         skips: the dataset (``add_skipped(n)``) that counts undecodable images; None: not counted.
+        synchronize: on CUDA, wait for the work queued on the calling stream before nvjpeg writes: nvjpeg writes on
+            a stream of its own, into memory the caching allocator may just have taken back from images that work
+            still reads. False: the caller keeps the images it freed until the device has read them.
     Returns:
         (uint8 [3, H_i, W_i] per image on labels' device, labels [B]); undecodable images replaced by the next
         decodable one of the batch, with its label.
@@ -124,8 +127,8 @@ def decode_batch(
     distinct = list(first.values())
     jpeg = [i for i, is_jpeg in zip(distinct, images.starts_with(JPEG_SOI, distinct)) if is_jpeg]
     decoded: list[torch.Tensor | None] = [None] * len(data)
-    if jpeg and device.type == "cuda":  # nvjpeg writes on a stream of its own, into memory the caching allocator may
-        torch.cuda.current_stream(device).synchronize()  # have just taken back from work still queued on this one
+    if jpeg and synchronize and device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
     try:
         for i, img in zip(
             jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []

@@ -53,16 +53,38 @@ def test_device_decode_decodes_each_repeated_file_once(tmp_path, monkeypatch):
     names = batch["images"].names
     assert len(names) == 6 and len(set(names)) == 2 and names[0] == names[1] == names[2]  # two images, thrice each
     calls = counting(monkeypatch, encoded, "decode_jpeg")
-    images, labels = device_batches(cfg, folder, train=True).decode(batch)
-    assert sum(calls) == 2 and torch.equal(labels, batch["labels"])
+    prepare = device_batches(cfg, folder, train=True)
+    images, labels = prepare.decode(batch)
+    assert sum(calls) == 2 and torch.equal(labels, batch["labels"]) and not prepare.held  # held on CUDA only
     assert len(images.sizes) == 2 and images.index.tolist() == [0, 0, 0, 1, 1, 1]  # each file stored once
     one_by_one = [encoded.decode_image(data) for data in batch["images"].tensors()]
     assert all(torch.equal(a, b) for a, b in zip(images, one_by_one, strict=True))
-    prepare, outs = device_batches(cfg, folder, train=True), []
+    outs = []
     for decoded in (images, list(images)):  # the packed batch augments as its images one by one
         with use_batch_random(BatchRandom(3)):
             outs.append(prepare.augment((decoded, labels)))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_packed_decode_keeps_a_batchs_images_until_the_device_copied_them(tmp_path):
+    """nvjpeg writes on a stream of its own: the packed decode keeps each batch's decoded images while the copy into
+    the pack is still queued on the calling stream, and lets them go once it is done, without waiting for it."""
+    write_jpeg_folder(tmp_path, corrupt=False)
+    cfg = repeated_cfg(tmp_path, "device")
+    folder, batch = first_batch(cfg)
+    batch = {"images": batch["images"], "labels": batch["labels"].cuda()}
+    prepare = device_batches(cfg, folder, train=True)
+    torch.cuda._sleep(100_000_000)  # the calling stream busy: the copy into the pack waits behind it
+    packed, _ = prepare.decode(batch)
+    assert len(prepare.held) == 1 and not prepare.held[0][0].query()
+    first = prepare.held[0][1]
+    torch.cuda.synchronize()
+    again, _ = prepare.decode(batch)
+    assert len(prepare.held) == 1 and prepare.held[0][1] is not first  # the first batch's images let go
+    one_by_one = [encoded.decode_image(data) for data in batch["images"].tensors()]
+    for images in (packed, again):
+        assert all(torch.equal(a.cpu(), b) for a, b in zip(images, one_by_one, strict=True))
 
 
 def test_workers_decode_each_repeated_index_once_and_pack_it_once(tmp_path, monkeypatch):
