@@ -153,6 +153,7 @@ DEFAULTS: dict[str, Any] = {
         "compile": False,  # torch.compile the model (lightvision kernels stay in the graph as custom ops)
         "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
         "profile_steps": None,  # [first, count]: profile those optimizer steps into RUN/profile (trace, summary)
+        "profile_host": True,  # false (CUDA): that profile records the device alone (its idle time the run's own)
         "eval_every_epochs": 1,
         "eval_batch_size": 256,
         "log_every": 50,
@@ -423,6 +424,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         accelerator=accelerator,
         torch_compile=compile_setting(t["compile"], t["compile_mode"]),
         profile_steps=t["profile_steps"],
+        profile_host=t["profile_host"],
     )
     if accelerator.is_main_process:
         log.info(

@@ -7,7 +7,12 @@ that prepares the next batch, :data:`PREPARE`, is the one that matters), and wri
 - ``trace_<process>.json``: the timeline (chrome://tracing or https://ui.perfetto.dev);
 - ``summary_<process>.json``: per step, the training loop's wall milliseconds, ``prepare_batch``'s host milliseconds
   on its thread, the device milliseconds of the kernels each of them launched, and the largest host ops (self time)
-  and kernels of each.
+  and kernels of each; and the device's timeline (:func:`device_timeline`): how much of a step the device ran
+  something, and how long it sat idle in gaps.
+
+``Trainer(profile_host=False)`` (``train.profile_host: false``, CUDA) records the device's activity alone: the host
+then runs at its own pace (recording every host op makes each step's host time several times longer), so the
+summary's idle time is the run's own - the time the device waited for the host to issue the next work.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ log = logging.getLogger(__name__)
 PREPARE = "prepare_batch"  # the record_function range around each call of the Trainer's prepare_batch
 LOOP = "loop"  # everything else: the training loop's own thread (and the autograd engine's)
 TOP = 12  # ops and kernels listed per group
+DEVICE_EVENTS = ("kernel", "gpu_memcpy", "gpu_memset")  # the trace's categories of work on the device
+GAP_US = 50  # an idle stretch at least this long counts as a gap (shorter ones: launch spacing between kernels)
 
 
 def check_profile_steps(value: Any, last_step: int) -> tuple[int, int] | None:
@@ -54,21 +61,39 @@ def _all_threads() -> dict[str, Any]:
         return {}
 
 
-def step_profiler(first: int, count: int, done: int, out_dir: Path, process: int) -> profile | None:
+def check_profile_host(host: Any, device: torch.device) -> bool:
+    """``train.profile_host``: True, or False (the device's activity alone) on a CUDA device; ValueError otherwise."""
+    if not isinstance(host, bool):
+        raise ValueError(f"train.profile_host must be true or false, got {host!r}")
+    if not host and device.type != "cuda":
+        raise ValueError(
+            f"train.profile_host=false records the device's activity alone, which needs CUDA (here: {device.type})"
+        )
+    return host
+
+
+def step_profiler(first: int, count: int, done: int, out_dir: Path, process: int, host: bool = True) -> profile | None:
     """A ``torch.profiler.profile`` to enter around the training loop and ``.step()`` after each optimizer step, whose
     active steps are ``first`` .. ``first + count - 1`` when ``done`` steps were trained before the loop starts (one
-    warm-up step before them where there is room); None (and a warning) when ``first`` is already past."""
+    warm-up step before them where there is room); None (and a warning) when ``first`` is already past. ``host``
+    False records the device's activity only (CUDA)."""
     lead = first - done - 1  # profiler steps before the first active one
     if lead < 0:
         log.warning("train.profile_steps starts at step %d, this run resumes after step %d: not profiled", first, done)
         return None
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    threads = _all_threads()
+    activities = ([ProfilerActivity.CPU] if host else []) + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
+    threads = _all_threads() if host else {}
 
     def write(prof: profile) -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
-        prof.export_chrome_trace(str(out_dir / f"trace_{process}.json"))
-        summary = {"steps": [first, first + count - 1], "all_threads": bool(threads), **summarize(prof.events(), count)}
+        trace = out_dir / f"trace_{process}.json"
+        prof.export_chrome_trace(str(trace))
+        summary = {"steps": [first, first + count - 1], "host_profiled": host, "all_threads": bool(threads)}
+        if host:
+            summary.update(summarize(prof.events(), count))
+        summary["device_timeline"] = device_timeline(json.loads(trace.read_text()), count)
         (out_dir / f"summary_{process}.json").write_text(json.dumps(summary, indent=2))
         log.info("profiled steps %d-%d: %s", first, first + count - 1, out_dir)
 
@@ -129,3 +154,46 @@ def summarize(events: Any, steps: int) -> dict[str, Any]:
             "top_kernels": _top(kernels[group], steps),
         }
     return out
+
+
+def busy_and_gaps(intervals: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
+    """(span, busy time, idle gaps) of ``intervals`` [(start, end)], in their unit: span from the first start to the
+    last end, busy the length of their union, the gaps the idle stretches between its pieces."""
+    if not intervals:
+        return 0.0, 0.0, []
+    ordered = sorted(intervals)
+    busy, gaps = 0.0, []
+    start, end = ordered[0]
+    for a, b in ordered[1:]:
+        if a > end:
+            busy += end - start
+            gaps.append(a - end)
+            start, end = a, b
+        else:
+            end = max(end, b)
+    busy += end - start
+    return end - ordered[0][0], busy, gaps
+
+
+def device_timeline(trace: dict[str, Any], steps: int) -> dict[str, float] | None:
+    """From a Chrome trace of ``steps`` steps (:meth:`torch.profiler.profile.export_chrome_trace`'s JSON): per step,
+    the milliseconds from the device's first work to its last (``span``), those it ran something on any stream
+    (``busy``), those it sat idle, and those of idle gaps of at least ``GAP_US`` microseconds (the rest is the
+    spacing of back-to-back launches), with the longest gaps; None without device work in the trace."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    spans = [
+        (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in DEVICE_EVENTS and "dur" in e
+    ]
+    if not spans:
+        return None
+    span, busy, gaps = busy_and_gaps(spans)
+    per_step = 1000.0 * steps
+    return {
+        "span_ms_per_step": round(span / per_step, 4),
+        "busy_ms_per_step": round(busy / per_step, 4),
+        "idle_ms_per_step": round((span - busy) / per_step, 4),
+        "gaps_ms_per_step": round(sum(g for g in gaps if g >= GAP_US) / per_step, 4),
+        "longest_gaps_ms": [round(g / 1000.0, 3) for g in sorted(gaps, reverse=True)[:5]],
+    }

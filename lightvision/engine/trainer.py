@@ -61,7 +61,7 @@ from lightvision.engine.ema import ModelEma
 from lightvision.engine.gc_pauses import GcPauses
 from lightvision.engine.guards import NAN_POLICIES, FiniteWatch, NonFiniteError, check_finite, nonfinite_error
 from lightvision.engine.metrics import MetricsLogger
-from lightvision.engine.profiling import PREPARE, check_profile_steps, step_profiler
+from lightvision.engine.profiling import PREPARE, check_profile_host, check_profile_steps, step_profiler
 from lightvision.engine.sample_draws import seed_generators
 
 log = logging.getLogger(__name__)
@@ -191,6 +191,8 @@ class Trainer:
             "reduce-overhead" (CUDA graphs: one launch per forward / backward for host-bound steps).
         profile_steps: ``(first, count)``: profile optimizer steps first .. first + count - 1 into ``run_dir/profile``
             (a Chrome trace and a summary per process: :mod:`lightvision.engine.profiling`); None: no profile.
+        profile_host: False records the device's activity alone in that profile (CUDA): the host keeps its own pace,
+            so the summary's device idle time is the run's.
     """
 
     def __init__(
@@ -223,6 +225,7 @@ class Trainer:
         accelerator: Accelerator | None = None,
         torch_compile: bool | str = False,
         profile_steps: Sequence[int] | None = None,
+        profile_host: bool = True,
     ):
         for name, value in [
             ("max_steps", max_steps),
@@ -254,6 +257,7 @@ class Trainer:
                 f"use_seedable_sampler={accelerator.dataloader_config.use_seedable_sampler}"
             )
         self.accelerator = accelerator
+        self.profile_host = check_profile_host(profile_host, accelerator.device)
         self.run_dir = Path(run_dir)
         self.config = config
         self.model_config = model_config
@@ -728,7 +732,8 @@ class Trainer:
         self._start_timing(time.monotonic())
         profiler = None
         if self.profile_steps is not None:
-            profiler = step_profiler(*self.profile_steps, self.step, self.run_dir / "profile", acc.process_index)
+            profile_dir = self.run_dir / "profile"
+            profiler = step_profiler(*self.profile_steps, self.step, profile_dir, acc.process_index, self.profile_host)
         with (
             GcPauses() as self._gc_pauses,
             self._switch_interval(),

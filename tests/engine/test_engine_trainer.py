@@ -17,6 +17,7 @@ from lightvision.engine import (
     load_model_weights,
     read_checkpoint_config,
 )
+from lightvision.engine.profiling import busy_and_gaps, device_timeline
 from lightvision.engine.trainer import _record_stream
 from lightvision.kernels.resize import PackedImages
 from train_tiny import MODEL_CONFIG, TinyNet, build
@@ -398,6 +399,39 @@ def test_profile_steps_write_a_trace_and_a_summary_per_step(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         resumed.fit(resume=True)
     assert "resumes after step 6: not profiled" in caplog.text
+    assert summary["host_profiled"] is True
+    if trainer.accelerator.device.type == "cpu":  # no device work in the trace
+        assert summary["device_timeline"] is None
+        with pytest.raises(ValueError, match="profile_host=false records the device's activity alone, which needs"):
+            build(tmp_path / "device_only", 6, profile_steps=[3, 2], profile_host=False)
+    with pytest.raises(ValueError, match="profile_host must be true or false, got 'no'"):
+        build(tmp_path / "word", 6, profile_host="no")
+
+
+def test_device_timeline_measures_busy_idle_and_gaps():
+    """The device's timeline from a trace: the union of its work on every stream, idle time, and the gaps at least
+    ``GAP_US`` long (host events and shorter spacing are not gaps)."""
+    assert busy_and_gaps([]) == (0.0, 0.0, [])
+    assert busy_and_gaps([(5.0, 7.0)]) == (2.0, 2.0, [])
+    span, busy, gaps = busy_and_gaps([(0.0, 10.0), (4.0, 12.0), (100.0, 110.0), (30.0, 40.0), (111.0, 112.0)])
+    assert (span, busy, gaps) == (112.0, 33.0, [18.0, 60.0, 1.0])
+    events = [  # two steps: kernels on two streams, a copy, a memset, and host events that do not count
+        {"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 1000, "args": {"stream": 7}},
+        {"ph": "X", "cat": "kernel", "name": "crop", "ts": 500, "dur": 800, "args": {"stream": 20}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "copy", "ts": 1310, "dur": 90},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1400, "dur": 5000},
+        {"ph": "X", "cat": "gpu_memset", "name": "zero", "ts": 3400, "dur": 600},
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 9000},
+    ]
+    timeline = device_timeline({"traceEvents": events}, 2)
+    assert timeline == {
+        "span_ms_per_step": 2.0,
+        "busy_ms_per_step": 0.995,
+        "idle_ms_per_step": 1.005,
+        "gaps_ms_per_step": 1.0,
+        "longest_gaps_ms": [2.0, 0.01],
+    }
+    assert device_timeline({"traceEvents": events[3:4]}, 2) is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -409,6 +443,17 @@ def test_profile_summary_splits_device_time_between_the_loop_and_prepare_batch(t
     assert summary["device_ms_per_step"] >= loop["device_ms_per_step"] + prepared["device_ms_per_step"] - 1e-3
     if summary["all_threads"]:  # the noise of the prepared batches is drawn on the device
         assert prepared["device_ms_per_step"] > 0 and prepared["top_kernels"]
+    timeline = summary["device_timeline"]
+    assert 0 < timeline["busy_ms_per_step"] <= timeline["span_ms_per_step"]
+    device_only = tmp_path / "device_only"  # profile_host false: the device's timeline, no host ops
+    build(
+        device_only, 6, prepare_batch=noisy_inputs([]), profile_steps=[3, 2], data_device="cuda", profile_host=False
+    ).fit()
+    summary = json.loads((device_only / "profile" / "summary_0.json").read_text())
+    assert summary["host_profiled"] is False and "loop" not in summary
+    assert summary["device_timeline"]["busy_ms_per_step"] > 0
+    trace = json.loads((device_only / "profile" / "trace_0.json").read_text())
+    assert not any(e.get("cat") == "cpu_op" for e in trace["traceEvents"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
