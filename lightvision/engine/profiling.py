@@ -61,11 +61,12 @@ def _all_threads() -> dict[str, Any]:
         return {}
 
 
-def check_profile_host(host: Any, device: torch.device) -> bool:
-    """``train.profile_host``: True, or False (the device's activity alone) on a CUDA device; ValueError otherwise."""
+def check_profile_host(host: Any, device: torch.device | None) -> bool:
+    """``train.profile_host``: True, or False (the device's activity alone) where the profile runs on a CUDA
+    ``device`` (None: no profile); ValueError otherwise."""
     if not isinstance(host, bool):
         raise ValueError(f"train.profile_host must be true or false, got {host!r}")
-    if not host and device.type != "cuda":
+    if not host and device is not None and device.type != "cuda":
         raise ValueError(
             f"train.profile_host=false records the device's activity alone, which needs CUDA (here: {device.type})"
         )

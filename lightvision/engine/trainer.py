@@ -257,7 +257,7 @@ class Trainer:
                 f"use_seedable_sampler={accelerator.dataloader_config.use_seedable_sampler}"
             )
         self.accelerator = accelerator
-        self.profile_host = check_profile_host(profile_host, accelerator.device)
+        self.profile_host = check_profile_host(profile_host, accelerator.device if self.profile_steps else None)
         self.run_dir = Path(run_dir)
         self.config = config
         self.model_config = model_config

@@ -406,6 +406,7 @@ def test_profile_steps_write_a_trace_and_a_summary_per_step(tmp_path, caplog):
             build(tmp_path / "device_only", 6, profile_steps=[3, 2], profile_host=False)
     with pytest.raises(ValueError, match="profile_host must be true or false, got 'no'"):
         build(tmp_path / "word", 6, profile_host="no")
+    assert build(tmp_path / "unprofiled", 6, profile_host=False).profile_host is False  # no profile: any device
 
 
 def test_device_timeline_measures_busy_idle_and_gaps():
