@@ -67,8 +67,8 @@ class EncodedImages:
         and a host read per image."""
         if not which:
             return []
-        lengths = torch.tensor(self.lengths)[list(which)]
-        starts = torch.tensor([0, *self.lengths]).cumsum(0)[list(which)]
+        lengths = torch.tensor(self.lengths)
+        starts, lengths = (lengths.cumsum(0) - lengths)[list(which)], lengths[list(which)]
         last = max(self.data.numel() - 1, 0)
         places = (starts[:, None] + torch.arange(len(marker))).clamp(max=last)
         heads = self.data[places] if self.data.numel() else torch.zeros(places.shape, dtype=torch.uint8)

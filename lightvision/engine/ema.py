@@ -24,8 +24,9 @@ class ModelEma:
         self.decay = decay
         self.warmup = warmup
         self.module = copy.deepcopy(unwrap_model(model)).float().eval().requires_grad_(False)
-        # (source model, EMA parameters, its parameters, (EMA buffer, its buffer) pairs): gathered at the first update
-        self._lists: tuple[nn.Module, list[torch.Tensor], list[torch.Tensor], list[tuple]] | None = None
+        # (source model, EMA parameters, its parameters, (EMA buffer, its buffer) pairs, whether those parameters need
+        # a cast to float32): gathered at the first update
+        self._lists: tuple[nn.Module, list[torch.Tensor], list[torch.Tensor], list[tuple], bool] | None = None
 
     @torch.no_grad()
     def decay_at(self, step: int) -> float:
@@ -41,9 +42,10 @@ class ModelEma:
         if self._lists is None or self._lists[0] is not source:
             params = list(source.parameters())
             buffers = list(zip(self.module.buffers(), source.buffers()))
-            self._lists = (source, list(self.module.parameters()), params, buffers)
-        _, ema_params, params, buffers = self._lists
-        if any(p.dtype != torch.float32 for p in params):
+            cast = any(p.dtype != torch.float32 for p in params)
+            self._lists = (source, list(self.module.parameters()), params, buffers, cast)
+        _, ema_params, params, buffers, cast = self._lists
+        if cast:
             params = [p.float() for p in params]
         torch._foreach_lerp_(ema_params, params, 1.0 - self.decay_at(step))
         for ema_buffer, buffer in buffers:
