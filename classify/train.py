@@ -154,6 +154,7 @@ DEFAULTS: dict[str, Any] = {
         "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
         "profile_steps": None,  # [first, count]: profile those optimizer steps into RUN/profile (trace, summary)
         "profile_host": True,  # false (CUDA): that profile records the device alone (its idle time the run's own)
+        "graph_update": True,  # CUDA, fused Adam/AdamW: the update after the backward replayed as one CUDA graph
         "eval_every_epochs": 1,
         "eval_batch_size": 256,
         "log_every": 50,
@@ -425,6 +426,7 @@ def _train(cfg: dict, device: str, resume: bool | str) -> dict[str, Any]:
         torch_compile=compile_setting(t["compile"], t["compile_mode"]),
         profile_steps=t["profile_steps"],
         profile_host=t["profile_host"],
+        graph_update=t["graph_update"],
     )
     if accelerator.is_main_process:
         log.info(

@@ -78,6 +78,7 @@ DEFAULTS: dict = {
         "compile_mode": None,  # with compile: "reduce-overhead" (CUDA graphs), "max-autotune", ... (null: default)
         "profile_steps": None,  # [first, count]: profile those optimizer steps into RUN/profile (trace, summary)
         "profile_host": True,  # false (CUDA): that profile records the device alone (its idle time the run's own)
+        "graph_update": True,  # CUDA, fused Adam/AdamW: the update after the backward replayed as one CUDA graph
         "eval_every_steps": 0,
         "eval_samples": 5000,
     },  # FID etc. of eval_samples EMA samples every eval_every_steps
@@ -612,6 +613,7 @@ def _train(cfg: dict, state: Any, cpu: bool, resume: bool | str) -> dict:
         torch_compile=compile_setting(t["compile"], t["compile_mode"]),
         profile_steps=t["profile_steps"],
         profile_host=t["profile_host"],
+        graph_update=t["graph_update"],
         accelerator=make_accelerator(precision, int(t["grad_accum_steps"]), seed, cpu=cpu),
     )
     summary = trainer.fit(resume or None)

@@ -34,7 +34,8 @@ training loop waited for its next batch (the Trainer's log; the input's device w
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
 (decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it,
 ``input_wait_max_ms`` / ``input_prepare_max_ms`` the longest wait for a batch and the longest preparation of one,
-``loop_cpu_ms`` the training loop thread's CPU milliseconds per step, ``windows`` the rate, wait, longest wait and
+``loop_cpu_ms`` the training loop thread's CPU milliseconds per step, ``update_replayed`` the share of steps whose
+update was the captured graph's replay (``train.graph_update``), ``windows`` the rate, wait, longest wait and
 preparation, loop CPU and garbage collections (``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an
 epoch the run's steps covered: past 1, an epoch's end was timed, where the loader restarts its workers' streams
 (ImageNet meets one every 10,000 steps, a set of 12,000 images every 94), so a set larger than (warmup + steps) x batch
@@ -438,7 +439,7 @@ def measure_trainer(
         "input_wait_share": sum(r["input_wait_share"] * t for r, t in zip(records, durations)) / seconds,
         **{  # prepare_batch's time per batch on its thread, over the same windows (logged where it runs)
             key: sum(r[key] for r in records) / len(records)
-            for key in ("input_prepare_ms", "input_prepare_cpu_ms", "loop_cpu_ms")
+            for key in ("input_prepare_ms", "input_prepare_cpu_ms", "loop_cpu_ms", "update_replayed")
             if all(key in r for r in records)
         },
         **{  # the longest wait for a batch and the longest preparation of one, over the timed windows
@@ -453,6 +454,7 @@ def measure_trainer(
                     k: r.get(k)
                     for k in ("input_wait_share", "input_wait_max_ms", "input_prepare_max_ms", "loop_cpu_ms", "gc_ms")
                 },
+                **({"update_replayed": r["update_replayed"]} if "update_replayed" in r else {}),
             }
             for r, t in zip(records, durations)
         ],

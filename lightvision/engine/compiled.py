@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes whose forward and backward replay CUDA graphs
 
 
 def compile_setting(compile: bool, mode: str | None) -> bool | str:

@@ -71,7 +71,9 @@ class FiniteWatch:
 
     :meth:`note` after each backward (a few device operations, no host synchronisation); :meth:`first` reads what
     was noted (one synchronisation): None, or (step, its loss, the parameters whose gradients were not finite).
-    ``model`` None watches the loss only (fp16 with a grad scaler).
+    ``model`` None watches the loss only (fp16 with a grad scaler). The record lives in three device tensors that
+    :meth:`note` updates in place, allocated at its first call, so that later calls can be captured in a CUDA graph
+    (:mod:`lightvision.engine.graphed_update`).
     """
 
     def __init__(self, model: nn.Module | None):
@@ -81,7 +83,9 @@ class FiniteWatch:
         self._first: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # step (-1: none), loss, flags
 
     @torch.no_grad()
-    def note(self, loss: torch.Tensor, step: int) -> None:
+    def note(self, loss: torch.Tensor, step: int | torch.Tensor) -> None:
+        """Record ``step`` (an int, or a 0-d int64 tensor on the loss's device) if it is the first whose ``loss`` or
+        gradients are not finite."""
         loss = loss.detach().float().reshape(())
         grads = [p.grad for _, p in self._params]
         if grads and all(g is not None for g in grads):  # the usual step: every parameter has its gradient
@@ -95,16 +99,18 @@ class FiniteWatch:
                     self._index = (key, torch.tensor(key, device=loss.device))
                 norms = torch.stack(torch._foreach_norm([grads[i] for i in present], ord=math.inf))
                 flags[self._index[1]] = ~torch.isfinite(norms)
-        bad = ~torch.isfinite(loss) | flags.any()
         if self._first is None:
-            self._first = (torch.full((), -1, device=loss.device), torch.zeros((), device=loss.device), flags)
+            device = loss.device
+            self._first = (
+                torch.full((), -1, dtype=torch.int64, device=device),
+                torch.zeros((), device=device),
+                torch.zeros(len(self._params), dtype=torch.bool, device=device),
+            )
         first_step, first_loss, first_flags = self._first
-        new = bad & (first_step < 0)
-        self._first = (
-            torch.where(new, step, first_step),
-            torch.where(new, loss, first_loss),
-            torch.where(new, flags, first_flags),
-        )
+        new = (~torch.isfinite(loss) | flags.any()) & (first_step < 0)
+        first_step.copy_(torch.where(new, step, first_step))
+        torch.where(new, loss, first_loss, out=first_loss)
+        torch.where(new, flags, first_flags, out=first_flags)
 
     def first(self) -> tuple[int, float, list[str]] | None:
         if self._first is None:

@@ -55,10 +55,11 @@ from lightvision.engine.checkpoint import (
     metric_is_better,
     resolve_checkpoint,
 )
-from lightvision.engine.compiled import compile_model
+from lightvision.engine.compiled import CUDA_GRAPH_MODES, compile_model
 from lightvision.engine.config import save_config
 from lightvision.engine.ema import ModelEma
 from lightvision.engine.gc_pauses import GcPauses
+from lightvision.engine.graphed_update import GraphedUpdate, graph_update_blocker
 from lightvision.engine.guards import NAN_POLICIES, FiniteWatch, NonFiniteError, check_finite, nonfinite_error
 from lightvision.engine.metrics import MetricsLogger
 from lightvision.engine.profiling import PREPARE, check_profile_host, check_profile_steps, step_profiler
@@ -76,6 +77,7 @@ TIMING_KEYS = (  # log record keys that vary run to run
     "input_prepare_max_ms",
     "loop_cpu_ms",
     "gc_ms",
+    "update_replayed",
 )
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | dict[str, torch.Tensor]"]
@@ -193,6 +195,9 @@ class Trainer:
             (a Chrome trace and a summary per process: :mod:`lightvision.engine.profiling`); None: no profile.
         profile_host: False records the device's activity alone in that profile (CUDA): the host keeps its own pace,
             so the summary's device idle time is the run's.
+        graph_update: capture the update after the backward (finite watch, clipping, optimizer) as a CUDA graph and
+            replay it every step, where it applies (:mod:`lightvision.engine.graphed_update`: CUDA, torch's fused Adam
+            or AdamW, ``nan_policy`` stop, no fp16 grad scaler); the same values as the eager update.
     """
 
     def __init__(
@@ -226,6 +231,7 @@ class Trainer:
         torch_compile: bool | str = False,
         profile_steps: Sequence[int] | None = None,
         profile_host: bool = True,
+        graph_update: bool = True,
     ):
         for name, value in [
             ("max_steps", max_steps),
@@ -238,6 +244,8 @@ class Trainer:
             _positive("hook interval", every)
         if nan_policy not in NAN_POLICIES:
             raise ValueError(f"nan_policy must be one of {NAN_POLICIES}, got {nan_policy!r}")
+        if graph_update not in (True, False):
+            raise ValueError(f"graph_update must be true or false, got {graph_update!r}")
         if prefetch_priority not in PREFETCH_PRIORITIES:
             raise ValueError(f"prefetch_priority must be one of {PREFETCH_PRIORITIES}, got {prefetch_priority!r}")
         self.profile_steps = check_profile_steps(profile_steps, max_steps)
@@ -264,6 +272,10 @@ class Trainer:
         self.model, self.optimizer, self.train_loader = accelerator.prepare(model, optimizer, train_loader)
         if torch_compile:
             self.model = compile_model(self.model, None if torch_compile is True else torch_compile)
+        # the backward's gradients live in CUDA-graph memory that the next micro-batch's replay takes back
+        self._grads_in_graphs = (
+            torch_compile in CUDA_GRAPH_MODES and grad_accum_steps > 1 and accelerator.device.type == "cuda"
+        )
         self.scheduler = scheduler
         self.loss_fn, self.prepare_batch, self.prefetch = loss_fn, prepare_batch, prefetch
         self.prefetch_priority = prefetch_priority
@@ -283,6 +295,8 @@ class Trainer:
         self.best_metric: float | None = None
         self._window: dict[str, float | torch.Tensor] = {}  # per-process sums (fp64 on the device between reads)
         self._window_steps = 0
+        self.graph_update = graph_update
+        self._graphed: GraphedUpdate | None = None  # set while fit runs, where the update is captured
         self._start_timing(time.monotonic())
         self._last_lr = math.nan
         self._stop_requested = False
@@ -526,23 +540,27 @@ class Trainer:
                 if "loss" not in losses:
                     raise KeyError(f"loss_fn returned a dict without 'loss' (keys: {sorted(losses)})")
                 acc.backward(losses["loss"])
+            if self._grads_in_graphs and micro < self.grad_accum_steps - 1:
+                self._own_grads()
             for key, value in losses.items():
                 value = torch.as_tensor(value, device=acc.device).detach().float().mean() / self.grad_accum_steps
                 totals[key] = totals[key] + value if key in totals else value
         step = self.step + 1
-        if self._watch is not None:  # read at the next boundary (_read_device_state)
-            self._watch.note(totals["loss"], step)
-            finite = True
+        lr = self.optimizer.param_groups[0]["lr"]
+        finite = True
+        if self._graphed is not None:
+            norm = self._graphed(totals["loss"])
+        elif self._watch is not None:  # the watch is read at the next boundary (_read_device_state)
+            norm = self._update(totals["loss"], step)
         else:  # nan_policy skip: every process decides from the mean loss and its (all-reduced) gradients
             loss = acc.reduce(totals["loss"].detach().reshape(1), reduction="mean")[0]
             finite = check_finite(loss, None if acc.scaler is not None else self.model, step, "skip")
-        lr = self.optimizer.param_groups[0]["lr"]
+            norm = self._update(None, step) if finite else None
         if finite:
-            if self.clip_grad is not None:
-                totals["grad_norm"] = acc.clip_grad_norm_(self.model.parameters(), self.clip_grad).detach().float()
-            self.optimizer.step()
-            if self.ema is not None and not acc.optimizer_step_was_skipped:
+            if self.ema is not None and not acc.optimizer_step_was_skipped:  # one multi-tensor lerp, after the update
                 self.ema.update(self.model, self.step)
+            if norm is not None:
+                totals["grad_norm"] = norm.detach().float()
             for key, value in totals.items():
                 self._window[key] = self._window.get(key, 0.0) + value.detach().double()
             self._window_steps += 1
@@ -560,6 +578,39 @@ class Trainer:
             self.scheduler.step()
         self.step = step
         self._last_lr = lr
+
+    def _own_grads(self) -> None:
+        """Copy the gradients out of the memory of the compiled backward's CUDA graph (one multi-tensor program):
+        torch's CUDA-graph trees hand that memory to the next micro-batch's forward and fail the backward that
+        accumulates into it."""
+        params = [p for p in self.unwrapped_model.parameters() if p.grad is not None]
+        for param, grad in zip(params, torch._foreach_mul([p.grad for p in params], 1.0)):
+            param.grad = grad
+
+    def _update(self, loss: torch.Tensor | None, step: int | torch.Tensor) -> torch.Tensor | None:
+        """The update of optimizer step ``step`` (1-based; an int, or a 0-d device tensor where it is captured) after
+        its backward: the finite watch's note of ``loss`` (policy stop), gradient clipping and the optimizer. Returns
+        the gradient norm where ``clip_grad`` is set, else None."""
+        acc = self.accelerator
+        if self._watch is not None:
+            self._watch.note(loss, step)
+        norm = acc.clip_grad_norm_(self.model.parameters(), self.clip_grad) if self.clip_grad is not None else None
+        self.optimizer.step()
+        return norm
+
+    def _graphed_update(self) -> GraphedUpdate | None:
+        """The captured update for this ``fit`` (``graph_update``), or None where it does not apply (logged on CUDA)."""
+        if not self.graph_update:
+            return None
+        acc = self.accelerator
+        blocker = graph_update_blocker(acc, self.optimizer, self.nan_policy)
+        if blocker is not None:
+            if acc.device.type == "cuda":
+                log.info("train.graph_update: the update runs eagerly: %s", blocker)
+            return None
+        params = list(self.unwrapped_model.parameters())
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # torch's, inside accelerate's wrapper
+        return GraphedUpdate(self._update, optimizer, params, self.step, acc.device)
 
     def _window_sums(self) -> dict[str, float]:
         """The logged values' sums since the last record, each the mean over the processes (one device read)."""
@@ -615,7 +666,8 @@ class Trainer:
         in it (the rest they waited: for the GIL, or for the device where they synchronise); ``loop_cpu_ms``: the
         training loop thread's CPU milliseconds per step (near the wall time per step, the host sets the rate; the
         autograd engine's device thread and the preparation's threads are not in it); ``gc_ms``: the garbage
-        collector's collections in the window (wall milliseconds, every thread waits for them)."""
+        collector's collections in the window (wall milliseconds, every thread waits for them); ``update_replayed``
+        (``graph_update``): the share of the window's steps whose update was the captured graph's replay."""
         now = time.monotonic()
         start_step, start_time = self._window_start
         elapsed = max(now - start_time, 1e-9)
@@ -641,6 +693,9 @@ class Trainer:
             )
         if self._gc_pauses is not None:
             record.update(gc_ms=round(1000 * self._gc_pauses.take(), 3))
+        if self._graphed is not None:
+            replays = self._graphed.replays - self._replays_start
+            record.update(update_replayed=round(replays / max(self.step - start_step, 1), 4))
         self._window, self._window_steps = {}, 0
         self._start_timing(now)
         return record
@@ -653,6 +708,7 @@ class Trainer:
         self._input_wait_max = 0.0  # the longest of those waits
         # prepare_batch's wall and thread CPU seconds, calls and longest wall seconds, of the window
         self._prepare_times = [0.0, 0.0, 0, 0.0]
+        self._replays_start = self._graphed.replays if self._graphed is not None else 0
 
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:
         acc = self.accelerator
@@ -729,6 +785,7 @@ class Trainer:
         remaining = max(0, self.max_steps - self.step) * self.grad_accum_steps
         record: dict[str, Any] = {}
         first_step = self.step
+        self._graphed = self._graphed_update()
         self._start_timing(time.monotonic())
         profiler = None
         if self.profile_steps is not None:
@@ -776,7 +833,7 @@ class Trainer:
                 if self._stop_agreed:
                     log.warning("stopped at step %d on SIGTERM; checkpoint saved, resume to continue", self.step)
                     break
-        self._gc_pauses = None
+        self._gc_pauses = self._graphed = None
         return {
             "step": self.step,
             "steps_run": self.step - first_step,

@@ -6,20 +6,11 @@ import math
 
 import pytest
 import torch
-from torch import nn
 
-from lightvision.engine import CheckpointManager, MetricsLogger, NonFiniteError, check_finite, unwrap_model
+from lightvision.engine import CheckpointManager, MetricsLogger, NonFiniteError, check_finite
 from lightvision.engine.guards import FiniteWatch
 from lightvision.engine.trainer import READ_EVERY, TIMING_KEYS
-from train_tiny import TinyNet, build, tiny_loss
-
-
-def model_with_grads(poison: str | None = None, value: float = math.nan) -> nn.Module:
-    model = TinyNet()
-    model(torch.randn(4, 8)).sum().backward()
-    if poison is not None:
-        dict(model.named_parameters())[poison].grad[0, 0] = value
-    return model
+from train_tiny import build, model_with_grads, poisoned_loss
 
 
 def test_finite_passes():
@@ -40,24 +31,6 @@ def test_nonfinite_loss():
     assert check_finite(math.nan, None, step=4, policy="skip") is False
     with pytest.raises(ValueError, match="nan_policy"):
         check_finite(1.0, None, step=1, policy="ignore")
-
-
-def poisoned_loss(at_step: int, kind: str):
-    """tiny_loss, except at one step: a NaN loss, or a finite loss whose gradient in body.0.weight is inf
-    (d sqrt(u) / du at u = 0). Returns the loss function and a list to put the trainer in."""
-    holder: list = []
-
-    def loss_fn(model, batch):
-        out = tiny_loss(model, batch)
-        if holder[0].step + 1 == at_step:
-            if kind == "loss":
-                out["loss"] = out["loss"] * math.nan
-            else:
-                weight = unwrap_model(model).body[0].weight
-                out["loss"] = out["loss"] + torch.sqrt(weight - weight.detach()).sum()
-        return out
-
-    return loss_fn, holder
 
 
 @pytest.mark.parametrize("kind", ["loss", "grad"])

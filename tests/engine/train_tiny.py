@@ -1,4 +1,5 @@
-"""Tiny deterministic CPU training run on the engine's Trainer, for the fault-tolerance tests.
+"""Tiny deterministic training run on the engine's Trainer, for the engine's tests (a model with gradients, a loss
+poisoned at one step, a built Trainer) and the fault-tolerance tests.
 
 ``python train_tiny.py RUN_DIR --max-steps N [--resume]``. With ``TINY_SLEEP_AT_STEP=k`` the loss function of
 step k creates ``RUN_DIR/in_step_k`` and sleeps, so a test can SIGKILL the process mid-step; with
@@ -8,6 +9,7 @@ step k creates ``RUN_DIR/in_step_k`` and sleeps, so a test can SIGKILL the proce
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import time
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightvision.engine import Trainer
+from lightvision.engine import Trainer, unwrap_model
 
 MODEL_CONFIG = {"dim": 8, "hidden": 16}
 
@@ -39,15 +41,50 @@ def tiny_loss(model: nn.Module, batch) -> dict[str, torch.Tensor]:
     return {"loss": mse, "rmse": mse.detach().sqrt()}
 
 
+def model_with_grads(poison: str | None = None, value: float = math.nan) -> nn.Module:
+    model = TinyNet()
+    model(torch.randn(4, 8)).sum().backward()
+    if poison is not None:
+        dict(model.named_parameters())[poison].grad[0, 0] = value
+    return model
+
+
+def poisoned_loss(at_step: int, kind: str):
+    """tiny_loss, except at one step: a NaN loss, or a finite loss whose gradient in body.0.weight is inf
+    (d sqrt(u) / du at u = 0). Returns the loss function and a list to put the trainer in."""
+    holder: list = []
+
+    def loss_fn(model, batch):
+        out = tiny_loss(model, batch)
+        if holder[0].step + 1 == at_step:
+            if kind == "loss":
+                out["loss"] = out["loss"] * math.nan
+            else:
+                weight = unwrap_model(model).body[0].weight
+                out["loss"] = out["loss"] + torch.sqrt(weight - weight.detach()).sum()
+        return out
+
+    return loss_fn, holder
+
+
 def build(
-    run_dir: str | os.PathLike, max_steps: int, loss_fn=tiny_loss, data_device: str = "cpu", **trainer_kwargs
+    run_dir: str | os.PathLike,
+    max_steps: int,
+    loss_fn=tiny_loss,
+    data_device: str = "cpu",
+    fused: bool = False,
+    **trainer_kwargs,
 ) -> Trainer:
     """A Trainer on 52 synthetic samples (batch 8: 7 batches per epoch, the last one short), kept on
-    ``data_device``."""
+    ``data_device``; AdamW in two parameter groups (weights decayed, biases not), ``fused`` or not."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = TinyNet(**MODEL_CONFIG)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2, weight_decay=0.05)
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if n.endswith("weight")]},
+        {"params": [p for n, p in model.named_parameters() if n.endswith("bias")], "weight_decay": 0.0},
+    ]
+    optimizer = torch.optim.AdamW(groups, lr=3e-2, weight_decay=0.05, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1.0 + 0.05 * s))
     x = torch.randn(52, 8, generator=torch.Generator().manual_seed(1))
     x = x.to(data_device)
