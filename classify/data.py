@@ -286,20 +286,25 @@ class DeviceBatches:
     def __init__(self, transform: Any, skips: Any, packed: bool = False):
         self.transform, self.skips, self.packed = transform, skips, packed
         self.held: collections.deque[tuple[torch.cuda.Event, list[torch.Tensor]]] = collections.deque()
+        self._output_stream: torch.cuda.Stream | None = None  # CUDA, packed: the decoded images' memory
 
     def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor] | PackedImages, torch.Tensor]:
         """uint8 [3, H_i, W_i] per image (``packed``: as one PackedImages) and labels [B], on the labels' device."""
+        device = batch["labels"].device
         if not self.packed:
             return decode_batch(batch["images"], batch["labels"], skips=self.skips)
-        images, labels = decode_batch(batch["images"], batch["labels"], skips=self.skips, synchronize=False)
+        if device.type == "cuda" and self._output_stream is None:
+            self._output_stream = torch.cuda.Stream(device)
+        images, labels = decode_batch(batch["images"], batch["labels"], self.skips, self._output_stream)
         packed = PackedImages.pack(images)
-        self._hold(images, packed.data.device)
+        self._hold(images, device)
         return packed, labels
 
     def _hold(self, images: list[torch.Tensor], device: torch.device) -> None:
-        """Keep a CUDA batch's decoded images until the calling stream has copied them into the pack (nvjpeg writes
-        later batches on a stream of its own, into memory freed images would give back), without waiting for it:
-        the batches held are let go once their copies are done."""
+        """Keep a CUDA batch's decoded images until the calling stream has copied them into the pack, without
+        waiting for it: the batches held are let go once their copies are done. Their memory, that of a stream
+        running nothing else, then goes back to nvjpeg (which writes on a stream of its own) with nothing queued
+        on it."""
         if device.type != "cuda":
             return
         while self.held and self.held[0][0].query():

@@ -15,6 +15,7 @@ good image of the batch (with its label), so the batch keeps its size.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,7 +106,7 @@ def _decode_one(data: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def decode_batch(
-    images: EncodedImages, labels: torch.Tensor, skips: Any = None, synchronize: bool = True
+    images: EncodedImages, labels: torch.Tensor, skips: Any = None, output_stream: torch.cuda.Stream | None = None
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Decode a batch on ``labels.device``, each image once: samples of one name (DeiT's repeated augmentation puts
     an image's repeats in one batch) get the same decoded tensor.
@@ -114,9 +115,11 @@ def decode_batch(
         images: the batch's encoded images (CPU).
         labels: int64 [B], on the device to decode on.
         skips: the dataset (``add_skipped(n)``) that counts undecodable images; None: not counted.
-        synchronize: on CUDA, wait for the work queued on the calling stream before nvjpeg writes: nvjpeg writes on
-            a stream of its own, into memory the caching allocator may just have taken back from images that work
-            still reads. False: the caller keeps the images it freed until the device has read them.
+        output_stream: on CUDA, the stream whose memory the decoded images take. nvjpeg writes on a stream of its
+            own, unordered with the calling stream, so it must not be handed memory that queued work still uses:
+            None waits for the calling stream's queued work first; a stream that runs nothing else (the caller keeps
+            each batch's images until its own stream has read them) needs no wait. The calling stream is ordered
+            after it on return.
     Returns:
         (uint8 [3, H_i, W_i] per image on labels' device, labels [B]); undecodable images replaced by the next
         decodable one of the batch, with its label.
@@ -127,21 +130,26 @@ def decode_batch(
     distinct = list(first.values())
     jpeg = [i for i, is_jpeg in zip(distinct, images.starts_with(JPEG_SOI, distinct)) if is_jpeg]
     decoded: list[torch.Tensor | None] = [None] * len(data)
-    if jpeg and synchronize and device.type == "cuda":
+    cuda = device.type == "cuda"
+    if jpeg and cuda and output_stream is None:
         torch.cuda.current_stream(device).synchronize()
-    try:
-        for i, img in zip(
-            jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []
-        ):
-            decoded[i] = img
-    except RuntimeError:  # one bad file fails the batched call: decode one by one below
-        pass
-    for i in distinct:
-        if decoded[i] is None:
-            try:
-                decoded[i] = _decode_one(data[i], device)
-            except RuntimeError as err:
-                warnings.warn(f"skipping unreadable image {images.names[i]}: {err}", stacklevel=2)
+    calling = torch.cuda.current_stream(device) if cuda else None
+    with torch.cuda.stream(output_stream) if cuda and output_stream is not None else contextlib.nullcontext():
+        try:
+            for i, img in zip(
+                jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []
+            ):
+                decoded[i] = img
+        except RuntimeError:  # one bad file fails the batched call: decode one by one below
+            pass
+        for i in distinct:
+            if decoded[i] is None:
+                try:
+                    decoded[i] = _decode_one(data[i], device)
+                except RuntimeError as err:
+                    warnings.warn(f"skipping unreadable image {images.names[i]}: {err}", stacklevel=2)
+    if cuda and output_stream is not None:
+        calling.wait_stream(output_stream)
     decoded = [decoded[j] for j in origin]
     failed = [i for i in range(len(data)) if decoded[i] is None]
     if not failed:

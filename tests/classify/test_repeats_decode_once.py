@@ -68,23 +68,27 @@ def test_device_decode_decodes_each_repeated_file_once(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_packed_decode_keeps_a_batchs_images_until_the_device_copied_them(tmp_path):
-    """nvjpeg writes on a stream of its own: the packed decode keeps each batch's decoded images while the copy into
-    the pack is still queued on the calling stream, and lets them go once it is done, without waiting for it."""
+    """nvjpeg writes on a stream of its own: the packed decode gives it memory of a stream that runs nothing else, and
+    keeps each batch's decoded images while the copy into the pack is still queued on the calling stream, letting
+    them go once it is done, without waiting for it; images decoded while the calling stream is busy come out right."""
     write_jpeg_folder(tmp_path, corrupt=False)
     cfg = repeated_cfg(tmp_path, "device")
     folder, batch = first_batch(cfg)
     batch = {"images": batch["images"], "labels": batch["labels"].cuda()}
     prepare = device_batches(cfg, folder, train=True)
-    torch.cuda._sleep(100_000_000)  # the calling stream busy: the copy into the pack waits behind it
+    prepare.decode(batch)  # the decoder's first call sets nvjpeg up (a long host step) before the timed part
+    torch.cuda.synchronize()
+    torch.cuda._sleep(1_000_000_000)  # the calling stream busy (about half a second): the copy waits behind it
     packed, _ = prepare.decode(batch)
-    assert len(prepare.held) == 1 and not prepare.held[0][0].query()
+    assert len(prepare.held) == 1 and not prepare.held[0][0].query()  # the first call's images let go, done
     first = prepare.held[0][1]
     torch.cuda.synchronize()
     again, _ = prepare.decode(batch)
     assert len(prepare.held) == 1 and prepare.held[0][1] is not first  # the first batch's images let go
-    one_by_one = [encoded.decode_image(data) for data in batch["images"].tensors()]
+    torch.cuda.synchronize()
+    reference, _ = encoded.decode_batch(batch["images"], batch["labels"])  # nvjpeg after its stream's work is done
     for images in (packed, again):
-        assert all(torch.equal(a.cpu(), b) for a, b in zip(images, one_by_one, strict=True))
+        assert all(torch.equal(a, b) for a, b in zip(images, reference, strict=True))
 
 
 def test_workers_decode_each_repeated_index_once_and_pack_it_once(tmp_path, monkeypatch):
