@@ -34,6 +34,8 @@ training loop waited for its next batch (the Trainer's log; the input's device w
 it), ``input_prepare_ms`` / ``input_prepare_cpu_ms`` the wall / CPU milliseconds per batch of the batch's preparation
 (decode and augmentation; for ``train_synthetic`` the gather from the pool) on the thread that runs it,
 ``input_wait_max_ms`` / ``input_prepare_max_ms`` the longest wait for a batch and the longest preparation of one,
+``input_stage_ms`` / ``input_stage_cpu_ms`` the preparation's wall / CPU milliseconds per batch stage by stage (decode,
+augment: each on a prefetch thread of its own),
 ``loop_cpu_ms`` the training loop thread's CPU milliseconds per step, ``update_replayed`` the share of steps whose
 update was the captured graph's replay (``train.graph_update``), ``windows`` the rate, wait, longest wait and
 preparation, loop CPU and garbage collections (``gc_ms``) of each ``--warmup``-step window, ``epochs`` how much of an
@@ -440,6 +442,11 @@ def measure_trainer(
         **{  # prepare_batch's time per batch on its thread, over the same windows (logged where it runs)
             key: sum(r[key] for r in records) / len(records)
             for key in ("input_prepare_ms", "input_prepare_cpu_ms", "loop_cpu_ms", "update_replayed")
+            if all(key in r for r in records)
+        },
+        **{  # the same per stage of the preparation (decode, augment): the slowest thread sets the input's pace
+            key: [round(sum(stage) / len(records), 3) for stage in zip(*(r[key] for r in records))]
+            for key in ("input_stage_ms", "input_stage_cpu_ms")
             if all(key in r for r in records)
         },
         **{  # the longest wait for a batch and the longest preparation of one, over the timed windows

@@ -122,6 +122,9 @@ def test_bench_input_tiny_on_cpu(imagenet_like, capsys):
     # the Trainer prepares these batches
     gpu_path = [cached, *(f"train_{s}_{p}_1c" for s in ("folder", "shards_max") for p in ("gpu", "hybrid"))]
     assert all(results[n]["input_prepare_ms"] >= results[n]["input_prepare_cpu_ms"] * 0.5 > 0 for n in gpu_path)
+    staged = results["train_shards_max_gpu_1c"]  # decode, then augment: each stage's time, summing to the whole
+    assert len(staged["input_stage_ms"]) == 2 and all(ms > 0 for ms in staged["input_stage_ms"])
+    assert sum(staged["input_stage_ms"]) == pytest.approx(staged["input_prepare_ms"], abs=0.01)
     for name in [cached, *trained]:  # the loop thread's CPU per step, over the run and per window
         assert results[name]["loop_cpu_ms"] > 0 and results[name]["windows"][0]["loop_cpu_ms"] > 0
     assert "input_prepare_ms" not in results["train_folder_cpu_1c"]  # augmented in the loader: nothing to prepare

@@ -73,6 +73,8 @@ TIMING_KEYS = (  # log record keys that vary run to run
     "input_wait_share",
     "input_prepare_ms",
     "input_prepare_cpu_ms",
+    "input_stage_ms",
+    "input_stage_cpu_ms",
     "input_wait_max_ms",
     "input_prepare_max_ms",
     "loop_cpu_ms",
@@ -426,13 +428,13 @@ class Trainer:
             return
         first, accum, stages = self.step, self.grad_accum_steps, self._stages()
 
-        def run(i: int, value: Any, draws: BatchRandom, spent: tuple[float, float]) -> tuple[Any, tuple[float, float]]:
-            """Stage i of a batch, and ``spent`` (wall and CPU seconds of its earlier stages) plus this stage's on the
-            calling thread."""
+        def run(i: int, value: Any, draws: BatchRandom, spent: tuple) -> tuple[Any, tuple]:
+            """Stage i of a batch, and ``spent`` (the (wall, CPU) seconds of each earlier stage) with this stage's on
+            the calling thread appended."""
             wall, cpu = time.perf_counter(), time.thread_time()
             with use_batch_random(draws), record_function(PREPARE):
                 out = stages[i](value)
-            return out, (spent[0] + time.perf_counter() - wall, spent[1] + time.thread_time() - cpu)
+            return out, (*spent, (time.perf_counter() - wall, time.thread_time() - cpu))
 
         def draws(j: int) -> BatchRandom:
             return self._draws(first + j // accum, j % accum)
@@ -440,7 +442,7 @@ class Trainer:
         if not self.prefetch:
             for j in range(count):
                 value, position = next(batches)
-                drawn, spent = draws(j), (0.0, 0.0)
+                drawn, spent = draws(j), ()
                 for i in range(len(stages)):
                     value, spent = run(i, value, drawn, spent)
                 self._note_prepare(spent)
@@ -452,7 +454,7 @@ class Trainer:
         priority = -1 if self.prefetch_priority == "high" else 0
         streams = [torch.cuda.Stream(device, priority=priority) if device.type == "cuda" else None for _ in stages]
 
-        def on_stream(i: int, value: Any, after: Any, drawn: BatchRandom, spent: tuple[float, float]) -> tuple:
+        def on_stream(i: int, value: Any, after: Any, drawn: BatchRandom, spent: tuple) -> tuple:
             """Stage i on its stream once ``after`` (the previous stage's event, or the loader's copies) is reached
             -> (output, seconds so far, its own event)."""
             stream = streams[i]
@@ -477,7 +479,7 @@ class Trainer:
                 loaded = torch.cuda.Event()
                 loaded.record(torch.cuda.current_stream(device))
             drawn = draws(j)
-            future = pools[0].submit(on_stream, 0, batch, loaded, drawn, (0.0, 0.0))
+            future = pools[0].submit(on_stream, 0, batch, loaded, drawn, ())
             for i in range(1, len(stages)):
                 future = pools[i].submit(after_previous, i, future, drawn)
             return future, position
@@ -507,10 +509,16 @@ class Trainer:
             raise TypeError(f"prepare_batch.stages must be callables, got {stages!r}")
         return stages
 
-    def _note_prepare(self, seconds: tuple[float, float]) -> None:
-        """Add one ``prepare_batch`` call's (wall, thread CPU) seconds to the log window."""
-        wall, cpu, calls, longest = self._prepare_times
-        self._prepare_times = [wall + seconds[0], cpu + seconds[1], calls + 1, max(longest, seconds[0])]
+    def _note_prepare(self, seconds: tuple[tuple[float, float], ...]) -> None:
+        """Add one ``prepare_batch`` call's (wall, thread CPU) seconds, stage by stage, to the log window."""
+        walls, cpus, calls, longest = self._prepare_times
+        wall, cpu = [w for w, _ in seconds], [c for _, c in seconds]
+        self._prepare_times = [
+            [a + b for a, b in zip(walls, wall)] if calls else wall,
+            [a + b for a, b in zip(cpus, cpu)] if calls else cpu,
+            calls + 1,
+            max(longest, sum(wall)),
+        ]
 
     def _seed_micro_batch(self, micro: int) -> None:
         """Seed python's, numpy's and torch's CPU and CUDA generators from (seed, step, micro-batch, process), so
@@ -663,9 +671,11 @@ class Trainer:
         ``input_wait_max_ms``, the longest of those waits (one stall, or a wait spread over the steps). With a
         ``prepare_batch``: ``input_prepare_ms``, its mean wall time per batch on the threads that run it (its
         stages summed), ``input_prepare_max_ms`` the longest, and ``input_prepare_cpu_ms``, those threads' CPU time
-        in it (the rest they waited: for the GIL, or for the device where they synchronise); ``loop_cpu_ms``: the
-        training loop thread's CPU milliseconds per step (near the wall time per step, the host sets the rate; the
-        autograd engine's device thread and the preparation's threads are not in it); ``gc_ms``: the garbage
+        in it (the rest they waited: for the GIL, or for the device where they synchronise), and with ``stages``
+        ``input_stage_ms`` / ``input_stage_cpu_ms``, the same per stage (each on a thread of its own with prefetch:
+        the slowest sets the pace the input can keep); ``loop_cpu_ms``: the training loop thread's CPU milliseconds
+        per step (near the wall time per step, the host sets the rate; the autograd engine's device thread and the
+        preparation's threads are not in it); ``gc_ms``: the garbage
         collector's collections in the window (wall milliseconds, every thread waits for them); ``update_replayed``
         (``graph_update``): the share of the window's steps whose update was the captured graph's replay."""
         now = time.monotonic()
@@ -684,13 +694,18 @@ class Trainer:
             input_wait_max_ms=round(1000 * self._input_wait_max, 3),
             loop_cpu_ms=round(1000 * loop_cpu / max(self.step - start_step, 1), 3),
         )
-        wall, cpu, calls, longest = self._prepare_times
+        walls, cpus, calls, longest = self._prepare_times
         if calls:
             record.update(
-                input_prepare_ms=round(1000 * wall / calls, 3),
+                input_prepare_ms=round(1000 * sum(walls) / calls, 3),
                 input_prepare_max_ms=round(1000 * longest, 3),
-                input_prepare_cpu_ms=round(1000 * cpu / calls, 3),
+                input_prepare_cpu_ms=round(1000 * sum(cpus) / calls, 3),
             )
+            if len(walls) > 1:  # stage by stage: which of the prefetch threads sets the pace
+                record.update(
+                    input_stage_ms=[round(1000 * w / calls, 3) for w in walls],
+                    input_stage_cpu_ms=[round(1000 * c / calls, 3) for c in cpus],
+                )
         if self._gc_pauses is not None:
             record.update(gc_ms=round(1000 * self._gc_pauses.take(), 3))
         if self._graphed is not None:
@@ -706,8 +721,8 @@ class Trainer:
         self._loop_cpu_start = time.thread_time()  # of the calling thread: the training loop's
         self._input_wait = 0.0  # host seconds the steps of the window waited for their next batch
         self._input_wait_max = 0.0  # the longest of those waits
-        # prepare_batch's wall and thread CPU seconds, calls and longest wall seconds, of the window
-        self._prepare_times = [0.0, 0.0, 0, 0.0]
+        # prepare_batch's wall and thread CPU seconds per stage, calls and longest wall seconds, of the window
+        self._prepare_times: list = [[], [], 0, 0.0]
         self._replays_start = self._graphed.replays if self._graphed is not None else 0
 
     def _save(self, metric: float | None = None, is_best: bool = False) -> None:

@@ -181,6 +181,40 @@ def test_log_says_how_long_the_loop_waited_for_its_input(tmp_path):
     assert all(r["loop_cpu_ms"] > 16 for r in runs["busy_step"]), runs["busy_step"]
 
 
+def test_log_times_each_stage_of_a_staged_preparation(tmp_path):
+    """input_stage_ms / input_stage_cpu_ms: a staged prepare_batch's wall and CPU time per batch, stage by stage (each
+    on a prefetch thread of its own): a stage that sleeps shows wall time without CPU time, one that spins both; they
+    sum to input_prepare_ms. A preparation of one stage logs no per-stage times."""
+    import time
+
+    class SleepThenSpin:
+        def sleep(self, batch):
+            time.sleep(0.03)
+            return batch
+
+        def spin(self, batch):
+            end = time.perf_counter() + 0.015
+            while time.perf_counter() < end:
+                pass
+            return batch
+
+        @property
+        def stages(self):
+            return self.sleep, self.spin
+
+        def __call__(self, batch):
+            return self.spin(self.sleep(batch))
+
+    build(tmp_path / "staged", 4, log_every=2, ckpt_every=100, prepare_batch=SleepThenSpin()).fit()
+    records = [r for r in MetricsLogger(tmp_path / "staged").records() if "loss" in r]
+    for r in records:
+        (sleep, spin), (sleep_cpu, spin_cpu) = r["input_stage_ms"], r["input_stage_cpu_ms"]
+        assert sleep >= 29 and sleep_cpu < 5 and spin >= 14 and spin_cpu > 4, r
+        assert sleep + spin == pytest.approx(r["input_prepare_ms"], abs=0.01)
+    build(tmp_path / "one", 2, log_every=2, ckpt_every=100, prepare_batch=SleepThenSpin().sleep).fit()
+    assert "input_stage_ms" not in MetricsLogger(tmp_path / "one").records()[-1]
+
+
 def test_model_ema_update():
     model = nn.Linear(3, 2)
     ema = ModelEma(model, decay=0.75, warmup=False)
