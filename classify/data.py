@@ -290,9 +290,9 @@ class DeviceBatches:
 
     def decode(self, batch: dict[str, Any]) -> tuple[list[torch.Tensor] | PackedImages, torch.Tensor]:
         """uint8 [3, H_i, W_i] per image (``packed``: as one PackedImages) and labels [B], on the labels' device."""
-        device = batch["labels"].device
         if not self.packed:
             return decode_batch(batch["images"], batch["labels"], skips=self.skips)
+        device = batch["labels"].device
         if device.type == "cuda" and self._output_stream is None:
             self._output_stream = torch.cuda.Stream(device)
         images, labels = decode_batch(batch["images"], batch["labels"], self.skips, self._output_stream)

@@ -133,8 +133,9 @@ def decode_batch(
     cuda = device.type == "cuda"
     if jpeg and cuda and output_stream is None:
         torch.cuda.current_stream(device).synchronize()
-    calling = torch.cuda.current_stream(device) if cuda else None
-    with torch.cuda.stream(output_stream) if cuda and output_stream is not None else contextlib.nullcontext():
+    own_stream = cuda and output_stream is not None
+    calling = torch.cuda.current_stream(device) if own_stream else None
+    with torch.cuda.stream(output_stream) if own_stream else contextlib.nullcontext():
         try:
             for i, img in zip(
                 jpeg, decode_jpeg([data[i] for i in jpeg], mode=ImageReadMode.RGB, device=device) if jpeg else []
@@ -148,7 +149,7 @@ def decode_batch(
                     decoded[i] = _decode_one(data[i], device)
                 except RuntimeError as err:
                     warnings.warn(f"skipping unreadable image {images.names[i]}: {err}", stacklevel=2)
-    if cuda and output_stream is not None:
+    if own_stream:
         calling.wait_stream(output_stream)
     decoded = [decoded[j] for j in origin]
     failed = [i for i in range(len(data)) if decoded[i] is None]
