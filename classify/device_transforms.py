@@ -340,12 +340,9 @@ class DeviceTrainTransform:
             x = self.color_jitter(x, named["jitter"])
         boxes = self.erasing_boxes(x, named["erase"]) if self.reprob > 0 else None
         fill = self.erase_fill(x, named.get("noise")) if boxes is not None else {}
-        if not mix:
-            return normalize_erase(x, *self.placed.get(x.device), boxes, **fill)  # one program on CUDA
-        labels, mix_u, gammas = mix
-        lam, cut, box = self.mixup.params(*x.shape[-2:], mix_u, gammas)
-        mixed = normalize_erase(x, *self.placed.get(x.device), boxes, mix=(lam, cut, box), **fill)
-        return mixed, self.mixup.targets(labels, lam)
+        mixing = self.mixup.params(*x.shape[-2:], *mix[1:]) if mix else None  # (lam, cut, box)
+        out = normalize_erase(x, *self.placed.get(x.device), boxes, mix=mixing, **fill)  # one program on CUDA
+        return (out, self.mixup.targets(mix[0], mixing[0])) if mix else out
 
     def _augmented(self, images: Sequence[torch.Tensor], *mix: torch.Tensor) -> Any:
         """:meth:`augment` (replayed as a graph) of the images cropped and flipped unless ``cropped``."""

@@ -68,8 +68,8 @@ class EncodedImages:
         and a host read per image."""
         if not which:
             return []
-        lengths = torch.tensor(self.lengths)
-        starts, lengths = (lengths.cumsum(0) - lengths)[list(which)], lengths[list(which)]
+        lengths, index = torch.tensor(self.lengths), torch.tensor(list(which))
+        starts, lengths = (lengths.cumsum(0) - lengths)[index], lengths[index]
         last = max(self.data.numel() - 1, 0)
         places = (starts[:, None] + torch.arange(len(marker))).clamp(max=last)
         heads = self.data[places] if self.data.numel() else torch.zeros(places.shape, dtype=torch.uint8)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import os
@@ -274,6 +275,7 @@ class Trainer:
         self.model, self.optimizer, self.train_loader = accelerator.prepare(model, optimizer, train_loader)
         if torch_compile:
             self.model = compile_model(self.model, None if torch_compile is True else torch_compile)
+        self._params = list(self.unwrapped_model.parameters())  # the model's, gathered once for the per-step work
         # the backward's gradients live in CUDA-graph memory that the next micro-batch's replay takes back
         self._grads_in_graphs = (
             torch_compile in CUDA_GRAPH_MODES and grad_accum_steps > 1 and accelerator.device.type == "cuda"
@@ -512,12 +514,11 @@ class Trainer:
     def _note_prepare(self, seconds: tuple[tuple[float, float], ...]) -> None:
         """Add one ``prepare_batch`` call's (wall, thread CPU) seconds, stage by stage, to the log window."""
         walls, cpus, calls, longest = self._prepare_times
-        wall, cpu = [w for w, _ in seconds], [c for _, c in seconds]
         self._prepare_times = [
-            [a + b for a, b in zip(walls, wall)] if calls else wall,
-            [a + b for a, b in zip(cpus, cpu)] if calls else cpu,
+            [a + b for a, b in itertools.zip_longest(walls, (w for w, _ in seconds), fillvalue=0.0)],
+            [a + b for a, b in itertools.zip_longest(cpus, (c for _, c in seconds), fillvalue=0.0)],
             calls + 1,
-            max(longest, sum(wall)),
+            max(longest, sum(w for w, _ in seconds)),
         ]
 
     def _seed_micro_batch(self, micro: int) -> None:
@@ -591,7 +592,7 @@ class Trainer:
         """Copy the gradients out of the memory of the compiled backward's CUDA graph (one multi-tensor program):
         torch's CUDA-graph trees hand that memory to the next micro-batch's forward and fail the backward that
         accumulates into it."""
-        params = [p for p in self.unwrapped_model.parameters() if p.grad is not None]
+        params = [p for p in self._params if p.grad is not None]
         for param, grad in zip(params, torch._foreach_mul([p.grad for p in params], 1.0)):
             param.grad = grad
 
@@ -616,9 +617,8 @@ class Trainer:
             if acc.device.type == "cuda":
                 log.info("train.graph_update: the update runs eagerly: %s", blocker)
             return None
-        params = list(self.unwrapped_model.parameters())
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # torch's, inside accelerate's wrapper
-        return GraphedUpdate(self._update, optimizer, params, self.step, acc.device)
+        return GraphedUpdate(self._update, optimizer, self._params, self.step, acc.device)
 
     def _window_sums(self) -> dict[str, float]:
         """The logged values' sums since the last record, each the mean over the processes (one device read)."""
