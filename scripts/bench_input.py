@@ -85,6 +85,7 @@ from lightvision.classify.data import (
     train_dataset,
 )
 from lightvision.classify.deit import create_from_config
+from lightvision.cli import widen_cuda_queues
 from lightvision.classify.shards import make_shards, read_index
 from lightvision.classify.train import load_recipe, make_criterion, make_optimizer, model_config
 from lightvision.engine import BatchRandom, use_batch_random
@@ -618,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     add_set_argument(p, "recipe overrides, e.g. model.name=lightnet_deit_small_patch16_224")
     args = p.parse_args(argv)
+    widen_cuda_queues()  # as the lightvision command does, for this script's own loops
     start = time.perf_counter()
     args.data, args.work = args.data.resolve(), args.work.resolve()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -632,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_cores": os.cpu_count(),
         "available_cores": available_cpus(),
         "device": str(device),
+        "cuda_device_max_connections": os.environ["CUDA_DEVICE_MAX_CONNECTIONS"],
     }
     report: dict[str, Any] = {"env": env, "args": {k: str(v) for k, v in vars(args).items()}, "results": {}}
     report["shards"] = write_shards(args)

@@ -198,3 +198,18 @@ def test_device_names_are_checked(monkeypatch):
         resolve_device("gpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
+
+
+def test_commands_give_each_cuda_stream_a_hardware_queue(monkeypatch, capsys):
+    """The command asks CUDA for 32 hardware queues before anything touches the GPU; a value already set is kept."""
+    from lightvision import cli
+
+    environ = {key: value for key, value in os.environ.items() if key != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    monkeypatch.setattr(os, "environ", environ)
+    with pytest.raises(SystemExit):
+        cli.run(["--help"])
+    assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "32"
+    environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "1"  # a launcher's own choice
+    with pytest.raises(SystemExit):
+        cli.run(["--help"])
+    assert environ["CUDA_DEVICE_MAX_CONNECTIONS"] == "1"
