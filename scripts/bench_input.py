@@ -85,9 +85,9 @@ from lightvision.classify.data import (
     train_dataset,
 )
 from lightvision.classify.deit import create_from_config
-from lightvision.cli import widen_cuda_queues
 from lightvision.classify.shards import make_shards, read_index
 from lightvision.classify.train import load_recipe, make_criterion, make_optimizer, model_config
+from lightvision.cli import widen_cuda_queues
 from lightvision.engine import BatchRandom, use_batch_random
 from lightvision.engine.batch_random import batch_seed
 from lightvision.engine.data import available_cpus, loader_workers
