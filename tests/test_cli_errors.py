@@ -200,7 +200,7 @@ def test_device_names_are_checked(monkeypatch):
     assert resolve_device("auto") == "cuda" and resolve_device("cuda:1") == "cuda:1"
 
 
-def test_commands_give_each_cuda_stream_a_hardware_queue(monkeypatch, capsys):
+def test_commands_ask_cuda_for_32_hardware_queues(monkeypatch, capsys):
     """The command asks CUDA for 32 hardware queues before anything touches the GPU; a value already set is kept."""
     from lightvision import cli
 
