@@ -130,11 +130,10 @@ def decode_batch(
     distinct = list(first.values())
     jpeg = [i for i, is_jpeg in zip(distinct, images.starts_with(JPEG_SOI, distinct)) if is_jpeg]
     decoded: list[torch.Tensor | None] = [None] * len(data)
-    cuda = device.type == "cuda"
-    if jpeg and cuda and output_stream is None:
-        torch.cuda.current_stream(device).synchronize()
-    own_stream = cuda and output_stream is not None
-    calling = torch.cuda.current_stream(device) if own_stream else None
+    calling = torch.cuda.current_stream(device) if device.type == "cuda" else None
+    if jpeg and calling is not None and output_stream is None:
+        calling.synchronize()
+    own_stream = calling is not None and output_stream is not None
     with torch.cuda.stream(output_stream) if own_stream else contextlib.nullcontext():
         try:
             for i, img in zip(
